@@ -1,0 +1,80 @@
+// The batch-trace format, version 1 (traces/README.md, traces/trace.schema.json): JSON Lines, a
+// header object then one object per batch. The reader streams: it holds one batch at a time.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cpkv/model/batch.hpp"
+#include "cpkv/model/setting.hpp"
+
+namespace cpkv::traces {
+
+inline constexpr std::string_view kFormatName = "cpkv-batch-trace";
+inline constexpr std::int64_t kFormatVersion = 1;
+
+struct TraceHeader {
+  model::Setting setting;
+  nlohmann::json source = nlohmann::json::object();  // where the trace came from (free-form)
+};
+
+// A trace that cannot be read: one line naming the file, the line number, the field and the reason.
+class TraceError : public std::runtime_error {
+ public:
+  TraceError(std::string file, std::int64_t line, std::string field, std::string reason);
+  const std::string& file() const { return file_; }
+  std::int64_t line() const { return line_; }
+  const std::string& field() const { return field_; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string file_;
+  std::int64_t line_;
+  std::string field_;
+  std::string reason_;
+};
+
+class TraceReader {
+ public:
+  // Opens the file and reads and validates the header; throws TraceError.
+  explicit TraceReader(const std::string& path);
+  // Reads from a stream; `name` is what errors call the file.
+  TraceReader(std::unique_ptr<std::istream> in, std::string name);
+  ~TraceReader();
+
+  const TraceHeader& header() const { return header_; }
+  // The next batch, fully validated against the header's setting, or nullopt at the end.
+  // Throws TraceError. batch_index() is the value of the batch's "batch" field.
+  std::optional<model::Batch> next();
+  std::int64_t batch_index() const { return batch_index_; }
+  std::int64_t line() const { return line_; }
+
+ private:
+  void read_header();
+  std::unique_ptr<std::istream> in_;
+  std::string name_;
+  TraceHeader header_;
+  std::int64_t line_ = 0;
+  std::int64_t batch_index_ = -1;
+};
+
+nlohmann::json header_to_json(const TraceHeader& header);
+nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index);
+
+class TraceWriter {
+ public:
+  TraceWriter(std::ostream& out, const TraceHeader& header);
+  void write(const model::Batch& batch);  // batches are numbered 0, 1, 2, ...
+ private:
+  std::ostream& out_;
+  std::int64_t next_index_ = 0;
+};
+
+}  // namespace cpkv::traces
