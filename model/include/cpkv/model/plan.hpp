@@ -55,13 +55,14 @@ struct SlotRange {
 };
 
 // What one rank does per layer and buffer kind under one variant, as data. The steps run in this
-// order: zero_dense, local prefix materialize, fill, compact pack, publish, gather1, barrier,
-// gather2, all-reduces, compact unpack.
+// order: zero_dense, local prefix materialize, zero_own_current, fill, compact pack, gather1,
+// publish, barrier, gather2, all-reduces, compact unpack.
 struct VariantPlan {
   Variant variant = Variant::staging_direct;
   std::int32_t rank = 0;
   bool zero_dense = false;                       // zero every dense slot first (AR variants)
   std::vector<std::int64_t> local_prefix_slots;  // prefix slots this rank copies from its own pool
+  bool zero_own_current = false;                 // zero the pages the fill writes (partial pages keep zero tails)
   bool fill_to_staging = false;                  // fill through the staging-remapped inverse
   std::vector<std::int64_t> own_current;         // current indices this rank writes
   std::vector<SlotDescriptor> gather1;           // per dense slot (empty: no gather)
@@ -69,6 +70,7 @@ struct VariantPlan {
   std::vector<SlotDescriptor> gather2;           // per dense slot (empty: no gather)
   std::vector<SlotRange> allreduce_ranges;       // sum all-reduces over dense slot ranges
   bool compact_allreduce = false;                // v2: pack own pages, one AR over all current pages
+  std::int64_t compact_pages = 0;                // v2: pages of the compact buffer (current_pages_total)
   bool publish = false;                          // staging_publish: copy own current pages dense -> staging
   std::int32_t allreduce_count() const {
     return static_cast<std::int32_t>(allreduce_ranges.size()) + (compact_allreduce ? 1 : 0);
@@ -122,6 +124,7 @@ struct LayerBytes {
   std::int32_t allreduces = 0;
   std::int32_t barriers = 0;
   std::int32_t gathers = 0;
+  std::int32_t own_rank = -1;
   std::uint64_t pulled_from_peers() const;  // excluding its own memory
 };
 LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int32_t layer);

@@ -74,6 +74,7 @@ class TraceWriter {
   void write(const model::Batch& batch);  // batches are numbered 0, 1, 2, ...
  private:
   std::ostream& out_;
+  model::Setting setting_;  // batches are checked against it: what is written always reads back
   std::int64_t next_index_ = 0;
 };
 

@@ -1,0 +1,25 @@
+// The cpkv subcommands. Each registers itself on the app and runs when selected.
+#pragma once
+
+#include <stdexcept>
+
+#include <CLI/CLI.hpp>
+
+namespace cpkv::cli {
+
+// Exit statuses shared by every subcommand.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;    // the run found a violation or mismatch
+inline constexpr int kExitBadInput = 2;   // malformed trace or impossible option
+
+// An impossible option found after parsing (a batch or rank that does not exist): one line, exit 2.
+struct OptionError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The status the selected subcommand wants main() to return.
+int& exit_status();
+
+void register_plan(CLI::App& app);
+
+}  // namespace cpkv::cli

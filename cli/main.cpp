@@ -1,0 +1,40 @@
+// cpkv: the command line of the CP shared-KV compose exchange testbed.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "cpkv/traces/trace.hpp"
+
+int& cpkv::cli::exit_status() {
+  static int status = cpkv::cli::kExitOk;
+  return status;
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "cpkv: simulation and correctness-model testbed for the context-parallel shared-KV compose exchange.\n"
+      "Plans, simulates, checks and measures how every rank of a CP group assembles its dense KV buffers."};
+  app.require_subcommand(1);
+  cpkv::cli::register_plan(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line naming the option and the reason; CLI11's own text already does that.
+    fmt::print(stderr, "cpkv: error: {}\n", e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::traces::TraceError& e) {
+    fmt::print(stderr, "cpkv: error: {}\n", e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::cli::OptionError& e) {
+    fmt::print(stderr, "cpkv: error: {}\n", e.what());
+    return cpkv::cli::kExitBadInput;
+  }
+  return cpkv::cli::exit_status();
+}

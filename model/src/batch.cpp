@@ -1,0 +1,130 @@
+#include "cpkv/model/batch.hpp"
+
+#include <cassert>
+
+#include <fmt/format.h>
+
+namespace cpkv::model {
+
+std::optional<Problem> validate(const Setting& setting, const Batch& batch) {
+  if (batch.requests.empty()) return Problem{"requests", "a batch needs at least one request"};
+  if (static_cast<std::int64_t>(batch.requests.size()) > limits::batch_requests_max) {
+    return Problem{"requests", fmt::format("{} requests exceed the limit {}", batch.requests.size(), limits::batch_requests_max)};
+  }
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const Request& req = batch.requests[r];
+    const auto field = [r](std::string_view name) { return fmt::format("requests[{}].{}", r, name); };
+    if (req.prefix_len < 0) return Problem{field("prefix_len"), fmt::format("{} is negative", req.prefix_len)};
+    if (req.prefix_len % setting.page_size != 0) {
+      return Problem{field("prefix_len"), fmt::format("{} is not a multiple of page_size {}", req.prefix_len, setting.page_size)};
+    }
+    if (req.extend_len < 1) return Problem{field("extend_len"), fmt::format("{} is less than 1", req.extend_len)};
+    if (req.prefix_len + req.extend_len > limits::request_tokens_max) {
+      return Problem{field("extend_len"), fmt::format("prefix_len + extend_len = {} exceeds the limit {}", req.prefix_len + req.extend_len, limits::request_tokens_max)};
+    }
+    const std::int64_t pages_expected = req.prefix_len / setting.page_size;
+    if (static_cast<std::int64_t>(req.prefix_pages.size()) != pages_expected) {
+      return Problem{field("prefix_pages"), fmt::format("{} page ids for prefix_len {} (expected {})", req.prefix_pages.size(), req.prefix_len, pages_expected)};
+    }
+    for (std::size_t k = 0; k < req.prefix_pages.size(); ++k) {
+      const std::int64_t page = req.prefix_pages[k];
+      if (page < 0 || page >= setting.pool_pages) {
+        return Problem{fmt::format("requests[{}].prefix_pages[{}]", r, k), fmt::format("page id {} is outside the pool [0, {})", page, setting.pool_pages)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::int64_t current_page_count(std::int64_t extend_len, std::int32_t page_size) {
+  return (extend_len + page_size - 1) / page_size;
+}
+
+std::int32_t writer_in_request(SplitPolicy policy, std::int64_t page, std::int64_t count, std::int32_t cp) {
+  assert(page >= 0);
+  assert(page < count);
+  assert(cp >= 1);
+  if (policy == SplitPolicy::contiguous) {
+    // Rank k owns [count*k/cp, count*(k+1)/cp): the largest k whose range starts at or before `page`.
+    return static_cast<std::int32_t>(((page + 1) * cp - 1) / count);
+  }
+  assert(policy == SplitPolicy::zigzag);
+  // 2*cp blocks: the first `count % (2cp)` hold one page more than the rest.
+  const std::int64_t blocks = 2 * std::int64_t{cp};
+  const std::int64_t small = count / blocks;
+  const std::int64_t big_blocks = count % blocks;
+  const std::int64_t big_pages = big_blocks * (small + 1);
+  const std::int64_t block = page < big_pages ? page / (small + 1) : big_blocks + (page - big_pages) / small;
+  assert(block < blocks);
+  return static_cast<std::int32_t>(block < cp ? block : blocks - 1 - block);
+}
+
+std::int32_t writer_of(SplitPolicy policy, std::int64_t page, std::int64_t count, std::int64_t current_index, std::int32_t cp) {
+  if (policy == SplitPolicy::round_robin) return static_cast<std::int32_t>(current_index % cp);
+  return writer_in_request(policy, page, count, cp);
+}
+
+BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
+  BatchLayout layout;
+  layout.cp = setting.cp;
+  layout.page_size = setting.page_size;
+  const std::size_t bs = batch.requests.size();
+  layout.request_first_slot.resize(bs);
+  layout.request_first_current_slot.resize(bs);
+  layout.request_first_current_index.resize(bs);
+  std::int64_t slots_total = 0;
+  std::int64_t current_total = 0;
+  for (const Request& req : batch.requests) {
+    const std::int64_t current = current_page_count(req.extend_len, setting.page_size);
+    slots_total += req.prefix_len / setting.page_size + current;
+    current_total += current;
+  }
+  layout.slots.reserve(slots_total);
+  layout.current.reserve(current_total);
+  std::int64_t slot = 0;
+  for (std::size_t r = 0; r < bs; ++r) {
+    const Request& req = batch.requests[r];
+    const auto request = static_cast<std::int32_t>(r);
+    layout.request_first_slot[r] = slot;
+    for (std::int64_t page : req.prefix_pages) {
+      layout.slots.push_back({SlotKind::prefix, request, page});
+      ++slot;
+    }
+    layout.request_first_current_slot[r] = slot;
+    layout.request_first_current_index[r] = static_cast<std::int64_t>(layout.current.size());
+    const std::int64_t count = current_page_count(req.extend_len, setting.page_size);
+    for (std::int64_t j = 0; j < count; ++j) {
+      const auto index = static_cast<std::int64_t>(layout.current.size());
+      const std::int64_t rows_left = req.extend_len - j * setting.page_size;
+      CurrentPage page;
+      page.request = request;
+      page.writer = writer_of(setting.split, j, count, index, setting.cp);
+      page.page_in_request = j;
+      page.slot = slot;
+      page.rows_valid = static_cast<std::int32_t>(rows_left < setting.page_size ? rows_left : setting.page_size);
+      layout.current.push_back(page);
+      layout.slots.push_back({SlotKind::current, request, index});
+      ++slot;
+    }
+  }
+  layout.slot_count = slot;
+  layout.current_pages_total = static_cast<std::int64_t>(layout.current.size());
+  return layout;
+}
+
+std::optional<RowSource> row_source(const BatchLayout& layout, std::int64_t slot, std::int32_t row) {
+  assert(slot >= 0 && slot < layout.slot_count);
+  assert(row >= 0 && row < layout.page_size);
+  const Slot& s = layout.slots[slot];
+  if (s.kind == SlotKind::prefix) {
+    const std::int64_t token = (slot - layout.request_first_slot[s.request]) * layout.page_size + row;
+    return RowSource{SlotKind::prefix, s.request, token, s.page_or_index, row};
+  }
+  const CurrentPage& page = layout.current[s.page_or_index];
+  if (row >= page.rows_valid) return std::nullopt;
+  const std::int64_t prefix_tokens = (layout.request_first_current_slot[s.request] - layout.request_first_slot[s.request]) * layout.page_size;
+  const std::int64_t token = prefix_tokens + page.page_in_request * layout.page_size + row;
+  return RowSource{SlotKind::current, s.request, token, -1, row};
+}
+
+}  // namespace cpkv::model

@@ -1,0 +1,222 @@
+#include "cpkv/model/plan.hpp"
+
+#include <cassert>
+
+namespace cpkv::model {
+
+std::string_view to_string(Variant variant) {
+  switch (variant) {
+    case Variant::legacy_span_ar: return "legacy_span_ar";
+    case Variant::fused_ar: return "fused_ar";
+    case Variant::v2: return "v2";
+    case Variant::v2_fallback: return "v2_fallback";
+    case Variant::symm_dense: return "symm_dense";
+    case Variant::staging_publish: return "staging_publish";
+    case Variant::staging_direct: return "staging_direct";
+  }
+  return "?";
+}
+
+std::optional<Variant> parse_variant(std::string_view text) {
+  for (Variant v : kAllVariants) {
+    if (to_string(v) == text) return v;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+SlotDescriptor pool_descriptor(std::int64_t logical_page, std::int32_t cp) {
+  return {static_cast<std::int32_t>(logical_page % cp), logical_page / cp};
+}
+
+// Prefix slots from the pool; current slots get `current_fill`.
+std::vector<SlotDescriptor> prefix_gather(const BatchLayout& layout, std::int32_t current_fill) {
+  std::vector<SlotDescriptor> plan(layout.slot_count);
+  for (std::int64_t s = 0; s < layout.slot_count; ++s) {
+    const Slot& slot = layout.slots[s];
+    plan[s] = slot.kind == SlotKind::prefix ? pool_descriptor(slot.page_or_index, layout.cp)
+                                            : SlotDescriptor{current_fill, 0};
+  }
+  return plan;
+}
+
+// Current slots written by peers, read from (cp + writer, page) where `page` is the slot
+// (same_slot) or the current index; every other slot is skipped.
+std::vector<SlotDescriptor> peer_current_gather(const BatchLayout& layout, std::int32_t rank, bool same_slot) {
+  std::vector<SlotDescriptor> plan(layout.slot_count);
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    const CurrentPage& page = layout.current[i];
+    if (page.writer == rank) continue;
+    plan[page.slot] = {layout.cp + page.writer, same_slot ? page.slot : i};
+  }
+  return plan;
+}
+
+std::vector<std::int64_t> owned_prefix_slots(const BatchLayout& layout, std::int32_t rank) {
+  std::vector<std::int64_t> slots;
+  for (std::int64_t s = 0; s < layout.slot_count; ++s) {
+    const Slot& slot = layout.slots[s];
+    if (slot.kind == SlotKind::prefix && slot.page_or_index % layout.cp == rank) slots.push_back(s);
+  }
+  return slots;
+}
+
+}  // namespace
+
+std::vector<SlotDescriptor> staging_direct_plan(const BatchLayout& layout) {
+  std::vector<SlotDescriptor> plan(layout.slot_count);
+  for (std::int64_t s = 0; s < layout.slot_count; ++s) {
+    const Slot& slot = layout.slots[s];
+    if (slot.kind == SlotKind::prefix) {
+      plan[s] = pool_descriptor(slot.page_or_index, layout.cp);
+    } else {
+      plan[s] = {layout.cp + layout.current[slot.page_or_index].writer, slot.page_or_index};
+    }
+  }
+  return plan;
+}
+
+VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
+  assert(rank >= 0 && rank < layout.cp);
+  VariantPlan plan;
+  plan.variant = variant;
+  plan.rank = rank;
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    if (layout.current[i].writer == rank) plan.own_current.push_back(i);
+  }
+  switch (variant) {
+    case Variant::legacy_span_ar: {
+      plan.zero_dense = true;
+      plan.local_prefix_slots = owned_prefix_slots(layout, rank);
+      // One all-reduce per span, empty spans included: every rank must issue the same collectives.
+      const std::size_t bs = layout.request_first_slot.size();
+      for (std::size_t r = 0; r < bs; ++r) {
+        const std::int64_t end = r + 1 < bs ? layout.request_first_slot[r + 1] : layout.slot_count;
+        plan.allreduce_ranges.push_back({layout.request_first_slot[r], layout.request_first_current_slot[r]});
+        plan.allreduce_ranges.push_back({layout.request_first_current_slot[r], end});
+      }
+      break;
+    }
+    case Variant::fused_ar:
+    case Variant::v2_fallback:
+      plan.zero_dense = true;
+      plan.local_prefix_slots = owned_prefix_slots(layout, rank);
+      plan.allreduce_ranges.push_back({0, layout.slot_count});
+      break;
+    case Variant::v2:
+      plan.zero_own_current = true;
+      plan.gather1 = prefix_gather(layout, SlotDescriptor::kZeroFill);
+      plan.compact_allreduce = true;
+      plan.compact_pages = layout.current_pages_total;
+      break;
+    case Variant::symm_dense:
+      plan.zero_own_current = true;
+      plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+      plan.barrier = true;
+      plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/true);
+      break;
+    case Variant::staging_publish:
+      plan.zero_own_current = true;
+      plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+      plan.publish = true;
+      plan.barrier = true;
+      plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/false);
+      break;
+    case Variant::staging_direct:
+      plan.zero_own_current = true;
+      plan.fill_to_staging = true;
+      plan.barrier = true;
+      plan.gather1 = staging_direct_plan(layout);
+      break;
+  }
+  return plan;
+}
+
+PageInverse page_inverse(const BatchLayout& layout, const Batch& batch, std::int32_t rank, InverseTarget target) {
+  PageInverse inverse;
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    const CurrentPage& page = layout.current[i];
+    if (page.writer != rank) continue;
+    const std::int64_t first_token = batch.requests[page.request].prefix_len + page.page_in_request * layout.page_size;
+    const std::int64_t first_row = (target == InverseTarget::dense ? page.slot : i) * layout.page_size;
+    for (std::int32_t row = 0; row < page.rows_valid; ++row) {
+      inverse.tokens.push_back({page.request, first_token + row});
+      inverse.dest_row.push_back(first_row + row);
+    }
+  }
+  return inverse;
+}
+
+RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch, std::int32_t rank) {
+  RaggedIndexPlan plan;
+  plan.rank = rank;
+  const CurrentPage* previous = nullptr;
+  for (const CurrentPage& page : layout.current) {
+    if (page.writer != rank) {
+      previous = nullptr;
+      continue;
+    }
+    const bool continues = previous != nullptr && previous->request == page.request &&
+                           previous->page_in_request + 1 == page.page_in_request;
+    if (!continues) {
+      RaggedSegment segment;
+      segment.request = page.request;
+      segment.q_start = plan.q_tokens_total;
+      segment.q_base = page.page_in_request * layout.page_size;
+      segment.k_base = layout.request_first_slot[page.request] * layout.page_size;
+      segment.current_base = layout.request_first_current_slot[page.request] * layout.page_size;
+      plan.segments.push_back(segment);
+    }
+    RaggedSegment& segment = plan.segments.back();
+    segment.q_len += page.rows_valid;
+    segment.kv_len = batch.requests[page.request].prefix_len + segment.q_base + segment.q_len;
+    plan.q_tokens_total += page.rows_valid;
+    previous = &page;
+  }
+  return plan;
+}
+
+std::uint64_t LayerBytes::pulled_from_peers() const {
+  std::uint64_t sum = 0;
+  for (std::size_t p = 0; p < pulled_from.size(); ++p) sum += pulled_from[p];
+  return sum - (own_rank >= 0 ? pulled_from[own_rank] : 0);
+}
+
+LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int32_t layer) {
+  const std::int32_t cp = setting.cp;
+  LayerBytes bytes;
+  bytes.own_rank = plan.rank;
+  bytes.pulled_from.assign(cp, 0);
+  std::uint64_t row_bytes_layer = 0;
+  std::int32_t kinds_active = 0;
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+    if (!setting.kind_active(k, layer)) continue;
+    row_bytes_layer += setting.kinds[k].row_bytes;
+    ++kinds_active;
+  }
+  const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting.page_size);
+  for (const auto* gather : {&plan.gather1, &plan.gather2}) {
+    if (gather->empty()) continue;
+    bytes.gathers += kinds_active;
+    for (const SlotDescriptor& d : *gather) {
+      if (d.table_index >= 0) bytes.pulled_from[d.table_index % cp] += page_bytes;
+    }
+  }
+  std::uint64_t allreduce_pages = 0;
+  for (const SlotRange& range : plan.allreduce_ranges) allreduce_pages += range.slot_end - range.slot_begin;
+  // The compact buffer holds every current page of the batch: every peer's plus this rank's.
+  const auto compact_pages = static_cast<std::uint64_t>(plan.compact_pages);
+  allreduce_pages += compact_pages;
+  bytes.allreduces = plan.allreduce_count() * kinds_active;
+  bytes.allreduce_bytes = allreduce_pages * page_bytes;
+  if (cp > 1) bytes.pulled_from[(plan.rank + cp - 1) % cp] += 2 * (cp - 1) * bytes.allreduce_bytes / cp;
+  bytes.barriers = plan.barrier ? 1 : 0;
+  const std::uint64_t own_pages = plan.own_current.size();
+  bytes.local_copy_bytes = plan.local_prefix_slots.size() * page_bytes;
+  if (plan.publish) bytes.local_copy_bytes += own_pages * page_bytes;
+  if (plan.compact_allreduce) bytes.local_copy_bytes += (own_pages + compact_pages) * page_bytes;
+  return bytes;
+}
+
+}  // namespace cpkv::model

@@ -1,0 +1,198 @@
+// cpkv plan, end to end: the numbers it prints for the tiny sample equal a hand calculation from
+// PROTOCOL.md, and every kind of bad input ends with one line on stderr and exit status 2.
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string env_or_die(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) throw std::runtime_error(fmt::format("{} is not set (run through ctest)", name));
+  return value;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Runs the cpkv binary with `args` (already shell-quoted where needed) and captures its output.
+Run run_cpkv(const std::string& args) {
+  const fs::path binary = fs::path(env_or_die("CPKV_BINARY_DIR")) / "cli" / "cpkv";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_cli_test_{}", ::getpid());
+  fs::create_directories(dir);
+  const std::string command =
+      fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), args, (dir / "out").string(), (dir / "err").string());
+  const int raw = std::system(command.c_str());
+  Run run;
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  run.out = slurp(dir / "out");
+  run.err = slurp(dir / "err");
+  fs::remove_all(dir);
+  return run;
+}
+
+std::string sample(const std::string& name) {
+  return (fs::path(env_or_die("CPKV_SOURCE_DIR")) / "traces" / "samples" / name).string();
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const fs::path path = fs::temp_directory_path() / fmt::format("cpkv_{}_{}.jsonl", name, ::getpid());
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+bool one_line(const std::string& text) {
+  return !text.empty() && text.find('\n') == text.size() - 1;
+}
+
+// Hand calculation for traces/samples/tiny.jsonl (cp 2, P 4, kv_fp8 656 B + indexer_k 132 B,
+// layers "FS", caps 16 tokens / 2 requests):
+//   staging_slots = ceil(16 / 4) + 2 = 6.
+//   batch 0: request 0 has prefix pages [5, 2] and ceil(6/4) = 2 current pages; request 1 has
+//   ceil(9/4) = 3. Zigzag cuts C pages into 4 blocks, rank k takes blocks k and 3-k:
+//   C = 2 -> blocks 1,1,0,0 -> writers [0 1]; C = 3 -> blocks 1,1,1,0 -> writers [0 1 1].
+//   Slots: p5 p2 | c0 c1 | c2 c3 c4 -> 7 slots, 5 current pages.
+//   staging_direct gathers all 7 slots on every rank: from rank 0: page 2 (2 % 2 = 0), c0, c2 =
+//   3 pages; from rank 1: page 5, c1, c3, c4 = 4 pages. A page is 4 rows: 4 * (656 + 132) = 3152 B on
+//   the F layer and 4 * 656 = 2624 B on the S layer, 5776 B per batch.
+//   -> bytes_pulled_from = [3 * 5776, 4 * 5776] = [17328, 23104] on both ranks.
+//   batch 1: prefix page [7] (rank 1) + 1 current page (C = 1 -> writer 0): [5776, 5776].
+//   batch 2: ceil(16/4) + ceil(13/4) = 8 current pages > 6 staging slots -> overflow.
+TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
+  const Run run = run_cpkv(fmt::format("plan '{}' --json", sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const auto batches = json_lines(run.out);
+  ASSERT_EQ(batches.size(), 3u);
+
+  const auto& b0 = batches[0];
+  EXPECT_EQ(b0["batch"], 0);
+  EXPECT_EQ(b0["current_pages_total"], 5);
+  EXPECT_EQ(b0["slot_count"], 7);
+  EXPECT_EQ(b0["staging_slots"], 6);
+  EXPECT_EQ(b0["verdict"], "ok");
+  EXPECT_EQ(b0["writers"], nlohmann::json::parse("[[0,1],[0,1,1]]"));
+  ASSERT_EQ(b0["ranks"].size(), 2u);
+  for (const auto& rank : b0["ranks"]) {
+    EXPECT_EQ(rank["bytes_pulled_from"], nlohmann::json::parse("[17328, 23104]")) << rank.dump();
+  }
+
+  const auto& b1 = batches[1];
+  EXPECT_EQ(b1["current_pages_total"], 1);
+  EXPECT_EQ(b1["slot_count"], 2);
+  EXPECT_EQ(b1["writers"], nlohmann::json::parse("[[0]]"));
+  EXPECT_EQ(b1["ranks"][1]["bytes_pulled_from"], nlohmann::json::parse("[5776, 5776]"));
+
+  const auto& b2 = batches[2];
+  EXPECT_EQ(b2["verdict"], "overflow");
+  EXPECT_EQ(b2["current_pages_total"], 8);
+  EXPECT_EQ(b2["verdict_detail"], "overflow: 8 current pages > 6 staging slots");
+  EXPECT_EQ(b2["writers"], nlohmann::json::parse("[[0,1,1,0],[0,1,1,0]]"));
+  EXPECT_TRUE(b2["ranks"][0]["bytes_pulled_from"].is_null()) << "a rejected batch moves no bytes";
+}
+
+TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
+  const Run run = run_cpkv(fmt::format("plan '{}' --json --batch 1 --rank 0", sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const auto batches = json_lines(run.out);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0]["batch"], 1);
+  ASSERT_EQ(batches[0]["ranks"].size(), 1u);
+  EXPECT_EQ(batches[0]["ranks"][0]["rank"], 0);
+}
+
+TEST(CliPlan, TextOutputNamesTheVerdictAndWriters) {
+  const Run run = run_cpkv(fmt::format("plan '{}'", sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.out.find("verdict ok"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("overflow: 8 current pages > 6 staging slots"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("[0 1 1]"), std::string::npos) << run.out;
+}
+
+TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
+  const Run run = run_cpkv(fmt::format("plan '{}' --json", sample("seeds_batch.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const auto batches = json_lines(run.out);
+  ASSERT_GE(batches.size(), 1u);
+  EXPECT_EQ(batches[0]["requests"], 12);
+  EXPECT_EQ(batches[0]["verdict"], "ok");
+  EXPECT_EQ(batches[0]["ranks"].size(), 8u);
+}
+
+// Bad input: one line on stderr naming what and where, exit status 2, nothing on stdout.
+void expect_bad_input(const Run& run, const std::string& needle) {
+  EXPECT_EQ(run.status, 2) << run.err;
+  EXPECT_TRUE(one_line(run.err)) << "stderr must be one line: " << run.err;
+  EXPECT_NE(run.err.find(needle), std::string::npos) << run.err;
+  EXPECT_TRUE(run.out.empty()) << "no partial result: " << run.out;
+}
+
+TEST(CliPlan, MalformedLineLateInTheTraceLeavesNoPartialOutput) {
+  std::string text = slurp(sample("tiny.jsonl"));
+  text += "{\"batch\": 3, \"requests\": [{\"prefix_len\": 3, \"extend_len\": 1, \"prefix_pages\": []}]}\n";
+  const std::string path = write_temp("late_bad", text);
+  const Run run = run_cpkv(fmt::format("plan '{}'", path));
+  expect_bad_input(run, "prefix_len");
+  EXPECT_NE(run.err.find(":5:"), std::string::npos) << "names line 5: " << run.err;
+  fs::remove(path);
+}
+
+TEST(CliPlan, MissingTraceFileIsBadInput) {
+  expect_bad_input(run_cpkv("plan /nonexistent/trace.jsonl"), "/nonexistent/trace.jsonl");
+}
+
+TEST(CliPlan, BadJsonIsBadInput) {
+  const std::string path = write_temp("bad_json", "{not json\n");
+  expect_bad_input(run_cpkv(fmt::format("plan '{}'", path)), ":1:");
+  fs::remove(path);
+}
+
+TEST(CliPlan, BatchOutOfRangeIsBadInput) {
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --batch 9", sample("tiny.jsonl"))), "--batch");
+}
+
+TEST(CliPlan, RankOutsideTheGroupIsBadInput) {
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --rank 2", sample("tiny.jsonl"))), "--rank");
+}
+
+TEST(CliPlan, UnknownVariantIsBadInput) {
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --variant nope", sample("tiny.jsonl"))), "nope");
+}
+
+TEST(CliPlan, HelpExplainsEverySubcommand) {
+  const Run top = run_cpkv("--help");
+  EXPECT_EQ(top.status, 0);
+  EXPECT_NE(top.out.find("plan"), std::string::npos);
+  const Run plan = run_cpkv("plan --help");
+  EXPECT_EQ(plan.status, 0);
+  EXPECT_NE(plan.out.find("--json"), std::string::npos);
+}
+
+}  // namespace
