@@ -1,0 +1,497 @@
+// The batch-trace format, version 1 (traces/README.md): the samples read back with the values
+// written in them, what the writer writes the reader reads, and every malformed input is refused
+// with one line `FILE:LINE: FIELD: REASON` naming the right line and field.
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cpkv/model/setting.hpp"
+#include "cpkv/traces/trace.hpp"
+
+namespace cpkv::traces {
+namespace {
+
+using nlohmann::json;
+
+std::string source_dir() {
+  const char* dir = std::getenv("CPKV_SOURCE_DIR");
+  return dir != nullptr ? dir : ".";
+}
+
+std::unique_ptr<std::istream> stream_of(const std::string& text) {
+  return std::make_unique<std::istringstream>(text);
+}
+
+std::vector<std::int64_t> pages(std::initializer_list<std::int64_t> ids) { return ids; }
+
+// A valid header and batch to break one field at a time.
+json good_header() {
+  return json::parse(R"({"format":"cpkv-batch-trace","version":1,"cp":2,"page_size":4,
+    "buffer_kinds":["kv_fp8","indexer_k"],"layers":{"count":2,"pattern":"FS"},"pool_pages":16,
+    "split":"zigzag","caps":{"max_total_extend_tokens":16,"max_batch_requests":2,"staging_mib":null},
+    "source":{"kind":"test"}})");
+}
+
+json good_batch(std::int64_t index) {
+  json batch = json::parse(R"({"batch":0,"requests":[{"prefix_len":8,"extend_len":6,"prefix_pages":[5,2]},
+    {"prefix_len":0,"extend_len":9,"prefix_pages":[]}]})");
+  batch["batch"] = index;
+  return batch;
+}
+
+std::string lines(const std::vector<json>& objects) {
+  std::string text;
+  for (const json& object : objects) text += object.dump() + "\n";
+  return text;
+}
+
+std::string with_header_change(const std::function<void(json&)>& change) {
+  json header = good_header();
+  change(header);
+  return lines({header, good_batch(0)});
+}
+
+// The second batch (line 3) is broken; the first is fine, so the line number has to be counted.
+std::string with_batch_change(const std::function<void(json&)>& change) {
+  json batch = good_batch(1);
+  change(batch);
+  return lines({good_header(), good_batch(0), batch});
+}
+
+// Reads every batch of `text` and returns the error it must raise, after checking the parts every
+// error shares: the file name, the line, the field, and one line of text that starts with them.
+TraceError refusal(const std::string& text, std::int64_t line, const std::string& field) {
+  try {
+    TraceReader reader(stream_of(text), "bad.jsonl");
+    while (reader.next()) {
+    }
+  } catch (const TraceError& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.file(), "bad.jsonl");
+    EXPECT_EQ(error.line(), line) << message;
+    EXPECT_EQ(error.field(), field) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    EXPECT_EQ(message.find('\r'), std::string::npos) << message;
+    EXPECT_EQ(message, "bad.jsonl:" + std::to_string(line) + ": " + error.field() + ": " + error.reason());
+    return error;
+  }
+  ADD_FAILURE() << "the trace was accepted:\n" << text;
+  return TraceError("", 0, "", "");
+}
+
+// --- The samples -----------------------------------------------------------------------------
+
+// The tiny sample is the hand calculation of the CLI tests: its values must be exactly these.
+TEST(TraceSamples, TinySampleReadsBackTheHandWrittenValues) {
+  TraceReader reader(source_dir() + "/traces/samples/tiny.jsonl");
+  const model::Setting& setting = reader.header().setting;
+  EXPECT_EQ(setting.cp, 2);
+  EXPECT_EQ(setting.page_size, 4);
+  ASSERT_EQ(setting.kinds.size(), 2u);
+  EXPECT_EQ(setting.kinds[0].name, "kv_fp8");
+  EXPECT_EQ(setting.kinds[0].row_bytes, 656u);
+  EXPECT_EQ(setting.kinds[1].name, "indexer_k");
+  EXPECT_EQ(setting.kinds[1].row_bytes, 132u);
+  EXPECT_EQ(setting.layer_pattern, "FS");
+  EXPECT_EQ(setting.pool_pages, 16);
+  EXPECT_EQ(setting.split, model::SplitPolicy::zigzag);
+  EXPECT_EQ(setting.caps.max_total_extend_tokens, 16);
+  EXPECT_EQ(setting.caps.max_batch_requests, 2);
+  EXPECT_FALSE(setting.caps.staging_mib_override.has_value());
+  EXPECT_EQ(reader.header().source.at("kind"), "hand-written");
+
+  std::optional<model::Batch> batch = reader.next();
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(reader.batch_index(), 0);
+  EXPECT_EQ(reader.line(), 2);
+  ASSERT_EQ(batch->requests.size(), 2u);
+  EXPECT_EQ(batch->requests[0].prefix_len, 8);
+  EXPECT_EQ(batch->requests[0].extend_len, 6);
+  EXPECT_EQ(batch->requests[0].prefix_pages, pages({5, 2}));
+  EXPECT_EQ(batch->requests[1].prefix_len, 0);
+  EXPECT_EQ(batch->requests[1].extend_len, 9);
+  EXPECT_TRUE(batch->requests[1].prefix_pages.empty());
+
+  batch = reader.next();
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(reader.batch_index(), 1);
+  ASSERT_EQ(batch->requests.size(), 1u);
+  EXPECT_EQ(batch->requests[0].prefix_len, 4);
+  EXPECT_EQ(batch->requests[0].extend_len, 1);
+  EXPECT_EQ(batch->requests[0].prefix_pages, pages({7}));
+
+  // Batch 2 overflows staging (4 + 4 current pages > ceil(16/4) + 2 = 6 slots): that is a verdict
+  // for `plan`, not an input error, so the reader must hand it over.
+  batch = reader.next();
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(reader.batch_index(), 2);
+  ASSERT_EQ(batch->requests.size(), 2u);
+  EXPECT_EQ(batch->requests[0].prefix_len, 0);
+  EXPECT_EQ(batch->requests[0].extend_len, 16);
+  EXPECT_EQ(batch->requests[1].prefix_len, 0);
+  EXPECT_EQ(batch->requests[1].extend_len, 13);
+
+  EXPECT_FALSE(reader.next().has_value());
+  EXPECT_EQ(reader.line(), 4);
+  EXPECT_FALSE(reader.next().has_value());
+}
+
+// The seeds' sample must keep the shape the benchmarks compare against: cp 8, P 64, 61 full
+// layers, 12 requests with 44,600 extend tokens, each with a cached prefix on scattered pages.
+TEST(TraceSamples, SeedsBatchHasTheTracedScenarioShape) {
+  TraceReader reader(source_dir() + "/traces/samples/seeds_batch.jsonl");
+  const model::Setting& setting = reader.header().setting;
+  EXPECT_EQ(setting.cp, 8);
+  EXPECT_EQ(setting.page_size, 64);
+  ASSERT_EQ(setting.kinds.size(), 2u);
+  EXPECT_EQ(setting.kinds[0].name, "kv_fp8");
+  EXPECT_EQ(setting.kinds[1].name, "indexer_k");
+  EXPECT_EQ(setting.layer_pattern, std::string(61, 'F'));
+  EXPECT_EQ(setting.caps.max_total_extend_tokens, 49152);
+  EXPECT_EQ(setting.caps.max_batch_requests, 16);
+
+  std::optional<model::Batch> batch = reader.next();
+  ASSERT_TRUE(batch.has_value());
+  ASSERT_EQ(batch->requests.size(), 12u);
+  std::int64_t extend_tokens_total = 0;
+  std::int64_t partial_last_pages = 0;
+  std::set<std::int64_t> distinct_pages;
+  std::size_t page_ids_total = 0;
+  for (const model::Request& request : batch->requests) {
+    extend_tokens_total += request.extend_len;
+    partial_last_pages += request.extend_len % 64 != 0 ? 1 : 0;
+    EXPECT_GT(request.prefix_len, 0);
+    EXPECT_GT(request.prefix_len, request.extend_len / 2);
+    EXPECT_LT(request.prefix_len, request.extend_len * 2 + 64);
+    distinct_pages.insert(request.prefix_pages.begin(), request.prefix_pages.end());
+    page_ids_total += request.prefix_pages.size();
+  }
+  EXPECT_EQ(extend_tokens_total, 44600);
+  EXPECT_GE(partial_last_pages, 3);
+  EXPECT_EQ(distinct_pages.size(), page_ids_total) << "prefix pages are drawn without replacement";
+  EXPECT_FALSE(reader.next().has_value());
+}
+
+// --- The writer ------------------------------------------------------------------------------
+
+// Whatever the writer writes, the reader gives back unchanged, including the optional fields.
+TEST(TraceWriter, WrittenTraceReadsBackFieldForField) {
+  TraceHeader header;
+  header.setting.cp = 3;
+  header.setting.page_size = 16;
+  header.setting.kinds = {*model::find_buffer_kind("kv_bf16"), *model::find_buffer_kind("indexer_k")};
+  header.setting.layer_pattern = "FSSF";
+  header.setting.pool_pages = 1000;
+  header.setting.split = model::SplitPolicy::round_robin;
+  header.setting.caps.staging_mib_override = 3;
+  header.source = {{"kind", "test"}, {"nested", {{"list", {1, 2, 3}}}}};
+
+  std::vector<model::Batch> batches(3);
+  batches[0].requests = {{32, 5, {999, 0}}, {0, 17, {}}};
+  batches[1].requests = {{16, 16, {500}}};
+  batches[2].requests = {{0, 1, {}}, {48, 100, {3, 2, 1}}, {0, 2, {}}};
+
+  std::ostringstream out;
+  TraceWriter writer(out, header);
+  for (const model::Batch& batch : batches) writer.write(batch);
+
+  TraceReader reader(stream_of(out.str()), "written.jsonl");
+  const model::Setting& setting = reader.header().setting;
+  EXPECT_EQ(setting.cp, 3);
+  EXPECT_EQ(setting.page_size, 16);
+  ASSERT_EQ(setting.kinds.size(), 2u);
+  EXPECT_EQ(setting.kinds[0].name, "kv_bf16");
+  EXPECT_EQ(setting.kinds[1].name, "indexer_k");
+  EXPECT_EQ(setting.layer_pattern, "FSSF");
+  EXPECT_EQ(setting.pool_pages, 1000);
+  EXPECT_EQ(setting.split, model::SplitPolicy::round_robin);
+  EXPECT_FALSE(setting.caps.max_total_extend_tokens.has_value());
+  EXPECT_FALSE(setting.caps.max_batch_requests.has_value());
+  EXPECT_EQ(setting.caps.staging_mib_override, 3);
+  EXPECT_EQ(reader.header().source, header.source);
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    const std::optional<model::Batch> batch = reader.next();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_EQ(reader.batch_index(), static_cast<std::int64_t>(b));
+    ASSERT_EQ(batch->requests.size(), batches[b].requests.size());
+    for (std::size_t r = 0; r < batches[b].requests.size(); ++r) {
+      EXPECT_EQ(batch->requests[r].prefix_len, batches[b].requests[r].prefix_len);
+      EXPECT_EQ(batch->requests[r].extend_len, batches[b].requests[r].extend_len);
+      EXPECT_EQ(batch->requests[r].prefix_pages, batches[b].requests[r].prefix_pages);
+    }
+  }
+  EXPECT_FALSE(reader.next().has_value());
+}
+
+// JSON Lines: one compact object per line, the header first, batches numbered from 0.
+TEST(TraceWriter, WritesOneCompactLinePerObject) {
+  TraceHeader header;
+  header.setting.cp = 2;
+  header.setting.page_size = 4;
+  header.setting.kinds = {*model::find_buffer_kind("kv_fp8")};
+  header.setting.layer_pattern = "F";
+  header.setting.pool_pages = 8;
+  std::ostringstream out;
+  TraceWriter writer(out, header);
+  model::Batch batch;
+  batch.requests = {{4, 3, {6}}};
+  writer.write(batch);
+  writer.write(batch);
+
+  std::istringstream in(out.str());
+  std::vector<std::string> text_lines;
+  for (std::string line; std::getline(in, line);) text_lines.push_back(line);
+  ASSERT_EQ(text_lines.size(), 3u);
+  EXPECT_EQ(json::parse(text_lines[0]).at("format"), "cpkv-batch-trace");
+  EXPECT_EQ(text_lines[1], R"({"batch":0,"requests":[{"extend_len":3,"prefix_len":4,"prefix_pages":[6]}]})");
+  EXPECT_EQ(json::parse(text_lines[2]).at("batch"), 1);
+}
+
+// A writer that wrote what its reader refuses would produce traces nobody can replay.
+TEST(TraceWriter, RefusesABatchTheReaderWouldRefuse) {
+  TraceHeader header;
+  header.setting.cp = 2;
+  header.setting.page_size = 4;
+  header.setting.kinds = {*model::find_buffer_kind("kv_fp8")};
+  header.setting.layer_pattern = "F";
+  header.setting.pool_pages = 8;
+  std::ostringstream out;
+  TraceWriter writer(out, header);
+  model::Batch batch;
+  batch.requests = {{4, 3, {8}}};  // page 8 is outside a pool of 8 pages
+  EXPECT_THROW(writer.write(batch), std::invalid_argument);
+
+  header.setting.page_size = 3;
+  std::ostringstream other;
+  EXPECT_THROW(TraceWriter(other, header), std::invalid_argument);
+}
+
+// --- Bad input: each case names its file, line and field in one line ---------------------------
+
+TEST(TraceBadInput, ErrorMessageIsFileLineFieldReason) {
+  json header = good_header();
+  header["page_size"] = 64;
+  header["pool_pages"] = 1000;
+  json batch = json::parse(R"({"batch":1,"requests":[{"prefix_len":64,"extend_len":1,"prefix_pages":[3]},
+    {"prefix_len":100,"extend_len":1,"prefix_pages":[1]}]})");
+  json first = batch;
+  first["batch"] = 0;
+  first["requests"].erase(1);
+  const TraceError error = refusal(lines({header, first, batch}), 3, "requests[1].prefix_len");
+  EXPECT_STREQ(error.what(), "bad.jsonl:3: requests[1].prefix_len: 100 is not a multiple of page_size 64");
+}
+
+TEST(TraceBadInput, MalformedJsonIsRefusedAsFieldJson) {
+  const std::string text = lines({good_header(), good_batch(0)}) + R"({"batch":1,"requests":[)" + "\n";
+  const TraceError error = refusal(text, 3, "json");
+  EXPECT_NE(error.reason().find("invalid JSON"), std::string::npos) << error.what();
+}
+
+TEST(TraceBadInput, TrailingTextAfterTheObjectIsRefused) {
+  refusal(good_header().dump() + " {}\n", 1, "json");
+}
+
+TEST(TraceBadInput, LineThatIsNotAnObjectIsRefused) {
+  refusal(lines({good_header(), json::array({1, 2})}), 2, "json");
+}
+
+TEST(TraceBadInput, BlankLineIsRefused) {
+  refusal(lines({good_header(), good_batch(0)}) + "\n" + lines({good_batch(1)}), 3, "json");
+  refusal(lines({good_header()}) + "  \t\n", 2, "json");
+}
+
+TEST(TraceBadInput, EmptyFileIsRefusedForItsMissingHeader) {
+  const TraceError error = refusal("", 1, "header");
+  EXPECT_NE(error.reason().find("empty"), std::string::npos);
+}
+
+TEST(TraceBadInput, BatchLineInPlaceOfTheHeaderIsRefused) {
+  refusal(lines({good_batch(0)}), 1, "format");
+}
+
+TEST(TraceBadInput, MissingHeaderFieldIsRefused) {
+  refusal(with_header_change([](json& h) { h.erase("cp"); }), 1, "cp");
+  refusal(with_header_change([](json& h) { h.erase("pool_pages"); }), 1, "pool_pages");
+  refusal(with_header_change([](json& h) { h["layers"].erase("pattern"); }), 1, "layers.pattern");
+  refusal(with_header_change([](json& h) { h.erase("version"); }), 1, "version");
+}
+
+TEST(TraceBadInput, NullRequiredFieldIsRefusedAsMissing) {
+  refusal(with_header_change([](json& h) { h["page_size"] = nullptr; }), 1, "page_size");
+}
+
+TEST(TraceBadInput, MissingBatchFieldIsRefused) {
+  refusal(with_batch_change([](json& b) { b["requests"][1].erase("extend_len"); }), 3, "requests[1].extend_len");
+  refusal(with_batch_change([](json& b) { b["requests"][0].erase("prefix_pages"); }), 3, "requests[0].prefix_pages");
+  refusal(with_batch_change([](json& b) { b.erase("batch"); }), 3, "batch");
+}
+
+TEST(TraceBadInput, WrongTypeIsRefused) {
+  refusal(with_header_change([](json& h) { h["cp"] = "2"; }), 1, "cp");
+  refusal(with_header_change([](json& h) { h["buffer_kinds"] = "kv_fp8"; }), 1, "buffer_kinds");
+  refusal(with_header_change([](json& h) { h["layers"] = "FS"; }), 1, "layers");
+  refusal(with_header_change([](json& h) { h["source"] = "hand"; }), 1, "source");
+  refusal(with_batch_change([](json& b) { b["requests"][0]["prefix_pages"] = 5; }), 3, "requests[0].prefix_pages");
+  refusal(with_batch_change([](json& b) { b["requests"][0]["extend_len"] = true; }), 3, "requests[0].extend_len");
+  refusal(with_batch_change([](json& b) { b["requests"][1] = json::array(); }), 3, "requests[1]");
+}
+
+TEST(TraceBadInput, NonIntegerNumberIsRefused) {
+  const TraceError error = refusal(with_batch_change([](json& b) { b["requests"][0]["extend_len"] = 1.5; }), 3,
+                                   "requests[0].extend_len");
+  EXPECT_NE(error.reason().find("integer"), std::string::npos) << error.what();
+  refusal(with_header_change([](json& h) { h["page_size"] = 4.0; }), 1, "page_size");
+}
+
+TEST(TraceBadInput, NegativeNumberIsRefused) {
+  refusal(with_batch_change([](json& b) { b["requests"][1]["prefix_len"] = -4; }), 3, "requests[1].prefix_len");
+  refusal(with_batch_change([](json& b) { b["requests"][0]["prefix_pages"][1] = -1; }), 3, "requests[0].prefix_pages[1]");
+  refusal(with_header_change([](json& h) { h["pool_pages"] = -16; }), 1, "pool_pages");
+  refusal(with_header_change([](json& h) { h["caps"]["max_batch_requests"] = -1; }), 1, "caps.max_batch_requests");
+  refusal(with_header_change([](json& h) { h["cp"] = -2; }), 1, "cp");
+}
+
+TEST(TraceBadInput, NumberBeyond64BitsIsRefused) {
+  const std::string text = lines({good_header()}) + R"({"batch":0,"requests":[{"prefix_len":18446744073709551615,"extend_len":1,"prefix_pages":[]}]})" "\n";
+  refusal(text, 2, "requests[0].prefix_len");
+}
+
+TEST(TraceBadInput, PrefixLengthNotAPageMultipleIsRefused) {
+  const TraceError error = refusal(with_batch_change([](json& b) { b["requests"][0]["prefix_len"] = 6; }), 3,
+                                   "requests[0].prefix_len");
+  EXPECT_NE(error.reason().find("multiple of page_size 4"), std::string::npos) << error.what();
+}
+
+TEST(TraceBadInput, PrefixPageCountThatDisagreesWithPrefixLengthIsRefused) {
+  refusal(with_batch_change([](json& b) { b["requests"][0]["prefix_pages"] = {5}; }), 3, "requests[0].prefix_pages");
+  refusal(with_batch_change([](json& b) { b["requests"][1]["prefix_pages"] = {1}; }), 3, "requests[1].prefix_pages");
+}
+
+TEST(TraceBadInput, PageIdOutsideThePoolIsRefused) {
+  const TraceError error = refusal(with_batch_change([](json& b) { b["requests"][0]["prefix_pages"][1] = 16; }), 3,
+                                   "requests[0].prefix_pages[1]");
+  EXPECT_NE(error.reason().find("outside the pool"), std::string::npos) << error.what();
+}
+
+TEST(TraceBadInput, CpOutsideOneToCpMaxIsRefused) {
+  refusal(with_header_change([](json& h) { h["cp"] = 0; }), 1, "cp");
+  refusal(with_header_change([](json& h) { h["cp"] = model::limits::cp_max + 1; }), 1, "cp");
+  refusal(with_header_change([](json& h) { h["cp"] = std::int64_t{1} << 40; }), 1, "cp");
+}
+
+TEST(TraceBadInput, PageSizeNotAPowerOfTwoOrTooLargeIsRefused) {
+  const TraceError error = refusal(with_header_change([](json& h) { h["page_size"] = 6; }), 1, "page_size");
+  EXPECT_NE(error.reason().find("power of two"), std::string::npos) << error.what();
+  refusal(with_header_change([](json& h) { h["page_size"] = 0; }), 1, "page_size");
+  refusal(with_header_change([](json& h) { h["page_size"] = model::limits::page_size_max * 2; }), 1, "page_size");
+}
+
+TEST(TraceBadInput, UnknownBufferKindIsRefused) {
+  const TraceError error =
+      refusal(with_header_change([](json& h) { h["buffer_kinds"][1] = "indexer_q"; }), 1, "buffer_kinds[1]");
+  EXPECT_NE(error.reason().find("indexer_q"), std::string::npos) << error.what();
+  refusal(with_header_change([](json& h) { h["buffer_kinds"] = json::array(); }), 1, "buffer_kinds");
+}
+
+TEST(TraceBadInput, UnknownFormatNameIsRefused) {
+  refusal(with_header_change([](json& h) { h["format"] = "cpkv-trace"; }), 1, "format");
+}
+
+TEST(TraceBadInput, UnknownFormatVersionIsRefusedBeforeItsKeys) {
+  // A newer file may carry keys this reader does not know; the version is the error to report.
+  const TraceError error = refusal(with_header_change([](json& h) {
+                                     h["version"] = 2;
+                                     h["new_key"] = 1;
+                                   }),
+                                   1, "version");
+  EXPECT_NE(error.reason().find("unsupported version 2"), std::string::npos) << error.what();
+}
+
+TEST(TraceBadInput, LayerPatternWithAnotherCharacterIsRefused) {
+  refusal(with_header_change([](json& h) { h["layers"]["pattern"] = "FX"; }), 1, "layers.pattern");
+  refusal(with_header_change([](json& h) { h["layers"]["pattern"] = "fs"; }), 1, "layers.pattern");
+}
+
+TEST(TraceBadInput, LayerPatternLengthOtherThanCountIsRefused) {
+  refusal(with_header_change([](json& h) { h["layers"]["pattern"] = "FSF"; }), 1, "layers.pattern");
+  refusal(with_header_change([](json& h) { h["layers"]["count"] = 1; }), 1, "layers.pattern");
+}
+
+TEST(TraceBadInput, ExtendLengthBelowOneIsRefused) {
+  refusal(with_batch_change([](json& b) { b["requests"][1]["extend_len"] = 0; }), 3, "requests[1].extend_len");
+}
+
+TEST(TraceBadInput, BatchWithoutRequestsIsRefused) {
+  refusal(with_batch_change([](json& b) { b["requests"] = json::array(); }), 3, "requests");
+}
+
+TEST(TraceBadInput, BatchNumberOutOfOrderIsRefused) {
+  refusal(with_batch_change([](json& b) { b["batch"] = 2; }), 3, "batch");
+  refusal(with_batch_change([](json& b) { b["batch"] = 0; }), 3, "batch");
+}
+
+TEST(TraceBadInput, UnknownKeyIsRefused) {
+  refusal(with_header_change([](json& h) { h["comment"] = "x"; }), 1, "comment");
+  refusal(with_header_change([](json& h) { h["caps"]["max_running_requests"] = 4; }), 1, "caps.max_running_requests");
+  refusal(with_header_change([](json& h) { h["layers"]["kinds"] = "F"; }), 1, "layers.kinds");
+  refusal(with_batch_change([](json& b) { b["requests"][1]["suffix_len"] = 0; }), 3, "requests[1].suffix_len");
+  refusal(with_batch_change([](json& b) { b["time_ms"] = 0; }), 3, "time_ms");
+}
+
+TEST(TraceBadInput, DuplicateKeyIsRefused) {
+  const std::string text = lines({good_header()}) + R"({"batch":0,"batch":0,"requests":[]})" "\n";
+  refusal(text, 2, "batch");
+}
+
+TEST(TraceBadInput, UnknownSplitPolicyIsRefused) {
+  refusal(with_header_change([](json& h) { h["split"] = "token"; }), 1, "split");
+}
+
+TEST(TraceBadInput, InvalidCapIsRefused) {
+  refusal(with_header_change([](json& h) { h["caps"]["staging_mib"] = 0; }), 1, "caps.staging_mib");
+}
+
+TEST(TraceBadInput, MessageStaysOneLineWhenTheInputHoldsNewlines) {
+  // The key decodes to "a<newline>b": the message must still be one line.
+  const std::string text = lines({good_header()}) + R"({"batch":0,"a\nb":1})" "\n";
+  const TraceError error = refusal(text, 2, "a b");
+  EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos);
+}
+
+TEST(TraceBadInput, BatchesBeforeTheBadLineAreReadFirst) {
+  // Streaming: the reader hands out good batches until it reaches the bad line.
+  json bad = good_batch(2);
+  bad["requests"][0]["extend_len"] = -1;
+  TraceReader reader(stream_of(lines({good_header(), good_batch(0), good_batch(1), bad})), "bad.jsonl");
+  EXPECT_TRUE(reader.next().has_value());
+  EXPECT_TRUE(reader.next().has_value());
+  try {
+    reader.next();
+    ADD_FAILURE() << "the bad batch was accepted";
+  } catch (const TraceError& error) {
+    EXPECT_EQ(error.line(), 4);
+    EXPECT_EQ(error.field(), "requests[0].extend_len");
+  }
+}
+
+TEST(TraceBadInput, MissingFileIsRefusedNamingTheFile) {
+  try {
+    TraceReader reader(source_dir() + "/traces/samples/no-such-trace.jsonl");
+    ADD_FAILURE() << "a missing file was opened";
+  } catch (const TraceError& error) {
+    EXPECT_EQ(error.field(), "file");
+    EXPECT_NE(std::string(error.what()).find("no-such-trace.jsonl:0: file: cannot open"), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace cpkv::traces

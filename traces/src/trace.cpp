@@ -1,0 +1,389 @@
+// The batch-trace format, version 1 (traces/README.md). This file checks the JSON shape of every
+// line (keys, types, non-negative integers, order of batches) and leaves the meaning (cp range,
+// page size, page ids inside the pool, ...) to model::validate, whose Problem fields already use
+// the trace's field names. Every refusal is one TraceError: `FILE:LINE: FIELD: REASON`.
+#include "cpkv/traces/trace.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <initializer_list>
+#include <istream>
+#include <limits>
+#include <ostream>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace cpkv::traces {
+
+namespace {
+
+using nlohmann::json;
+
+// An error message must stay one line whatever the input holds (a JSON key may decode to a newline).
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+// Values quoted in reasons are cut here so one bad line cannot make a huge message.
+constexpr std::size_t kQuotedValueChars = 40;
+
+std::string quote_value(const json& value) {
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > kQuotedValueChars) text = text.substr(0, kQuotedValueChars) + "...";
+  return text;
+}
+
+std::string describe_type(const json& value) {
+  if (value.is_null()) return "null";
+  if (value.is_boolean()) return fmt::format("a boolean ({})", quote_value(value));
+  if (value.is_number_float()) return fmt::format("a non-integer number ({})", quote_value(value));
+  if (value.is_number()) return fmt::format("a number ({})", quote_value(value));
+  if (value.is_string()) return fmt::format("a string ({})", quote_value(value));
+  if (value.is_array()) return "an array";
+  return "an object";
+}
+
+std::string join_path(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
+}
+
+std::string index_path(const std::string& path, std::size_t index) {
+  return fmt::format("{}[{}]", path, index);
+}
+
+std::string known_list(std::initializer_list<std::string_view> keys) {
+  return fmt::format("{}", fmt::join(keys, ", "));
+}
+
+// The checks of one line of one file: every failure names the file and this line.
+class LineChecker {
+ public:
+  LineChecker(const std::string& file, std::int64_t line) : file_(file), line_(line) {}
+
+  [[noreturn]] void fail(std::string field, std::string reason) const {
+    throw TraceError(file_, line_, std::move(field), std::move(reason));
+  }
+
+  // The line as a JSON object: no blank lines, no duplicate keys, nothing after the object.
+  json parse_object(const std::string& text) const {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) {
+      fail("json", "blank line (every line must hold one JSON object)");
+    }
+    std::vector<std::vector<std::string>> keys_by_depth;
+    const auto reject_duplicate_keys = [&](int, json::parse_event_t event, json& parsed) {
+      if (event == json::parse_event_t::object_start) keys_by_depth.emplace_back();
+      if (event == json::parse_event_t::object_end) keys_by_depth.pop_back();
+      if (event == json::parse_event_t::key) {
+        std::vector<std::string>& seen = keys_by_depth.back();
+        const std::string& key = parsed.get_ref<const std::string&>();
+        for (const std::string& other : seen) {
+          if (other == key) fail(key, "duplicate key");
+        }
+        seen.push_back(key);
+      }
+      return true;
+    };
+    json value;
+    try {
+      value = json::parse(text, reject_duplicate_keys);
+    } catch (const json::parse_error& error) {
+      fail("json", parse_error_reason(error));
+    }
+    if (!value.is_object()) fail("json", fmt::format("expected an object, got {}", describe_type(value)));
+    return value;
+  }
+
+  void refuse_unknown_keys(const json& object, const std::string& path,
+                           std::initializer_list<std::string_view> known) const {
+    for (const auto& item : object.items()) {
+      bool is_known = false;
+      for (std::string_view key : known) is_known = is_known || item.key() == key;
+      if (!is_known) fail(join_path(path, item.key()), fmt::format("unknown key (expected one of: {})", known_list(known)));
+    }
+  }
+
+  // The member `key` of `object`; a required member may not be absent or null.
+  const json& required(const json& object, const std::string& path, std::string_view key) const {
+    const auto it = object.find(key);
+    if (it == object.end() || it->is_null()) fail(join_path(path, key), "missing required field");
+    return *it;
+  }
+
+  // The member `key`, or nullptr where it is absent or null.
+  static const json* optional(const json& object, std::string_view key) {
+    const auto it = object.find(key);
+    if (it == object.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  // Every integer of the format is a count, a length, an id or a size: none is negative.
+  std::int64_t non_negative(const json& value, const std::string& field) const {
+    if (!value.is_number_integer()) fail(field, fmt::format("expected an integer, got {}", describe_type(value)));
+    if (value.is_number_unsigned()) {
+      const std::uint64_t unsigned_value = value.get<std::uint64_t>();
+      if (unsigned_value > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        fail(field, fmt::format("{} does not fit in 64 bits", unsigned_value));
+      }
+      return static_cast<std::int64_t>(unsigned_value);
+    }
+    const std::int64_t signed_value = value.get<std::int64_t>();
+    if (signed_value < 0) fail(field, fmt::format("{} is negative", signed_value));
+    return signed_value;
+  }
+
+  std::int32_t non_negative_32(const json& value, const std::string& field) const {
+    const std::int64_t wide = non_negative(value, field);
+    if (wide > std::numeric_limits<std::int32_t>::max()) fail(field, fmt::format("{} does not fit in 32 bits", wide));
+    return static_cast<std::int32_t>(wide);
+  }
+
+  const std::string& string(const json& value, const std::string& field) const {
+    if (!value.is_string()) fail(field, fmt::format("expected a string, got {}", describe_type(value)));
+    return value.get_ref<const std::string&>();
+  }
+
+  const json& array(const json& value, const std::string& field) const {
+    if (!value.is_array()) fail(field, fmt::format("expected an array, got {}", describe_type(value)));
+    return value;
+  }
+
+  const json& object(const json& value, const std::string& field) const {
+    if (!value.is_object()) fail(field, fmt::format("expected an object, got {}", describe_type(value)));
+    return value;
+  }
+
+  void check(const std::optional<model::Problem>& problem) const {
+    if (problem) fail(problem->field, problem->reason);
+  }
+
+ private:
+  // nlohmann's message without its "[json.exception.parse_error.101] " tag; the line is ours.
+  static std::string parse_error_reason(const json::parse_error& error) {
+    std::string_view text = error.what();
+    const std::size_t tag_end = text.find("] ");
+    if (tag_end != std::string_view::npos) text.remove_prefix(tag_end + 2);
+    const std::size_t detail = text.find(": ");
+    const std::string_view detail_text = detail == std::string_view::npos ? text : text.substr(detail + 2);
+    return fmt::format("invalid JSON at byte {}: {}", error.byte, detail_text);
+  }
+
+  const std::string& file_;
+  std::int64_t line_;
+};
+
+model::Caps parse_caps(const LineChecker& checker, const json& caps_json) {
+  checker.object(caps_json, "caps");
+  checker.refuse_unknown_keys(caps_json, "caps", {"max_total_extend_tokens", "max_batch_requests", "staging_mib"});
+  model::Caps caps;
+  const auto read_cap = [&](std::string_view key) -> std::optional<std::int64_t> {
+    const json* value = LineChecker::optional(caps_json, key);
+    if (value == nullptr) return std::nullopt;
+    return checker.non_negative(*value, join_path("caps", key));
+  };
+  caps.max_total_extend_tokens = read_cap("max_total_extend_tokens");
+  caps.max_batch_requests = read_cap("max_batch_requests");
+  caps.staging_mib_override = read_cap("staging_mib");
+  return caps;
+}
+
+std::vector<model::BufferKind> parse_buffer_kinds(const LineChecker& checker, const json& header_json) {
+  const json& kinds_json = checker.array(checker.required(header_json, "", "buffer_kinds"), "buffer_kinds");
+  std::vector<model::BufferKind> kinds;
+  for (std::size_t i = 0; i < kinds_json.size(); ++i) {
+    const std::string field = index_path("buffer_kinds", i);
+    const std::string& name = checker.string(kinds_json[i], field);
+    const std::optional<model::BufferKind> kind = model::find_buffer_kind(name);
+    if (!kind) {
+      std::vector<std::string_view> known;
+      for (const model::BufferKind& k : model::kBufferKinds) known.push_back(k.name);
+      checker.fail(field, fmt::format("unknown buffer kind \"{}\" (known: {})", name, fmt::join(known, ", ")));
+    }
+    kinds.push_back(*kind);
+  }
+  return kinds;
+}
+
+std::string parse_layers(const LineChecker& checker, const json& header_json) {
+  const json& layers_json = checker.object(checker.required(header_json, "", "layers"), "layers");
+  checker.refuse_unknown_keys(layers_json, "layers", {"count", "pattern"});
+  const std::int64_t count = checker.non_negative(checker.required(layers_json, "layers", "count"), "layers.count");
+  const std::string& pattern = checker.string(checker.required(layers_json, "layers", "pattern"), "layers.pattern");
+  if (static_cast<std::int64_t>(pattern.size()) != count) {
+    checker.fail("layers.pattern", fmt::format("has {} layers but layers.count is {}", pattern.size(), count));
+  }
+  return pattern;
+}
+
+// Format and version come first: a newer file should be refused for its version, not its keys.
+void check_format_and_version(const LineChecker& checker, const json& header_json) {
+  const json* format = LineChecker::optional(header_json, "format");
+  if (format == nullptr) checker.fail("format", "missing required field (the first line must be the trace header)");
+  const std::string& name = checker.string(*format, "format");
+  if (name != kFormatName) checker.fail("format", fmt::format("unknown format \"{}\" (expected \"{}\")", name, kFormatName));
+  const std::int64_t version = checker.non_negative(checker.required(header_json, "", "version"), "version");
+  if (version != kFormatVersion) {
+    checker.fail("version", fmt::format("unsupported version {} (this reader reads version {})", version, kFormatVersion));
+  }
+}
+
+TraceHeader parse_header(const LineChecker& checker, const json& header_json) {
+  check_format_and_version(checker, header_json);
+  checker.refuse_unknown_keys(header_json, "", {"format", "version", "cp", "page_size", "buffer_kinds", "layers",
+                                                "pool_pages", "split", "caps", "source"});
+  TraceHeader header;
+  model::Setting& setting = header.setting;
+  setting.cp = checker.non_negative_32(checker.required(header_json, "", "cp"), "cp");
+  setting.page_size = checker.non_negative_32(checker.required(header_json, "", "page_size"), "page_size");
+  setting.kinds = parse_buffer_kinds(checker, header_json);
+  setting.layer_pattern = parse_layers(checker, header_json);
+  setting.pool_pages = checker.non_negative(checker.required(header_json, "", "pool_pages"), "pool_pages");
+  if (const json* split = LineChecker::optional(header_json, "split")) {
+    const std::string& name = checker.string(*split, "split");
+    const std::optional<model::SplitPolicy> policy = model::parse_split_policy(name);
+    if (!policy) checker.fail("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin)", name));
+    setting.split = *policy;
+  }
+  if (const json* caps = LineChecker::optional(header_json, "caps")) setting.caps = parse_caps(checker, *caps);
+  if (const json* source = LineChecker::optional(header_json, "source")) header.source = checker.object(*source, "source");
+  checker.check(model::validate(setting));
+  return header;
+}
+
+model::Request parse_request(const LineChecker& checker, const json& request_json, const std::string& path) {
+  checker.object(request_json, path);
+  checker.refuse_unknown_keys(request_json, path, {"prefix_len", "extend_len", "prefix_pages"});
+  model::Request request;
+  request.prefix_len = checker.non_negative(checker.required(request_json, path, "prefix_len"), join_path(path, "prefix_len"));
+  request.extend_len = checker.non_negative(checker.required(request_json, path, "extend_len"), join_path(path, "extend_len"));
+  const std::string pages_path = join_path(path, "prefix_pages");
+  const json& pages_json = checker.array(checker.required(request_json, path, "prefix_pages"), pages_path);
+  request.prefix_pages.reserve(pages_json.size());
+  for (std::size_t k = 0; k < pages_json.size(); ++k) {
+    request.prefix_pages.push_back(checker.non_negative(pages_json[k], index_path(pages_path, k)));
+  }
+  return request;
+}
+
+model::Batch parse_batch(const LineChecker& checker, const json& batch_json, const model::Setting& setting,
+                         std::int64_t expected_index) {
+  checker.refuse_unknown_keys(batch_json, "", {"batch", "requests"});
+  const std::int64_t index = checker.non_negative(checker.required(batch_json, "", "batch"), "batch");
+  if (index != expected_index) {
+    checker.fail("batch", fmt::format("{} is out of order: batches are numbered 0, 1, 2, ... and this is batch {}", index, expected_index));
+  }
+  const json& requests_json = checker.array(checker.required(batch_json, "", "requests"), "requests");
+  model::Batch batch;
+  batch.requests.reserve(requests_json.size());
+  for (std::size_t r = 0; r < requests_json.size(); ++r) {
+    batch.requests.push_back(parse_request(checker, requests_json[r], index_path("requests", r)));
+  }
+  checker.check(model::validate(setting, batch));
+  return batch;
+}
+
+}  // namespace
+
+TraceError::TraceError(std::string file, std::int64_t line, std::string field, std::string reason)
+    : std::runtime_error(one_line(fmt::format("{}:{}: {}: {}", file, line, field, reason))),
+      file_(std::move(file)),
+      line_(line),
+      field_(one_line(std::move(field))),
+      reason_(one_line(std::move(reason))) {}
+
+TraceReader::TraceReader(const std::string& path) : name_(path) {
+  auto file = std::make_unique<std::ifstream>(path);
+  if (!file->is_open()) throw TraceError(path, 0, "file", fmt::format("cannot open: {}", std::strerror(errno)));
+  in_ = std::move(file);
+  read_header();
+}
+
+TraceReader::TraceReader(std::unique_ptr<std::istream> in, std::string name) : in_(std::move(in)), name_(std::move(name)) {
+  if (!in_) throw std::invalid_argument("TraceReader: null stream");
+  read_header();
+}
+
+TraceReader::~TraceReader() = default;
+
+void TraceReader::read_header() {
+  std::string text;
+  if (!std::getline(*in_, text)) {
+    if (in_->bad()) throw TraceError(name_, 1, "file", "read error");
+    throw TraceError(name_, 1, "header", "the file is empty (expected the trace header on line 1)");
+  }
+  line_ = 1;
+  const LineChecker checker(name_, line_);
+  header_ = parse_header(checker, checker.parse_object(text));
+}
+
+std::optional<model::Batch> TraceReader::next() {
+  std::string text;
+  if (!std::getline(*in_, text)) {
+    if (in_->bad()) throw TraceError(name_, line_ + 1, "file", "read error");
+    return std::nullopt;
+  }
+  ++line_;
+  const LineChecker checker(name_, line_);
+  model::Batch batch = parse_batch(checker, checker.parse_object(text), header_.setting, batch_index_ + 1);
+  ++batch_index_;
+  return batch;
+}
+
+nlohmann::json header_to_json(const TraceHeader& header) {
+  const model::Setting& setting = header.setting;
+  nlohmann::json kinds = nlohmann::json::array();
+  for (const model::BufferKind& kind : setting.kinds) kinds.push_back(kind.name);
+  const auto cap = [](const std::optional<std::int64_t>& value) { return value ? nlohmann::json(*value) : nlohmann::json(nullptr); };
+  return {
+      {"format", kFormatName},
+      {"version", kFormatVersion},
+      {"cp", setting.cp},
+      {"page_size", setting.page_size},
+      {"buffer_kinds", kinds},
+      {"layers", {{"count", setting.layer_count()}, {"pattern", setting.layer_pattern}}},
+      {"pool_pages", setting.pool_pages},
+      {"split", model::to_string(setting.split)},
+      {"caps",
+       {{"max_total_extend_tokens", cap(setting.caps.max_total_extend_tokens)},
+        {"max_batch_requests", cap(setting.caps.max_batch_requests)},
+        {"staging_mib", cap(setting.caps.staging_mib_override)}}},
+      {"source", header.source},
+  };
+}
+
+nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index) {
+  nlohmann::json requests = nlohmann::json::array();
+  for (const model::Request& request : batch.requests) {
+    requests.push_back({{"prefix_len", request.prefix_len},
+                        {"extend_len", request.extend_len},
+                        {"prefix_pages", request.prefix_pages}});
+  }
+  return {{"batch", batch_index}, {"requests", std::move(requests)}};
+}
+
+// The writer refuses what the reader would refuse, so a written trace always reads back.
+TraceWriter::TraceWriter(std::ostream& out, const TraceHeader& header) : out_(out), setting_(header.setting) {
+  if (const std::optional<model::Problem> problem = model::validate(header.setting)) {
+    throw std::invalid_argument(fmt::format("TraceWriter: invalid setting: {}: {}", problem->field, problem->reason));
+  }
+  if (!header.source.is_object()) throw std::invalid_argument("TraceWriter: source must be a JSON object");
+  out_ << header_to_json(header).dump() << '\n';
+  if (!out_) throw std::runtime_error("TraceWriter: writing the header failed");
+}
+
+void TraceWriter::write(const model::Batch& batch) {
+  if (const std::optional<model::Problem> problem = model::validate(setting_, batch)) {
+    throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+  }
+  out_ << batch_to_json(batch, next_index_).dump() << '\n';
+  if (!out_) throw std::runtime_error(fmt::format("TraceWriter: writing batch {} failed", next_index_));
+  ++next_index_;
+}
+
+}  // namespace cpkv::traces
