@@ -17,17 +17,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
+struct CliRun {
   int status = -1;
   std::string out;
   std::string err;
 };
 
-std::string env_or_die(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) throw std::runtime_error(fmt::format("{} is not set (run through ctest)", name));
-  return value;
-}
 
 std::string slurp(const fs::path& path) {
   std::ifstream in(path);
@@ -37,14 +32,14 @@ std::string slurp(const fs::path& path) {
 }
 
 // Runs the cpkv binary with `args` (already shell-quoted where needed) and captures its output.
-Run run_cpkv(const std::string& args) {
-  const fs::path binary = fs::path(env_or_die("CPKV_BINARY_DIR")) / "cli" / "cpkv";
+CliRun run_cpkv(const std::string& args) {
+  const fs::path binary = fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv";
   const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_cli_test_{}", ::getpid());
   fs::create_directories(dir);
   const std::string command =
       fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), args, (dir / "out").string(), (dir / "err").string());
   const int raw = std::system(command.c_str());
-  Run run;
+  CliRun run;
   run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   run.out = slurp(dir / "out");
   run.err = slurp(dir / "err");
@@ -53,7 +48,7 @@ Run run_cpkv(const std::string& args) {
 }
 
 std::string sample(const std::string& name) {
-  return (fs::path(env_or_die("CPKV_SOURCE_DIR")) / "traces" / "samples" / name).string();
+  return (fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / name).string();
 }
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
@@ -87,7 +82,7 @@ bool one_line(const std::string& text) {
 //   batch 1: prefix page [7] (rank 1) + 1 current page (C = 1 -> writer 0): [5776, 5776].
 //   batch 2: ceil(16/4) + ceil(13/4) = 8 current pages > 6 staging slots -> overflow.
 TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
-  const Run run = run_cpkv(fmt::format("plan '{}' --json", sample("tiny.jsonl")));
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --json", sample("tiny.jsonl")));
   ASSERT_EQ(run.status, 0) << run.err;
   const auto batches = json_lines(run.out);
   ASSERT_EQ(batches.size(), 3u);
@@ -119,7 +114,7 @@ TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
 }
 
 TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
-  const Run run = run_cpkv(fmt::format("plan '{}' --json --batch 1 --rank 0", sample("tiny.jsonl")));
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --json --batch 1 --rank 0", sample("tiny.jsonl")));
   ASSERT_EQ(run.status, 0) << run.err;
   const auto batches = json_lines(run.out);
   ASSERT_EQ(batches.size(), 1u);
@@ -129,7 +124,7 @@ TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
 }
 
 TEST(CliPlan, TextOutputNamesTheVerdictAndWriters) {
-  const Run run = run_cpkv(fmt::format("plan '{}'", sample("tiny.jsonl")));
+  const CliRun run = run_cpkv(fmt::format("plan '{}'", sample("tiny.jsonl")));
   ASSERT_EQ(run.status, 0) << run.err;
   EXPECT_NE(run.out.find("verdict ok"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("overflow: 8 current pages > 6 staging slots"), std::string::npos) << run.out;
@@ -137,7 +132,7 @@ TEST(CliPlan, TextOutputNamesTheVerdictAndWriters) {
 }
 
 TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
-  const Run run = run_cpkv(fmt::format("plan '{}' --json", sample("seeds_batch.jsonl")));
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --json", sample("seeds_batch.jsonl")));
   ASSERT_EQ(run.status, 0) << run.err;
   const auto batches = json_lines(run.out);
   ASSERT_GE(batches.size(), 1u);
@@ -147,7 +142,7 @@ TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
 }
 
 // Bad input: one line on stderr naming what and where, exit status 2, nothing on stdout.
-void expect_bad_input(const Run& run, const std::string& needle) {
+void expect_bad_input(const CliRun& run, const std::string& needle) {
   EXPECT_EQ(run.status, 2) << run.err;
   EXPECT_TRUE(one_line(run.err)) << "stderr must be one line: " << run.err;
   EXPECT_NE(run.err.find(needle), std::string::npos) << run.err;
@@ -158,7 +153,7 @@ TEST(CliPlan, MalformedLineLateInTheTraceLeavesNoPartialOutput) {
   std::string text = slurp(sample("tiny.jsonl"));
   text += "{\"batch\": 3, \"requests\": [{\"prefix_len\": 3, \"extend_len\": 1, \"prefix_pages\": []}]}\n";
   const std::string path = write_temp("late_bad", text);
-  const Run run = run_cpkv(fmt::format("plan '{}'", path));
+  const CliRun run = run_cpkv(fmt::format("plan '{}'", path));
   expect_bad_input(run, "prefix_len");
   EXPECT_NE(run.err.find(":5:"), std::string::npos) << "names line 5: " << run.err;
   fs::remove(path);
@@ -187,10 +182,10 @@ TEST(CliPlan, UnknownVariantIsBadInput) {
 }
 
 TEST(CliPlan, HelpExplainsEverySubcommand) {
-  const Run top = run_cpkv("--help");
+  const CliRun top = run_cpkv("--help");
   EXPECT_EQ(top.status, 0);
   EXPECT_NE(top.out.find("plan"), std::string::npos);
-  const Run plan = run_cpkv("plan --help");
+  const CliRun plan = run_cpkv("plan --help");
   EXPECT_EQ(plan.status, 0);
   EXPECT_NE(plan.out.find("--json"), std::string::npos);
 }

@@ -127,7 +127,7 @@ VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_
       plan.zero_own_current = true;
       plan.fill_to_staging = true;
       plan.barrier = true;
-      plan.gather1 = staging_direct_plan(layout);
+      plan.gather2 = staging_direct_plan(layout);  // after the barrier: it reads peers' staging
       break;
   }
   return plan;

@@ -25,7 +25,7 @@ SEED = 8644600  # fixed (cp 8, page 64, 44600 tokens): the committed sample is t
 CP = 8
 PAGE_SIZE = 64
 LAYER_COUNT = 61  # DeepSeek-V3.2
-POOL_PAGES = 262144  # 16M tokens of pool at P = 64: far more pages than the batch touches
+POOL_PAGES = 16384  # 1M tokens of pool at P = 64: 23x the pages the batch touches, small enough for the simulator
 REQUEST_COUNT = 12
 EXTEND_TOKENS_TOTAL = 44600  # the seeds' "44.6K q tokens"
 MAX_TOTAL_EXTEND_TOKENS = 49152  # admission caps of the traced deployment

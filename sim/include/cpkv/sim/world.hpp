@@ -1,0 +1,146 @@
+// The shared world of one simulated CP group: what the GPUs would share through CUDA IPC (pool slabs,
+// staging regions with two parity halves, symmetric dense buffers, barrier flags, collective scratch)
+// plus the checkers' shadow state, carved at fixed offsets in one SharedRegion. Every process maps the
+// region at its own address, so everything here is an offset, never a pointer.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpkv/model/setting.hpp"
+#include "cpkv/model/staging.hpp"
+#include "cpkv/sim/shared_region.hpp"
+
+namespace cpkv::sim {
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(std::atomic<std::int64_t>::is_always_lock_free, "shared atomics must be lock-free");
+static_assert(std::atomic<std::int32_t>::is_always_lock_free, "shared atomics must be lock-free");
+
+// Sizes the world must hold for a whole trace (the largest batch), fixed before the ranks start.
+struct WorldGeometry {
+  std::int32_t cp = 1;
+  std::int32_t page_size = 1;
+  std::int32_t layers = 1;                 // layers simulated
+  std::vector<std::uint32_t> row_bytes;    // per buffer kind
+  std::int64_t staging_slots = 0;          // registered capacity (per half, per kind)
+  std::int64_t pool_pages_per_rank = 0;    // local pages of each rank's slab
+  std::int64_t slot_count_max = 0;         // dense slots of the largest batch
+  std::int64_t current_pages_max = 0;      // current pages of the largest batch
+
+  std::uint64_t page_bytes(std::size_t kind) const { return std::uint64_t{row_bytes[kind]} * page_size; }
+  std::uint64_t page_bytes_all_kinds() const;
+  std::uint32_t row_bytes_max() const;
+};
+
+WorldGeometry geometry_for(const model::Setting& setting, std::int32_t layers, std::int64_t slot_count_max,
+                           std::int64_t current_pages_max);
+
+// Where a rank is, for deadlock reports: written by the rank, read by whoever reports.
+struct alignas(64) RankPosition {
+  std::atomic<std::int64_t> batch{-1};
+  std::atomic<std::int64_t> step{0};
+  std::atomic<std::int32_t> layer{-1};
+  std::atomic<std::int32_t> op{0};
+  std::atomic<std::int64_t> phase{0};       // protocol barrier arrivals so far
+  std::atomic<std::int32_t> state{0};       // RankState
+  std::atomic<std::int32_t> pid{0};
+};
+
+enum class RankState : std::int32_t { idle = 0, running = 1, finished = 2, failed = 3, raised_overflow = 4 };
+
+// One counter per rank, monotonic: rank r's arrivals. Barrier k is passed when every counter >= k.
+// Reusable without reset and phase-safe by construction (see barrier.hpp).
+struct alignas(64) Counter {
+  std::atomic<std::uint64_t> value{0};
+};
+
+// The barrier_reset_race mutant's scheme: one shared count that the last arriver resets.
+struct alignas(64) ResetBarrier {
+  std::atomic<std::uint64_t> count{0};
+  std::atomic<std::uint64_t> generation{0};
+};
+
+// Checker shadow state for one staging slot (owner rank, half, current index).
+struct StagingStamp {
+  std::atomic<std::int64_t> layer{-1};   // layer of the last write
+  std::atomic<std::int32_t> state{0};    // StampState
+  std::atomic<std::uint32_t> fillers{0}; // ranks that filled rows of this page on `layer` (bitmask)
+};
+enum class StampState : std::int32_t { poisoned = 0, zeroed = 1, filled = 2, published = 3 };
+
+struct Violation {
+  std::int32_t invariant = 0;  // 1..8, PROTOCOL.md section 9
+  std::int32_t rank = -1;
+  std::int64_t batch = -1;
+  std::int32_t layer = -1;
+  std::int64_t slot = -1;
+  std::int64_t step = -1;
+  char detail[160] = {};
+};
+
+// A record of one collective call, to prove every rank issued the same sequence (invariant 7).
+struct alignas(64) CollectiveLog {
+  std::atomic<std::uint64_t> calls{0};
+  std::atomic<std::uint64_t> signature{0};  // running hash of (kind, bytes) of every call
+};
+
+class World {
+ public:
+  World(const WorldGeometry& geometry, std::uint64_t seed);
+
+  const WorldGeometry& geometry() const { return geometry_; }
+  const SharedRegion& region() const { return region_; }
+  std::uint64_t seed() const { return seed_; }
+
+  // Memory a GPU would share through IPC, by rank.
+  std::uint8_t* pool_page(std::int32_t rank, std::int32_t layer, std::size_t kind, std::int64_t local_page) const;
+  std::uint8_t* staging_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const;
+  std::uint8_t* dense_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const;
+  std::uint8_t* compact_page(std::int32_t rank, std::size_t kind, std::int64_t index) const;
+  std::uint8_t* scratch(std::int32_t rank) const;  // collective receive buffer, row_bytes_max * P * slots
+
+  Counter& barrier_counter(std::int32_t rank) const;
+  Counter& collective_counter(std::int32_t rank) const;
+  Counter& batch_counter(std::int32_t rank) const;
+  ResetBarrier& reset_barrier() const;
+  RankPosition& position(std::int32_t rank) const;
+  std::atomic<std::int32_t>& ipc_probe(std::int32_t rank) const;
+  std::atomic<std::int32_t>& chosen_path(std::int32_t rank) const;
+  std::atomic<std::int32_t>& verdict(std::int32_t rank) const;   // per batch: 1 ok, 2 overflow
+  std::atomic<std::int64_t>& reading_layer(std::int32_t rank) const;  // open staging read epoch or -1
+  CollectiveLog& collectives(std::int32_t rank) const;
+  StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
+  StagingStamp& dense_stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
+
+  // Violations, recorded by checkers from any rank; at most kViolationsMax are kept.
+  static constexpr std::int32_t kViolationsMax = 64;
+  void record(const Violation& violation) const;
+  std::vector<Violation> violations() const;
+  std::int64_t violation_count() const;
+
+  // Resets the per-run shadow and flag state to the start of a run (not the data buffers).
+  void reset_flags() const;
+
+ private:
+  struct Header;
+  struct Offsets {
+    std::uint64_t header, positions, barrier, collective, batch, reset, probes, paths, verdicts, reading, colllog,
+        stamps, dense_stamps, violations, pool, staging, dense, compact, scratch, total;
+    std::uint64_t pool_rank, staging_rank, dense_rank, dense_half, compact_rank, scratch_rank, stamps_per_half;
+    std::vector<std::uint64_t> pool_kind, dense_kind, compact_kind;
+  };
+  static model::ArenaCarve carve_for(const WorldGeometry& geometry);
+  static Offsets carve_world(const WorldGeometry& geometry, const model::ArenaCarve& carve);
+  Header* header() const;
+
+  WorldGeometry geometry_;
+  std::uint64_t seed_;
+  model::ArenaCarve carve_;
+  Offsets off_;
+  SharedRegion region_;
+};
+
+}  // namespace cpkv::sim

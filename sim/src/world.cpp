@@ -1,0 +1,209 @@
+#include "cpkv/sim/world.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+namespace cpkv::sim {
+
+namespace {
+constexpr std::uint64_t kAlign = 256;
+std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Bump carve of the region: the same sequence of calls gives the same offsets in every process.
+struct Bump {
+  std::uint64_t next = 0;
+  std::uint64_t take(std::uint64_t bytes) {
+    const std::uint64_t at = align_up(next);
+    next = at + bytes;
+    return at;
+  }
+};
+}  // namespace
+
+struct World::Header {
+  std::atomic<std::int64_t> violations{0};
+};
+
+std::uint64_t WorldGeometry::page_bytes_all_kinds() const {
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < row_bytes.size(); ++k) sum += page_bytes(k);
+  return sum;
+}
+
+std::uint32_t WorldGeometry::row_bytes_max() const { return *std::max_element(row_bytes.begin(), row_bytes.end()); }
+
+WorldGeometry geometry_for(const model::Setting& setting, std::int32_t layers, std::int64_t slot_count_max,
+                           std::int64_t current_pages_max) {
+  WorldGeometry g;
+  g.cp = setting.cp;
+  g.page_size = setting.page_size;
+  g.layers = layers;
+  for (const auto& kind : setting.kinds) g.row_bytes.push_back(kind.row_bytes);
+  g.staging_slots = model::staging_capacity(setting).staging_slots;
+  g.pool_pages_per_rank = setting.pool_pages_per_rank();
+  g.slot_count_max = slot_count_max;
+  g.current_pages_max = current_pages_max;
+  return g;
+}
+
+namespace {
+template <typename T>
+void construct_array(std::uint8_t* base, std::uint64_t offset, std::uint64_t count) {
+  T* first = reinterpret_cast<T*>(base + offset);
+  for (std::uint64_t i = 0; i < count; ++i) new (first + i) T();
+}
+}  // namespace
+
+model::ArenaCarve World::carve_for(const WorldGeometry& g) {
+  model::Setting setting;
+  setting.page_size = g.page_size;
+  for (std::uint32_t row_bytes : g.row_bytes) setting.kinds.push_back({"", row_bytes, false});
+  return model::carve_arena(setting, g.staging_slots, 0);
+}
+
+World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarve& carve) {
+  Offsets off;
+  const std::uint64_t cp = g.cp;
+  const std::uint64_t kinds = g.row_bytes.size();
+  off.stamps_per_half = static_cast<std::uint64_t>(std::max<std::int64_t>(g.staging_slots, g.current_pages_max));
+  const std::uint64_t dense_stamps_per_rank = 2 * static_cast<std::uint64_t>(g.slot_count_max);
+  Bump bump;
+  off.header = bump.take(sizeof(Header));
+  off.positions = bump.take(cp * sizeof(RankPosition));
+  off.barrier = bump.take(cp * sizeof(Counter));
+  off.collective = bump.take(cp * sizeof(Counter));
+  off.batch = bump.take(cp * sizeof(Counter));
+  off.reset = bump.take(sizeof(ResetBarrier));
+  off.probes = bump.take(cp * sizeof(std::atomic<std::int32_t>));
+  off.paths = bump.take(cp * sizeof(std::atomic<std::int32_t>));
+  off.verdicts = bump.take(cp * sizeof(std::atomic<std::int32_t>));
+  off.reading = bump.take(cp * sizeof(std::atomic<std::int64_t>));
+  off.colllog = bump.take(cp * sizeof(CollectiveLog));
+  off.stamps = bump.take(cp * 2 * off.stamps_per_half * sizeof(StagingStamp));
+  off.dense_stamps = bump.take(cp * dense_stamps_per_rank * sizeof(StagingStamp));
+  off.violations = bump.take(kViolationsMax * sizeof(Violation));
+  // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. The region is sparse: only
+  // the pages a batch references are ever written, so only those take memory.
+  std::uint64_t pool_layer = 0;
+  for (std::size_t k = 0; k < kinds; ++k) {
+    off.pool_kind.push_back(pool_layer);
+    pool_layer += align_up(static_cast<std::uint64_t>(g.pool_pages_per_rank) * g.page_bytes(k));
+  }
+  off.pool_rank = pool_layer * g.layers;
+  off.pool = bump.take(cp * off.pool_rank);
+  off.staging_rank = align_up(carve.staging_bytes);
+  off.staging = bump.take(cp * off.staging_rank);
+  std::uint64_t dense_half = 0;
+  for (std::size_t k = 0; k < kinds; ++k) {
+    off.dense_kind.push_back(dense_half);
+    dense_half += align_up(static_cast<std::uint64_t>(g.slot_count_max) * g.page_bytes(k));
+  }
+  off.dense_half = dense_half;
+  off.dense_rank = 2 * dense_half;
+  off.dense = bump.take(cp * off.dense_rank);
+  std::uint64_t compact_rank = 0;
+  for (std::size_t k = 0; k < kinds; ++k) {
+    off.compact_kind.push_back(compact_rank);
+    compact_rank += align_up(static_cast<std::uint64_t>(g.current_pages_max) * g.page_bytes(k));
+  }
+  off.compact_rank = compact_rank;
+  off.compact = bump.take(cp * compact_rank);
+  off.scratch_rank = align_up(static_cast<std::uint64_t>(g.slot_count_max) * g.page_size * g.row_bytes_max());
+  off.scratch = bump.take(cp * off.scratch_rank);
+  off.total = align_up(bump.next);
+  return off;
+}
+
+World::World(const WorldGeometry& g, std::uint64_t seed)
+    : geometry_(g), seed_(seed), carve_(carve_for(g)), off_(carve_world(g, carve_)), region_(SharedRegion::create(off_.total)) {
+  const std::uint64_t cp = g.cp;
+  std::uint8_t* base = region_.base();
+  new (base + off_.header) Header();
+  construct_array<RankPosition>(base, off_.positions, cp);
+  construct_array<Counter>(base, off_.barrier, cp);
+  construct_array<Counter>(base, off_.collective, cp);
+  construct_array<Counter>(base, off_.batch, cp);
+  construct_array<ResetBarrier>(base, off_.reset, 1);
+  construct_array<std::atomic<std::int32_t>>(base, off_.probes, cp);
+  construct_array<std::atomic<std::int32_t>>(base, off_.paths, cp);
+  construct_array<std::atomic<std::int32_t>>(base, off_.verdicts, cp);
+  construct_array<std::atomic<std::int64_t>>(base, off_.reading, cp);
+  construct_array<CollectiveLog>(base, off_.colllog, cp);
+  construct_array<StagingStamp>(base, off_.stamps, cp * 2 * off_.stamps_per_half);
+  construct_array<StagingStamp>(base, off_.dense_stamps, cp * 2 * static_cast<std::uint64_t>(g.slot_count_max));
+  reset_flags();
+  // Staging starts as garbage, as freshly allocated GPU memory would: a skipped zero shows.
+  for (std::int32_t r = 0; r < g.cp; ++r) std::memset(base + off_.staging + r * off_.staging_rank, 0xA5, carve_.staging_bytes);
+}
+
+World::Header* World::header() const { return region_.at<Header>(off_.header); }
+
+std::uint8_t* World::pool_page(std::int32_t rank, std::int32_t layer, std::size_t kind, std::int64_t local_page) const {
+  const std::uint64_t per_layer = off_.pool_rank / static_cast<std::uint64_t>(geometry_.layers);  // exact: pool_rank = per_layer * layers
+  return region_.base() + off_.pool + rank * off_.pool_rank + layer * per_layer + off_.pool_kind[kind] +
+         static_cast<std::uint64_t>(local_page) * geometry_.page_bytes(kind);
+}
+std::uint8_t* World::staging_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const {
+  return region_.base() + off_.staging + rank * off_.staging_rank + carve_.slot_offset(half, kind, slot);
+}
+std::uint8_t* World::dense_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const {
+  return region_.base() + off_.dense + rank * off_.dense_rank + half * off_.dense_half + off_.dense_kind[kind] +
+         static_cast<std::uint64_t>(slot) * geometry_.page_bytes(kind);
+}
+std::uint8_t* World::compact_page(std::int32_t rank, std::size_t kind, std::int64_t index) const {
+  return region_.base() + off_.compact + rank * off_.compact_rank + off_.compact_kind[kind] +
+         static_cast<std::uint64_t>(index) * geometry_.page_bytes(kind);
+}
+std::uint8_t* World::scratch(std::int32_t rank) const { return region_.base() + off_.scratch + rank * off_.scratch_rank; }
+
+Counter& World::barrier_counter(std::int32_t rank) const { return region_.at<Counter>(off_.barrier)[rank]; }
+Counter& World::collective_counter(std::int32_t rank) const { return region_.at<Counter>(off_.collective)[rank]; }
+Counter& World::batch_counter(std::int32_t rank) const { return region_.at<Counter>(off_.batch)[rank]; }
+ResetBarrier& World::reset_barrier() const { return *region_.at<ResetBarrier>(off_.reset); }
+RankPosition& World::position(std::int32_t rank) const { return region_.at<RankPosition>(off_.positions)[rank]; }
+std::atomic<std::int32_t>& World::ipc_probe(std::int32_t rank) const { return region_.at<std::atomic<std::int32_t>>(off_.probes)[rank]; }
+std::atomic<std::int32_t>& World::chosen_path(std::int32_t rank) const { return region_.at<std::atomic<std::int32_t>>(off_.paths)[rank]; }
+std::atomic<std::int32_t>& World::verdict(std::int32_t rank) const { return region_.at<std::atomic<std::int32_t>>(off_.verdicts)[rank]; }
+std::atomic<std::int64_t>& World::reading_layer(std::int32_t rank) const { return region_.at<std::atomic<std::int64_t>>(off_.reading)[rank]; }
+CollectiveLog& World::collectives(std::int32_t rank) const { return region_.at<CollectiveLog>(off_.colllog)[rank]; }
+
+StagingStamp& World::stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const {
+  return region_.at<StagingStamp>(off_.stamps)[(rank * 2 + half) * off_.stamps_per_half + slot];
+}
+StagingStamp& World::dense_stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const {
+  const std::uint64_t per_half = static_cast<std::uint64_t>(geometry_.slot_count_max);
+  return region_.at<StagingStamp>(off_.dense_stamps)[(rank * 2 + half) * per_half + slot];
+}
+
+void World::record(const Violation& violation) const {
+  const std::int64_t index = header()->violations.fetch_add(1);
+  if (index < kViolationsMax) region_.at<Violation>(off_.violations)[index] = violation;
+}
+
+std::vector<Violation> World::violations() const {
+  const std::int64_t count = std::min<std::int64_t>(header()->violations.load(), kViolationsMax);
+  const Violation* first = region_.at<Violation>(off_.violations);
+  return {first, first + count};
+}
+
+std::int64_t World::violation_count() const { return header()->violations.load(); }
+
+void World::reset_flags() const {
+  for (std::int32_t r = 0; r < geometry_.cp; ++r) {
+    barrier_counter(r).value = 0;
+    collective_counter(r).value = 0;
+    batch_counter(r).value = 0;
+    reading_layer(r) = -1;
+    verdict(r) = 0;
+    chosen_path(r) = -1;
+    collectives(r).calls = 0;
+    collectives(r).signature = 0;
+    position(r).state = static_cast<std::int32_t>(RankState::idle);
+  }
+  reset_barrier().count = 0;
+  reset_barrier().generation = 0;
+  header()->violations = 0;
+}
+
+}  // namespace cpkv::sim
