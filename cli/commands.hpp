@@ -21,5 +21,6 @@ struct OptionError : std::runtime_error {
 int& exit_status();
 
 void register_plan(CLI::App& app);
+void register_replay(CLI::App& app);
 
 }  // namespace cpkv::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
       "Plans, simulates, checks and measures how every rank of a CP group assembles its dense KV buffers."};
   app.require_subcommand(1);
   cpkv::cli::register_plan(app);
+  cpkv::cli::register_replay(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -82,6 +82,9 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   off.colllog = bump.take(cp * sizeof(CollectiveLog));
   off.stamps = bump.take(cp * 2 * off.stamps_per_half * sizeof(StagingStamp));
   off.dense_stamps = bump.take(cp * dense_stamps_per_rank * sizeof(StagingStamp));
+  off.arrivals = bump.take(cp * sizeof(ArrivalLog));
+  off.totals = bump.take(cp * sizeof(SharedTotals));
+  off.fillers = bump.take(2 * off.stamps_per_half * sizeof(PageFillers));
   off.violations = bump.take(kViolationsMax * sizeof(Violation));
   // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. The region is sparse: only
   // the pages a batch references are ever written, so only those take memory.
@@ -132,6 +135,9 @@ World::World(const WorldGeometry& g, std::uint64_t seed)
   construct_array<CollectiveLog>(base, off_.colllog, cp);
   construct_array<StagingStamp>(base, off_.stamps, cp * 2 * off_.stamps_per_half);
   construct_array<StagingStamp>(base, off_.dense_stamps, cp * 2 * static_cast<std::uint64_t>(g.slot_count_max));
+  construct_array<ArrivalLog>(base, off_.arrivals, cp);
+  construct_array<SharedTotals>(base, off_.totals, cp);
+  construct_array<PageFillers>(base, off_.fillers, 2 * off_.stamps_per_half);
   reset_flags();
   // Staging starts as garbage, as freshly allocated GPU memory would: a skipped zero shows.
   for (std::int32_t r = 0; r < g.cp; ++r) std::memset(base + off_.staging + r * off_.staging_rank, 0xA5, carve_.staging_bytes);
@@ -167,6 +173,11 @@ std::atomic<std::int32_t>& World::chosen_path(std::int32_t rank) const { return 
 std::atomic<std::int32_t>& World::verdict(std::int32_t rank) const { return region_.at<std::atomic<std::int32_t>>(off_.verdicts)[rank]; }
 std::atomic<std::int64_t>& World::reading_layer(std::int32_t rank) const { return region_.at<std::atomic<std::int64_t>>(off_.reading)[rank]; }
 CollectiveLog& World::collectives(std::int32_t rank) const { return region_.at<CollectiveLog>(off_.colllog)[rank]; }
+SharedTotals& World::totals(std::int32_t rank) const { return region_.at<SharedTotals>(off_.totals)[rank]; }
+ArrivalLog& World::arrivals(std::int32_t rank) const { return region_.at<ArrivalLog>(off_.arrivals)[rank]; }
+PageFillers& World::fillers(std::int32_t half, std::int64_t current_index) const {
+  return region_.at<PageFillers>(off_.fillers)[half * off_.stamps_per_half + current_index];
+}
 
 StagingStamp& World::stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const {
   return region_.at<StagingStamp>(off_.stamps)[(rank * 2 + half) * off_.stamps_per_half + slot];
@@ -200,6 +211,7 @@ void World::reset_flags() const {
     collectives(r).calls = 0;
     collectives(r).signature = 0;
     position(r).state = static_cast<std::int32_t>(RankState::idle);
+    totals(r) = SharedTotals{};
   }
   reset_barrier().count = 0;
   reset_barrier().generation = 0;

@@ -67,7 +67,6 @@ struct alignas(64) ResetBarrier {
 struct StagingStamp {
   std::atomic<std::int64_t> layer{-1};   // layer of the last write
   std::atomic<std::int32_t> state{0};    // StampState
-  std::atomic<std::uint32_t> fillers{0}; // ranks that filled rows of this page on `layer` (bitmask)
 };
 enum class StampState : std::int32_t { poisoned = 0, zeroed = 1, filled = 2, published = 3 };
 
@@ -82,9 +81,29 @@ struct Violation {
 };
 
 // A record of one collective call, to prove every rank issued the same sequence (invariant 7).
+// history[k % 4] is the running signature after call k: a rank can be at most one call ahead of a
+// peer that is passing call k, so four entries never alias.
 struct alignas(64) CollectiveLog {
   std::atomic<std::uint64_t> calls{0};
   std::atomic<std::uint64_t> signature{0};  // running hash of (kind, bytes) of every call
+  std::atomic<std::uint64_t> history[4] = {};
+};
+
+// Which (batch, layer) each of a rank's last protocol barrier arrivals belonged to (invariant 4).
+struct alignas(64) ArrivalLog {
+  std::atomic<std::int64_t> tag[4] = {};
+};
+
+// The current pages' fillers per parity half: (layer << 32) | bitmask of ranks that filled rows.
+struct alignas(8) PageFillers {
+  std::atomic<std::uint64_t> value{~std::uint64_t{0}};
+};
+
+// What a rank reports back to whoever launched it (a forked child cannot return a value).
+struct SharedTotals {
+  std::int64_t batches = 0, layers = 0, barriers = 0, collectives = 0, overflows = 0, mismatches = 0;
+  std::uint64_t bytes_gathered_from_peers = 0, bytes_reduced = 0, steps = 0;
+  char first_mismatch[240] = {};
 };
 
 class World {
@@ -112,8 +131,14 @@ class World {
   std::atomic<std::int32_t>& verdict(std::int32_t rank) const;   // per batch: 1 ok, 2 overflow
   std::atomic<std::int64_t>& reading_layer(std::int32_t rank) const;  // open staging read epoch or -1
   CollectiveLog& collectives(std::int32_t rank) const;
+  SharedTotals& totals(std::int32_t rank) const;
+  ArrivalLog& arrivals(std::int32_t rank) const;
+  PageFillers& fillers(std::int32_t half, std::int64_t current_index) const;
   StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
   StagingStamp& dense_stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
+
+  // Current indices the shadow arrays hold per half: max(staging_slots, current_pages_max).
+  std::int64_t current_capacity() const { return static_cast<std::int64_t>(off_.stamps_per_half); }
 
   // Violations, recorded by checkers from any rank; at most kViolationsMax are kept.
   static constexpr std::int32_t kViolationsMax = 64;
@@ -128,7 +153,7 @@ class World {
   struct Header;
   struct Offsets {
     std::uint64_t header, positions, barrier, collective, batch, reset, probes, paths, verdicts, reading, colllog,
-        stamps, dense_stamps, violations, pool, staging, dense, compact, scratch, total;
+        stamps, dense_stamps, arrivals, fillers, totals, violations, pool, staging, dense, compact, scratch, total;
     std::uint64_t pool_rank, staging_rank, dense_rank, dense_half, compact_rank, scratch_rank, stamps_per_half;
     std::vector<std::uint64_t> pool_kind, dense_kind, compact_kind;
   };
