@@ -650,6 +650,16 @@ void RankMachine::run_step(const Step& s) {
             break;
           }
         }
+        // Checker (invariant 7): every rank took the same exchange path after the capability probe.
+        const std::int32_t path = world_.chosen_path(rank_).load();
+        for (std::int32_t p = 0; p < cp; ++p) {
+          const std::int32_t theirs = world_.chosen_path(p).load();
+          if (theirs != path) {
+            violation(7, -1, -1, fmt::format("rank {} took path {}, rank {} took path {}", rank_, model::to_string(static_cast<model::Variant>(path)), p,
+                                             model::to_string(static_cast<model::Variant>(theirs))));
+            break;
+          }
+        }
       }
       break;
     case Op::batch_end:
