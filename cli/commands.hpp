@@ -22,5 +22,6 @@ int& exit_status();
 
 void register_plan(CLI::App& app);
 void register_replay(CLI::App& app);
+void register_mutants(CLI::App& app);
 
 }  // namespace cpkv::cli

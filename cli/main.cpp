@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   cpkv::cli::register_plan(app);
   cpkv::cli::register_replay(app);
+  cpkv::cli::register_mutants(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -58,7 +58,7 @@ std::string_view to_string(Op op) {
 }
 
 RankMachine::RankMachine(const World& world, const model::Setting& setting, const SimOptions& options, std::int32_t rank)
-    : world_(world), setting_(setting), options_(options), rank_(rank), capacity_(model::staging_capacity(setting)) {
+    : world_(&world), setting_(&setting), options_(options), rank_(rank), capacity_(model::staging_capacity(setting)) {
   pool_populated_.assign(static_cast<std::size_t>(setting.pool_pages_per_rank()), false);
   row_buffer_.resize(world.geometry().row_bytes_max());
 }
@@ -94,22 +94,22 @@ void RankMachine::violation(std::int32_t invariant, std::int32_t layer, std::int
   v.slot = slot;
   v.step = static_cast<std::int64_t>(steps_taken_);
   std::snprintf(v.detail, sizeof(v.detail), "%s", detail.c_str());
-  world_.record(v);
+  world_->record(v);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Program construction: once per batch, from the batch's plan.
 
 void RankMachine::build_batch_program() {
-  layout_ = model::layout_batch(setting_, batch_);
+  layout_ = model::layout_batch(*setting_, batch_);
   if (options_.mutant == Mutant::token_split) {
     for (model::CurrentPage& page : layout_.current) {
       const std::int64_t extend_len = batch_.requests[page.request].extend_len;
-      page.writer = token_writer(page.page_in_request * setting_.page_size, extend_len, setting_.cp);
+      page.writer = token_writer(page.page_in_request * setting_->page_size, extend_len, setting_->cp);
     }
   }
   // The plan: built once per batch and anchored on the batch, never on a buffer address.
-  const std::uint8_t* dense_address = world_.dense_page(rank_, 0, 0, 0);
+  const std::uint8_t* dense_address = world_->dense_page(rank_, 0, 0, 0);
   const bool cache_hit = options_.mutant == Mutant::address_keyed_plan_cache
                              ? plan_cache_ && plan_cache_->dense_address == dense_address
                              : plan_cache_ && plan_cache_->batch_index == batch_index_;
@@ -136,11 +136,11 @@ void RankMachine::build_batch_program() {
       const model::CurrentPage& page = layout_.current[i];
       const model::Request& req = batch_.requests[page.request];
       for (std::int32_t row = 0; row < page.rows_valid; ++row) {
-        const std::int64_t in_extend = page.page_in_request * setting_.page_size + row;
-        if (token_writer(in_extend, req.extend_len, setting_.cp) != rank_) continue;
+        const std::int64_t in_extend = page.page_in_request * setting_->page_size + row;
+        if (token_writer(in_extend, req.extend_len, setting_->cp) != rank_) continue;
         inverse_.tokens.push_back({page.request, req.prefix_len + in_extend});
         const std::int64_t base = target == model::InverseTarget::staging ? i : page.slot;
-        inverse_.dest_row.push_back(base * setting_.page_size + row);
+        inverse_.dest_row.push_back(base * setting_->page_size + row);
       }
     }
     inverse_page_begin_[layout_.current_pages_total] = static_cast<std::int64_t>(inverse_.tokens.size());
@@ -158,9 +158,9 @@ void RankMachine::build_batch_program() {
   model::Verdict verdict = model::overflow_verdict(layout_.current_pages_total, capacity_.staging_slots);
   if (options_.mutant == Mutant::rank_local_overflow) {
     const auto own = static_cast<std::int64_t>(plan_.own_current.size());
-    verdict = model::overflow_verdict(own * setting_.cp, capacity_.staging_slots);
+    verdict = model::overflow_verdict(own * setting_->cp, capacity_.staging_slots);
   }
-  world_.verdict(rank_).store(verdict.overflow ? 2 : 1);
+  world_->verdict(rank_).store(verdict.overflow ? 2 : 1);
 
   program_.push_back({Op::batch_arrive});
   program_.push_back({Op::batch_wait});
@@ -225,8 +225,8 @@ void RankMachine::append_layer(const model::VariantPlan& plan, std::int32_t laye
     const model::SlotDescriptor& d = plan.gather2[s];
     if (d.table_index != model::SlotDescriptor::kSkip) program_.push_back({Op::gather, layer, static_cast<std::int64_t>(s), d.source_page, d.table_index});
   }
-  for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-    if (!setting_.kind_active(k, layer)) continue;
+  for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+    if (!setting_->kind_active(k, layer)) continue;
     for (const model::SlotRange& range : plan.allreduce_ranges) append_collective(layer, range.slot_begin, range.slot_end, static_cast<std::int32_t>(k));
     if (plan.compact_allreduce) append_collective(layer, 0, -1, static_cast<std::int32_t>(k));
   }
@@ -240,22 +240,22 @@ void RankMachine::append_layer(const model::VariantPlan& plan, std::int32_t laye
 // Execution.
 
 bool RankMachine::wait_satisfied(const Step& s) const {
-  const std::int32_t cp = setting_.cp;
+  const std::int32_t cp = setting_->cp;
   switch (s.op) {
     case Op::wait:
-      if (options_.mutant == Mutant::barrier_reset_race) return world_.reset_barrier().count.load(std::memory_order_acquire) >= static_cast<std::uint64_t>(cp);
+      if (options_.mutant == Mutant::barrier_reset_race) return world_->reset_barrier().count.load(std::memory_order_acquire) >= static_cast<std::uint64_t>(cp);
       for (std::int32_t p = 0; p < cp; ++p) {
-        if (world_.barrier_counter(p).value.load(std::memory_order_acquire) < barriers_arrived_) return false;
+        if (world_->barrier_counter(p).value.load(std::memory_order_acquire) < barriers_arrived_) return false;
       }
       return true;
     case Op::coll_wait:
       for (std::int32_t p = 0; p < cp; ++p) {
-        if (world_.collective_counter(p).value.load(std::memory_order_acquire) < collectives_arrived_) return false;
+        if (world_->collective_counter(p).value.load(std::memory_order_acquire) < collectives_arrived_) return false;
       }
       return true;
     case Op::batch_wait:
       for (std::int32_t p = 0; p < cp; ++p) {
-        if (world_.batch_counter(p).value.load(std::memory_order_acquire) < batches_arrived_) return false;
+        if (world_->batch_counter(p).value.load(std::memory_order_acquire) < batches_arrived_) return false;
       }
       return true;
     default:
@@ -266,7 +266,7 @@ bool RankMachine::wait_satisfied(const Step& s) const {
 bool RankMachine::runnable() const { return !finished() && wait_satisfied(program_[pc_]); }
 
 void RankMachine::set_position(const Step& s) {
-  RankPosition& pos = world_.position(rank_);
+  RankPosition& pos = world_->position(rank_);
   pos.batch.store(batch_index_, std::memory_order_relaxed);
   pos.step.store(static_cast<std::int64_t>(pc_), std::memory_order_relaxed);
   pos.layer.store(s.layer, std::memory_order_relaxed);
@@ -290,20 +290,20 @@ void RankMachine::step() {
   run_step(s);
   ++pc_;
   ++steps_taken_;
-  if (finished()) world_.position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
+  if (finished()) world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
 }
 
 std::uint8_t* RankMachine::fill_destination(std::int32_t layer, std::size_t kind, std::int64_t) const {
-  return plan_.fill_to_staging ? world_.staging_page(rank_, staging_half(layer), kind, 0)
-                               : world_.dense_page(rank_, dense_half(layer), kind, 0);
+  return plan_.fill_to_staging ? world_->staging_page(rank_, staging_half(layer), kind, 0)
+                               : world_->dense_page(rank_, dense_half(layer), kind, 0);
 }
 
 // Invariant 2: a write into a half that peers read must not land while a peer may still read that
 // half for an earlier layer.
 void RankMachine::check_write_to_shared_half(std::int32_t layer, std::int32_t half, std::int64_t slot, std::int64_t) const {
-  for (std::int32_t p = 0; p < setting_.cp; ++p) {
+  for (std::int32_t p = 0; p < setting_->cp; ++p) {
     if (p == rank_) continue;
-    const std::int64_t reading = world_.reading_layer(p).load(std::memory_order_acquire);
+    const std::int64_t reading = world_->reading_layer(p).load(std::memory_order_acquire);
     if (reading < 0 || reading == layer || staging_half(static_cast<std::int32_t>(reading)) != half) continue;
     violation(2, layer, slot, fmt::format("rank {} writes half {} for layer {} while rank {} may still read it for layer {}",
                                           rank_, half, layer, p, reading));
@@ -320,7 +320,7 @@ void RankMachine::check_read_stamp(const StagingStamp& stamp, std::int32_t write
 }
 
 void RankMachine::note_fill(std::int32_t layer, std::int64_t i) const {
-  PageFillers& fillers = world_.fillers(staging_half(layer), i);
+  PageFillers& fillers = world_->fillers(staging_half(layer), i);
   std::uint64_t old = fillers.value.load(std::memory_order_acquire);
   std::uint64_t next = 0;
   do {
@@ -336,17 +336,17 @@ void RankMachine::note_fill(std::int32_t layer, std::int64_t i) const {
 }
 
 void RankMachine::populate_pool() {
-  const std::int32_t cp = setting_.cp;
+  const std::int32_t cp = setting_->cp;
   for (const model::Slot& slot : layout_.slots) {
     if (slot.kind != model::SlotKind::prefix || slot.page_or_index % cp != rank_) continue;
     const std::int64_t local = slot.page_or_index / cp;
     if (pool_populated_[local]) continue;
     pool_populated_[local] = true;
     for (std::int32_t layer = 0; layer < options_.layers; ++layer) {
-      for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-        const std::uint32_t row_bytes = setting_.kinds[k].row_bytes;
-        std::uint8_t* page = world_.pool_page(rank_, layer, k, local);
-        for (std::int32_t row = 0; row < setting_.page_size; ++row) {
+      for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+        const std::uint32_t row_bytes = setting_->kinds[k].row_bytes;
+        std::uint8_t* page = world_->pool_page(rank_, layer, k, local);
+        for (std::int32_t row = 0; row < setting_->page_size; ++row) {
           const std::uint64_t key = model::prefix_row_key(options_.seed, layer, static_cast<std::uint32_t>(k), slot.page_or_index, row);
           for (std::uint32_t b = 0; b < row_bytes; ++b) page[row * row_bytes + b] = model::content_byte(key, b);
         }
@@ -358,23 +358,23 @@ void RankMachine::populate_pool() {
 void RankMachine::check_layer(std::int32_t layer) {
   if (!options_.check_bytes) return;
   const std::int32_t half = dense_half(layer);
-  for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-    if (!setting_.kind_active(k, layer)) continue;
-    const std::uint32_t row_bytes = setting_.kinds[k].row_bytes;
-    const std::uint8_t* dense = world_.dense_page(rank_, half, k, 0);
+  for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+    if (!setting_->kind_active(k, layer)) continue;
+    const std::uint32_t row_bytes = setting_->kinds[k].row_bytes;
+    const std::uint8_t* dense = world_->dense_page(rank_, half, k, 0);
     std::span<std::uint8_t> expected(row_buffer_.data(), row_bytes);
     std::int64_t wrong = 0;
     std::string first;
     for (std::int64_t slot = 0; slot < layout_.slot_count; ++slot) {
-      for (std::int32_t row = 0; row < setting_.page_size; ++row) {
-        const std::uint8_t* actual = dense + (slot * setting_.page_size + row) * row_bytes;
+      for (std::int32_t row = 0; row < setting_->page_size; ++row) {
+        const std::uint8_t* actual = dense + (slot * setting_->page_size + row) * row_bytes;
         model::expected_row(layout_, options_.seed, layer, static_cast<std::uint32_t>(k), slot, row, expected);
         if (std::memcmp(actual, expected.data(), row_bytes) == 0) continue;
         for (std::uint32_t b = 0; b < row_bytes; ++b) {
           if (actual[b] == expected[b]) continue;
           if (first.empty()) {
             first = fmt::format("mismatch: rank {} batch {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x}",
-                                rank_, batch_index_, layer, setting_.kinds[k].name, slot, row, b, expected[b], actual[b]);
+                                rank_, batch_index_, layer, setting_->kinds[k].name, slot, row, b, expected[b], actual[b]);
           }
           ++wrong;
         }
@@ -388,13 +388,13 @@ void RankMachine::check_layer(std::int32_t layer) {
 }
 
 void RankMachine::run_step(const Step& s) {
-  const std::int32_t cp = setting_.cp;
-  const std::int32_t P = setting_.page_size;
+  const std::int32_t cp = setting_->cp;
+  const std::int32_t P = setting_->page_size;
   const std::int32_t hs = s.layer >= 0 ? staging_half(s.layer) : 0;
   const std::int32_t hd = s.layer >= 0 ? dense_half(s.layer) : 0;
   const auto for_kinds = [&](auto&& body) {
-    for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-      if (s.layer < 0 || setting_.kind_active(k, s.layer)) body(k, std::uint64_t{setting_.kinds[k].row_bytes} * P);
+    for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+      if (s.layer < 0 || setting_->kind_active(k, s.layer)) body(k, std::uint64_t{setting_->kinds[k].row_bytes} * P);
     }
   };
   const auto in_batch = [&](std::int64_t index, std::int64_t bound, const char* what) {
@@ -404,20 +404,20 @@ void RankMachine::run_step(const Step& s) {
   };
   switch (s.op) {
     case Op::probe: {
-      world_.ipc_probe(rank_).store(rank_ == options_.ipc_missing_rank ? 0 : 1);
-      world_.position(rank_).state.store(static_cast<std::int32_t>(RankState::running));
-      world_.position(rank_).pid.store(static_cast<std::int32_t>(::getpid()));
+      world_->ipc_probe(rank_).store(rank_ == options_.ipc_missing_rank ? 0 : 1);
+      world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::running));
+      world_->position(rank_).pid.store(static_cast<std::int32_t>(::getpid()));
       break;
     }
     case Op::choose_path: {
-      std::int32_t capable = world_.ipc_probe(rank_).load();
+      std::int32_t capable = world_->ipc_probe(rank_).load();
       if (options_.mutant != Mutant::unagreed_capability) {
-        for (std::int32_t p = 0; p < cp; ++p) capable = std::min(capable, world_.ipc_probe(p).load());  // the agreed MIN
+        for (std::int32_t p = 0; p < cp; ++p) capable = std::min(capable, world_->ipc_probe(p).load());  // the agreed MIN
       }
       const bool needs_ipc = options_.variant == model::Variant::v2 || options_.variant == model::Variant::symm_dense ||
                              options_.variant == model::Variant::staging_publish || options_.variant == model::Variant::staging_direct;
       path_variant_ = needs_ipc && capable == 0 ? model::Variant::v2_fallback : options_.variant;
-      world_.chosen_path(rank_).store(static_cast<std::int32_t>(path_variant_));
+      world_->chosen_path(rank_).store(static_cast<std::int32_t>(path_variant_));
       break;
     }
     case Op::batch_begin: {
@@ -425,8 +425,8 @@ void RankMachine::run_step(const Step& s) {
       build_batch_program();
       populate_pool();
       for (std::int32_t half = 0; half < 2; ++half) {
-        for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-          std::memset(world_.dense_page(rank_, half, k, 0), kDensePoison, layout_.slot_count * world_.geometry().page_bytes(k));
+        for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+          std::memset(world_->dense_page(rank_, half, k, 0), kDensePoison, layout_.slot_count * world_->geometry().page_bytes(k));
         }
       }
       ++totals_.batches;
@@ -435,13 +435,13 @@ void RankMachine::run_step(const Step& s) {
     case Op::layer_begin:
       break;
     case Op::zero_dense:
-      for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_.dense_page(rank_, hd, k, 0), 0, layout_.slot_count * page_bytes); });
+      for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, 0), 0, layout_.slot_count * page_bytes); });
       break;
     case Op::local_prefix: {
       if (!in_batch(s.a, layout_.slot_count, "slot")) break;
       const std::int64_t g = layout_.slots[s.a].page_or_index;
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-        std::memcpy(world_.dense_page(rank_, hd, k, s.a), world_.pool_page(rank_, s.layer, k, g / cp), page_bytes);
+        std::memcpy(world_->dense_page(rank_, hd, k, s.a), world_->pool_page(rank_, s.layer, k, g / cp), page_bytes);
       });
       break;
     }
@@ -450,14 +450,14 @@ void RankMachine::run_step(const Step& s) {
       const std::int64_t slot = layout_.current[s.a].slot;
       if (plan_.fill_to_staging) {
         check_write_to_shared_half(s.layer, hs, s.a, 0);
-        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_.staging_page(rank_, hs, k, s.a), 0, page_bytes); });
-        StagingStamp& stamp = world_.stamp(rank_, hs, s.a);
+        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->staging_page(rank_, hs, k, s.a), 0, page_bytes); });
+        StagingStamp& stamp = world_->stamp(rank_, hs, s.a);
         stamp.layer.store(s.layer, std::memory_order_release);
         stamp.state.store(static_cast<std::int32_t>(StampState::zeroed), std::memory_order_release);
       } else {
         if (path_variant_ == model::Variant::symm_dense) check_write_to_shared_half(s.layer, hd, slot, 0);
-        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_.dense_page(rank_, hd, k, slot), 0, page_bytes); });
-        StagingStamp& stamp = world_.dense_stamp(rank_, hd, slot);
+        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, slot), 0, page_bytes); });
+        StagingStamp& stamp = world_->dense_stamp(rank_, hd, slot);
         stamp.layer.store(s.layer, std::memory_order_release);
         stamp.state.store(static_cast<std::int32_t>(StampState::zeroed), std::memory_order_release);
       }
@@ -469,7 +469,7 @@ void RankMachine::run_step(const Step& s) {
       const std::int64_t slot = layout_.current[s.a].slot;
       if (shared) check_write_to_shared_half(s.layer, plan_.fill_to_staging ? hs : hd, s.a, 0);
       for_kinds([&](std::size_t k, std::uint64_t) {
-        const std::uint32_t row_bytes = setting_.kinds[k].row_bytes;
+        const std::uint32_t row_bytes = setting_->kinds[k].row_bytes;
         std::uint8_t* base = fill_destination(s.layer, k, s.a);
         for (std::int64_t e = s.b; e < s.b + s.c; ++e) {
           const model::LocalToken& token = inverse_.tokens[e];
@@ -482,7 +482,7 @@ void RankMachine::run_step(const Step& s) {
           for (std::uint32_t b = row_bytes / 8 * 8; b < row_bytes; ++b) row[b] = model::content_byte(key, b);
         }
       });
-      StagingStamp& stamp = plan_.fill_to_staging ? world_.stamp(rank_, hs, s.a) : world_.dense_stamp(rank_, hd, slot);
+      StagingStamp& stamp = plan_.fill_to_staging ? world_->stamp(rank_, hs, s.a) : world_->dense_stamp(rank_, hd, slot);
       stamp.layer.store(s.layer, std::memory_order_release);
       stamp.state.store(static_cast<std::int32_t>(StampState::filled), std::memory_order_release);
       note_fill(s.layer, s.a);
@@ -492,9 +492,9 @@ void RankMachine::run_step(const Step& s) {
       if (!in_batch(s.a, layout_.current_pages_total, "current page")) break;
       const model::CurrentPage& page = layout_.current[s.a];
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-        std::uint8_t* compact = world_.compact_page(rank_, k, s.a);
+        std::uint8_t* compact = world_->compact_page(rank_, k, s.a);
         if (page.writer == rank_) {
-          std::memcpy(compact, world_.dense_page(rank_, hd, k, page.slot), page_bytes);
+          std::memcpy(compact, world_->dense_page(rank_, hd, k, page.slot), page_bytes);
         } else {
           std::memset(compact, 0, page_bytes);
         }
@@ -505,25 +505,25 @@ void RankMachine::run_step(const Step& s) {
       if (!in_batch(s.a, layout_.slot_count, "slot")) break;
       const std::int32_t table_index = s.c;
       if (table_index == model::SlotDescriptor::kZeroFill) {
-        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_.dense_page(rank_, hd, k, s.a), 0, page_bytes); });
+        for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, s.a), 0, page_bytes); });
         break;
       }
       const std::int32_t source_rank = table_index % cp;
       if (table_index < cp) {
-        if (!in_batch(s.b, setting_.pool_pages_per_rank(), "pool page")) break;
+        if (!in_batch(s.b, setting_->pool_pages_per_rank(), "pool page")) break;
         for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-          std::memcpy(world_.dense_page(rank_, hd, k, s.a), world_.pool_page(source_rank, s.layer, k, s.b), page_bytes);
+          std::memcpy(world_->dense_page(rank_, hd, k, s.a), world_->pool_page(source_rank, s.layer, k, s.b), page_bytes);
           if (source_rank != rank_) totals_.bytes_gathered_from_peers += page_bytes;
         });
         break;
       }
       const bool from_symm_dense = path_variant_ == model::Variant::symm_dense;
-      if (!in_batch(s.b, from_symm_dense ? layout_.slot_count : world_.current_capacity(), "source page")) break;
-      if (source_rank != rank_) world_.reading_layer(rank_).store(s.layer, std::memory_order_release);
-      check_read_stamp(from_symm_dense ? world_.dense_stamp(source_rank, hd, s.b) : world_.stamp(source_rank, hs, s.b), source_rank, s.layer, s.a);
+      if (!in_batch(s.b, from_symm_dense ? layout_.slot_count : world_->current_capacity(), "source page")) break;
+      if (source_rank != rank_) world_->reading_layer(rank_).store(s.layer, std::memory_order_release);
+      check_read_stamp(from_symm_dense ? world_->dense_stamp(source_rank, hd, s.b) : world_->stamp(source_rank, hs, s.b), source_rank, s.layer, s.a);
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-        const std::uint8_t* source = from_symm_dense ? world_.dense_page(source_rank, hd, k, s.b) : world_.staging_page(source_rank, hs, k, s.b);
-        std::memcpy(world_.dense_page(rank_, hd, k, s.a), source, page_bytes);
+        const std::uint8_t* source = from_symm_dense ? world_->dense_page(source_rank, hd, k, s.b) : world_->staging_page(source_rank, hs, k, s.b);
+        std::memcpy(world_->dense_page(rank_, hd, k, s.a), source, page_bytes);
         if (source_rank != rank_) totals_.bytes_gathered_from_peers += page_bytes;
       });
       break;
@@ -533,36 +533,36 @@ void RankMachine::run_step(const Step& s) {
       check_write_to_shared_half(s.layer, hs, s.a, 0);
       const std::int64_t slot = layout_.current[s.a].slot;
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-        std::memcpy(world_.staging_page(rank_, hs, k, s.a), world_.dense_page(rank_, hd, k, slot), page_bytes);
+        std::memcpy(world_->staging_page(rank_, hs, k, s.a), world_->dense_page(rank_, hd, k, slot), page_bytes);
       });
-      StagingStamp& stamp = world_.stamp(rank_, hs, s.a);
+      StagingStamp& stamp = world_->stamp(rank_, hs, s.a);
       stamp.layer.store(s.layer, std::memory_order_release);
       stamp.state.store(static_cast<std::int32_t>(StampState::published), std::memory_order_release);
       break;
     }
     case Op::arrive: {
-      world_.arrivals(rank_).tag[barriers_arrived_ % 4].store(layer_tag(batch_index_, s.layer), std::memory_order_release);
+      world_->arrivals(rank_).tag[barriers_arrived_ % 4].store(layer_tag(batch_index_, s.layer), std::memory_order_release);
       ++barriers_arrived_;
       ++totals_.barriers;
-      world_.barrier_counter(rank_).value.store(barriers_arrived_, std::memory_order_release);
-      if (options_.mutant == Mutant::barrier_reset_race) world_.reset_barrier().count.fetch_add(1, std::memory_order_acq_rel);
+      world_->barrier_counter(rank_).value.store(barriers_arrived_, std::memory_order_release);
+      if (options_.mutant == Mutant::barrier_reset_race) world_->reset_barrier().count.fetch_add(1, std::memory_order_acq_rel);
       break;
     }
     case Op::wait: {
       if (options_.mutant == Mutant::barrier_reset_race) {
         // The planted bug: the first rank through resets the shared count for reuse, so a peer that
         // has not yet seen the full count waits on a count that will never come back.
-        world_.reset_barrier().count.store(0, std::memory_order_release);
+        world_->reset_barrier().count.store(0, std::memory_order_release);
       }
       // Checker (invariant 4): every rank's arrival for this phase is for this same batch and layer.
       const std::uint64_t phase = barriers_arrived_;  // 1-based: the phase being passed
       for (std::int32_t p = 0; p < cp; ++p) {
-        const std::uint64_t arrived = world_.barrier_counter(p).value.load(std::memory_order_acquire);
+        const std::uint64_t arrived = world_->barrier_counter(p).value.load(std::memory_order_acquire);
         if (arrived < phase) {
           violation(4, s.layer, -1, fmt::format("rank {} passed barrier phase {} before rank {} arrived (it has {})", rank_, phase, p, arrived));
           continue;
         }
-        const std::int64_t tag = world_.arrivals(p).tag[(phase - 1) % 4].load(std::memory_order_acquire);
+        const std::int64_t tag = world_->arrivals(p).tag[(phase - 1) % 4].load(std::memory_order_acquire);
         if (arrived == phase && tag != layer_tag(batch_index_, s.layer)) {
           violation(4, s.layer, -1, fmt::format("barrier phase {}: rank {} arrived for batch {} layer {}, rank {} for batch {} layer {}", phase, rank_,
                                                 batch_index_, s.layer, p, (tag - 1) / 4096, (tag - 1) % 4096));
@@ -571,7 +571,7 @@ void RankMachine::run_step(const Step& s) {
       break;
     }
     case Op::coll_arrive: {
-      CollectiveLog& log = world_.collectives(rank_);
+      CollectiveLog& log = world_->collectives(rank_);
       const std::uint64_t bytes = s.b < 0 ? static_cast<std::uint64_t>(plan_.compact_pages) : static_cast<std::uint64_t>(s.b - s.a);
       const std::uint64_t signature = model::mix64(log.signature.load() ^ model::mix64((bytes << 8) ^ static_cast<std::uint64_t>(s.c + 1) ^ (s.b < 0 ? 1ULL << 62 : 0)));
       log.signature.store(signature, std::memory_order_relaxed);
@@ -579,18 +579,18 @@ void RankMachine::run_step(const Step& s) {
       ++collectives_arrived_;
       ++totals_.collectives;
       log.calls.store(collectives_arrived_, std::memory_order_relaxed);
-      world_.collective_counter(rank_).value.store(collectives_arrived_, std::memory_order_release);
+      world_->collective_counter(rank_).value.store(collectives_arrived_, std::memory_order_release);
       break;
     }
     case Op::coll_wait: {
       // Checker (invariant 7): every rank issued the same collective with the same size.
-      const std::uint64_t mine = world_.collectives(rank_).history[(collectives_arrived_ - 1) % 4].load(std::memory_order_acquire);
+      const std::uint64_t mine = world_->collectives(rank_).history[(collectives_arrived_ - 1) % 4].load(std::memory_order_acquire);
       for (std::int32_t p = 0; p < cp; ++p) {
-        const std::uint64_t theirs = world_.collectives(p).history[(collectives_arrived_ - 1) % 4].load(std::memory_order_acquire);
+        const std::uint64_t theirs = world_->collectives(p).history[(collectives_arrived_ - 1) % 4].load(std::memory_order_acquire);
         if (theirs != mine) {
           violation(7, s.layer, -1, fmt::format("collective {}: rank {} and rank {} issued different collectives (paths {} and {})", collectives_arrived_,
-                                                rank_, p, model::to_string(static_cast<model::Variant>(world_.chosen_path(rank_).load())),
-                                                model::to_string(static_cast<model::Variant>(world_.chosen_path(p).load()))));
+                                                rank_, p, model::to_string(static_cast<model::Variant>(world_->chosen_path(rank_).load())),
+                                                model::to_string(static_cast<model::Variant>(world_->chosen_path(p).load()))));
           break;
         }
       }
@@ -599,16 +599,16 @@ void RankMachine::run_step(const Step& s) {
     case Op::reduce:
     case Op::store: {
       const auto k = static_cast<std::size_t>(s.c);
-      const std::uint64_t page_bytes = world_.geometry().page_bytes(k);
+      const std::uint64_t page_bytes = world_->geometry().page_bytes(k);
       const bool compact = s.b < 0;
       const std::int64_t first = compact ? 0 : s.a;
       const std::int64_t pages = compact ? plan_.compact_pages : s.b - s.a;
       if (pages <= 0) break;
-      const std::int64_t bound = compact ? world_.geometry().current_pages_max : world_.geometry().slot_count_max;
+      const std::int64_t bound = compact ? world_->geometry().current_pages_max : world_->geometry().slot_count_max;
       if (!in_batch(first + pages - 1, bound, "collective page")) break;
       const std::uint64_t bytes = pages * page_bytes;
-      std::uint8_t* scratch = world_.scratch(rank_);
-      const auto buffer = [&](std::int32_t p) { return compact ? world_.compact_page(p, k, 0) : world_.dense_page(p, hd, k, first); };
+      std::uint8_t* scratch = world_->scratch(rank_);
+      const auto buffer = [&](std::int32_t p) { return compact ? world_->compact_page(p, k, 0) : world_->dense_page(p, hd, k, first); };
       if (s.op == Op::reduce) {
         std::memcpy(scratch, buffer(0), bytes);
         for (std::int32_t p = 1; p < cp; ++p) {
@@ -625,25 +625,25 @@ void RankMachine::run_step(const Step& s) {
       if (!in_batch(s.a, layout_.current_pages_total, "current page")) break;
       const std::int64_t slot = layout_.current[s.a].slot;
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) {
-        std::memcpy(world_.dense_page(rank_, hd, k, slot), world_.compact_page(rank_, k, s.a), page_bytes);
+        std::memcpy(world_->dense_page(rank_, hd, k, slot), world_->compact_page(rank_, k, s.a), page_bytes);
       });
       break;
     }
     case Op::layer_end:
-      world_.reading_layer(rank_).store(-1, std::memory_order_release);
+      world_->reading_layer(rank_).store(-1, std::memory_order_release);
       ++totals_.layers;
       check_layer(s.layer);
       break;
     case Op::batch_arrive:
       ++batches_arrived_;
-      world_.batch_counter(rank_).value.store(batches_arrived_, std::memory_order_release);
+      world_->batch_counter(rank_).value.store(batches_arrived_, std::memory_order_release);
       break;
     case Op::batch_wait:
       // Checker (invariant 3): after the first batch barrier every rank has judged this batch.
       if (batches_arrived_ % 2 == 1) {
-        const std::int32_t mine = world_.verdict(rank_).load();
+        const std::int32_t mine = world_->verdict(rank_).load();
         for (std::int32_t p = 0; p < cp; ++p) {
-          const std::int32_t theirs = world_.verdict(p).load();
+          const std::int32_t theirs = world_->verdict(p).load();
           if (theirs != mine) {
             violation(3, -1, -1, fmt::format("batch {}: rank {} judged {}, rank {} judged {}", batch_index_, rank_, mine == 2 ? "overflow" : "ok", p,
                                              theirs == 2 ? "overflow" : "ok"));
@@ -651,9 +651,9 @@ void RankMachine::run_step(const Step& s) {
           }
         }
         // Checker (invariant 7): every rank took the same exchange path after the capability probe.
-        const std::int32_t path = world_.chosen_path(rank_).load();
+        const std::int32_t path = world_->chosen_path(rank_).load();
         for (std::int32_t p = 0; p < cp; ++p) {
-          const std::int32_t theirs = world_.chosen_path(p).load();
+          const std::int32_t theirs = world_->chosen_path(p).load();
           if (theirs != path) {
             violation(7, -1, -1, fmt::format("rank {} took path {}, rank {} took path {}", rank_, model::to_string(static_cast<model::Variant>(path)), p,
                                              model::to_string(static_cast<model::Variant>(theirs))));

@@ -114,8 +114,8 @@ class RankMachine {
   void violation(std::int32_t invariant, std::int32_t layer, std::int64_t slot, const std::string& detail) const;
   void set_position(const Step& s);
 
-  const World& world_;
-  const model::Setting& setting_;
+  const World* world_;  // pointers, not references: machines are copied and assigned (explorer snapshots)
+  const model::Setting* setting_;
   SimOptions options_;
   std::int32_t rank_;
   model::StagingCapacity capacity_;

@@ -1,0 +1,40 @@
+// Exhaustive exploration of every interleaving of the rank step machines for small settings, with a
+// visited-state set. A state is the vector of every rank's program counter: everything a checker
+// looks at when a step runs (stamps, read epochs, barrier counters) is a function of it, so two
+// paths that reach the same vector have the same futures as far as invariants 2 and 4 go.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpkv/model/batch.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/model/setting.hpp"
+#include "cpkv/sim/mutant.hpp"
+
+namespace cpkv::properties {
+
+struct ExploreOptions {
+  model::Setting setting;
+  model::Batch batch;
+  model::Variant variant = model::Variant::staging_direct;
+  std::int32_t layers = 2;
+  sim::Mutant mutant = sim::Mutant::none;
+  std::uint64_t states_max = 3'000'000;  // stop (incomplete) past this many distinct states
+  double seconds_max = 120.0;            // ... or past this much time
+};
+
+struct ExploreResult {
+  std::uint64_t states = 0;       // distinct program-counter vectors visited
+  std::uint64_t transitions = 0;  // steps executed
+  bool complete = false;          // every interleaving explored (no limit hit, no violation)
+  double seconds = 0.0;
+  bool found = false;             // a violation or deadlock was reached
+  std::string finding;            // what was found
+  std::vector<std::uint32_t> schedule;  // choices that reach it, for `cpkv replay --schedule FILE`
+};
+
+ExploreResult explore(const ExploreOptions& options);
+
+}  // namespace cpkv::properties

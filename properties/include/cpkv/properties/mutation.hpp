@@ -1,0 +1,43 @@
+// The mutation report: the property suite run against each planted bug.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <rapidcheck.h>
+
+#include "cpkv/properties/properties.hpp"
+
+namespace cpkv::properties {
+
+struct PropertyOutcome {
+  bool passed = false;
+  std::int32_t cases = 0;     // successful cases before the failure (or all of them)
+  std::string message;        // RapidCheck's result text (counterexample and reason on failure)
+};
+
+// Runs one property with `mutant` under `params` (seed, case count, size). Prints nothing.
+PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params);
+
+// The suite's fixed seed (the session date the suite was written), used unless RC_PARAMS has one.
+inline constexpr std::uint64_t kSuiteSeed = 20261130;
+
+// The suite's parameters: RapidCheck's configuration (RC_PARAMS overrides seed and max_success).
+rc::detail::TestParams suite_params();
+
+struct MutantRow {
+  sim::Mutant mutant = sim::Mutant::none;
+  bool caught = false;
+  std::string caught_by;          // the first property that failed
+  std::int64_t counterexample_size = 0;  // requests + schedule choices of the shrunk case
+  double seconds = 0.0;           // time until caught
+  std::string replay;             // the cpkv replay line of the shrunk counterexample
+  std::string message;
+};
+
+// Hunts every mutant of kAllMutants (and `none`, which must pass every property).
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, const std::function<void(const MutantRow&)>& on_row);
+
+}  // namespace cpkv::properties

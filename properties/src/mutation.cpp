@@ -1,0 +1,68 @@
+#include "cpkv/properties/mutation.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include <rapidcheck/detail/Configuration.h>
+
+namespace cpkv::properties {
+
+rc::detail::TestParams suite_params() {
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  // A fixed seed unless RC_PARAMS names one: CI runs are repeatable, soak runs pass their own.
+  const char* env = std::getenv("RC_PARAMS");
+  if (env == nullptr || std::string(env).find("seed=") == std::string::npos) params.seed = kSuiteSeed;
+  return params;
+}
+
+PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params) {
+  rc::detail::TestMetadata metadata;
+  metadata.id = property.name;
+  metadata.description = property.name;
+  rc::detail::TestParams effective = params;
+  // Free-running processes are costlier: a tenth of the cases (at least 5).
+  if (property.invariant == 0) effective.maxSuccess = std::max(5, params.maxSuccess / 10);
+  const auto body = property.body;
+  const rc::detail::TestResult result = rc::detail::checkTestable([body, mutant] { body(mutant); }, metadata, effective);
+  PropertyOutcome outcome;
+  std::ostringstream text;
+  rc::detail::printResultMessage(result, text);
+  outcome.message = text.str();
+  if (result.template is<rc::detail::SuccessResult>()) {
+    outcome.passed = true;
+    outcome.cases = result.template get<rc::detail::SuccessResult>().numSuccess;
+  } else if (result.template is<rc::detail::FailureResult>()) {
+    outcome.cases = result.template get<rc::detail::FailureResult>().numSuccess;
+  }
+  return outcome;
+}
+
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, const std::function<void(const MutantRow&)>& on_row) {
+  std::vector<MutantRow> rows;
+  std::vector<sim::Mutant> mutants = {sim::Mutant::none};
+  mutants.insert(mutants.end(), sim::kAllMutants.begin(), sim::kAllMutants.end());
+  for (sim::Mutant mutant : mutants) {
+    MutantRow row;
+    row.mutant = mutant;
+    const auto start = std::chrono::steady_clock::now();
+    for (const Property& property : all_properties()) {
+      // The free-running property cannot be steered by a schedule; the scheduled ones come first.
+      const PropertyOutcome outcome = check_property(property, mutant, params);
+      if (outcome.passed) continue;
+      row.caught = true;
+      row.caught_by = property.name;
+      row.counterexample_size = last_counterexample_size();
+      row.replay = last_counterexample_replay();
+      row.message = outcome.message;
+      break;
+    }
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    on_row(row);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace cpkv::properties
