@@ -23,5 +23,7 @@ int& exit_status();
 void register_plan(CLI::App& app);
 void register_replay(CLI::App& app);
 void register_mutants(CLI::App& app);
+void register_explore(CLI::App& app);
+void register_soak(CLI::App& app);
 
 }  // namespace cpkv::cli

@@ -21,6 +21,8 @@ int main(int argc, char** argv) {
   cpkv::cli::register_plan(app);
   cpkv::cli::register_replay(app);
   cpkv::cli::register_mutants(app);
+  cpkv::cli::register_explore(app);
+  cpkv::cli::register_soak(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
