@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -13,7 +14,11 @@
 
 #include "commands.hpp"
 #include "cpkv/model/plan.hpp"
+#include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
+#if CPKV_HAVE_CUDA_BACKEND
+#include "cuda_backend.hpp"
+#endif
 #include "cpkv/sim/shared_region.hpp"
 
 namespace cpkv::cli {
@@ -43,9 +48,10 @@ std::vector<model::Variant> selected_variants(const std::string& name) {
 }
 
 std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int32_t layers) {
-  std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {}", o.trace_path, model::to_string(variant),
-                                 o.seed, layers);
-  if (o.schedule) {
+  std::string line = fmt::format("cpkv replay {} --backend {} --variant {} --seed {} --layers {}", o.trace_path, o.backend,
+                                 model::to_string(variant), o.seed, layers);
+  if (o.backend == "cuda") {
+  } else if (o.schedule) {
     line += fmt::format(" --schedule {}", *o.schedule);
   } else {
     line += fmt::format(" --ranks-as {}", o.ranks_as);
@@ -57,7 +63,13 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
 }
 
 void run_replay(const ReplayOptions& o) {
-  if (o.backend != "sim") throw OptionError(fmt::format("--backend: '{}' is not available here (sim)", o.backend));
+#if CPKV_HAVE_CUDA_BACKEND
+  if (o.backend != "sim" && o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda", o.backend));
+#else
+  if (o.backend != "sim") {
+    throw OptionError(fmt::format("--backend: '{}' is not available in this build (sim; cuda needs nvcc and NCCL at configure time)", o.backend));
+  }
+#endif
   const auto mutant = sim::parse_mutant(o.mutant);
   if (!mutant) throw OptionError(fmt::format("--mutant: unknown mutant '{}'", o.mutant));
   const std::vector<model::Variant> variants = selected_variants(o.variant);
@@ -94,7 +106,23 @@ void run_replay(const ReplayOptions& o) {
     }
   }
   const int stale = sim::sweep_stale_regions();
-  const std::string mode = schedule ? "scheduled" : o.ranks_as;
+  // The one backend interface: the simulator (free-running or scheduled) or the GPUs.
+  std::unique_ptr<sim::Backend> backend;
+  sim::RunLimits limits;
+  limits.wait_ms_max = o.wait_ms_max;
+  if (o.backend == "cuda") {
+#if CPKV_HAVE_CUDA_BACKEND
+    if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+    backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+#endif
+  } else if (schedule) {
+    backend = sim::make_scheduled_backend(*schedule, limits, o.event_log_path.has_value());
+  } else {
+    sim::FaultOptions faults;
+    faults.seed = o.seed;
+    backend = sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
+  }
+  const std::string mode = backend->name();
   fmt::print("cpkv replay: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}\n", o.trace_path, source.setting.cp,
              source.setting.page_size, shape.batches, layers, layer_count, mode, o.seed,
              stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", stale) : "");
@@ -114,17 +142,8 @@ void run_replay(const ReplayOptions& o) {
     options.seed = o.seed;
     options.mutant = *mutant;
     options.ipc_missing_rank = o.ipc_missing_rank;
-    sim::RunLimits limits;
-    limits.wait_ms_max = o.wait_ms_max;
     const auto start = std::chrono::steady_clock::now();
-    sim::RunReport report;
-    if (schedule) {
-      report = sim::run_scheduled(source, options, *schedule, limits, o.event_log_path.has_value());
-    } else {
-      sim::FaultOptions faults;
-      faults.seed = o.seed;
-      report = sim::run_free(source, options, o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
-    }
+    const sim::RunReport report = backend->run(source, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (tty) fmt::print(stderr, "\r\033[K");
     const sim::SharedTotals& r0 = report.ranks.empty() ? sim::SharedTotals{} : report.ranks[0];
@@ -183,7 +202,7 @@ void register_replay(CLI::App& app) {
                                      "Replay every batch of a trace through the rank simulator (cp fake ranks over shared memory) with one or "
                                      "every exchange variant, checking every dense byte against the model and the protocol's invariants.");
   cmd->add_option("trace", o->trace_path, "batch trace (JSON Lines, format cpkv-batch-trace v1)")->required();
-  cmd->add_option("--backend", o->backend, "sim (the rank simulator)")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "sim (the rank simulator) or cuda (one process per GPU rank, CUDA IPC and NCCL)")->capture_default_str();
   cmd->add_option("--variant", o->variant, "a variant name or 'all'")->capture_default_str();
   cmd->add_option("--ranks-as", o->ranks_as, "free-running ranks as 'processes' (fork) or 'threads'")->capture_default_str();
   cmd->add_option("--schedule", o->schedule,

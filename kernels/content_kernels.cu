@@ -1,6 +1,8 @@
 // Content fill: current rows computed on the device from the model's hash, so no host copy is timed.
 #include "launchers.cuh"
 
+#include <algorithm>
+
 #include "cpkv/model/content.hpp"
 
 namespace cpkv::kernels {

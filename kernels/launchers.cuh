@@ -1,18 +1,89 @@
-// Every host launcher of the cpkv kernels. Each launcher checks its CUDA calls and returns the
-// cudaError_t of the launch; callers check it with CPKV_CUDA_CHECK.
+// Every host launcher of the cpkv kernels (one header lists them, as DeepEP does). Each kernel sits
+// beside its launcher in a .cu file; each launcher returns the cudaError_t of its launch so callers
+// check it with CPKV_CUDA_CHECK. Limits live in kernels/config.cuh.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "config.cuh"
+
 namespace cpkv::kernels {
 
-// Writes the content rows (model/content.hpp) of `rows` current tokens to `dest`: token t of the
-// list has key current_row_key(seed, layer, kind, request[t], token[t]) and lands at row
-// dest_row[t] (a page inverse: dense rows or staging rows, the same kernel either way).
+// The pointer table of a slot-dense gather: entries 0..cp-1 are the pool bases of ranks 0..cp-1 for
+// one layer and buffer kind, cp..2cp-1 the staging (or symmetric dense) bases for the layer's half,
+// then this rank's own dense and compact bases (local copies use the same kernel). Passed by value:
+// no per-layer upload.
+struct PointerTable {
+  const std::uint8_t* base[kTableEntriesMax];
+};
+
+// One gather entry: write page `dst_page` of the destination from page `src_page` of
+// table.base[table_index], or zeros when table_index == -1.
+struct GatherEntry {
+  std::int64_t dst_page;
+  std::int64_t src_page;
+  std::int32_t table_index;
+  std::int32_t pad;
+};
+
+// The slot-dense gather: `entries` pages of `page_bytes`, 16-byte accesses when the page size
+// allows, one block per page in flight (grid-stride). One launch per buffer kind.
+cudaError_t launch_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
+                          std::int64_t count, cudaStream_t stream);
+
+// Writes the content rows (model/content.hpp) of current tokens to `dest` through a page inverse:
+// token t has key current_row_key(seed, layer, kind, request[t], token[t]) and lands at row
+// dest_row[t] (dense rows or staging rows: the same kernel either way).
 cudaError_t launch_fill_current(std::uint8_t* dest, std::uint32_t row_bytes, const std::int32_t* request,
                                 const std::int64_t* token, const std::int64_t* dest_row, std::int64_t rows,
                                 std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, cudaStream_t stream);
+
+// Writes the prefix content of pool pages: page `logical[i]` lands at local page `local[i]` of `pool`.
+cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
+                                 const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer,
+                                 std::uint32_t kind, cudaStream_t stream);
+
+// The counting barrier over IPC-mapped flags. Scheme (PyTorch symmetric memory's signal pad, with
+// DeepEP's bounded spin): every rank owns a pad of cp 64-bit words; arriving at phase k, rank a
+// stores k into word a of every peer's pad (st.release.sys), then polls its own pad until every
+// word is >= k (ld.acquire.sys). Words only grow, so the barrier is reusable with no reset and
+// back-to-back phases cannot be confused (a fast rank's k+1 still satisfies >= k, and it cannot
+// reach k+2 before everyone arrived at k+1). At quiescence every word equals the phase count
+// (drained). A poll that exceeds kBarrierTimeoutCycles writes {phase, rank, missing peer} to
+// `status` and returns instead of hanging the GPU.
+struct BarrierStatus {
+  std::uint64_t timed_out_phase;  // 0: no timeout
+  std::int32_t rank;
+  std::int32_t missing_peer;
+};
+cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase,
+                           BarrierStatus* status, cudaStream_t stream);
+
+// Per slot of the dense buffer, where its rows come from (uploaded once per batch).
+struct SlotSource {
+  std::int64_t logical_page;  // prefix: pool page; current: -1
+  std::int64_t first_token;   // current: token of row 0
+  std::int32_t request;       // current: request index
+  std::int32_t rows_valid;    // rows past it are zero
+};
+struct VerifyResult {
+  unsigned long long wrong_bytes;
+  unsigned long long first_wrong;  // byte index in the buffer, ~0 if none
+  std::uint32_t expected;
+  std::uint32_t actual;
+};
+// Recomputes every expected byte of a dense buffer and counts the wrong ones, keeping the first.
+cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
+                          std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind,
+                          VerifyResult* result, cudaStream_t stream);
+
+// Test and benchmark helpers for the barrier: spin for `cycles` on the device (a slow producer),
+// stamp `value` into `word`, and count the peers whose stamp word differs from `expected`.
+cudaError_t launch_spin(long long cycles, cudaStream_t stream);
+cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t stream);
+cudaError_t launch_check_stamps(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors,
+                                cudaStream_t stream);
 
 }  // namespace cpkv::kernels

@@ -22,34 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A cursor over the batches of a source; every rank opens its own.
-class BatchCursor {
- public:
-  explicit BatchCursor(const BatchSource& source) : source_(source) {
-    if (!source.trace_path.empty()) reader_.emplace(source.trace_path);
-  }
-  std::optional<model::Batch> next() {
-    while (true) {
-      std::optional<model::Batch> batch;
-      if (reader_) {
-        batch = reader_->next();
-        index_ = reader_->batch_index();
-      } else if (static_cast<std::size_t>(index_ + 1) < source_.batches.size()) {
-        ++index_;
-        batch = source_.batches[index_];
-      }
-      if (!batch) return std::nullopt;
-      if (!source_.only_batch || *source_.only_batch == index_) return batch;
-    }
-  }
-  std::int64_t index() const { return index_; }
-
- private:
-  const BatchSource& source_;
-  std::optional<traces::TraceReader> reader_;
-  std::int64_t index_ = -1;
-};
-
 WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
   return geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
 }
@@ -97,6 +69,26 @@ void check_drained(const World& world) {
 }
 
 }  // namespace
+
+BatchCursor::BatchCursor(const BatchSource& source) : source_(source) {
+  if (!source.trace_path.empty()) reader_ = std::make_unique<traces::TraceReader>(source.trace_path);
+}
+BatchCursor::~BatchCursor() = default;
+
+std::optional<model::Batch> BatchCursor::next() {
+  while (true) {
+    std::optional<model::Batch> batch;
+    if (reader_) {
+      batch = reader_->next();
+      index_ = reader_->batch_index();
+    } else if (static_cast<std::size_t>(index_ + 1) < source_.batches.size()) {
+      ++index_;
+      batch = source_.batches[index_];
+    }
+    if (!batch) return std::nullopt;
+    if (!source_.only_batch || *source_.only_batch == index_) return batch;
+  }
+}
 
 std::int64_t RunReport::mismatches() const {
   std::int64_t sum = 0;
@@ -154,6 +146,47 @@ Schedule read_schedule_file(const std::string& path) {
     schedule.choices.push_back(static_cast<std::uint32_t>(value));
   }
   return schedule;
+}
+
+ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions) {
+  ReapResult result;
+  const Clock::time_point start = Clock::now();
+  auto alive = static_cast<std::int32_t>(std::count_if(pids.begin(), pids.end(), [](int pid) { return pid > 0; }));
+  const auto kill_all = [&] {
+    for (int other : pids) {
+      if (other > 0) ::kill(other, SIGKILL);
+    }
+  };
+  bool limit_reported = false;
+  while (alive > 0) {
+    int raw = 0;
+    const pid_t pid = ::waitpid(-1, &raw, WNOHANG);
+    if (pid > 0) {
+      const auto it = std::find(pids.begin(), pids.end(), pid);
+      if (it == pids.end()) continue;
+      const auto r = static_cast<std::int32_t>(it - pids.begin());
+      *it = -1;
+      --alive;
+      const bool clean = WIFEXITED(raw) && WEXITSTATUS(raw) == kRankExitOk;
+      if (!clean && result.failure.empty()) {
+        if (WIFSIGNALED(raw)) {
+          result.failure = fmt::format("rank {} (pid {}) died from signal {}: {}", r, pid, WTERMSIG(raw), positions());
+        } else {
+          result.deadlock = WEXITSTATUS(raw) == kRankExitDeadlock;
+          result.failure = fmt::format("rank {} (pid {}) exited with status {}: {}", r, pid, WEXITSTATUS(raw), positions());
+        }
+        kill_all();
+      }
+      continue;
+    }
+    if (!limit_reported && Clock::now() - start > std::chrono::milliseconds(run_ms_max)) {
+      limit_reported = true;
+      if (result.failure.empty()) result.failure = fmt::format("run limit {} ms reached: {}", run_ms_max, positions());
+      kill_all();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+  return result;
 }
 
 std::string describe_positions(const World& world) {
@@ -276,7 +309,7 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
 
 namespace {
 
-enum RankExit : int { kRankOk = 0, kRankDeadlock = 3, kRankError = 4 };
+enum RankExit : int { kRankOk = kRankExitOk, kRankDeadlock = kRankExitDeadlock, kRankError = kRankExitError };
 
 // The body of one free-running rank. Returns its exit code.
 int free_rank(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
@@ -340,6 +373,10 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   RunReport report;
   report.variant = options.variant;
   report.mode = ranks_as == RanksAs::processes ? "processes" : "threads";
+  if (ranks_as == RanksAs::threads && faults.kill_rank >= 0) {
+    // A thread's SIGKILL takes the whole process, launcher included: nothing would be reported.
+    throw std::invalid_argument("FaultOptions.kill_rank needs ranks as processes: in thread mode it would kill the launcher");
+  }
   const SourceShape shape = measure(source);
   report.batches = shape.batches;
   World world(geometry_of(source, options, shape), options.seed);
@@ -364,7 +401,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
     }
   } else {
     std::fflush(nullptr);
-    std::vector<pid_t> children(cp, -1);
+    std::vector<int> children(cp, -1);
     for (std::int32_t r = 0; r < cp; ++r) {
       const pid_t pid = ::fork();
       if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
@@ -380,40 +417,9 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
       }
       children[r] = pid;
     }
-    // Reap with a bound; the first rank to die or fail stops the rest, who would wait for it.
-    const Clock::time_point start = Clock::now();
-    std::int32_t alive = cp;
-    while (alive > 0) {
-      int raw = 0;
-      const pid_t pid = ::waitpid(-1, &raw, WNOHANG);
-      if (pid > 0) {
-        const auto it = std::find(children.begin(), children.end(), pid);
-        if (it == children.end()) continue;
-        const auto r = static_cast<std::int32_t>(it - children.begin());
-        *it = -1;
-        --alive;
-        const bool clean = WIFEXITED(raw) && WEXITSTATUS(raw) == kRankOk;
-        if (!clean && report.failure.empty()) {
-          if (WIFSIGNALED(raw)) {
-            report.failure = fmt::format("rank {} (pid {}) died from signal {}: {}", r, pid, WTERMSIG(raw), describe_positions(world));
-          } else {
-            if (WEXITSTATUS(raw) == kRankDeadlock) report.deadlock = true;
-            report.failure = fmt::format("rank {} (pid {}) exited with status {}: {}", r, pid, WEXITSTATUS(raw), describe_positions(world));
-          }
-          for (pid_t other : children) {
-            if (other > 0) ::kill(other, SIGKILL);
-          }
-        }
-        continue;
-      }
-      if (Clock::now() - start > std::chrono::milliseconds(limits.run_ms_max)) {
-        if (report.failure.empty()) report.failure = fmt::format("run limit {} ms reached: {}", limits.run_ms_max, describe_positions(world));
-        for (pid_t other : children) {
-          if (other > 0) ::kill(other, SIGKILL);
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(500));
-    }
+    const ReapResult reaped = reap_ranks(children, limits.run_ms_max, [&] { return describe_positions(world); });
+    report.failure = reaped.failure;
+    report.deadlock = reaped.deadlock;
   }
   if (report.failure.empty()) check_drained(world);
   collect(world, report);

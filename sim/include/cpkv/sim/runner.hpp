@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,10 @@
 #include "cpkv/model/setting.hpp"
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/world.hpp"
+
+namespace cpkv::traces {
+class TraceReader;
+}
 
 namespace cpkv::sim {
 
@@ -25,6 +31,21 @@ struct BatchSource {
 
   static BatchSource from_trace(const std::string& path, std::optional<std::int64_t> only_batch = std::nullopt);
   static BatchSource from_batches(model::Setting setting, std::vector<model::Batch> batches);
+};
+
+// A cursor over the batches of a source; every rank opens its own (a trace is streamed: one batch
+// in memory at a time).
+class BatchCursor {
+ public:
+  explicit BatchCursor(const BatchSource& source);
+  ~BatchCursor();
+  std::optional<model::Batch> next();
+  std::int64_t index() const { return index_; }
+
+ private:
+  const BatchSource& source_;
+  std::unique_ptr<traces::TraceReader> reader_;
+  std::int64_t index_ = -1;
 };
 
 // Sizes of the largest batch (one pass over the source), so the world can be carved once.
@@ -53,7 +74,7 @@ struct FaultOptions {
   double flag_write_delay_probability = 0.05;   // before a flag write (arrive)
   double gather_delay_probability = 0.002;      // inside the gather
   std::int32_t slow_producer_delay_us = 2000;   // the rotating slow producer's delay before its fill
-  std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (process mode: a crash) ...
+  std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (processes only: a crash) ...
   std::uint64_t kill_after_steps = 0;           // ... after this many steps
 };
 
@@ -83,6 +104,18 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
 
 RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as,
                    const FaultOptions& faults, const RunLimits& limits);
+
+// Reaps forked rank processes with a bound. The first rank to die or exit non-zero stops the rest
+// (they would wait for it forever). Returns an empty string when every rank exited 0, else what
+// went wrong, naming the rank, its pid and `positions()` (where every rank was).
+struct ReapResult {
+  std::string failure;
+  bool deadlock = false;  // a rank exited with kRankExitDeadlock
+};
+inline constexpr int kRankExitOk = 0;
+inline constexpr int kRankExitDeadlock = 3;
+inline constexpr int kRankExitError = 4;
+ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions);
 
 // One line per rank from the shared positions: where everyone is, for deadlock reports.
 std::string describe_positions(const World& world);

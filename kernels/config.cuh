@@ -1,0 +1,35 @@
+// Limits of the kernels, each with its reason.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace cpkv::kernels {
+
+// 2*cp gather entries plus the own dense and compact bases, for cp up to 8.
+inline constexpr int kTableEntriesMax = 18;
+inline constexpr int kTableOwnDense = 16;
+inline constexpr int kTableOwnCompact = 17;
+// Threads of a gather block: 256 x 16 B = 4 KiB per pass; a 64-row fp8 page (41,984 B) takes 11.
+inline constexpr int kGatherThreads = 256;
+// Blocks in flight for gathers: enough to keep every H200 SM (132) busy several times over.
+inline constexpr int kGatherBlocksMax = 132 * 8;
+// A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
+// (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
+inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;
+
+}  // namespace cpkv::kernels
+
+// Every CUDA call is checked: file, line, the call and the error, then abort (a rank process).
+#define CPKV_CUDA_CHECK(call)                                                                             \
+  do {                                                                                                    \
+    const cudaError_t cpkv_err_ = (call);                                                                 \
+    if (cpkv_err_ != cudaSuccess) {                                                                       \
+      std::fprintf(stderr, "cpkv: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(cpkv_err_)); \
+      std::abort();                                                                                       \
+    }                                                                                                     \
+  } while (0)

@@ -1,0 +1,49 @@
+// The GPU backend: one process per rank (forked before any CUDA call), rank r on GPU r % gpu_count,
+// pool / staging / dense / flags in device memory shared through CUDA IPC, handles and the NCCL id
+// exchanged through a Boost.Interprocess bootstrap segment, the IPC capability probed per rank and
+// agreed (MIN) over the group. Fills the same Backend interface as the simulator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpkv/sim/backend.hpp"
+
+namespace cpkv::cuda {
+
+struct CudaOptions {
+  bool verify = true;                 // recompute and compare every dense byte after every layer
+  std::int64_t run_ms_max = 600000;   // the whole run, from the launcher
+  // Benchmark mode (bench issue): time each layer's exchange; 0 = functional run only.
+  std::int32_t timing_reps = 0;
+};
+
+// GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
+// 0 where there is no driver or no device.
+int gpu_count();
+
+std::unique_ptr<sim::Backend> make_cuda_backend(CudaOptions options);
+
+// The counting barrier on its own, one process per rank: `iterations` barriers with a slow
+// producer rotating over the ranks (rank i % cp spins `slow_delay_us` before stamping), each rank
+// stamping the phase into a parity word before arriving and checking every peer's stamp after
+// passing (phase safety), then `timed_barriers` back-to-back barriers timed with CUDA events.
+struct BarrierStressOptions {
+  std::int32_t cp = 2;
+  std::int32_t iterations = 200;
+  std::int32_t slow_delay_us = 10000;
+  std::int32_t timed_barriers = 0;
+  std::int64_t run_ms_max = 300000;
+};
+struct BarrierStressReport {
+  std::string failure;                  // empty when every rank finished
+  std::uint64_t phase_errors = 0;       // stamps seen != phase after passing (must be 0)
+  std::uint64_t timeouts = 0;           // barrier polls that gave up (must be 0)
+  bool drained = false;                 // every pad word == phases at quiescence
+  std::vector<double> us_per_barrier;   // per rank, back-to-back, launch included
+};
+BarrierStressReport barrier_stress(const BarrierStressOptions& options);
+
+}  // namespace cpkv::cuda

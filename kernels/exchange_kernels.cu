@@ -1,0 +1,181 @@
+// The exchange kernels: slot-dense gather, pool population, counting barrier, verification.
+#include "launchers.cuh"
+
+#include <algorithm>
+
+#include "cpkv/model/content.hpp"
+
+namespace cpkv::kernels {
+
+namespace {
+
+__global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page_bytes, PointerTable table,
+                              const GatherEntry* __restrict__ entries, std::int64_t count) {
+  const bool vector_ok = page_bytes % 16 == 0;
+  for (std::int64_t e = blockIdx.x; e < count; e += gridDim.x) {
+    const GatherEntry entry = entries[e];
+    std::uint8_t* out = dst + entry.dst_page * page_bytes;
+    if (entry.table_index < 0) {
+      if (vector_ok) {
+        for (std::uint64_t i = threadIdx.x; i < page_bytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(out)[i] = make_uint4(0, 0, 0, 0);
+      } else {
+        for (std::uint64_t i = threadIdx.x; i < page_bytes; i += blockDim.x) out[i] = 0;
+      }
+      continue;
+    }
+    const std::uint8_t* in = table.base[entry.table_index] + entry.src_page * page_bytes;
+    if (vector_ok) {
+      const uint4* src = reinterpret_cast<const uint4*>(in);
+      uint4* d = reinterpret_cast<uint4*>(out);
+      for (std::uint64_t i = threadIdx.x; i < page_bytes / 16; i += blockDim.x) d[i] = src[i];
+    } else {
+      for (std::uint64_t i = threadIdx.x; i < page_bytes; i += blockDim.x) out[i] = in[i];
+    }
+  }
+}
+
+__global__ void populate_pool_kernel(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
+                                     const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind) {
+  const std::uint32_t words = (row_bytes + 7) / 8;
+  const std::int64_t per_page = static_cast<std::int64_t>(page_size) * words;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < count * per_page; i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t p = i / per_page;
+    const auto row = static_cast<std::uint32_t>((i % per_page) / words);
+    const auto w = static_cast<std::uint32_t>(i % words);
+    const std::uint64_t key = model::prefix_row_key(seed, layer, kind, static_cast<std::uint64_t>(logical[p]), row);
+    const std::uint64_t word = model::content_word(key, w);
+    std::uint8_t* out = pool + (local[p] * page_size + row) * static_cast<std::uint64_t>(row_bytes);
+    for (std::uint32_t b = 0; b < 8 && 8 * w + b < row_bytes; ++b) out[8 * w + b] = static_cast<std::uint8_t>(word >> (8 * b));
+  }
+}
+
+__device__ __forceinline__ void store_release_sys(std::uint64_t* address, std::uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+__device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* address) {
+  std::uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// One block; thread p signals peer p and then waits for peer p's signal in the own pad.
+__global__ void barrier_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status) {
+  const int p = threadIdx.x;
+  if (p < cp) {
+    __threadfence_system();  // this rank's earlier writes (fill) are visible before the flag
+    store_release_sys(peer_pads[p] + rank, phase);
+    const std::uint64_t* mine = peer_pads[rank] + p;
+    const long long start = clock64();
+    while (load_acquire_sys(mine) < phase) {
+      if (clock64() - start > kBarrierTimeoutCycles) {
+        status->timed_out_phase = phase;
+        status->rank = rank;
+        status->missing_peer = p;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+__global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
+                              std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result) {
+  const std::uint32_t words = (row_bytes + 7) / 8;
+  const std::int64_t rows = slot_count * page_size;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * words; i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row_global = i / words;
+    const auto w = static_cast<std::uint32_t>(i % words);
+    const std::int64_t slot = row_global / page_size;
+    const auto row = static_cast<std::int32_t>(row_global % page_size);
+    const SlotSource source = slots[slot];
+    std::uint64_t expected_word = 0;
+    if (row < source.rows_valid) {
+      const std::uint64_t key = source.logical_page >= 0
+                                    ? model::prefix_row_key(seed, layer, kind, static_cast<std::uint64_t>(source.logical_page), static_cast<std::uint32_t>(row))
+                                    : model::current_row_key(seed, layer, kind, static_cast<std::uint32_t>(source.request),
+                                                             static_cast<std::uint64_t>(source.first_token + row));
+      expected_word = model::content_word(key, w);
+    }
+    const std::uint8_t* actual = dense + row_global * row_bytes;
+    for (std::uint32_t b = 0; b < 8 && 8 * w + b < row_bytes; ++b) {
+      const auto expected = static_cast<std::uint8_t>(expected_word >> (8 * b));
+      const std::uint8_t got = actual[8 * w + b];
+      if (got == expected) continue;
+      atomicAdd(&result->wrong_bytes, 1ULL);
+      const unsigned long long index = static_cast<unsigned long long>(row_global) * row_bytes + 8 * w + b;
+      if (atomicMin(&result->first_wrong, index) > index) {
+        result->expected = expected;  // racy between equal candidates; the host re-reads the byte
+        result->actual = got;
+      }
+    }
+  }
+}
+
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+__global__ void stamp_kernel(std::uint64_t* word, std::uint64_t value) { store_release_sys(word, value); }
+
+__global__ void check_stamps_kernel(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors) {
+  const int p = threadIdx.x;
+  if (p < cp && load_acquire_sys(words[p]) != expected) atomicAdd(errors, 1ULL);
+}
+
+int blocks_for(std::int64_t items, int threads, int cap) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((items + threads - 1) / threads, cap)));
+}
+
+}  // namespace
+
+cudaError_t launch_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries, std::int64_t count,
+                          cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::min<std::int64_t>(count, kGatherBlocksMax));
+  gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(dst, page_bytes, table, entries, count);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
+                                 const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind,
+                                 cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const std::int64_t items = count * page_size * ((row_bytes + 7) / 8);
+  populate_pool_kernel<<<blocks_for(items, 256, 4096), 256, 0, stream>>>(pool, row_bytes, page_size, logical, local, count, seed, layer, kind);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status,
+                           cudaStream_t stream) {
+  barrier_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, phase, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_spin(long long cycles, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(cycles);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t stream) {
+  stamp_kernel<<<1, 1, 0, stream>>>(word, value);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_check_stamps(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors,
+                                cudaStream_t stream) {
+  check_stamps_kernel<<<1, 32, 0, stream>>>(words, cp, expected, errors);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
+                          std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result,
+                          cudaStream_t stream) {
+  if (slot_count == 0) return cudaSuccess;
+  const std::int64_t items = slot_count * page_size * ((row_bytes + 7) / 8);
+  verify_kernel<<<blocks_for(items, 256, 8192), 256, 0, stream>>>(dense, row_bytes, page_size, slots, slot_count, seed, layer, kind, result);
+  return cudaGetLastError();
+}
+
+}  // namespace cpkv::kernels
