@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
+# the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all]
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+what="${1:-all}"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT"
+log="$OUT/visit.log"
+exec > >(tee -a "$log") 2>&1
+echo "== $(date -u +%FT%TZ) gpu visit: $what"
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv || true
+nvidia-smi topo -m || true
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# RapidCheck is not in the GPU image: unpack the carried Debian package.
+if ! ls /usr/lib/x86_64-linux-gnu/cmake/rapidcheck >/dev/null 2>&1; then
+  mkdir -p /tmp/rc && for deb in "$root"/.deps/librapidcheck-dev_*.deb; do dpkg -x "$deb" /tmp/rc; done
+  export CMAKE_PREFIX_PATH="/tmp/rc/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+fi
+build="$root/build-gpu"
+start=$(date +%s)
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
+  || { tail -40 "$OUT/configure.log"; exit 1; }
+grep "cpkv:" "$OUT/configure.log"
+cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
+cpkv="$build/cli/cpkv"
+if [[ "$what" == tests || "$what" == all ]]; then
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; tail -25 "$OUT/gpu-tests.log"
+  for trace in "$root"/traces/samples/*.jsonl; do
+    timeout 300 "$cpkv" replay "$trace" --backend cuda --layers 4 --json "$OUT/replay-$(basename "$trace" .jsonl).json"
+  done
+fi
+if [[ "$what" == bench || "$what" == all ]]; then
+  if [[ -x "$cpkv" ]] && "$cpkv" bench --help >/dev/null 2>&1; then
+    timeout 500 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --json "$OUT/bench.json" --markdown "$OUT/bench.md"
+  fi
+fi
+echo "== done in $(( $(date +%s) - start )) s"
