@@ -47,6 +47,7 @@ struct Bootstrap {
   cudaIpcMemHandle_t staging[kRanksMax];
   cudaIpcMemHandle_t dense[kRanksMax];
   cudaIpcMemHandle_t pad[kRanksMax];
+  cudaIpcMemHandle_t compact[kRanksMax];
   std::atomic<std::int32_t> probe[kRanksMax];
   std::atomic<std::int32_t> path[kRanksMax];
   ncclUniqueId nccl_id;
@@ -110,7 +111,8 @@ struct RankMemory {
   std::uint8_t* dense = nullptr;
   std::uint8_t* compact = nullptr;
   std::uint64_t* pad = nullptr;
-  std::vector<std::uint8_t*> peer_pool, peer_staging, peer_dense;
+  std::vector<std::uint8_t*> peer_pool, peer_staging, peer_dense, peer_compact;
+  std::uint8_t* scratch = nullptr;  // the IPC all-reduce's receive buffer
   std::vector<std::uint64_t*> peer_pad;
   std::uint64_t** pad_table = nullptr;  // device array of every rank's pad
   kernels::BarrierStatus* barrier_status = nullptr;
@@ -256,6 +258,10 @@ int cuda_rank(const RankContext& ctx) {
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->staging[rank], mem.staging));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->dense[rank], mem.dense));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pad[rank], mem.pad));
+  CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->compact[rank], mem.compact));
+  std::uint64_t page_bytes_max = 0;
+  for (std::size_t k = 0; k < kinds; ++k) page_bytes_max = std::max(page_bytes_max, page_bytes(k));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, std::max<std::uint64_t>(256, std::max(ctx.shape.slot_count_max, ctx.shape.current_pages_max) * page_bytes_max)));
   CPKV_CUDA_CHECK(cudaDeviceSynchronize());
   host_barrier(boot, rank, cp, host_phase);
 
@@ -265,6 +271,7 @@ int cuda_rank(const RankContext& ctx) {
   mem.peer_staging.assign(cp, nullptr);
   mem.peer_dense.assign(cp, nullptr);
   mem.peer_pad.assign(cp, nullptr);
+  mem.peer_compact.assign(cp, nullptr);
   std::int32_t capable = 1;
   for (std::int32_t p = 0; p < cp; ++p) {
     if (p == rank) {
@@ -272,6 +279,7 @@ int cuda_rank(const RankContext& ctx) {
       mem.peer_staging[p] = mem.staging;
       mem.peer_dense[p] = mem.dense;
       mem.peer_pad[p] = mem.pad;
+      mem.peer_compact[p] = mem.compact;
       continue;
     }
     const int peer_device = p % ctx.gpus;
@@ -293,6 +301,7 @@ int cuda_rank(const RankContext& ctx) {
     mem.peer_staging[p] = open(boot->staging[p]);
     mem.peer_dense[p] = open(boot->dense[p]);
     mem.peer_pad[p] = reinterpret_cast<std::uint64_t*>(open(boot->pad[p]));
+    mem.peer_compact[p] = open(boot->compact[p]);
   }
   if (ctx.options.ipc_missing_rank == rank) capable = 0;  // fault injection: this rank's probe fails
   boot->probe[rank].store(capable);
@@ -304,17 +313,35 @@ int cuda_rank(const RankContext& ctx) {
   CPKV_CUDA_CHECK(cudaMalloc(&mem.pad_table, cp * sizeof(std::uint64_t*)));
   CPKV_CUDA_CHECK(cudaMemcpy(mem.pad_table, mem.peer_pad.data(), cp * sizeof(std::uint64_t*), cudaMemcpyHostToDevice));
 
-  // NCCL: rank 0 makes the id, everyone joins. Multicast stays off (DEVICE.md).
-  set_stage(boot, rank, "nccl");
-  if (rank == 0) CPKV_NCCL_CHECK(ncclGetUniqueId(&boot->nccl_id));
-  host_barrier(boot, rank, cp, host_phase);
+  // NCCL: rank 0 makes the id, everyone joins. Multicast stays off (DEVICE.md). NCCL refuses two
+  // ranks on one GPU, so an oversubscribed group (functional runs of cp 4 or 8 on 2 GPUs) sums
+  // through IPC instead: barrier, every rank sums every peer's bytes, barrier, copy back.
+  const bool use_nccl = ctx.gpus >= cp;
   ncclComm_t comm = nullptr;
-  CPKV_NCCL_CHECK(ncclCommInitRank(&comm, cp, boot->nccl_id, rank));
-  host_barrier(boot, rank, cp, host_phase);
+  if (use_nccl) {
+    set_stage(boot, rank, "nccl");
+    if (rank == 0) CPKV_NCCL_CHECK(ncclGetUniqueId(&boot->nccl_id));
+    host_barrier(boot, rank, cp, host_phase);
+    CPKV_NCCL_CHECK(ncclCommInitRank(&comm, cp, boot->nccl_id, rank));
+    host_barrier(boot, rank, cp, host_phase);
+  }
 
   sim::SharedTotals& totals = boot->totals[rank];
   std::vector<bool> populated(setting.pool_pages_per_rank(), false);
   std::uint64_t barrier_phase = 0;
+  // A sum all-reduce of `bytes` at byte offset `offset` of every rank's dense (or compact) buffer.
+  const auto all_reduce = [&](std::uint8_t* own, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint64_t bytes) {
+    if (use_nccl) {
+      CPKV_NCCL_CHECK(ncclAllReduce(own, own, bytes, ncclUint8, ncclSum, comm, stream));
+      return;
+    }
+    kernels::PointerTable sources{};
+    for (std::int32_t p = 0; p < cp; ++p) sources.base[p] = peers[p] + offset;
+    CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream));
+    CPKV_CUDA_CHECK(kernels::launch_sum_bytes(mem.scratch, sources, cp, bytes, stream));
+    CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream));
+    if (bytes > 0) CPKV_CUDA_CHECK(cudaMemcpyAsync(own, mem.scratch, bytes, cudaMemcpyDeviceToDevice, stream));
+  };
   sim::BatchCursor cursor(ctx.source);
   kernels::VerifyResult* verify = nullptr;
   const std::size_t verify_slots = static_cast<std::size_t>(layers) * kinds;
@@ -365,7 +392,10 @@ int cuda_rank(const RankContext& ctx) {
     for (std::int32_t l = 0; l < layers; ++l) {
       boot->layer[rank].store(l);
       const std::int32_t h = model::parity_half(l);
-      if (b.plan.zero_dense) CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense + mem.dense_offset[h][0], 0, mem.dense_offset[h][kinds - 1] + ctx.shape.slot_count_max * page_bytes(kinds - 1), stream));
+      if (b.plan.zero_dense) {
+        const std::uint64_t half_bytes = mem.dense_offset[h][kinds - 1] - mem.dense_offset[h][0] + ctx.shape.slot_count_max * page_bytes(kinds - 1);
+        CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense + mem.dense_offset[h][0], 0, half_bytes, stream));
+      }
       std::vector<kernels::PointerTable> tables(kinds);
       for (std::size_t k = 0; k < kinds; ++k) {
         if (!setting.kind_active(k, l)) continue;
@@ -402,14 +432,15 @@ int cuda_rank(const RankContext& ctx) {
         std::uint8_t* dense_k = mem.dense + mem.dense_offset[h][k];
         CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_gather2, static_cast<std::int64_t>(b.gather2.size()), stream));
         for (const model::SlotRange& range : b.plan.allreduce_ranges) {
-          std::uint8_t* ptr = dense_k + range.slot_begin * pb;
-          CPKV_NCCL_CHECK(ncclAllReduce(ptr, ptr, (range.slot_end - range.slot_begin) * pb, ncclUint8, ncclSum, comm, stream));
+          const std::uint64_t offset = mem.dense_offset[h][k] + range.slot_begin * pb;
+          all_reduce(mem.dense + offset, mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
           ++totals.collectives;
+          totals.bytes_reduced += (range.slot_end - range.slot_begin) * pb;
         }
         if (b.plan.compact_allreduce) {
-          std::uint8_t* ptr = mem.compact + mem.compact_offset[k];
-          CPKV_NCCL_CHECK(ncclAllReduce(ptr, ptr, b.plan.compact_pages * pb, ncclUint8, ncclSum, comm, stream));
+          all_reduce(mem.compact + mem.compact_offset[k], mem.peer_compact, mem.compact_offset[k], b.plan.compact_pages * pb);
           ++totals.collectives;
+          totals.bytes_reduced += b.plan.compact_pages * pb;
           CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_unpack, static_cast<std::int64_t>(b.unpack.size()), stream));
         }
         for (const auto* list : {&b.gather1, &b.gather2}) {
@@ -477,7 +508,7 @@ int cuda_rank(const RankContext& ctx) {
   }
   set_stage(boot, rank, "done");
   host_barrier(boot, rank, cp, host_phase);  // peers may still read this rank's memory until here
-  CPKV_NCCL_CHECK(ncclCommDestroy(comm));
+  if (comm != nullptr) CPKV_NCCL_CHECK(ncclCommDestroy(comm));
   return sim::kRankExitOk;
 }
 

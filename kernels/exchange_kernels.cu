@@ -111,6 +111,14 @@ __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes
   }
 }
 
+__global__ void sum_bytes_kernel(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < bytes; i += std::uint64_t{gridDim.x} * blockDim.x) {
+    std::uint32_t sum = 0;
+    for (std::int32_t p = 0; p < cp; ++p) sum += table.base[p][i];
+    dst[i] = static_cast<std::uint8_t>(sum);
+  }
+}
+
 __global__ void spin_kernel(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
@@ -150,6 +158,12 @@ cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, st
 cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status,
                            cudaStream_t stream) {
   barrier_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, phase, status);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  sum_bytes_kernel<<<blocks_for(static_cast<std::int64_t>(bytes), 256, 4096), 256, 0, stream>>>(dst, table, cp, bytes);
   return cudaGetLastError();
 }
 

@@ -79,6 +79,11 @@ cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, st
                           std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind,
                           VerifyResult* result, cudaStream_t stream);
 
+// Sum of `cp` byte buffers (table.base[0..cp-1], each `bytes` long) into `dst`, byte-wise modulo 256:
+// the all-reduce used where ranks share a GPU (NCCL refuses two ranks on one device). Exact for
+// writer-exclusive bytes, like the NCCL sum it stands in for.
+cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes, cudaStream_t stream);
+
 // Test and benchmark helpers for the barrier: spin for `cycles` on the device (a slow producer),
 // stamp `value` into `word`, and count the peers whose stamp word differs from `expected`.
 cudaError_t launch_spin(long long cycles, cudaStream_t stream);
