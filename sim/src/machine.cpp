@@ -78,6 +78,10 @@ void RankMachine::begin_batch(const model::Batch& batch, std::int64_t batch_inde
   program_.clear();
   pc_ = 0;
   program_.push_back({Op::batch_begin});
+  // step() marks the rank finished when a program ends; a new batch's program runs again, so a
+  // deadlock or crash report must not call this rank finished while it is mid-batch.
+  world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::running));
+  set_position(program_[0]);
 }
 
 std::int32_t RankMachine::staging_half(std::int32_t layer) const {
@@ -290,7 +294,11 @@ void RankMachine::step() {
   run_step(s);
   ++pc_;
   ++steps_taken_;
-  if (finished()) world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
+  if (finished()) {
+    world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
+  } else {
+    set_position(program_[pc_]);  // where the rank is now: the step it runs (or waits at) next
+  }
 }
 
 std::uint8_t* RankMachine::fill_destination(std::int32_t layer, std::size_t kind, std::int64_t) const {
