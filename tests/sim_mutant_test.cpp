@@ -1,0 +1,315 @@
+// Planted bugs (PROTOCOL.md section 9): every mutant in kAllMutants, switched on over a small
+// hand-built batch and, where interleaving matters, a schedule chosen to open the bug's window,
+// makes the run report the invariant that mutant breaks. The same setup with Mutant::none passes,
+// so each test proves that the mutant, not the setup, is what the checkers catch.
+//
+// Every scheduled run is a pure function of the batch, the options and the schedule; kSeed drives
+// content and the one random schedule used here.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cpkv/model/batch.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/model/setting.hpp"
+#include "cpkv/sim/mutant.hpp"
+#include "cpkv/sim/runner.hpp"
+
+namespace cpkv::sim {
+namespace {
+
+constexpr std::uint64_t kSeed = 1;
+constexpr std::int32_t kLiveness = 8;
+
+// A small group: cp ranks, pages of 4 tokens, kv_fp8 on every layer and indexer_k on the 'F' layer,
+// two layers (so both parity halves are used once), a pool of 64 logical pages.
+model::Setting small_setting(std::int32_t cp) {
+  model::Setting setting;
+  setting.cp = cp;
+  setting.page_size = 4;
+  setting.kinds = {*model::find_buffer_kind("kv_fp8"), *model::find_buffer_kind("indexer_k")};
+  setting.layer_pattern = "FS";
+  setting.pool_pages = 64;
+  setting.split = model::SplitPolicy::zigzag;
+  return setting;
+}
+
+model::Request fresh(std::int64_t extend_len) { return model::Request{.prefix_len = 0, .extend_len = extend_len, .prefix_pages = {}}; }
+
+model::Request cached(std::vector<std::int64_t> prefix_pages, std::int64_t extend_len) {
+  const auto prefix_len = static_cast<std::int64_t>(prefix_pages.size()) * 4;
+  return model::Request{.prefix_len = prefix_len, .extend_len = extend_len, .prefix_pages = std::move(prefix_pages)};
+}
+
+// A schedule that always picks runnable[choice % runnable]: 0 lets the lowest-numbered runnable rank
+// run ahead, cp - 1 the highest (for cp = 2).
+Schedule priority_schedule(std::uint32_t choice) {
+  Schedule schedule;
+  schedule.kind = ScheduleKind::list;
+  schedule.choices.assign(100'000, choice);
+  return schedule;
+}
+
+Schedule round_robin() {
+  Schedule schedule;
+  schedule.kind = ScheduleKind::round_robin;
+  return schedule;
+}
+
+// One mutant's counterexample: the batches, the options (mutant off), the schedule, and the
+// invariants whose report counts as catching it (kLiveness also accepts report.deadlock).
+struct MutantCase {
+  Mutant mutant = Mutant::none;
+  BatchSource source;
+  SimOptions options;
+  Schedule schedule;
+  std::vector<std::int32_t> caught_by;
+};
+
+RunReport run_case(const MutantCase& c, Mutant mutant) {
+  SimOptions options = c.options;
+  options.mutant = mutant;
+  return run_scheduled(c.source, options, c.schedule, RunLimits{});
+}
+
+bool reports_any(const RunReport& report, const std::vector<std::int32_t>& invariants) {
+  const auto wanted = [&](std::int32_t invariant) { return std::ranges::find(invariants, invariant) != invariants.end(); };
+  if (report.deadlock && wanted(kLiveness)) return true;
+  return std::ranges::any_of(report.violations, [&](const Violation& v) { return wanted(v.invariant); });
+}
+
+std::string explain(const RunReport& report) {
+  std::string out = "passed " + std::to_string(report.passed()) + ", deadlock " + std::to_string(report.deadlock);
+  if (!report.failure.empty()) out += "\n  failure: " + report.failure;
+  for (const Violation& v : report.violations) out += "\n  " + describe(v);
+  return out;
+}
+
+std::string invariants_text(const std::vector<std::int32_t>& invariants) {
+  std::string out;
+  for (std::int32_t i : invariants) out += (out.empty() ? "" : " or ") + std::to_string(i);
+  return out;
+}
+
+// The mutant, switched on, is reported as one of c.caught_by; switched off, the same run passes.
+void expect_caught(const MutantCase& c) {
+  const RunReport clean = run_case(c, Mutant::none);
+  EXPECT_TRUE(clean.passed()) << "the setup itself fails, so it proves nothing about " << to_string(c.mutant) << ":\n" << explain(clean);
+  const RunReport planted = run_case(c, c.mutant);
+  EXPECT_FALSE(planted.passed()) << to_string(c.mutant) << " went unnoticed";
+  EXPECT_TRUE(reports_any(planted, c.caught_by)) << to_string(c.mutant) << " should be reported as invariant "
+                                                 << invariants_text(c.caught_by) << ", got:\n" << explain(planted);
+}
+
+MutantCase base_case(Mutant mutant, model::Setting setting, std::vector<model::Batch> batches, Schedule schedule,
+                     std::vector<std::int32_t> caught_by) {
+  MutantCase c;
+  c.mutant = mutant;
+  c.source = BatchSource::from_batches(std::move(setting), std::move(batches));
+  c.options.variant = model::Variant::staging_direct;
+  c.options.layers = 2;
+  c.options.seed = kSeed;
+  c.schedule = std::move(schedule);
+  c.caught_by = std::move(caught_by);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The counterexamples, one per mutant.
+
+// cp 2, one request of 8 fresh tokens: each rank writes one current page on each layer. Rank 1
+// (priority to the highest runnable rank) races ahead: after its layer-0 gather it zeroes and fills
+// layer 1 into the half rank 0 has not yet read for layer 0.
+MutantCase single_half_case() {
+  return base_case(Mutant::single_half, small_setting(2), {model::Batch{{fresh(8)}}}, priority_schedule(1), {2});
+}
+
+// cp 2, the same batch; rank 0 runs ahead and, with no barrier, gathers rank 1's page before rank 1
+// has filled it (it holds the previous epoch's poison, or zeros).
+MutantCase no_barrier_case() {
+  return base_case(Mutant::no_barrier, small_setting(2), {model::Batch{{fresh(8)}}}, priority_schedule(0), {2});
+}
+
+// cp 2, the same batch; rank 1 zeroes and arrives, rank 0 (priority) fills, passes the barrier on
+// rank 1's early arrival and gathers rank 1's page while it is still only zeroed.
+MutantCase arrive_before_fill_case() {
+  return base_case(Mutant::arrive_before_fill, small_setting(2), {model::Batch{{fresh(8)}}}, priority_schedule(0), {2});
+}
+
+// cp 2, caps of 8 extend tokens and 1 request: staging_slots = 8/4 + 1 = 3. One request of 12 fresh
+// tokens has 3 current pages (fits exactly); zigzag gives rank 0 one page and rank 1 two. Judged on
+// own pages * cp, rank 0 sees 2 <= 3 (ok) and rank 1 sees 4 > 3 (overflow): the ranks disagree.
+MutantCase rank_local_overflow_case() {
+  model::Setting setting = small_setting(2);
+  setting.caps.max_total_extend_tokens = 8;
+  setting.caps.max_batch_requests = 1;
+  return base_case(Mutant::rank_local_overflow, std::move(setting), {model::Batch{{fresh(12)}}}, round_robin(), {3});
+}
+
+// cp 2, two batches of different shapes in the same dense buffer (the allocator hands the second
+// batch the first one's address): 3 current slots, then 4 slots over 2 requests (1 prefix page, 3
+// current pages).
+MutantCase address_keyed_plan_cache_case() {
+  return base_case(Mutant::address_keyed_plan_cache, small_setting(2),
+                   {model::Batch{{fresh(12)}}, model::Batch{{cached({5}, 6), fresh(3)}}}, round_robin(), {5});
+}
+
+// cp 2, one request of 6 tokens. Page-granular zigzag: 2 pages, page 0 to rank 0, page 1 to rank 1.
+// Token-granular zigzag cuts 6 tokens into 4 blocks of 2, 2, 1, 1: tokens 0-1 to rank 0 and 2-3 to
+// rank 1 straddle page 0, which gets two writers.
+MutantCase token_split_case() {
+  return base_case(Mutant::token_split, small_setting(2), {model::Batch{{fresh(6)}}}, round_robin(), {1});
+}
+
+// cp 2, one request of 6 tokens: its second page holds 2 valid rows, and the 2 rows past the end must
+// be zero. Staging starts as garbage (as fresh GPU memory would); without the zero the tail shows.
+MutantCase skip_zero_case() {
+  return base_case(Mutant::skip_zero, small_setting(2), {model::Batch{{fresh(6)}}}, round_robin(), {6});
+}
+
+// cp 2, rank 1's IPC probe fails. Under v2, the agreed path is v2_fallback on both ranks; unagreed,
+// rank 0 runs v2 (one compact all-reduce) while rank 1 runs the fallback (one whole-buffer
+// all-reduce): the collectives no longer match.
+MutantCase unagreed_capability_case() {
+  MutantCase c = base_case(Mutant::unagreed_capability, small_setting(2), {model::Batch{{cached({5, 2}, 6), fresh(9)}}},
+                           round_robin(), {7, kLiveness});
+  c.options.variant = model::Variant::v2;
+  c.options.ipc_missing_rank = 1;
+  return c;
+}
+
+// cp 2, each rank writes one page, two layers. Round-robin: both arrive (count 2), the first leaver
+// resets the count, and its peer, not yet through, now waits for a count that never returns.
+MutantCase barrier_reset_race_case() {
+  return base_case(Mutant::barrier_reset_race, small_setting(2), {model::Batch{{fresh(8)}}}, round_robin(), {4, kLiveness});
+}
+
+// cp 4, one request of one page: only rank 0 writes a current page, ranks 1-3 skip the barrier, and
+// rank 0 waits for arrivals that never come (or an idle rank reads rank 0's page before its fill).
+MutantCase skip_idle_barrier_case() {
+  return base_case(Mutant::skip_idle_barrier, small_setting(4), {model::Batch{{fresh(3)}}}, round_robin(), {2, 4, kLiveness});
+}
+
+MutantCase case_for(Mutant mutant) {
+  switch (mutant) {
+    case Mutant::single_half: return single_half_case();
+    case Mutant::no_barrier: return no_barrier_case();
+    case Mutant::arrive_before_fill: return arrive_before_fill_case();
+    case Mutant::rank_local_overflow: return rank_local_overflow_case();
+    case Mutant::address_keyed_plan_cache: return address_keyed_plan_cache_case();
+    case Mutant::token_split: return token_split_case();
+    case Mutant::skip_zero: return skip_zero_case();
+    case Mutant::unagreed_capability: return unagreed_capability_case();
+    case Mutant::barrier_reset_race: return barrier_reset_race_case();
+    case Mutant::skip_idle_barrier: return skip_idle_barrier_case();
+    case Mutant::none: break;
+  }
+  ADD_FAILURE() << "no counterexample for mutant " << to_string(mutant);
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// The suite's promise is that every planted bug is caught; a mutant added to kAllMutants without a
+// counterexample here would lower the share caught without anyone noticing.
+TEST(SimMutant, EveryPlantedBugHasACounterexampleThatIsCaught) {
+  std::int32_t caught = 0;
+  for (Mutant mutant : kAllMutants) {
+    const MutantCase c = case_for(mutant);
+    ASSERT_EQ(c.mutant, mutant);
+    const RunReport planted = run_case(c, mutant);
+    if (reports_any(planted, c.caught_by)) ++caught;
+    else ADD_FAILURE() << to_string(mutant) << " not caught:\n" << explain(planted);
+  }
+  EXPECT_EQ(caught, static_cast<std::int32_t>(kAllMutants.size()));
+}
+
+// Section 6: with one half, a rank's layer l+1 zero/fill can overwrite slots a slow peer is still
+// gathering for layer l. Invariant 2.
+TEST(SimMutant, SingleHalfIsCaughtAsParityHalfReuse) { expect_caught(single_half_case()); }
+
+// Without the counting barrier a reader gathers a peer's page before the peer filled it for this
+// layer: it reads another layer's (or no layer's) bytes. Invariant 2 (the read sees a wrong stamp).
+TEST(SimMutant, NoBarrierIsCaughtAsAReadOfAnUnfilledPage) { expect_caught(no_barrier_case()); }
+
+// Arriving before the fill tells peers "my page is ready" while it is only zeroed; a peer that
+// passes the barrier then gathers zeros. Invariant 2.
+TEST(SimMutant, ArriveBeforeFillIsCaughtAsAReadOfAnUnfilledPage) { expect_caught(arrive_before_fill_case()); }
+
+// Section 4: the overflow verdict must use batch-logical values only. Judged on a rank's own pages
+// the ranks disagree: one raises while its peers enter the layer and wait at a barrier for it
+// forever. Invariant 3.
+TEST(SimMutant, RankLocalOverflowIsCaughtAsDisagreeingVerdicts) { expect_caught(rank_local_overflow_case()); }
+
+// Section 5: the allocator hands the same dense address to the next batch, so a plan cache keyed on
+// the address serves the first batch's descriptors to the second. Invariant 5.
+TEST(SimMutant, AddressKeyedPlanCacheIsCaughtServingAStalePlan) { expect_caught(address_keyed_plan_cache_case()); }
+
+// Section 2: a token-granular split gives a page two writers, each writing only its rows into its
+// own staging copy; readers take the page from one writer and miss the other's rows. Invariant 1.
+TEST(SimMutant, TokenSplitIsCaughtAsAPageWithTwoWriters) { expect_caught(token_split_case()); }
+
+// Section 5 step 1: partial pages keep zero tails only because the writer zeroes its slots first;
+// skipped, the rows past the end carry stale staging bytes into the dense buffer. Invariant 6.
+TEST(SimMutant, SkipZeroIsCaughtAsStaleBytesInAPartialPage) { expect_caught(skip_zero_case()); }
+
+// Section 7: a rank that falls back alone issues collectives its peers do not, so the group's
+// collectives are mismatched (or the group deadlocks). Invariant 7 (or 8).
+TEST(SimMutant, UnagreedCapabilityIsCaughtAsMismatchedCollectives) { expect_caught(unagreed_capability_case()); }
+
+// The same mutant under staging_direct: rank 0 waits at the IPC barrier, rank 1 at the fallback's
+// all-reduce, and neither ever arrives where the other waits. Invariant 8 (a reported deadlock).
+TEST(SimMutant, UnagreedCapabilityUnderStagingDirectIsCaughtAsADeadlock) {
+  MutantCase c = unagreed_capability_case();
+  c.options.variant = model::Variant::staging_direct;
+  c.caught_by = {kLiveness};
+  expect_caught(c);
+  EXPECT_TRUE(run_case(c, c.mutant).deadlock);
+}
+
+// Section 5 step 3: the barrier must be reusable without reset. A shared count reset by the first
+// leaver strands a peer that has not yet seen the full count. Invariant 4 or 8.
+TEST(SimMutant, BarrierResetRaceIsCaughtAsAStrandedWaiter) {
+  expect_caught(barrier_reset_race_case());
+  EXPECT_TRUE(run_case(barrier_reset_race_case(), Mutant::barrier_reset_race).deadlock);
+}
+
+// Section 4: every rank takes part in every barrier, even with nothing to exchange; a counting
+// barrier missing one arrival never opens (or shifts every later phase). Invariant 4 or 8.
+TEST(SimMutant, SkipIdleBarrierIsCaughtAsAMissingArrival) {
+  expect_caught(skip_idle_barrier_case());
+  EXPECT_TRUE(run_case(skip_idle_barrier_case(), Mutant::skip_idle_barrier).deadlock);
+}
+
+// The interleaving-dependent mutants are not artefacts of one hand-picked schedule: a few seeds of
+// the random schedule catch them too.
+TEST(SimMutant, InterleavingBugsAreCaughtUnderRandomSchedules) {
+  for (Mutant mutant : {Mutant::single_half, Mutant::no_barrier, Mutant::arrive_before_fill}) {
+    MutantCase c = case_for(mutant);
+    c.schedule.kind = ScheduleKind::random;
+    c.schedule.choices.clear();
+    std::int32_t caught = 0;
+    constexpr std::int32_t kSchedules = 8;
+    for (std::int32_t k = 0; k < kSchedules; ++k) {
+      c.schedule.seed = kSeed + k;
+      const RunReport clean = run_case(c, Mutant::none);
+      EXPECT_TRUE(clean.passed()) << "seed " << c.schedule.seed << ":\n" << explain(clean);
+      if (reports_any(run_case(c, mutant), c.caught_by)) ++caught;
+    }
+    EXPECT_GT(caught, 0) << to_string(mutant) << " escaped all " << kSchedules << " random schedules";
+  }
+}
+
+// A mutant must never be on by accident: the defaults are off, and parsing knows every name.
+TEST(SimMutant, MutantsAreOffByDefaultAndEveryNameParses) {
+  EXPECT_EQ(SimOptions{}.mutant, Mutant::none);
+  EXPECT_EQ(parse_mutant("none"), Mutant::none);
+  for (Mutant mutant : kAllMutants) EXPECT_EQ(parse_mutant(to_string(mutant)), mutant);
+  EXPECT_EQ(parse_mutant("no_such_mutant"), std::nullopt);
+}
+
+}  // namespace
+}  // namespace cpkv::sim
