@@ -25,5 +25,7 @@ void register_replay(CLI::App& app);
 void register_mutants(CLI::App& app);
 void register_explore(CLI::App& app);
 void register_soak(CLI::App& app);
+void register_import(CLI::App& app);
+void register_bench(CLI::App& app);  // only in builds with the CUDA backend
 
 }  // namespace cpkv::cli

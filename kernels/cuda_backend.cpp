@@ -37,7 +37,21 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kRanksMax = 8;
+constexpr int kBenchBatchesMax = kBenchBatchesLimit;
 constexpr std::int64_t kHostWaitMsMax = 120000;  // setup and batch-boundary waits (first NCCL init is slow)
+
+// What one rank measured in benchmark mode.
+struct BenchRank {
+  double layer_us_median[kBenchBatchesMax];
+  double layer_us_min[kBenchBatchesMax];
+  double layer_us_max[kBenchBatchesMax];
+  double isolated_us_median[kBenchBatchesMax];
+  double ce_peer_gbps;
+  double local_copy_gbps;
+  double barrier_us;
+  double gather_gbps[2][4];
+  std::int64_t host_syncs_in_layer_loop;
+};
 
 // The bootstrap segment: what the ranks exchange once (IPC handles, the NCCL id, the capability
 // probe) and what they report back (totals, violations, positions).
@@ -57,6 +71,8 @@ struct Bootstrap {
   std::atomic<std::int64_t> batch[kRanksMax];
   std::atomic<std::int32_t> layer[kRanksMax];
   char stage[kRanksMax][64];
+  cudaIpcMemHandle_t bench[kRanksMax];
+  BenchRank bench_results[kRanksMax];
   // barrier_stress results
   std::atomic<std::uint64_t> phase_errors[kRanksMax];
   std::atomic<std::uint64_t> timeouts[kRanksMax];
@@ -206,6 +222,63 @@ struct RankContext {
   std::int32_t gpus;
 };
 
+// Ceilings, every rank at once: copy-engine pull from the next rank, local copy, back-to-back
+// barriers, and the gather kernel pulling pages from the next rank.
+void measure_ceilings(const RankContext& ctx, RankMemory& mem, cudaStream_t stream, std::uint8_t* own, std::uint64_t& host_phase,
+                      std::uint64_t& barrier_phase, BenchRank& out) {
+  Bootstrap* boot = ctx.boot;
+  const std::int32_t cp = ctx.source.setting.cp;
+  const std::int32_t rank = ctx.rank;
+  const std::uint64_t half = kBenchBufferBytes / 2;
+  std::uint8_t* peer = own;
+  if (cp > 1) {
+    void* ptr = nullptr;
+    CPKV_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, boot->bench[(rank + 1) % cp], cudaIpcMemLazyEnablePeerAccess));
+    peer = static_cast<std::uint8_t*>(ptr);
+  }
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  CPKV_CUDA_CHECK(cudaEventCreate(&start));
+  CPKV_CUDA_CHECK(cudaEventCreate(&stop));
+  const auto timed = [&](const auto& body, int reps) {
+    body();  // warm-up
+    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    host_barrier(boot, rank, cp, host_phase);
+    CPKV_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < reps; ++i) body();
+    CPKV_CUDA_CHECK(cudaEventRecord(stop, stream));
+    CPKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CPKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return static_cast<double>(ms) / reps;  // ms per body
+  };
+  const double pull_ms = timed([&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, peer, half, cudaMemcpyDeviceToDevice, stream)); }, 5);
+  out.ce_peer_gbps = half / (pull_ms * 1e6);
+  const double local_ms = timed([&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, own, half, cudaMemcpyDeviceToDevice, stream)); }, 5);
+  out.local_copy_gbps = half / (local_ms * 1e6);
+  const double barrier_ms = timed([&] { CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream)); }, 1000);
+  out.barrier_us = 1000.0 * barrier_ms;
+  const std::uint64_t page_sizes[2] = {656ULL * 64, 132ULL * 64};
+  const std::int64_t counts[4] = {64, 256, 1024, 4096};
+  std::vector<void*> owned;
+  for (int ps = 0; ps < 2; ++ps) {
+    for (int c = 0; c < 4; ++c) {
+      std::vector<kernels::GatherEntry> entries;
+      // Scattered sources, as a pool leaves them: a stride walk over the source half.
+      const std::int64_t source_pages = static_cast<std::int64_t>(half / page_sizes[ps]);
+      for (std::int64_t i = 0; i < counts[c]; ++i) entries.push_back({i, (i * 7919) % source_pages, 0, 0});
+      const kernels::GatherEntry* d_entries = upload(entries, owned, stream);
+      kernels::PointerTable table{};
+      table.base[0] = peer;
+      const double ms = timed([&] { CPKV_CUDA_CHECK(kernels::launch_gather(own + half, page_sizes[ps], table, d_entries, counts[c], stream)); }, 10);
+      out.gather_gbps[ps][c] = counts[c] * page_sizes[ps] / (ms * 1e6);
+    }
+  }
+  CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (void* p : owned) CPKV_CUDA_CHECK(cudaFree(p));
+  host_barrier(boot, rank, cp, host_phase);
+}
+
 int cuda_rank(const RankContext& ctx) {
   const model::Setting& setting = ctx.source.setting;
   const std::int32_t cp = setting.cp;
@@ -262,6 +335,12 @@ int cuda_rank(const RankContext& ctx) {
   std::uint64_t page_bytes_max = 0;
   for (std::size_t k = 0; k < kinds; ++k) page_bytes_max = std::max(page_bytes_max, page_bytes(k));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, std::max<std::uint64_t>(256, std::max(ctx.shape.slot_count_max, ctx.shape.current_pages_max) * page_bytes_max)));
+  std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
+  if (ctx.cuda.measure_ceilings) {
+    CPKV_CUDA_CHECK(cudaMalloc(&bench_buffer, kBenchBufferBytes));
+    CPKV_CUDA_CHECK(cudaMemset(bench_buffer, 1, kBenchBufferBytes));
+    CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->bench[rank], bench_buffer));
+  }
   CPKV_CUDA_CHECK(cudaDeviceSynchronize());
   host_barrier(boot, rank, cp, host_phase);
 
@@ -342,6 +421,48 @@ int cuda_rank(const RankContext& ctx) {
     CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream));
     if (bytes > 0) CPKV_CUDA_CHECK(cudaMemcpyAsync(own, mem.scratch, bytes, cudaMemcpyDeviceToDevice, stream));
   };
+  BenchRank& bench = boot->bench_results[rank];
+  // Every host-device synchronization of the batch path goes through here and is counted, so the
+  // benchmark reports how many fall inside the layer loop (the seeds found 642 per forward).
+  std::int64_t host_syncs = 0;
+  const auto sync_stream = [&] {
+    ++host_syncs;
+    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  if (ctx.cuda.measure_ceilings) measure_ceilings(ctx, mem, stream, bench_buffer, host_phase, barrier_phase, bench);
+  // Times `reps` layers (after `warmup`) of the batch just run, CUDA events around each layer.
+  const auto time_batch = [&](std::int64_t batch_index, const auto& run_layer, const auto& run_isolated) {
+    if (batch_index >= kBenchBatchesMax) return;
+    const std::int32_t warmup = 3;
+    const std::int32_t total = warmup + ctx.cuda.timing_reps;
+    const auto time_loop = [&](const auto& body) {
+      std::vector<cudaEvent_t> events(2 * total);
+      for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventCreate(&e));
+      CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      host_barrier(boot, rank, cp, host_phase);
+      for (std::int32_t i = 0; i < total; ++i) {
+        CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
+        body(i % layers);
+        CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
+      }
+      CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<double> us;
+      for (std::int32_t i = warmup; i < total; ++i) {
+        float ms = 0;
+        CPKV_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
+        us.push_back(1000.0 * ms);
+      }
+      for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventDestroy(e));
+      std::sort(us.begin(), us.end());
+      return us;
+    };
+    const std::vector<double> layer = time_loop([&](std::int32_t l) { run_layer(l, false); });
+    bench.layer_us_median[batch_index] = layer[layer.size() / 2];
+    bench.layer_us_min[batch_index] = layer.front();
+    bench.layer_us_max[batch_index] = layer.back();
+    const std::vector<double> isolated = time_loop([&](std::int32_t l) { run_isolated(l); });
+    bench.isolated_us_median[batch_index] = isolated[isolated.size() / 2];
+  };
   sim::BatchCursor cursor(ctx.source);
   kernels::VerifyResult* verify = nullptr;
   const std::size_t verify_slots = static_cast<std::size_t>(layers) * kinds;
@@ -384,13 +505,13 @@ int cuda_rank(const RankContext& ctx) {
       }
     }
     CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense, 0x5A, dense_bytes, stream));
-    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    sync_stream();
     host_barrier(boot, rank, cp, host_phase);  // every pool is populated before anyone gathers
 
     const bool symm = variant == model::Variant::symm_dense;
     std::uint64_t peer_bytes = 0;
-    for (std::int32_t l = 0; l < layers; ++l) {
-      boot->layer[rank].store(l);
+    // One layer of the exchange, as the plan says; no host synchronization inside.
+    const auto run_layer = [&](std::int32_t l, bool check) {
       const std::int32_t h = model::parity_half(l);
       if (b.plan.zero_dense) {
         const std::uint64_t half_bytes = mem.dense_offset[h][kinds - 1] - mem.dense_offset[h][0] + ctx.shape.slot_count_max * page_bytes(kinds - 1);
@@ -423,7 +544,7 @@ int cuda_rank(const RankContext& ctx) {
       }
       if (b.plan.barrier) {
         ++barrier_phase;
-        ++totals.barriers;
+        if (check) ++totals.barriers;
         CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, barrier_phase, mem.barrier_status, stream));
       }
       for (std::size_t k = 0; k < kinds; ++k) {
@@ -434,29 +555,61 @@ int cuda_rank(const RankContext& ctx) {
         for (const model::SlotRange& range : b.plan.allreduce_ranges) {
           const std::uint64_t offset = mem.dense_offset[h][k] + range.slot_begin * pb;
           all_reduce(mem.dense + offset, mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
-          ++totals.collectives;
-          totals.bytes_reduced += (range.slot_end - range.slot_begin) * pb;
+          if (check) ++totals.collectives;
+          if (check) totals.bytes_reduced += (range.slot_end - range.slot_begin) * pb;
         }
         if (b.plan.compact_allreduce) {
           all_reduce(mem.compact + mem.compact_offset[k], mem.peer_compact, mem.compact_offset[k], b.plan.compact_pages * pb);
-          ++totals.collectives;
-          totals.bytes_reduced += b.plan.compact_pages * pb;
+          if (check) ++totals.collectives;
+          if (check) totals.bytes_reduced += b.plan.compact_pages * pb;
           CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_unpack, static_cast<std::int64_t>(b.unpack.size()), stream));
         }
-        for (const auto* list : {&b.gather1, &b.gather2}) {
+        for (const auto* list : check ? std::initializer_list<const std::vector<kernels::GatherEntry>*>{&b.gather1, &b.gather2}
+                                      : std::initializer_list<const std::vector<kernels::GatherEntry>*>{}) {
           for (const kernels::GatherEntry& e : *list) {
             if (e.table_index >= 0 && e.table_index % cp != rank) peer_bytes += pb;
           }
         }
-        if (ctx.cuda.verify) {
+        if (check && ctx.cuda.verify) {
           CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, d_slots, b.layout.slot_count, ctx.options.seed,
                                                  static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), verify + l * kinds + k, stream));
         }
       }
+    };
+    const std::int64_t syncs_before = host_syncs;
+    for (std::int32_t l = 0; l < layers; ++l) {
+      boot->layer[rank].store(l);
+      run_layer(l, true);
       ++totals.layers;
     }
+    bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (host_syncs - syncs_before) / layers);
+    // The isolated current-page exchange: barrier + gather of the current pages (staging_direct,
+    // staging_publish, symm_dense), or the compact all-reduce of the same pages (v2); nothing else.
+    std::vector<kernels::GatherEntry> current_only;
+    for (const kernels::GatherEntry& e : b.gather2) {
+      if (e.table_index >= cp) current_only.push_back(e);
+    }
+    const kernels::GatherEntry* d_current_only = upload(current_only, owned, stream);
+    const auto run_isolated = [&](std::int32_t l) {
+      const std::int32_t h = model::parity_half(l);
+      if (b.plan.barrier) CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream));
+      for (std::size_t k = 0; k < kinds; ++k) {
+        if (!setting.kind_active(k, l)) continue;
+        const std::uint64_t pb = page_bytes(k);
+        kernels::PointerTable t{};
+        for (std::int32_t p = 0; p < cp; ++p) {
+          t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
+                                : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
+        }
+        if (b.plan.barrier) {
+          CPKV_CUDA_CHECK(kernels::launch_gather(mem.dense + mem.dense_offset[h][k], pb, t, d_current_only, static_cast<std::int64_t>(current_only.size()), stream));
+        }
+        if (b.plan.compact_allreduce) all_reduce(mem.compact + mem.compact_offset[k], mem.peer_compact, mem.compact_offset[k], b.plan.compact_pages * pb);
+      }
+    };
+    if (ctx.cuda.timing_reps > 0) time_batch(batch_index, run_layer, run_isolated);
     // One synchronization per batch, after the layer loop: results, barrier status.
-    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    sync_stream();
     totals.bytes_gathered_from_peers += peer_bytes;
     kernels::BarrierStatus status{};
     CPKV_CUDA_CHECK(cudaMemcpy(&status, mem.barrier_status, sizeof(status), cudaMemcpyDeviceToHost));
@@ -512,65 +665,101 @@ int cuda_rank(const RankContext& ctx) {
   return sim::kRankExitOk;
 }
 
+sim::RunReport run_group(const sim::BatchSource& source, const sim::SimOptions& options, const CudaOptions& cuda, BenchResult* bench) {
+  sim::RunReport report;
+  report.variant = options.variant;
+  report.mode = "cuda";
+  const std::int32_t cp = source.setting.cp;
+  if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the {} ranks of one node", cp, kRanksMax));
+  const int gpus = gpu_count();
+  if (gpus == 0) {
+    report.failure = "no CUDA device";
+    return report;
+  }
+  const sim::SourceShape shape = sim::measure(source);
+  report.batches = shape.batches;
+  sim::SharedRegion region = sim::SharedRegion::create(sizeof(Bootstrap));
+  auto* boot = new (region.base()) Bootstrap();
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  std::fflush(nullptr);
+  std::vector<int> pids(cp, -1);
+  for (std::int32_t r = 0; r < cp; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
+    if (pid == 0) {
+      int code = sim::kRankExitError;
+      try {
+        code = cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "cpkv: cuda rank %d: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(code);
+    }
+    pids[r] = pid;
+  }
+  const sim::ReapResult reaped = sim::reap_ranks(pids, cuda.run_ms_max, [&] { return positions(boot, cp); });
+  report.failure = reaped.failure;
+  report.deadlock = reaped.deadlock;
+  for (std::int32_t r = 0; r < cp; ++r) {
+    report.ranks.push_back(boot->totals[r]);
+    report.steps += boot->totals[r].layers;
+  }
+  report.violation_count = boot->violation_count.load();
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(report.violation_count, sim::World::kViolationsMax); ++i) report.violations.push_back(boot->violations[i]);
+  for (std::int32_t r = 1; r < cp && report.failure.empty(); ++r) {
+    if (boot->path[r].load() != boot->path[0].load()) {
+      sim::Violation v;
+      v.invariant = 7;
+      v.rank = r;
+      std::snprintf(v.detail, sizeof(v.detail), "rank %d took path %d, rank 0 path %d", r, boot->path[r].load(), boot->path[0].load());
+      report.violations.push_back(v);
+      ++report.violation_count;
+    }
+  }
+  if (bench != nullptr) {
+    const std::int64_t batches = std::min<std::int64_t>(shape.batches, kBenchBatchesMax);
+    for (std::int64_t b = 0; b < batches; ++b) {
+      double median = 0, low = 1e30, high = 0, isolated = 0;
+      for (std::int32_t r = 0; r < cp; ++r) {
+        const BenchRank& br = boot->bench_results[r];
+        median = std::max(median, br.layer_us_median[b]);
+        low = std::min(low, br.layer_us_min[b]);
+        high = std::max(high, br.layer_us_max[b]);
+        isolated = std::max(isolated, br.isolated_us_median[b]);
+      }
+      bench->layer_us_median.push_back(median);
+      bench->layer_us_min.push_back(low);
+      bench->layer_us_max.push_back(high);
+      bench->isolated_us_median.push_back(isolated);
+    }
+    Ceilings& c = bench->ceilings;
+    c.ce_peer_gbps = 1e30;
+    c.local_copy_gbps = 1e30;
+    const std::uint64_t page_sizes[2] = {656ULL * 64, 132ULL * 64};
+    const std::int64_t counts[4] = {64, 256, 1024, 4096};
+    for (int ps = 0; ps < 2; ++ps) {
+      for (int k = 0; k < 4; ++k) c.gather.push_back({page_sizes[ps], counts[k], 1e30});
+    }
+    for (std::int32_t r = 0; r < cp; ++r) {
+      const BenchRank& br = boot->bench_results[r];
+      c.ce_peer_gbps = std::min(c.ce_peer_gbps, br.ce_peer_gbps);
+      c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
+      c.barrier_us = std::max(c.barrier_us, br.barrier_us);
+      for (int ps = 0; ps < 2; ++ps) {
+        for (int k = 0; k < 4; ++k) c.gather[ps * 4 + k].gbps = std::min(c.gather[ps * 4 + k].gbps, br.gather_gbps[ps][k]);
+      }
+      bench->host_syncs_in_layer_loop = std::max(bench->host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);
+    }
+  }
+  return report;
+}
+
 class CudaBackend final : public sim::Backend {
  public:
   explicit CudaBackend(CudaOptions options) : options_(options) {}
   std::string name() const override { return "cuda"; }
-
-  sim::RunReport run(const sim::BatchSource& source, const sim::SimOptions& options) override {
-    sim::RunReport report;
-    report.variant = options.variant;
-    report.mode = "cuda";
-    const std::int32_t cp = source.setting.cp;
-    if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the {} ranks of one node", cp, kRanksMax));
-    const int gpus = gpu_count();
-    if (gpus == 0) {
-      report.failure = "no CUDA device";
-      return report;
-    }
-    const sim::SourceShape shape = sim::measure(source);
-    report.batches = shape.batches;
-    sim::SharedRegion region = sim::SharedRegion::create(sizeof(Bootstrap));
-    auto* boot = new (region.base()) Bootstrap();
-    ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-    std::fflush(nullptr);
-    std::vector<int> pids(cp, -1);
-    for (std::int32_t r = 0; r < cp; ++r) {
-      const pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
-      if (pid == 0) {
-        int code = sim::kRankExitError;
-        try {
-          code = cuda_rank(RankContext{boot, source, options, options_, shape, r, gpus});
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "cpkv: cuda rank %d: %s\n", r, e.what());
-        }
-        std::fflush(nullptr);
-        ::_exit(code);
-      }
-      pids[r] = pid;
-    }
-    const sim::ReapResult reaped = sim::reap_ranks(pids, options_.run_ms_max, [&] { return positions(boot, cp); });
-    report.failure = reaped.failure;
-    report.deadlock = reaped.deadlock;
-    for (std::int32_t r = 0; r < cp; ++r) {
-      report.ranks.push_back(boot->totals[r]);
-      report.steps += boot->totals[r].layers;
-    }
-    report.violation_count = boot->violation_count.load();
-    for (std::int64_t i = 0; i < std::min<std::int64_t>(report.violation_count, sim::World::kViolationsMax); ++i) report.violations.push_back(boot->violations[i]);
-    for (std::int32_t r = 1; r < cp && report.failure.empty(); ++r) {
-      if (boot->path[r].load() != boot->path[0].load()) {
-        sim::Violation v;
-        v.invariant = 7;
-        v.rank = r;
-        std::snprintf(v.detail, sizeof(v.detail), "rank %d took path %d, rank 0 path %d", r, boot->path[r].load(), boot->path[0].load());
-        report.violations.push_back(v);
-        ++report.violation_count;
-      }
-    }
-    return report;
-  }
+  sim::RunReport run(const sim::BatchSource& source, const sim::SimOptions& options) override { return run_group(source, options, options_, nullptr); }
 
  private:
   CudaOptions options_;
@@ -593,6 +782,12 @@ int gpu_count() {
 }
 
 std::unique_ptr<sim::Backend> make_cuda_backend(CudaOptions options) { return std::make_unique<CudaBackend>(options); }
+
+BenchResult run_bench(const sim::BatchSource& source, const sim::SimOptions& options, const CudaOptions& cuda) {
+  BenchResult result;
+  result.report = run_group(source, options, cuda, &result);
+  return result;
+}
 
 namespace {
 

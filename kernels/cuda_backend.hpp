@@ -13,12 +13,42 @@
 
 namespace cpkv::cuda {
 
+inline constexpr int kBenchBatchesLimit = 16;        // batches a benchmark run reports
+inline constexpr std::uint64_t kBenchBufferBytes = 512ULL << 20;  // ceilings: 256 MiB source + 256 MiB landing
+
 struct CudaOptions {
   bool verify = true;                 // recompute and compare every dense byte after every layer
   std::int64_t run_ms_max = 600000;   // the whole run, from the launcher
-  // Benchmark mode (bench issue): time each layer's exchange; 0 = functional run only.
+  // Benchmark mode: time `timing_reps` layers of every batch (after a warm-up); 0 = functional only.
   std::int32_t timing_reps = 0;
+  bool measure_ceilings = false;      // copy-engine peer pull, local copy, barrier, gather sweeps
 };
+
+// Ceilings measured in the same run (all ranks at once), worst rank.
+struct Ceilings {
+  double ce_peer_gbps = 0;       // cudaMemcpyAsync from a peer's IPC buffer, every rank pulling at once
+  double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
+  double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
+  struct Gather {
+    std::uint64_t page_bytes;
+    std::int64_t pages;
+    double gbps;                 // slot-dense gather kernel pulling from the peer, every rank at once
+  };
+  std::vector<Gather> gather;
+};
+
+struct BenchResult {
+  sim::RunReport report;
+  std::vector<double> layer_us_median;     // per batch: max over ranks of each rank's median
+  std::vector<double> layer_us_min;
+  std::vector<double> layer_us_max;
+  std::vector<double> isolated_us_median;  // per batch: the isolated current-page exchange
+  Ceilings ceilings;
+  std::int64_t host_syncs_in_layer_loop = 0;
+};
+
+// A functional run that also times every batch (and measures the ceilings if asked).
+BenchResult run_bench(const sim::BatchSource& source, const sim::SimOptions& options, const CudaOptions& cuda);
 
 // GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
 // 0 where there is no driver or no device.

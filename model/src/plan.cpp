@@ -135,6 +135,10 @@ VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_
 
 PageInverse page_inverse(const BatchLayout& layout, const Batch& batch, std::int32_t rank, InverseTarget target) {
   PageInverse inverse;
+  std::size_t rows = 0;
+  for (const CurrentPage& page : layout.current) rows += page.writer == rank ? static_cast<std::size_t>(page.rows_valid) : 0;
+  inverse.tokens.reserve(rows);
+  inverse.dest_row.reserve(rows);
   for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
     const CurrentPage& page = layout.current[i];
     if (page.writer != rank) continue;

@@ -1,0 +1,177 @@
+// cpkv bench: every exchange variant side by side on the GPUs, against the ceilings measured in the
+// same run (copy-engine peer pull, local copy, barrier), with the model's bytes.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/sim/runner.hpp"
+#include "cuda_backend.hpp"
+
+namespace cpkv::cli {
+namespace {
+
+struct BenchOptions {
+  std::string trace_path;
+  std::string backend = "cuda";
+  std::string variant = "all";
+  std::int32_t layers = 4;
+  std::int32_t reps = 50;
+  std::optional<std::int32_t> cp;
+  std::optional<std::string> json_path;
+  std::optional<std::string> markdown_path;
+};
+
+// Bytes one rank moves for one layer of `layer` (all active kinds), max over ranks.
+struct ModelBytes {
+  std::uint64_t peer = 0;   // gathered from peers
+  std::uint64_t local = 0;  // gathered from itself, local copies
+  std::uint64_t allreduce = 0;
+};
+ModelBytes model_bytes(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t layer) {
+  const model::BatchLayout layout = model::layout_batch(setting, batch);
+  ModelBytes out;
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+    const model::LayerBytes b = model::layer_bytes(setting, model::variant_plan(layout, variant, rank), layer);
+    const std::uint64_t gather_peer = b.pulled_from_peers();
+    out.peer = std::max(out.peer, gather_peer);
+    out.local = std::max(out.local, b.pulled_from[rank] + b.local_copy_bytes);
+    out.allreduce = std::max(out.allreduce, b.allreduce_bytes);
+  }
+  return out;
+}
+
+void run_bench(const BenchOptions& o) {
+  if (o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}': benchmarks run on cuda only", o.backend));
+  std::vector<model::Variant> variants;
+  if (o.variant == "all") {
+    variants.assign(model::kAllVariants.begin(), model::kAllVariants.end());
+  } else if (auto v = model::parse_variant(o.variant)) {
+    variants.push_back(*v);
+  } else {
+    throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
+  }
+  sim::BatchSource source = sim::BatchSource::from_trace(o.trace_path);
+  if (o.cp) {
+    if (*o.cp < 1 || *o.cp > 8) throw OptionError(fmt::format("--cp: {} is outside 1..8", *o.cp));
+    source.setting.cp = *o.cp;
+  }
+  const std::int32_t gpus = cuda::gpu_count();
+  if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+  if (gpus < source.setting.cp) {
+    throw OptionError(fmt::format("--cp: {} ranks on {} GPUs would time-slice; benchmarks need one GPU per rank", source.setting.cp, gpus));
+  }
+  const std::int32_t layers = std::min(o.layers, source.setting.layer_count());
+  // The batches, for the model's bytes (benchmark traces are small: a handful of batches).
+  std::vector<model::Batch> batches;
+  {
+    sim::BatchCursor cursor(source);
+    while (auto b = cursor.next()) batches.push_back(*b);
+  }
+  fmt::print("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)\n", o.trace_path, source.setting.cp, gpus,
+             batches.size(), layers, o.reps, source.setting.layer_count());
+  std::fflush(stdout);
+
+  nlohmann::json out;
+  out["trace"] = o.trace_path;
+  out["cp"] = source.setting.cp;
+  out["layers_timed"] = layers;
+  out["layers_model"] = source.setting.layer_count();
+  out["reps"] = o.reps;
+  nlohmann::json rows = nlohmann::json::array();
+  cuda::Ceilings ceilings;
+  bool first = true;
+  bool all_exact = true;
+  for (model::Variant variant : variants) {
+    sim::SimOptions options;
+    options.variant = variant;
+    options.layers = layers;
+    cuda::CudaOptions cuda_options;
+    cuda_options.timing_reps = o.reps;
+    cuda_options.measure_ceilings = first;
+    const cuda::BenchResult result = cuda::run_bench(source, options, cuda_options);
+    if (!result.report.passed()) {
+      all_exact = false;
+      fmt::print("{}: FAILED: {} {}\n", model::to_string(variant), result.report.failure,
+                 result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch);
+    }
+    if (first) {
+      ceilings = result.ceilings;
+      first = false;
+    }
+    for (std::size_t b = 0; b < result.layer_us_median.size() && b < batches.size(); ++b) {
+      const ModelBytes bytes = model_bytes(source.setting, batches[b], variant, 0);
+      const ModelBytes ideal_bytes = model_bytes(source.setting, batches[b], model::Variant::staging_direct, 0);
+      const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
+      const double us = result.layer_us_median[b];
+      rows.push_back({{"batch", b},
+                      {"variant", model::to_string(variant)},
+                      {"byte_exact", result.report.passed()},
+                      {"us_per_layer_median", us},
+                      {"us_per_layer_min", result.layer_us_min[b]},
+                      {"us_per_layer_max", result.layer_us_max[b]},
+                      {"ms_per_batch", us * source.setting.layer_count() / 1000.0},
+                      {"isolated_current_us", result.isolated_us_median[b]},
+                      {"peer_bytes_per_rank_layer", bytes.peer},
+                      {"local_bytes_per_rank_layer", bytes.local},
+                      {"allreduce_bytes_per_layer", bytes.allreduce},
+                      {"achieved_peer_gbps", bytes.peer / (us * 1e3)},
+                      {"ideal_us_per_layer", ideal_us},
+                      {"ratio_to_ideal", us / ideal_us},
+                      {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
+    }
+  }
+  nlohmann::json gathers = nlohmann::json::array();
+  for (const auto& g : ceilings.gather) gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}});
+  out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps}, {"local_copy_gbps", ceilings.local_copy_gbps}, {"barrier_us", ceilings.barrier_us}, {"gather", gathers}};
+  // The shape `cpkv replay --backend model --ceilings FILE` reads.
+  out["peer_gbps"] = ceilings.ce_peer_gbps;
+  out["local_gbps"] = ceilings.local_copy_gbps;
+  out["barrier_us"] = ceilings.barrier_us;
+  out["rows"] = rows;
+
+  std::string md = fmt::format("| batch | variant | us/layer (median) | min | max | ms/batch ({} layers) | isolated current us | peer MB/rank/layer | GB/s | x ideal | exact |\n",
+                               source.setting.layer_count());
+  md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.1f} | {:.2f} | {:.0f} | {:.2f} | {} |\n", r["batch"].get<int>(),
+                      r["variant"].get<std::string>(), r["us_per_layer_median"].get<double>(), r["us_per_layer_min"].get<double>(),
+                      r["us_per_layer_max"].get<double>(), r["ms_per_batch"].get<double>(), r["isolated_current_us"].get<double>(),
+                      r["peer_bytes_per_rank_layer"].get<double>() / 1e6, r["achieved_peer_gbps"].get<double>(), r["ratio_to_ideal"].get<double>(),
+                      r["byte_exact"].get<bool>() ? "yes" : "NO");
+  }
+  md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s, local copy {:.0f} GB/s, barrier {:.2f} us (launch included).\n",
+                    ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us);
+  md += "\n| gather page bytes | pages | GB/s | of CE ceiling |\n|---|---|---|---|\n";
+  for (const auto& g : ceilings.gather) md += fmt::format("| {} | {} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps);
+  fmt::print("{}", md);
+  if (o.json_path) std::ofstream(*o.json_path) << out.dump(2) << "\n";
+  if (o.markdown_path) std::ofstream(*o.markdown_path) << md;
+  exit_status() = all_exact ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench",
+                                     "Time every exchange variant per layer on the GPUs (CUDA events, median/min/max over reps after a "
+                                     "warm-up), byte-exact checked first, against ceilings measured in the same run.");
+  cmd->add_option("trace", o->trace_path, "batch trace")->required();
+  cmd->add_option("--backend", o->backend, "cuda")->capture_default_str();
+  cmd->add_option("--variant", o->variant, "a variant or 'all'")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "layers run (the timing cycles through them)")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--reps", o->reps, "timed layers per batch and variant")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--cp", o->cp, "override the trace's cp (one GPU per rank)");
+  cmd->add_option("--json", o->json_path, "write the results as JSON");
+  cmd->add_option("--markdown", o->markdown_path, "write the Markdown table");
+  cmd->callback([o] { run_bench(*o); });
+}
+
+}  // namespace cpkv::cli

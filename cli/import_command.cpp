@@ -1,0 +1,194 @@
+// cpkv import mooncake: a Mooncake FAST'25 request log becomes a batch trace through a prefix cache,
+// a paged pool and a prefill scheduler under the admission caps (traces/README.md, "Imported traces").
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "cpkv/model/staging.hpp"
+#include "cpkv/traces/mooncake.hpp"
+#include "cpkv/traces/trace.hpp"
+
+namespace cpkv::cli {
+namespace {
+
+namespace mc = traces::mooncake;
+
+// Defaults: DeepSeek-V3.2 on 8xH200 (traces/README.md says why each).
+struct ImportCommandOptions {
+  std::string input_path;
+  std::string output_path;
+  std::int32_t cp = 8;
+  std::int32_t page_size = 64;
+  std::string buffer_kinds = "kv_fp8,indexer_k";
+  std::int32_t layers = 61;
+  std::optional<std::string> layer_pattern;  // default: every layer F
+  std::int64_t pool_pages = 65536;
+  std::string split = "zigzag";
+  std::int64_t max_total_extend_tokens = 16384;
+  std::int64_t max_batch_requests = 16;
+  std::optional<std::int64_t> staging_mib;
+  std::int64_t block_tokens = mc::kBlockTokensDefault;
+  std::optional<std::int64_t> cache_pages;
+  std::optional<std::int64_t> cache_tokens;
+  bool cache_unbounded = false;
+  std::optional<std::int64_t> max_requests;
+  std::int64_t skip_batches = 0;
+  std::optional<std::int64_t> max_batches;
+  bool skip_bad = false;
+  std::optional<std::string> source_note;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    items.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return items;
+}
+
+// Every impossible option is refused here, before the input is opened.
+mc::ImportOptions to_import_options(const ImportCommandOptions& c) {
+  mc::ImportOptions o;
+  model::Setting& s = o.setting;
+  s.cp = c.cp;
+  s.page_size = c.page_size;
+  for (const std::string& name : split_list(c.buffer_kinds)) {
+    const auto kind = model::find_buffer_kind(name);
+    if (!kind) throw OptionError(fmt::format("--buffer-kinds: unknown buffer kind '{}' (known: kv_fp8, kv_bf16, indexer_k)", name));
+    s.kinds.push_back(*kind);
+  }
+  if (c.layers < 1) throw OptionError(fmt::format("--layers: {} is less than 1", c.layers));
+  s.layer_pattern = c.layer_pattern.value_or(std::string(static_cast<std::size_t>(c.layers), 'F'));
+  if (static_cast<std::int32_t>(s.layer_pattern.size()) != c.layers) {
+    throw OptionError(fmt::format("--layer-pattern: {} characters for --layers {}", s.layer_pattern.size(), c.layers));
+  }
+  s.pool_pages = c.pool_pages;
+  const auto split = model::parse_split_policy(c.split);
+  if (!split) throw OptionError(fmt::format("--split: unknown policy '{}' (zigzag, contiguous, round_robin)", c.split));
+  s.split = *split;
+  if (c.max_total_extend_tokens < 1) throw OptionError(fmt::format("--max-total-extend-tokens: {} is less than 1", c.max_total_extend_tokens));
+  if (c.max_batch_requests < 1) throw OptionError(fmt::format("--max-batch-requests: {} is less than 1", c.max_batch_requests));
+  s.caps.max_total_extend_tokens = c.max_total_extend_tokens;
+  s.caps.max_batch_requests = c.max_batch_requests;
+  s.caps.staging_mib_override = c.staging_mib;
+  o.block_tokens = c.block_tokens;
+  const int cache_choices = (c.cache_pages ? 1 : 0) + (c.cache_tokens ? 1 : 0) + (c.cache_unbounded ? 1 : 0);
+  if (cache_choices > 1) throw OptionError("--cache-pages, --cache-tokens and --cache-unbounded exclude each other");
+  if (c.cache_unbounded) o.cache_mode = mc::CacheMode::unbounded;
+  if (c.cache_pages) {
+    o.cache_mode = mc::CacheMode::capacity;
+    o.cache_capacity_pages = *c.cache_pages;
+  }
+  if (c.cache_tokens) {
+    if (c.page_size < 1) throw OptionError(fmt::format("--page-size: {} is less than 1", c.page_size));
+    o.cache_mode = mc::CacheMode::capacity;
+    o.cache_capacity_pages = *c.cache_tokens / c.page_size;
+  }
+  o.max_requests = c.max_requests;
+  o.skip_batches = c.skip_batches;
+  o.max_batches = c.max_batches;
+  if (auto problem = mc::validate(o)) throw OptionError(fmt::format("{}: {}", problem->field, problem->reason));
+  return o;
+}
+
+// The options as written into the trace header: everything that shapes the batches.
+nlohmann::json options_json(const ImportCommandOptions& c, const mc::ImportOptions& o) {
+  nlohmann::json j = {{"block_tokens", c.block_tokens},
+                      {"cache", o.cache_mode == mc::CacheMode::pool        ? "pool"
+                                : o.cache_mode == mc::CacheMode::unbounded ? "unbounded"
+                                                                           : "capacity"},
+                      {"skip_batches", c.skip_batches},
+                      {"skip_bad", c.skip_bad}};
+  if (o.cache_mode == mc::CacheMode::capacity) j["cache_capacity_pages"] = o.cache_capacity_pages;
+  j["max_requests"] = c.max_requests ? nlohmann::json(*c.max_requests) : nlohmann::json(nullptr);
+  j["max_batches"] = c.max_batches ? nlohmann::json(*c.max_batches) : nlohmann::json(nullptr);
+  return j;
+}
+
+void run_import(const ImportCommandOptions& c) {
+  const mc::ImportOptions options = to_import_options(c);
+  mc::MooncakeReader reader(c.input_path, options.block_tokens, c.skip_bad);
+  traces::TraceHeader header;
+  header.setting = options.setting;
+  header.source = mc::import_source(c.input_path, options, options_json(c, options));
+  if (c.source_note) header.source["note"] = *c.source_note;
+  // Written beside the target and renamed at the end: a failed import leaves no partial trace.
+  const std::string partial_path = c.output_path + ".partial";
+  mc::ImportStats stats;
+  {
+    std::ofstream out(partial_path, std::ios::binary | std::ios::trunc);
+    if (!out) throw OptionError(fmt::format("-o: cannot write {}", c.output_path));
+    try {
+      traces::TraceWriter writer(out, header);
+      stats = mc::import_mooncake(reader, options, [&](const model::Batch& batch) { writer.write(batch); });
+      out.flush();
+      if (!out) throw OptionError(fmt::format("-o: write error on {}", c.output_path));
+    } catch (const std::runtime_error& e) {
+      out.close();
+      std::filesystem::remove(partial_path);
+      if (dynamic_cast<const traces::TraceError*>(&e) != nullptr || dynamic_cast<const OptionError*>(&e) != nullptr) throw;
+      throw OptionError(e.what());
+    }
+  }
+  std::filesystem::rename(partial_path, c.output_path);
+  const model::StagingCapacity capacity = model::staging_capacity(options.setting);
+  fmt::print("cpkv import mooncake: {} -> {}\n", c.input_path, c.output_path);
+  fmt::print("  lines {} (skipped as bad: {}){}\n", stats.lines_read, stats.lines_skipped,
+             stats.lines_skipped > 0 ? fmt::format("; first: {}", stats.first_skip_reason) : "");
+  fmt::print("  requests {} ({} finished, {} chunked), input tokens {}\n", stats.requests, stats.requests_finished,
+             stats.chunked_requests, stats.input_tokens);
+  fmt::print("  prefix cache hit rate {:.4f} ({} of {} input tokens), evicted blocks {}, cached pages peak {}, pool pages in use peak {} of {}\n",
+             stats.hit_rate(), stats.cache_hit_tokens, stats.input_tokens, stats.evicted_blocks, stats.cached_pages_peak,
+             stats.pool_used_pages_peak, options.setting.pool_pages);
+  fmt::print("  batches {} scheduled, {} written (skipped {}); extend tokens {}, chunk-prefix tokens {}\n", stats.batches,
+             stats.batches_emitted, std::min(c.skip_batches, stats.batches), stats.extend_tokens, stats.chunk_prefix_tokens);
+  fmt::print("  overflow batches {} (staging_slots {} from {})\n", stats.overflow_batches, capacity.staging_slots,
+             model::to_string(capacity.source));
+}
+
+}  // namespace
+
+void register_import(CLI::App& app) {
+  auto c = std::make_shared<ImportCommandOptions>();
+  CLI::App* import = app.add_subcommand("import", "Turn a request log into a batch trace (format cpkv-batch-trace v1).");
+  import->require_subcommand(1);
+  CLI::App* cmd = import->add_subcommand(
+      "mooncake",
+      "Import a Mooncake FAST'25 request log (JSON Lines: timestamp ms, input_length, output_length, hash_ids of 512-token "
+      "prefix blocks). Requests in file (arrival) order go through a prefix cache keyed on the block hashes, a paged pool "
+      "that hands out logical page ids from a FIFO free list, and a prefill scheduler under the admission caps with chunked "
+      "prefill. Defaults: DeepSeek-V3.2 on 8xH200. Prints a summary (hit rate, batches, overflows). See traces/README.md.");
+  cmd->add_option("file", c->input_path, "Mooncake request log (JSON Lines)")->required();
+  cmd->add_option("-o,--output", c->output_path, "batch trace to write (replaced only when the import succeeds)")->required();
+  cmd->add_option("--cp", c->cp, "ranks in the CP group (1..8)")->capture_default_str();
+  cmd->add_option("--page-size", c->page_size, "tokens per KV page (power of two, 1..256, dividing --block-tokens)")->capture_default_str();
+  cmd->add_option("--buffer-kinds", c->buffer_kinds, "comma-separated KV buffer kinds: kv_fp8, kv_bf16, indexer_k")->capture_default_str();
+  cmd->add_option("--layers", c->layers, "model layers (DeepSeek-V3.2: 61)")->capture_default_str();
+  cmd->add_option("--layer-pattern", c->layer_pattern, "one F (runs the indexer) or S per layer (default: every layer F, as V3.2)");
+  cmd->add_option("--pool-pages", c->pool_pages, "logical pages of the paged KV pool; cached blocks and in-flight requests share it")->capture_default_str();
+  cmd->add_option("--split", c->split, "writer policy recorded in the trace: zigzag, contiguous, round_robin")->capture_default_str();
+  cmd->add_option("--max-total-extend-tokens", c->max_total_extend_tokens, "admission cap: extend tokens per batch (>= page size); longer requests are chunked")->capture_default_str();
+  cmd->add_option("--max-batch-requests", c->max_batch_requests, "admission cap: requests (or chunks) per batch (>= 1)")->capture_default_str();
+  cmd->add_option("--staging-mib", c->staging_mib, "staging size override recorded in the trace (MiB; default: sized by the caps)");
+  cmd->add_option("--block-tokens", c->block_tokens, "tokens per prefix hash block of the log (Mooncake: 512)")->capture_default_str();
+  cmd->add_option("--cache-pages", c->cache_pages, "prefix cache capacity in pages, LRU eviction (default: bounded only by the pool)");
+  cmd->add_option("--cache-tokens", c->cache_tokens, "prefix cache capacity in tokens (rounded down to pages), LRU eviction");
+  cmd->add_flag("--cache-unbounded", c->cache_unbounded, "never evict: the pool must hold every distinct block (pool exhaustion is an error)");
+  cmd->add_option("--max-requests", c->max_requests, "read at most this many requests (a slice of the log)")->check(CLI::PositiveNumber);
+  cmd->add_option("--skip-batches", c->skip_batches, "schedule but do not write the first N batches (warms the cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-batches", c->max_batches, "write at most this many batches, then stop reading")->check(CLI::PositiveNumber);
+  cmd->add_flag("--skip-bad", c->skip_bad, "skip malformed lines and count them (default: refuse the log at the first one)");
+  cmd->add_option("--source-note", c->source_note, "free text recorded as source.note in the header (attribution of the log)");
+  cmd->callback([c] { run_import(*c); });
+}
+
+}  // namespace cpkv::cli

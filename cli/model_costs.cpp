@@ -1,0 +1,163 @@
+#include "model_costs.hpp"
+
+#include <algorithm>
+#include <cassert>
+
+namespace cpkv::cli {
+
+void count_batch(const model::Setting& setting, const model::Batch& batch, BatchCounts& counts) {
+  const std::int32_t cp = setting.cp;
+  const std::int32_t page_size = setting.page_size;
+  counts.requests = static_cast<std::int64_t>(batch.requests.size());
+  counts.prefix_tokens = 0;
+  counts.extend_tokens = 0;
+  counts.slot_count = 0;
+  counts.current_pages_total = 0;
+  counts.prefix_pages_by_owner.assign(cp, 0);
+  counts.current_pages_by_writer.assign(cp, 0);
+  for (const model::Request& request : batch.requests) {
+    counts.prefix_tokens += request.prefix_len;
+    counts.extend_tokens += request.extend_len;
+    for (std::int64_t page : request.prefix_pages) ++counts.prefix_pages_by_owner[page % cp];
+    const std::int64_t pages = model::current_page_count(request.extend_len, page_size);
+    for (std::int64_t j = 0; j < pages; ++j) {
+      ++counts.current_pages_by_writer[model::writer_of(setting.split, j, pages, counts.current_pages_total + j, cp)];
+    }
+    counts.current_pages_total += pages;
+    counts.slot_count += static_cast<std::int64_t>(request.prefix_pages.size()) + pages;
+  }
+}
+
+model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& c, model::Variant variant,
+                                          std::int32_t rank, std::int32_t layer) {
+  using model::Variant;
+  const std::int32_t cp = setting.cp;
+  model::LayerBytes bytes;
+  bytes.own_rank = rank;
+  bytes.pulled_from.assign(cp, 0);
+  std::uint64_t row_bytes_layer = 0;
+  std::int32_t kinds_active = 0;
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+    if (!setting.kind_active(k, layer)) continue;
+    row_bytes_layer += setting.kinds[k].row_bytes;
+    ++kinds_active;
+  }
+  const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting.page_size);
+  const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[rank]);
+  const auto prefix_gather = [&] {
+    for (std::int32_t p = 0; p < cp; ++p) bytes.pulled_from[p] += static_cast<std::uint64_t>(c.prefix_pages_by_owner[p]) * page_bytes;
+  };
+  const auto current_gather = [&](bool own_too) {
+    for (std::int32_t w = 0; w < cp; ++w) {
+      if (w != rank || own_too) bytes.pulled_from[w] += static_cast<std::uint64_t>(c.current_pages_by_writer[w]) * page_bytes;
+    }
+  };
+  std::uint64_t allreduce_pages = 0;
+  std::int32_t allreduce_calls = 0;
+  std::int32_t gather_count = 0;
+  switch (variant) {
+    case Variant::legacy_span_ar:
+    case Variant::fused_ar:
+    case Variant::v2_fallback:
+      bytes.local_copy_bytes = static_cast<std::uint64_t>(c.prefix_pages_by_owner[rank]) * page_bytes;
+      allreduce_pages = static_cast<std::uint64_t>(c.slot_count);  // the spans tile the buffer
+      allreduce_calls = variant == Variant::legacy_span_ar ? static_cast<std::int32_t>(2 * c.requests) : 1;
+      break;
+    case Variant::v2:
+      prefix_gather();
+      gather_count = 1;
+      allreduce_pages = static_cast<std::uint64_t>(c.current_pages_total);
+      allreduce_calls = 1;
+      bytes.local_copy_bytes = (own_pages + static_cast<std::uint64_t>(c.current_pages_total)) * page_bytes;
+      break;
+    case Variant::symm_dense:
+    case Variant::staging_publish:
+      prefix_gather();
+      current_gather(/*own_too=*/false);
+      gather_count = 2;
+      bytes.barriers = 1;
+      if (variant == Variant::staging_publish) bytes.local_copy_bytes = own_pages * page_bytes;
+      break;
+    case Variant::staging_direct:
+      prefix_gather();
+      current_gather(/*own_too=*/true);
+      gather_count = 1;
+      bytes.barriers = 1;
+      break;
+  }
+  bytes.gathers = gather_count * kinds_active;
+  bytes.allreduces = allreduce_calls * kinds_active;
+  bytes.allreduce_bytes = allreduce_pages * page_bytes;
+  if (cp > 1) bytes.pulled_from[(rank + cp - 1) % cp] += 2 * (cp - 1) * bytes.allreduce_bytes / cp;
+  return bytes;
+}
+
+double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                     const Ceilings& ceilings, std::uint64_t page_bytes) {
+  using model::Variant;
+  const std::int32_t cp = setting.cp;
+  const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp : 0;
+  const std::uint64_t peer_gather_bytes = bytes.pulled_from_peers() - ring_bytes;
+  const std::uint64_t own_gather_bytes = bytes.pulled_from[bytes.own_rank];
+  std::uint64_t zero_bytes = 0;
+  if (variant == Variant::legacy_span_ar || variant == Variant::fused_ar || variant == Variant::v2_fallback) {
+    zero_bytes = static_cast<std::uint64_t>(c.slot_count) * page_bytes;
+  } else {
+    zero_bytes = static_cast<std::uint64_t>(c.current_pages_by_writer[bytes.own_rank]) * page_bytes;
+  }
+  const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
+  const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
+  const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
+  const double allreduce_factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;
+  return static_cast<double>(peer_gather_bytes) * us_per_byte_peer +
+         static_cast<double>(own_gather_bytes + bytes.local_copy_bytes + zero_bytes) * us_per_byte_local +
+         bytes.barriers * ceilings.barrier_us +
+         (cp > 1 ? bytes.allreduces * ceilings.allreduce_latency_us : 0.0) +
+         static_cast<double>(bytes.allreduce_bytes) * allreduce_factor * us_per_byte_busbw;
+}
+
+CostModel::CostModel(const model::Setting& setting, const Ceilings& ceilings)
+    : setting_(setting), ceilings_(ceilings), capacity_(model::staging_capacity(setting)) {
+  for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
+    if (setting.layer_is_full(layer)) {
+      if (full_layers_++ == 0) first_full_ = layer;
+    } else {
+      if (shared_layers_++ == 0) first_shared_ = layer;
+    }
+  }
+}
+
+void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
+  count_batch(setting_, batch, out.counts);
+  out.verdict = model::overflow_verdict(out.counts.current_pages_total, capacity_.staging_slots);
+  const std::int32_t cp = setting_.cp;
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    out.pulled_from_peers_all_layers[v].assign(cp, 0);
+    out.modelled_us[v] = 0.0;
+  }
+  // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
+  if (out.verdict.overflow) return;
+  // Bytes depend on the layer only through the kinds active on it: one full and one shared layer stand for all.
+  const std::pair<std::int32_t, std::int32_t> classes[] = {{first_full_, full_layers_}, {first_shared_, shared_layers_}};
+  for (const auto& [layer, layer_count] : classes) {
+    if (layer_count == 0) continue;
+    std::uint64_t row_bytes_layer = 0;
+    for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
+      if (setting_.kind_active(k, layer)) row_bytes_layer += setting_.kinds[k].row_bytes;
+    }
+    const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting_.page_size);
+    for (std::size_t v = 0; v < kVariantCount; ++v) {
+      const model::Variant variant = model::kAllVariants[v];
+      double slowest_us = 0.0;
+      for (std::int32_t rank = 0; rank < cp; ++rank) {
+        const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
+        out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
+        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes));
+      }
+      // Barriers and collectives hold every layer to its slowest rank.
+      out.modelled_us[v] += slowest_us * layer_count;
+    }
+  }
+}
+
+}  // namespace cpkv::cli
