@@ -110,6 +110,7 @@ void run_bench(const BenchOptions& o) {
       const ModelBytes ideal_bytes = model_bytes(source.setting, batches[b], model::Variant::staging_direct, 0);
       const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
       const double us = result.layer_us_median[b];
+      if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
       rows.push_back({{"batch", b},
                       {"variant", model::to_string(variant)},
                       {"byte_exact", result.report.passed()},
