@@ -564,10 +564,11 @@ int cuda_rank(const RankContext& ctx) {
           if (check) totals.bytes_reduced += b.plan.compact_pages * pb;
           CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_unpack, static_cast<std::int64_t>(b.unpack.size()), stream));
         }
-        for (const auto* list : check ? std::initializer_list<const std::vector<kernels::GatherEntry>*>{&b.gather1, &b.gather2}
-                                      : std::initializer_list<const std::vector<kernels::GatherEntry>*>{}) {
-          for (const kernels::GatherEntry& e : *list) {
-            if (e.table_index >= 0 && e.table_index % cp != rank) peer_bytes += pb;
+        if (check) {
+          for (const std::vector<kernels::GatherEntry>* list : {&b.gather1, &b.gather2}) {
+            for (const kernels::GatherEntry& e : *list) {
+              if (e.table_index >= 0 && e.table_index % cp != rank) peer_bytes += pb;
+            }
           }
         }
         if (check && ctx.cuda.verify) {
