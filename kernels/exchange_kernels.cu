@@ -25,9 +25,24 @@ __global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page
     }
     const std::uint8_t* in = table.base[entry.table_index] + entry.src_page * page_bytes;
     if (vector_ok) {
+      // Four independent 16-byte loads in flight per thread before any store: remote (NVLink) loads
+      // have long latency, and one load at a time leaves the link idle.
       const uint4* src = reinterpret_cast<const uint4*>(in);
       uint4* d = reinterpret_cast<uint4*>(out);
-      for (std::uint64_t i = threadIdx.x; i < page_bytes / 16; i += blockDim.x) d[i] = src[i];
+      const std::uint64_t n = page_bytes / 16;
+      const std::uint64_t stride = blockDim.x;
+      std::uint64_t i = threadIdx.x;
+      for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 a = src[i];
+        const uint4 b = src[i + stride];
+        const uint4 c = src[i + 2 * stride];
+        const uint4 e4 = src[i + 3 * stride];
+        d[i] = a;
+        d[i + stride] = b;
+        d[i + 2 * stride] = c;
+        d[i + 3 * stride] = e4;
+      }
+      for (; i < n; i += stride) d[i] = src[i];
     } else {
       for (std::uint64_t i = threadIdx.x; i < page_bytes; i += blockDim.x) out[i] = in[i];
     }
