@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "model_replay.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -38,6 +39,7 @@ struct ReplayOptions {
   std::int32_t ipc_missing_rank = -1;
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
+  ModelReplayOptions model;  // --backend model
 };
 
 std::vector<model::Variant> selected_variants(const std::string& name) {
@@ -63,11 +65,13 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
 }
 
 void run_replay(const ReplayOptions& o) {
+  if (o.backend == "model") return run_model_replay(o.trace_path, o.batch, o.json_path, o.model);
+  if (o.model.given()) throw OptionError("--ceilings, --peer-gbps, ..., --chart, --repeat and --exact-model need --backend model");
 #if CPKV_HAVE_CUDA_BACKEND
-  if (o.backend != "sim" && o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda", o.backend));
+  if (o.backend != "sim" && o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda, model", o.backend));
 #else
   if (o.backend != "sim") {
-    throw OptionError(fmt::format("--backend: '{}' is not available in this build (sim; cuda needs nvcc and NCCL at configure time)", o.backend));
+    throw OptionError(fmt::format("--backend: '{}' is not available in this build (sim, model; cuda needs nvcc and NCCL at configure time)", o.backend));
   }
 #endif
   const auto mutant = sim::parse_mutant(o.mutant);
@@ -202,7 +206,7 @@ void register_replay(CLI::App& app) {
                                      "Replay every batch of a trace through the rank simulator (cp fake ranks over shared memory) with one or "
                                      "every exchange variant, checking every dense byte against the model and the protocol's invariants.");
   cmd->add_option("trace", o->trace_path, "batch trace (JSON Lines, format cpkv-batch-trace v1)")->required();
-  cmd->add_option("--backend", o->backend, "sim (the rank simulator) or cuda (one process per GPU rank, CUDA IPC and NCCL)")->capture_default_str();
+  cmd->add_option("--backend", o->backend, "sim (the rank simulator), cuda (one process per GPU rank, CUDA IPC and NCCL) or model (plans, verdicts, bytes and modelled time of every batch, no content)")->capture_default_str();
   cmd->add_option("--variant", o->variant, "a variant name or 'all'")->capture_default_str();
   cmd->add_option("--ranks-as", o->ranks_as, "free-running ranks as 'processes' (fork) or 'threads'")->capture_default_str();
   cmd->add_option("--schedule", o->schedule,
@@ -215,6 +219,7 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file");
+  add_model_replay_options(cmd, o->model);
   cmd->callback([o] { run_replay(*o); });
 }
 

@@ -33,6 +33,8 @@ struct BundledTrace {
 };
 constexpr BundledTrace kTiny{"tiny.jsonl", 2};
 constexpr BundledTrace kSeedsBatch{"seeds_batch.jsonl", 2};
+// Two batches imported from the Mooncake sample (traces/README.md): scattered, shared prefix pages.
+constexpr BundledTrace kMooncakeSlice{"mooncake_slice.jsonl", 2};
 
 // The replay command's flags for the way a report's ranks ran (scheduled tests here use the seeded
 // random schedule, except where a test says otherwise).
@@ -126,7 +128,7 @@ TEST(SimReplay, EveryBundledTraceIsCoveredByTheseTests) {
   for (const auto& entry : std::filesystem::directory_iterator(std::string(CPKV_SOURCE_DIR) + "/traces/samples")) {
     if (entry.path().extension() == ".jsonl") bundled.insert(entry.path().filename().string());
   }
-  EXPECT_EQ(bundled, (std::set<std::string>{kTiny.name, kSeedsBatch.name}));
+  EXPECT_EQ(bundled, (std::set<std::string>{kTiny.name, kSeedsBatch.name, kMooncakeSlice.name}));
 }
 
 // The main job: every variant gives the model's dense buffers byte for byte, with no checker
@@ -161,6 +163,12 @@ TEST(SimReplay, SeedsBatchIpcVariantsAreExactInThreadMode) {
 // and the scheduled runner takes the target variant only (one thread runs all 8 ranks, ~3 s).
 TEST(SimReplay, SeedsBatchStagingDirectIsExactUnderRandomSchedule) {
   replay_scheduled(kSeedsBatch, random_schedule(), {model::Variant::staging_direct});
+}
+
+// The imported Mooncake slice: real request lengths, prefix-cache hits on recycled pool pages and
+// chunked prefill (a chunk's prefix is its own earlier chunks). Process mode, every variant (~10 s).
+TEST(SimReplay, MooncakeSliceEveryVariantIsExactInProcessMode) {
+  replay_free(kMooncakeSlice, RanksAs::processes, kEveryVariant);
 }
 
 // A scheduled run is a pure function of batch, variant and schedule: that is what makes a failing

@@ -1,0 +1,283 @@
+// cpkv replay TRACE --backend model: for every batch the counts of its plan, the overflow verdict,
+// the bytes every rank pulls under every variant and the modelled exchange time, without moving a
+// byte of content. The per-batch work is the closed form of model_costs.hpp; --exact-model also
+// builds every rank's variant plan with the model and checks the two agree on every field.
+#include "model_replay.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "model_costs.hpp"
+#include "cpkv/model/batch.hpp"
+#include "cpkv/traces/trace.hpp"
+
+namespace cpkv::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Nearest-rank percentiles of a sample (sorted here).
+template <typename T>
+nlohmann::json percentiles(std::vector<T>& values) {
+  if (values.empty()) return nullptr;
+  std::sort(values.begin(), values.end());
+  const auto at = [&](double q) {
+    const auto rank = static_cast<std::size_t>(std::max(1.0, std::ceil(q * static_cast<double>(values.size()))));
+    return values[std::min(rank, values.size()) - 1];
+  };
+  double sum = 0;
+  for (const T& v : values) sum += static_cast<double>(v);
+  return {{"min", values.front()}, {"p50", at(0.50)}, {"p90", at(0.90)}, {"p99", at(0.99)}, {"max", values.back()},
+          {"mean", sum / static_cast<double>(values.size())}, {"count", values.size()}};
+}
+
+std::string brief(const nlohmann::json& p, double scale = 1.0, int digits = 0) {
+  if (p.is_null()) return "(no samples)";
+  const auto f = [&](const char* key) { return fmt::format("{:.{}f}", p[key].get<double>() * scale, digits); };
+  return fmt::format("min {} p50 {} p90 {} p99 {} max {}", f("min"), f("p50"), f("p90"), f("p99"), f("max"));
+}
+
+double positive(const nlohmann::json& j, const char* key, const std::string& file) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number() || it->get<double>() <= 0) {
+    throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a positive number", file, key));
+  }
+  return it->get<double>();
+}
+
+// {"peer_gbps":..,"local_gbps":..,"barrier_us":..,"allreduce_busbw_gbps":..[,"allreduce_latency_us":..]}
+// then command-line values win.
+Ceilings load_ceilings(const ModelReplayOptions& o) {
+  Ceilings c;
+  if (o.ceilings_path) {
+    std::ifstream in(*o.ceilings_path);
+    if (!in) throw OptionError(fmt::format("--ceilings: cannot open {}", *o.ceilings_path));
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
+    c.peer_gbps = positive(j, "peer_gbps", *o.ceilings_path);
+    c.local_gbps = positive(j, "local_gbps", *o.ceilings_path);
+    c.barrier_us = positive(j, "barrier_us", *o.ceilings_path);
+    c.source = *o.ceilings_path;
+    // The all-reduce keys are optional (cpkv bench measures no NCCL ceiling): absent ones stay nominal and say so.
+    std::vector<std::string> nominal;
+    if (j.contains("allreduce_busbw_gbps")) {
+      c.allreduce_busbw_gbps = positive(j, "allreduce_busbw_gbps", *o.ceilings_path);
+    } else {
+      nominal.push_back("allreduce_busbw_gbps");
+    }
+    if (j.contains("allreduce_latency_us")) {
+      c.allreduce_latency_us = positive(j, "allreduce_latency_us", *o.ceilings_path);
+    } else {
+      nominal.push_back("allreduce_latency_us");
+    }
+    if (!nominal.empty()) c.source += fmt::format(" ({} nominal)", fmt::join(nominal, ", "));
+  }
+  const auto take = [&](const std::optional<double>& value, double& field, const char* flag) {
+    if (!value) return;
+    if (!(*value > 0)) throw OptionError(fmt::format("{}: {} is not a positive number", flag, *value));
+    field = *value;
+    c.source = o.ceilings_path ? *o.ceilings_path + " with command-line overrides" : "command line (other values: nominal defaults)";
+  };
+  take(o.peer_gbps, c.peer_gbps, "--peer-gbps");
+  take(o.local_gbps, c.local_gbps, "--local-gbps");
+  take(o.barrier_us, c.barrier_us, "--barrier-us");
+  take(o.allreduce_gbps, c.allreduce_busbw_gbps, "--allreduce-gbps");
+  take(o.allreduce_latency_us, c.allreduce_latency_us, "--allreduce-latency-us");
+  return c;
+}
+
+bool matplotlib_available() { return std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0; }
+
+// The per-batch modelled time per variant as a PNG, drawn by python3 + matplotlib from a CSV.
+void write_chart(const std::string& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
+                 const std::vector<std::array<double, kVariantCount>>& ms) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("cpkv_chart_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream csv(dir / "times.csv");
+    csv << "batch";
+    for (model::Variant v : model::kAllVariants) csv << ',' << model::to_string(v);
+    csv << '\n';
+    for (std::size_t b = 0; b < ms.size(); ++b) {
+      csv << batch_index[b];
+      for (double t : ms[b]) csv << ',' << fmt::format("{:.6f}", t);
+      csv << '\n';
+    }
+    std::ofstream script(dir / "chart.py");
+    script << "import csv, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+              "rows = list(csv.reader(open(sys.argv[1])))\nnames, data = rows[0], rows[1:]\n"
+              "fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)\nx = [int(r[0]) for r in data]\n"
+              "for k in range(1, len(names)):\n"
+              "    ax.plot(x, [float(r[k]) for r in data], label=names[k], linewidth=0.9, marker='.' if len(x) < 60 else None)\n"
+              "ax.set_xlabel('batch'); ax.set_ylabel('modelled exchange time per batch (ms)')\n"
+              "ax.set_title(sys.argv[3], fontsize=9); ax.grid(alpha=0.3); ax.legend(fontsize=8, ncol=4)\n"
+              "fig.tight_layout(); fig.savefig(sys.argv[2])\n";
+  }
+  const std::string command = fmt::format("python3 '{}' '{}' '{}' '{}'", (dir / "chart.py").string(), (dir / "times.csv").string(), png, title);
+  const int status = std::system(command.c_str());
+  std::filesystem::remove_all(dir);
+  if (status != 0) throw OptionError(fmt::format("--chart: python3 failed to draw {} (status {})", png, status));
+}
+
+// --exact-model: the model's own plans and byte counts for every rank, variant and layer.
+void check_against_model(const model::Setting& setting, const model::Batch& batch, const BatchCounts& counts, std::int64_t index) {
+  const model::BatchLayout layout = model::layout_batch(setting, batch);
+  for (model::Variant variant : model::kAllVariants) {
+    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+      const model::VariantPlan plan = model::variant_plan(layout, variant, rank);
+      for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
+        const model::LayerBytes want = model::layer_bytes(setting, plan, layer);
+        const model::LayerBytes got = layer_bytes_from_counts(setting, counts, variant, rank, layer);
+        if (want.pulled_from != got.pulled_from || want.allreduce_bytes != got.allreduce_bytes ||
+            want.local_copy_bytes != got.local_copy_bytes || want.allreduces != got.allreduces || want.barriers != got.barriers ||
+            want.gathers != got.gathers) {
+          throw std::logic_error(fmt::format("--exact-model: batch {} variant {} rank {} layer {}: closed-form bytes differ from model::layer_bytes",
+                                             index, model::to_string(variant), rank, layer));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool ModelReplayOptions::given() const {
+  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || chart_path || repeat != 1 || exact_model;
+}
+
+void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
+  const char* group = "--backend model";
+  cmd->add_option("--ceilings", o.ceilings_path,
+                  "model: benchmark JSON {\"peer_gbps\",\"local_gbps\",\"barrier_us\",\"allreduce_busbw_gbps\"[,\"allreduce_latency_us\"]} "
+                  "(GB/s and us) for the modelled time")->group(group);
+  cmd->add_option("--peer-gbps", o.peer_gbps, "model: a rank's read bandwidth from peers' memory, GB/s (default 350, nominal)")->group(group);
+  cmd->add_option("--local-gbps", o.local_gbps, "model: local copy bandwidth, GB/s (default 2000, nominal)")->group(group);
+  cmd->add_option("--barrier-us", o.barrier_us, "model: one IPC counting barrier, us (default 5, nominal)")->group(group);
+  cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->group(group);
+  cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->group(group);
+  cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib)")->group(group);
+  cmd->add_option("--repeat", o.repeat, "model: evaluate every batch N times (timing only; the summary counts each batch once)")
+      ->check(CLI::PositiveNumber)->capture_default_str()->group(group);
+  cmd->add_flag("--exact-model", o.exact_model, "model: also build every rank's plan with the model and check the bytes agree (slow)")->group(group);
+}
+
+void run_model_replay(const std::string& trace_path, std::optional<std::int64_t> only_batch, const std::optional<std::string>& json_path,
+                      const ModelReplayOptions& o) {
+  const Ceilings ceilings = load_ceilings(o);
+  if (o.chart_path && !matplotlib_available()) {
+    throw OptionError("--chart: python3 with matplotlib is not installed (Debian/Ubuntu: apt-get install python3-matplotlib)");
+  }
+  traces::TraceReader reader(trace_path);
+  const model::Setting setting = reader.header().setting;
+  const CostModel cost_model(setting, ceilings);
+
+  std::int64_t batches = 0, requests = 0, prefix_tokens = 0, extend_tokens = 0, overflows = 0;
+  std::vector<std::int64_t> current_pages;
+  std::vector<std::int64_t> batch_index;
+  std::array<std::vector<double>, kVariantCount> pulled_per_rank_per_layer;  // samples: (batch, rank)
+  std::vector<std::array<double, kVariantCount>> batch_ms;
+  std::array<double, kVariantCount> total_ms{};
+  BatchCosts costs;
+  double model_seconds = 0, read_seconds = 0;
+  std::int64_t evaluations = 0;
+  const double layers = setting.layer_count();
+  auto read_start = Clock::now();
+  while (auto batch = reader.next()) {
+    read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
+    if (!only_batch || reader.batch_index() == *only_batch) {
+      const auto model_start = Clock::now();
+      for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(*batch, costs);
+      model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
+      evaluations += o.repeat;
+      if (o.exact_model) check_against_model(setting, *batch, costs.counts, reader.batch_index());
+      ++batches;
+      requests += costs.counts.requests;
+      prefix_tokens += costs.counts.prefix_tokens;
+      extend_tokens += costs.counts.extend_tokens;
+      current_pages.push_back(costs.counts.current_pages_total);
+      if (costs.verdict.overflow) {
+        ++overflows;
+      } else {
+        std::array<double, kVariantCount> ms{};
+        for (std::size_t v = 0; v < kVariantCount; ++v) {
+          for (std::uint64_t bytes : costs.pulled_from_peers_all_layers[v]) pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
+          ms[v] = costs.modelled_us[v] / 1000.0;
+          total_ms[v] += ms[v];
+        }
+        batch_index.push_back(reader.batch_index());
+        batch_ms.push_back(ms);
+      }
+    }
+    read_start = Clock::now();
+  }
+  if (only_batch && batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *only_batch, trace_path));
+
+  const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
+  const double hit_rate = prefix_tokens + extend_tokens == 0 ? 0.0 : static_cast<double>(prefix_tokens) / static_cast<double>(prefix_tokens + extend_tokens);
+  const double batches_per_second = model_seconds > 0 ? static_cast<double>(evaluations) / model_seconds : 0.0;
+  nlohmann::json pages_p = percentiles(current_pages);
+  fmt::print("cpkv replay: {} | backend model | cp {} page {} | {} layers ({} F) | staging_slots {} ({})\n", trace_path, setting.cp,
+             setting.page_size, setting.layer_count(), full_layers, cost_model.staging_slots(), model::to_string(model::staging_capacity(setting).source));
+  fmt::print("  batches {}, requests {}, extend tokens {}, prefix tokens {}, prefix hit rate {:.4f} (prefix / (prefix + extend) tokens)\n",
+             batches, requests, extend_tokens, prefix_tokens, hit_rate);
+  fmt::print("  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", overflows);
+  fmt::print("  current_pages_total: {}\n", brief(pages_p));
+  fmt::print("  ceilings: peer {} GB/s, local {} GB/s, barrier {} us, all-reduce {} GB/s bus + {} us per call [{}]\n", ceilings.peer_gbps,
+             ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us, ceilings.source);
+  fmt::print("  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
+  nlohmann::json variants = nlohmann::json::array();
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    std::vector<double> per_batch;
+    per_batch.reserve(batch_ms.size());
+    for (const auto& ms : batch_ms) per_batch.push_back(ms[v]);
+    nlohmann::json bytes_p = percentiles(pulled_per_rank_per_layer[v]);
+    nlohmann::json ms_p = percentiles(per_batch);
+    fmt::print("  {:<16} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), brief(bytes_p, 1e-6, 2), total_ms[v], brief(ms_p, 1.0, 3));
+    variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
+                        {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
+                        {"modelled_ms_total", total_ms[v]},
+                        {"modelled_ms_per_batch", ms_p}});
+  }
+  fmt::print("  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
+             evaluations, model_seconds, batches_per_second, read_seconds);
+  if (json_path) {
+    std::ofstream out(*json_path);
+    if (!out) throw OptionError(fmt::format("--json: cannot write {}", *json_path));
+    const nlohmann::json summary = {
+        {"trace", trace_path}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
+        {"staging_slots", cost_model.staging_slots()}, {"batches", batches}, {"requests", requests}, {"extend_tokens", extend_tokens},
+        {"prefix_tokens", prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", overflows},
+        {"current_pages_total", pages_p},
+        {"ceilings", {{"peer_gbps", ceilings.peer_gbps}, {"local_gbps", ceilings.local_gbps}, {"barrier_us", ceilings.barrier_us},
+                      {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps}, {"allreduce_latency_us", ceilings.allreduce_latency_us},
+                      {"source", ceilings.source}}},
+        {"variants", variants},
+        {"timing", {{"evaluations", evaluations}, {"model_seconds", model_seconds}, {"batches_per_second", batches_per_second},
+                    {"read_seconds", read_seconds}}}};
+    out << summary.dump(2) << '\n';
+  }
+  if (o.chart_path) {
+    write_chart(*o.chart_path, fmt::format("{}: modelled exchange time per batch (cp {}, {} layers; ceilings: {})", trace_path, setting.cp,
+                                           setting.layer_count(), ceilings.source),
+                batch_index, batch_ms);
+    fmt::print("  chart: {}\n", *o.chart_path);
+  }
+  exit_status() = kExitOk;
+}
+
+}  // namespace cpkv::cli
