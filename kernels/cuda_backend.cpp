@@ -166,6 +166,9 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
   BatchPlan b;
   b.layout = model::layout_batch(setting, batch);
   b.overflow = model::overflow_verdict(b.layout.current_pages_total, staging_slots).overflow;
+  // A rejected batch moves nothing, so it must not claim pool pages as populated either (a later
+  // batch reading them would find them never written: found by the GPU property test).
+  if (b.overflow) return b;
   b.plan = model::variant_plan(b.layout, variant, rank);
   const model::VariantPlan& p = b.plan;
   const std::int32_t cp = setting.cp;

@@ -2,7 +2,11 @@
 // model on real GPUs (CUDA IPC, NCCL), oversubscribed groups, the capability fallback, generated
 // cases, and the counting barrier under a rotating slow producer. Without a GPU every test skips
 // with the reason (ctest reports them as skipped, not passed).
+#include <cstdlib>
+#include <sstream>
+
 #include <gtest/gtest.h>
+#include <rapidcheck/detail/Configuration.h>
 
 #include "cpkv/properties/properties.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -94,7 +98,13 @@ TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
   bounds.batches_max = 2;
   bounds.page_size_log2_max = 6;
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
-  const bool ok = rc::check("GPU byte exactness on generated cases", [&] {
+  // Each case starts a process group and NCCL (about 3 s): a small budget of cases, fixed seed.
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  params.maxSuccess = 12;
+  if (std::getenv("RC_PARAMS") == nullptr) params.seed = 20261130;
+  rc::detail::TestMetadata metadata;
+  metadata.id = metadata.description = "GPU byte exactness on generated cases";
+  const auto result = rc::detail::checkTestable([&] {
     const properties::Case c = *properties::gen_case(bounds, false, false);
     sim::SimOptions options;
     options.variant = c.variant;
@@ -104,8 +114,10 @@ TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
     RC_ASSERT(report.failure.empty());
     RC_ASSERT(report.mismatches() == 0);
     RC_ASSERT(report.violation_count == 0);
-  });
-  EXPECT_TRUE(ok);
+  }, metadata, params);
+  std::ostringstream text;
+  rc::detail::printResultMessage(result, text);
+  EXPECT_TRUE(result.template is<rc::detail::SuccessResult>()) << text.str();
 }
 
 TEST(GpuBarrier, RotatingSlowProducerIsPhaseSafeAndDrainsOnTwoGpus) {
