@@ -49,6 +49,7 @@ struct BenchRank {
   double ce_peer_gbps;
   double local_copy_gbps;
   double barrier_us;
+  double barrier_us_launch_free;
   double gather_gbps[2][4];
   std::int64_t host_syncs_in_layer_loop;
 };
@@ -261,6 +262,12 @@ void measure_ceilings(const RankContext& ctx, RankMemory& mem, cudaStream_t stre
   out.local_copy_gbps = half / (local_ms * 1e6);
   const double barrier_ms = timed([&] { CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, ++barrier_phase, mem.barrier_status, stream)); }, 1000);
   out.barrier_us = 1000.0 * barrier_ms;
+  const std::int32_t looped = 1000;
+  const double loop_ms = timed([&] {
+    CPKV_CUDA_CHECK(kernels::launch_barrier_loop(mem.pad_table, rank, cp, barrier_phase + 1, looped, mem.barrier_status, stream));
+    barrier_phase += looped;
+  }, 3);
+  out.barrier_us_launch_free = 1000.0 * loop_ms / looped;
   const std::uint64_t page_sizes[2] = {656ULL * 64, 132ULL * 64};
   const std::int64_t counts[4] = {64, 256, 1024, 4096};
   std::vector<void*> owned;
@@ -750,6 +757,7 @@ sim::RunReport run_group(const sim::BatchSource& source, const sim::SimOptions& 
       c.ce_peer_gbps = std::min(c.ce_peer_gbps, br.ce_peer_gbps);
       c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
       c.barrier_us = std::max(c.barrier_us, br.barrier_us);
+      c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
       for (int ps = 0; ps < 2; ++ps) {
         for (int k = 0; k < 4; ++k) c.gather[ps * 4 + k].gbps = std::min(c.gather[ps * 4 + k].gbps, br.gather_gbps[ps][k]);
       }

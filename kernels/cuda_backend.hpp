@@ -29,6 +29,7 @@ struct Ceilings {
   double ce_peer_gbps = 0;       // cudaMemcpyAsync from a peer's IPC buffer, every rank pulling at once
   double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
   double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
+  double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
   struct Gather {
     std::uint64_t page_bytes;
     std::int64_t pages;

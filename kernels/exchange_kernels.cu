@@ -93,6 +93,28 @@ __global__ void barrier_kernel(std::uint64_t* const* peer_pads, std::int32_t ran
   __syncthreads();
 }
 
+__global__ void barrier_loop_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
+                                    std::int32_t count, BarrierStatus* status) {
+  const int p = threadIdx.x;
+  for (std::int32_t i = 0; i < count; ++i) {
+    const std::uint64_t phase = first_phase + i;
+    if (p < cp) {
+      store_release_sys(peer_pads[p] + rank, phase);
+      const std::uint64_t* mine = peer_pads[rank] + p;
+      const long long start = clock64();
+      while (load_acquire_sys(mine) < phase) {
+        if (clock64() - start > kBarrierTimeoutCycles) {
+          status->timed_out_phase = phase;
+          status->rank = rank;
+          status->missing_peer = p;
+          return;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
                               std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result) {
   const std::uint32_t words = (row_bytes + 7) / 8;
@@ -195,6 +217,12 @@ cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t 
 cudaError_t launch_check_stamps(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors,
                                 cudaStream_t stream) {
   check_stamps_kernel<<<1, 32, 0, stream>>>(words, cp, expected, errors);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
+                                std::int32_t count, BarrierStatus* status, cudaStream_t stream) {
+  barrier_loop_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, first_phase, count, status);
   return cudaGetLastError();
 }
 

@@ -84,6 +84,11 @@ cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, st
 // writer-exclusive bytes, like the NCCL sum it stands in for.
 cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes, cudaStream_t stream);
 
+// `count` barriers in one launch (phases first_phase .. first_phase + count - 1): the barrier's
+// latency without the launch, for the benchmark.
+cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
+                                std::int32_t count, BarrierStatus* status, cudaStream_t stream);
+
 // Test and benchmark helpers for the barrier: spin for `cycles` on the device (a slow producer),
 // stamp `value` into `word`, and count the peers whose stamp word differs from `expected`.
 cudaError_t launch_spin(long long cycles, cudaStream_t stream);

@@ -89,6 +89,23 @@ TEST(GpuBackend, AMissingIpcCapabilityOnOneRankMakesEveryRankFallBack) {
   EXPECT_GT(report.ranks[0].collectives, 0);
 }
 
+// Found by the property below: an overflowing batch (rejected, nothing moves) must not mark the
+// pool pages it names as populated, or the next batch reads pages nobody wrote.
+TEST(GpuBackend, APageFirstNamedByARejectedBatchIsStillWrittenForTheNextBatch) {
+  CPKV_REQUIRE_GPU();
+  model::Setting s = small_setting(1);
+  s.page_size = 1;
+  s.kinds = {*model::find_buffer_kind("kv_fp8")};
+  s.layer_pattern = "FS";
+  s.pool_pages = 4;
+  s.caps = {};  // staging falls back to the pool size: 4 slots
+  model::Batch rejected;
+  for (int i = 0; i < 5; ++i) rejected.requests.push_back({1, 1, {0}});  // 5 current pages > 4
+  model::Batch accepted;
+  accepted.requests.push_back({1, 1, {0}});
+  expect_every_variant_exact(sim::BatchSource::from_batches(s, {rejected, accepted}), 2);
+}
+
 TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
   CPKV_REQUIRE_GPU();
   properties::Bounds bounds;
