@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draw the benchmark chart: per batch, every variant's time per batch beside the ideal.
 
 Usage: scripts/plot_bench.py BENCH.json OUT.png [--title TEXT]
