@@ -230,7 +230,7 @@ TEST(ImportScheduler, CapsChunksAndCacheHitsMatchAHandCalculation) {
 // Every batch stays within both caps, every chunk but a request's last ends on a page boundary,
 // and every prefix is whole pages: checked over a slice of the bundled Mooncake sample.
 TEST(ImportScheduler, EveryBatchRespectsTheCapsOnTheBundledSample) {
-  const fs::path data = fs::path(CPKV_SOURCE_DIR) / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl";
+  const fs::path data = fs::path(CPKV_SOURCE_DIR) / "traces" / "data" / "mooncake" / "synthetic_trace.jsonl";
   if (!fs::exists(data)) GTEST_SKIP() << "SKIPPED: " << data << " is not here";
   mc::MooncakeReader reader(data.string(), 512, false);
   mc::ImportOptions o = small_options();
@@ -350,8 +350,8 @@ std::string documented_import_command() {
 }
 
 TEST(ImportSample, MooncakeSliceReproducesByteForByteFromItsDocumentedCommand) {
-  if (!fs::exists(fs::path(CPKV_SOURCE_DIR) / ".." / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl")) {
-    GTEST_SKIP() << "SKIPPED: ../shared/data/mooncake/synthetic_trace.jsonl is not beside this checkout";
+  if (!fs::exists(fs::path(CPKV_SOURCE_DIR) / "traces" / "data" / "mooncake" / "synthetic_trace.jsonl")) {
+    GTEST_SKIP() << "SKIPPED: traces/data/mooncake/synthetic_trace.jsonl is missing";
   }
   std::string command = documented_import_command();
   ASSERT_FALSE(command.empty()) << "traces/README.md documents no `cpkv import mooncake` line";

@@ -2,6 +2,7 @@
 // line (keys, types, non-negative integers, order of batches) and leaves the meaning (cp range,
 // page size, page ids inside the pool, ...) to model::validate, whose Problem fields already use
 // the trace's field names. Every refusal is one TraceError: `FILE:LINE: FIELD: REASON`.
+#include <cstdint>
 #include "cpkv/traces/trace.hpp"
 
 #include <cerrno>
@@ -266,7 +267,14 @@ model::Request parse_request(const LineChecker& checker, const json& request_jso
   const json& pages_json = checker.array(checker.required(request_json, path, "prefix_pages"), pages_path);
   request.prefix_pages.reserve(pages_json.size());
   for (std::size_t k = 0; k < pages_json.size(); ++k) {
-    request.prefix_pages.push_back(checker.non_negative(pages_json[k], index_path(pages_path, k)));
+    // Fast path for the common case (a plain non-negative integer); the field path is only
+    // formatted when the value needs the full check, which is what names it in an error.
+    const json& value = pages_json[k];
+    if (value.is_number_unsigned() && value.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT64_MAX)) {
+      request.prefix_pages.push_back(static_cast<std::int64_t>(value.get<std::uint64_t>()));
+    } else {
+      request.prefix_pages.push_back(checker.non_negative(value, index_path(pages_path, k)));
+    }
   }
   return request;
 }
