@@ -34,8 +34,14 @@ if [[ "$what" == tests || "$what" == all ]]; then
   done
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
-  timeout 400 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
-    --json "$OUT/bench-seeds-cp2.json" --markdown "$OUT/bench-seeds-cp2.md"
-  echo "bench: exit $?"
+  # Every bundled trace at cp = 2 (one rank per GPU on the 2-GPU machine); the chart is drawn with
+  # the machine's python3 + matplotlib where it has them (else later: scripts/plot_bench.py).
+  for trace in "$root"/traces/samples/*.jsonl; do
+    name="$(basename "$trace" .jsonl)"
+    timeout 300 "$cpkv" bench "$trace" --backend cuda --cp 2 --layers 4 --reps 60 \
+      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md"
+    echo "bench $name: exit $?"
+    python3 "$root/scripts/plot_bench.py" "$OUT/bench-$name-cp2.json" "$OUT/bench-$name-cp2.png" || true
+  done
 fi
 echo "== done in $(( $(date +%s) - start )) s"
