@@ -114,24 +114,18 @@ TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
   bounds.tokens_max = 256;
   bounds.batches_max = 2;
   bounds.page_size_log2_max = 6;
-  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   // Each case starts a process group and NCCL (about 3 s): a small budget of cases, fixed seed.
   rc::detail::TestParams params = rc::detail::configuration().testParams;
   params.maxSuccess = 12;
   if (std::getenv("RC_PARAMS") == nullptr) params.seed = 20261130;
   rc::detail::TestMetadata metadata;
   metadata.id = metadata.description = "GPU byte exactness on generated cases";
-  const auto result = rc::detail::checkTestable([&] {
-    const properties::Case c = *properties::gen_case(bounds, false, false);
-    sim::SimOptions options;
-    options.variant = c.variant;
-    options.layers = c.layers;
-    options.seed = c.seed;
-    const sim::RunReport report = backend->run(sim::BatchSource::from_batches(c.setting, c.batches), options);
-    RC_ASSERT(report.failure.empty());
-    RC_ASSERT(report.mismatches() == 0);
-    RC_ASSERT(report.violation_count == 0);
-  }, metadata, params);
+  // The same property body as the simulator suite's invariant 6, on the CUDA backend.
+  const auto result = rc::detail::checkTestable(
+      [&] { properties::byte_exactness_on([&](const properties::Case&) { return cuda::make_cuda_backend(cuda::CudaOptions{}); }, bounds, sim::Mutant::none,
+                                           /*require_no_violation=*/true);
+      },
+      metadata, params);
   std::ostringstream text;
   rc::detail::printResultMessage(result, text);
   EXPECT_TRUE(result.template is<rc::detail::SuccessResult>()) << text.str();

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/sim/mutant.hpp"
+#include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
 
 namespace cpkv::properties {
@@ -56,6 +58,14 @@ sim::RunReport run_case_free(const Case& c, sim::Mutant mutant);
 
 // Writes the case as a trace and a schedule file under `dir` and returns the `cpkv replay` line.
 std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem);
+
+// Byte exactness (invariant 6) as one property body over any backend: draws a case, runs it on the
+// backend `backend_for(case)` returns, and fails if any dense byte differs from the model or the run
+// did not complete (and, with `require_no_violation`, if any checker reported anything). The suite
+// runs it on the scheduled simulator; the GPU tests on the CUDA backend.
+using BackendFactory = std::function<std::unique_ptr<sim::Backend>(const Case&)>;
+void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, sim::Mutant mutant, bool require_no_violation);
+std::unique_ptr<sim::Backend> scheduled_backend(const Case& c);  // the case's schedule, list kind
 
 struct Property {
   std::string name;       // e.g. "1_page_writer_exclusivity"
