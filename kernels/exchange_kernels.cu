@@ -73,45 +73,44 @@ __device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* a
   return value;
 }
 
-// One block; thread p signals peer p and then waits for peer p's signal in the own pad.
+// Thread p of the barrier block: signal peer p (write `phase` into word `rank` of its pad), then
+// wait until peer p's signal in the own pad reaches `phase`. False (and `status` written) on timeout.
+__device__ bool signal_and_wait(std::uint64_t* const* peer_pads, std::int32_t rank, int p, std::uint64_t phase, BarrierStatus* status) {
+  store_release_sys(peer_pads[p] + rank, phase);
+  const std::uint64_t* mine = peer_pads[rank] + p;
+  const long long start = clock64();
+  while (load_acquire_sys(mine) < phase) {
+    if (clock64() - start > kBarrierTimeoutCycles) {
+      status->timed_out_phase = phase;
+      status->rank = rank;
+      status->missing_peer = p;
+      return false;
+    }
+  }
+  return true;
+}
+
+// One block; thread p < cp talks to peer p.
 __global__ void barrier_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status) {
   const int p = threadIdx.x;
   if (p < cp) {
     __threadfence_system();  // this rank's earlier writes (fill) are visible before the flag
-    store_release_sys(peer_pads[p] + rank, phase);
-    const std::uint64_t* mine = peer_pads[rank] + p;
-    const long long start = clock64();
-    while (load_acquire_sys(mine) < phase) {
-      if (clock64() - start > kBarrierTimeoutCycles) {
-        status->timed_out_phase = phase;
-        status->rank = rank;
-        status->missing_peer = p;
-        break;
-      }
-    }
+    signal_and_wait(peer_pads, rank, p, phase, status);
   }
   __syncthreads();
 }
 
+// `count` barriers back to back in one launch (the launch-free latency); stops at a timeout.
 __global__ void barrier_loop_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
                                     std::int32_t count, BarrierStatus* status) {
+  __shared__ int timed_out;
+  if (threadIdx.x == 0) timed_out = 0;
+  __syncthreads();
   const int p = threadIdx.x;
   for (std::int32_t i = 0; i < count; ++i) {
-    const std::uint64_t phase = first_phase + i;
-    if (p < cp) {
-      store_release_sys(peer_pads[p] + rank, phase);
-      const std::uint64_t* mine = peer_pads[rank] + p;
-      const long long start = clock64();
-      while (load_acquire_sys(mine) < phase) {
-        if (clock64() - start > kBarrierTimeoutCycles) {
-          status->timed_out_phase = phase;
-          status->rank = rank;
-          status->missing_peer = p;
-          return;
-        }
-      }
-    }
+    if (p < cp && !signal_and_wait(peer_pads, rank, p, first_phase + i, status)) atomicExch(&timed_out, 1);
     __syncthreads();
+    if (timed_out) return;  // uniform: every thread read it after the same __syncthreads
   }
 }
 
