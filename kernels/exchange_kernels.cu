@@ -110,7 +110,9 @@ __global__ void barrier_loop_kernel(std::uint64_t* const* peer_pads, std::int32_
   for (std::int32_t i = 0; i < count; ++i) {
     if (p < cp && !signal_and_wait(peer_pads, rank, p, first_phase + i, status)) atomicExch(&timed_out, 1);
     __syncthreads();
-    if (timed_out) return;  // uniform: every thread read it after the same __syncthreads
+    const bool stop = timed_out != 0;
+    __syncthreads();  // everyone has read it before anyone can write it again
+    if (stop) return;
   }
 }
 
