@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "commands.hpp"
 #include "cpkv/model/content.hpp"
@@ -14,6 +15,7 @@ namespace {
 struct MutantsOptions {
   std::optional<std::uint64_t> seed;
   std::optional<int> cases;
+  bool every_property = false;
 };
 
 void run_mutants(const MutantsOptions& o) {
@@ -21,12 +23,12 @@ void run_mutants(const MutantsOptions& o) {
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
   fmt::print("cpkv mutants: property suite against every planted bug | seed {} | {} cases per property\n", params.seed, params.maxSuccess);
-  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9}\n", "mutant", "caught", "by property", "cex size", "seconds");
+  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9}\n", "mutant", "caught", "first by property", "cex size", "s to catch");
   std::fflush(stdout);
   std::int32_t caught = 0;
   std::int32_t planted = 0;
   bool clean_passes = true;
-  properties::mutation_table(params, [&](const properties::MutantRow& row) {
+  properties::mutation_table(params, o.every_property, [&](const properties::MutantRow& row) {
     const bool none = row.mutant == sim::Mutant::none;
     if (none) {
       clean_passes = !row.caught;
@@ -38,6 +40,7 @@ void run_mutants(const MutantsOptions& o) {
       fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9.2f}\n", sim::to_string(row.mutant), row.caught ? "yes" : "NO", row.caught ? row.caught_by : "-",
                  row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
     }
+    if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
     if (row.caught) fmt::print("    replay: {}\n", row.replay);
     std::fflush(stdout);
   });
@@ -55,6 +58,7 @@ void register_mutants(CLI::App& app) {
                                      "counterexample's size (requests + schedule choices) and the time to catch it. RC_PARAMS is honoured.");
   cmd->add_option("--seed", o->seed, "RapidCheck seed (default: the suite's fixed seed or RC_PARAMS)");
   cmd->add_option("--cases", o->cases, "cases per property (default: RapidCheck's max_success)")->check(CLI::PositiveNumber);
+  cmd->add_flag("--every-property", o->every_property, "after the first catch, run the other scheduled properties too (slower)");
   cmd->callback([o] { run_mutants(*o); });
 }
 

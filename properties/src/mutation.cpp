@@ -39,7 +39,8 @@ PropertyOutcome check_property(const Property& property, sim::Mutant mutant, con
   return outcome;
 }
 
-std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, const std::function<void(const MutantRow&)>& on_row) {
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
+                                      const std::function<void(const MutantRow&)>& on_row) {
   std::vector<MutantRow> rows;
   std::vector<sim::Mutant> mutants = {sim::Mutant::none};
   mutants.insert(mutants.end(), sim::kAllMutants.begin(), sim::kAllMutants.end());
@@ -49,16 +50,24 @@ std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, cons
     const auto start = std::chrono::steady_clock::now();
     for (const Property& property : all_properties()) {
       // The free-running property cannot be steered by a schedule; the scheduled ones come first.
+      // With every_property, the scheduled properties all run, so the table shows each invariant
+      // that sees the bug; the free-running one (slow to fail: it waits out deadlocks) only runs
+      // when nothing caught the bug yet.
+      if (row.caught && (!every_property || property.invariant == 0)) break;
       const PropertyOutcome outcome = check_property(property, mutant, params);
       if (outcome.passed) continue;
+      if (row.caught) {
+        row.also_caught_by.push_back(property.name);
+        continue;
+      }
       row.caught = true;
       row.caught_by = property.name;
       row.counterexample_size = last_counterexample_size();
       row.replay = last_counterexample_replay();
       row.message = outcome.message;
-      break;
+      row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!row.caught) row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     on_row(row);
     rows.push_back(row);
   }

@@ -31,6 +31,7 @@ struct MutantRow {
   sim::Mutant mutant = sim::Mutant::none;
   bool caught = false;
   std::string caught_by;          // the first property that failed
+  std::vector<std::string> also_caught_by;  // every later property that failed too
   std::int64_t counterexample_size = 0;  // requests + schedule choices of the shrunk case
   double seconds = 0.0;           // time until caught
   std::string replay;             // the cpkv replay line of the shrunk counterexample
@@ -38,6 +39,9 @@ struct MutantRow {
 };
 
 // Hunts every mutant of kAllMutants (and `none`, which must pass every property).
-std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, const std::function<void(const MutantRow&)>& on_row);
+// `every_property`: keep running the scheduled properties after the first catch, to show every
+// invariant that sees the bug (slower); otherwise stop at the first.
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
+                                      const std::function<void(const MutantRow&)>& on_row);
 
 }  // namespace cpkv::properties
