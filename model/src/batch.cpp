@@ -93,18 +93,34 @@ BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
     layout.request_first_current_slot[r] = slot;
     layout.request_first_current_index[r] = static_cast<std::int64_t>(layout.current.size());
     const std::int64_t count = current_page_count(req.extend_len, setting.page_size);
+    const auto first_index = static_cast<std::int64_t>(layout.current.size());
     for (std::int64_t j = 0; j < count; ++j) {
-      const auto index = static_cast<std::int64_t>(layout.current.size());
+      const std::int64_t index = first_index + j;
       const std::int64_t rows_left = req.extend_len - j * setting.page_size;
       CurrentPage page;
       page.request = request;
-      page.writer = writer_of(setting.split, j, count, index, setting.cp);
+      // Zigzag writers are assigned block by block below (no divisions per page).
+      page.writer = setting.split == SplitPolicy::zigzag ? 0 : writer_of(setting.split, j, count, index, setting.cp);
       page.page_in_request = j;
       page.slot = slot;
       page.rows_valid = static_cast<std::int32_t>(rows_left < setting.page_size ? rows_left : setting.page_size);
       layout.current.push_back(page);
       layout.slots.push_back({SlotKind::current, request, index});
       ++slot;
+    }
+    if (setting.split == SplitPolicy::zigzag && count > 0) {
+      // Same assignment as writer_in_request(zigzag, ...): 2*cp blocks in page order, the first
+      // `count % (2cp)` one page longer; block b belongs to rank b (b < cp) or 2cp-1-b.
+      const std::int64_t blocks = 2 * std::int64_t{setting.cp};
+      const std::int64_t small = count / blocks;
+      const std::int64_t big_blocks = count % blocks;
+      CurrentPage* out = layout.current.data() + first_index;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::int64_t len = b < big_blocks ? small + 1 : small;
+        const auto writer = static_cast<std::int32_t>(b < setting.cp ? b : blocks - 1 - b);
+        for (std::int64_t k = 0; k < len; ++k) (out++)->writer = writer;
+      }
+      assert(out == layout.current.data() + first_index + count);
     }
   }
   layout.slot_count = slot;

@@ -1,6 +1,9 @@
 #include "cpkv/model/plan.hpp"
 
+#include <bit>
 #include <cassert>
+#include <cstddef>
+#include <iterator>
 
 namespace cpkv::model {
 
@@ -27,6 +30,12 @@ std::optional<Variant> parse_variant(std::string_view text) {
 namespace {
 
 SlotDescriptor pool_descriptor(std::int64_t logical_page, std::int32_t cp) {
+  // Power-of-two cp (the common case) with a non-negative page: mask and shift instead of two
+  // 64-bit divisions; identical results.
+  if (logical_page >= 0 && cp > 0 && (cp & (cp - 1)) == 0) {
+    const int shift = std::countr_zero(static_cast<std::uint32_t>(cp));
+    return {static_cast<std::int32_t>(logical_page & (cp - 1)), logical_page >> shift};
+  }
   return {static_cast<std::int32_t>(logical_page % cp), logical_page / cp};
 }
 
@@ -52,6 +61,35 @@ std::vector<SlotDescriptor> peer_current_gather(const BatchLayout& layout, std::
   }
   return plan;
 }
+
+// Forward iterators over consecutive tokens / rows of one page, for vector range inserts (which
+// size once and copy-construct in place).
+struct RowCounter {
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = std::int64_t;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const std::int64_t*;
+  using reference = std::int64_t;
+  std::int64_t row = 0;
+  std::int64_t operator*() const { return row; }
+  RowCounter& operator++() { ++row; return *this; }
+  RowCounter operator++(int) { RowCounter old = *this; ++row; return old; }
+  friend bool operator==(const RowCounter&, const RowCounter&) = default;
+  friend difference_type operator-(const RowCounter& a, const RowCounter& b) { return a.row - b.row; }
+};
+struct TokenCounter {
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = LocalToken;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const LocalToken*;
+  using reference = LocalToken;
+  std::int32_t request = 0;
+  std::int64_t token = 0;
+  LocalToken operator*() const { return {request, token}; }
+  TokenCounter& operator++() { ++token; return *this; }
+  TokenCounter operator++(int) { TokenCounter old = *this; ++token; return old; }
+  friend bool operator==(const TokenCounter&, const TokenCounter&) = default;
+};
 
 std::vector<std::int64_t> owned_prefix_slots(const BatchLayout& layout, std::int32_t rank) {
   std::vector<std::int64_t> slots;
@@ -139,15 +177,16 @@ PageInverse page_inverse(const BatchLayout& layout, const Batch& batch, std::int
   for (const CurrentPage& page : layout.current) rows += page.writer == rank ? static_cast<std::size_t>(page.rows_valid) : 0;
   inverse.tokens.reserve(rows);
   inverse.dest_row.reserve(rows);
+  // One range insert per page: no per-row capacity checks and no zero-initialization pass.
+  const std::int64_t page_size = layout.page_size;
   for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
     const CurrentPage& page = layout.current[i];
     if (page.writer != rank) continue;
-    const std::int64_t first_token = batch.requests[page.request].prefix_len + page.page_in_request * layout.page_size;
-    const std::int64_t first_row = (target == InverseTarget::dense ? page.slot : i) * layout.page_size;
-    for (std::int32_t row = 0; row < page.rows_valid; ++row) {
-      inverse.tokens.push_back({page.request, first_token + row});
-      inverse.dest_row.push_back(first_row + row);
-    }
+    const std::int64_t first_token = batch.requests[page.request].prefix_len + page.page_in_request * page_size;
+    const std::int64_t first_row = (target == InverseTarget::dense ? page.slot : i) * page_size;
+    inverse.tokens.insert(inverse.tokens.end(), TokenCounter{page.request, first_token},
+                          TokenCounter{page.request, first_token + page.rows_valid});
+    inverse.dest_row.insert(inverse.dest_row.end(), RowCounter{first_row}, RowCounter{first_row + page.rows_valid});
   }
   return inverse;
 }
