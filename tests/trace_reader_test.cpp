@@ -1,10 +1,14 @@
 // The batch-trace format, version 1 (traces/README.md): the samples read back with the values
 // written in them, what the writer writes the reader reads, and every malformed input is refused
 // with one line `FILE:LINE: FIELD: REASON` naming the right line and field.
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -13,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cpkv/model/limits.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -490,6 +495,337 @@ TEST(TraceBadInput, MissingFileIsRefusedNamingTheFile) {
     EXPECT_EQ(error.field(), "file");
     EXPECT_NE(std::string(error.what()).find("no-such-trace.jsonl:0: file: cannot open"), std::string::npos)
         << error.what();
+  }
+}
+
+// --- The two readings of a batch line agree (trace.cpp: the fast path, the DOM path on any doubt) -
+
+void expect_same_batch(const model::Batch& actual, const model::Batch& expected, const std::string& context) {
+  ASSERT_EQ(actual.requests.size(), expected.requests.size()) << context;
+  for (std::size_t r = 0; r < expected.requests.size(); ++r) {
+    EXPECT_EQ(actual.requests[r].prefix_len, expected.requests[r].prefix_len) << context;
+    EXPECT_EQ(actual.requests[r].extend_len, expected.requests[r].extend_len) << context;
+    EXPECT_EQ(actual.requests[r].prefix_pages, expected.requests[r].prefix_pages) << context;
+  }
+}
+
+// A batch line written by hand rather than by nlohmann (which sorts keys): keys in a random order
+// and random JSON whitespace between tokens.
+std::string scrambled_line(const model::Batch& batch, std::int64_t index, std::mt19937_64& rng) {
+  const auto space = [&rng]() -> std::string {
+    static const char* const kSpaces[] = {"", "", "", " ", "\t", "  ", "\r"};
+    return kSpaces[std::uniform_int_distribution<int>(0, 6)(rng)];
+  };
+  std::vector<std::string> members;
+  std::string requests = "[" + space();
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const model::Request& request = batch.requests[r];
+    std::string pages = "[" + space();
+    for (std::size_t k = 0; k < request.prefix_pages.size(); ++k) {
+      pages += (k == 0 ? "" : "," + space()) + std::to_string(request.prefix_pages[k]) + space();
+    }
+    pages += "]";
+    std::vector<std::string> fields = {"\"prefix_len\"" + space() + ":" + space() + std::to_string(request.prefix_len),
+                                       "\"extend_len\":" + space() + std::to_string(request.extend_len),
+                                       "\"prefix_pages\"" + space() + ":" + pages};
+    std::shuffle(fields.begin(), fields.end(), rng);
+    requests += (r == 0 ? "" : "," + space()) + "{" + space() + fields[0] + "," + space() + fields[1] + space() + "," + fields[2] +
+                space() + "}" + space();
+  }
+  requests += "]";
+  members = {"\"batch\":" + space() + std::to_string(index), "\"requests\"" + space() + ":" + space() + requests};
+  std::shuffle(members.begin(), members.end(), rng);
+  return space() + "{" + space() + members[0] + space() + "," + members[1] + space() + "}" + space();
+}
+
+TEST(TraceBatchPaths, GeneratedBatchesReadTheSameOnBothPaths) {
+  json header = good_header();
+  header["pool_pages"] = model::limits::pool_pages_max;
+  header["caps"] = json::object();
+  std::mt19937_64 rng(20240611);
+  const auto pick = [&rng](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  std::vector<model::Batch> batches(150);
+  std::string trace = header.dump() + "\n";
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    const std::int64_t request_count = b % 10 == 0 ? pick(100, 300) : pick(1, 16);
+    for (std::int64_t r = 0; r < request_count; ++r) {
+      model::Request request;
+      const std::int64_t page_count = b % 7 == 3 && b % 10 != 0 ? pick(2000, 5000) : pick(0, 60);  // some big page lists
+      request.prefix_len = 4 * page_count;
+      request.extend_len = pick(1, 50000);
+      for (std::int64_t k = 0; k < page_count; ++k) {
+        // Ids of every size the pool allows, the largest and 0 among them.
+        const std::int64_t digits_cap = std::int64_t{1} << pick(0, 31);
+        request.prefix_pages.push_back(std::min(pick(0, digits_cap - 1), model::limits::pool_pages_max - 1));
+      }
+      batches[b].requests.push_back(std::move(request));
+    }
+    const std::string line = scrambled_line(batches[b], static_cast<std::int64_t>(b), rng);
+    const std::string context = "batch " + std::to_string(b) + ": " + line.substr(0, 200);
+    const std::optional<detail::BatchLine> fast = detail::read_batch_line_fast(line);
+    ASSERT_TRUE(fast.has_value()) << "the fast path gave up on a well-formed line: " << context;
+    const detail::BatchLine dom = detail::read_batch_line_dom(line, "gen.jsonl", 2, static_cast<std::int64_t>(b));
+    EXPECT_EQ(fast->index, static_cast<std::int64_t>(b));
+    EXPECT_EQ(dom.index, static_cast<std::int64_t>(b));
+    expect_same_batch(fast->batch, batches[b], context);
+    expect_same_batch(dom.batch, batches[b], context);
+    trace += line + "\n";
+  }
+  TraceReader reader(stream_of(trace), "gen.jsonl");
+  for (std::size_t b = 0; b < batches.size(); ++b) {
+    const std::optional<model::Batch> batch = reader.next();
+    ASSERT_TRUE(batch.has_value());
+    expect_same_batch(*batch, batches[b], "reader, batch " + std::to_string(b));
+  }
+  EXPECT_FALSE(reader.next().has_value());
+}
+
+TEST(TraceBatchPaths, LargestIntegersReadTheSameOnBothPaths) {
+  // Shape only (model::validate would refuse these ids for the pool): int64's largest value fits.
+  const std::string line = R"({"requests":[{"prefix_pages":[9223372036854775807,0,18],"extend_len":9223372036854775807,)"
+                           R"("prefix_len":0}],"batch":9223372036854775807})";
+  const std::optional<detail::BatchLine> fast = detail::read_batch_line_fast(line);
+  ASSERT_TRUE(fast.has_value());
+  const detail::BatchLine dom = detail::read_batch_line_dom(line, "big.jsonl", 2, INT64_MAX);
+  EXPECT_EQ(fast->index, INT64_MAX);
+  EXPECT_EQ(dom.index, INT64_MAX);
+  expect_same_batch(fast->batch, dom.batch, line);
+  EXPECT_EQ(fast->batch.requests.at(0).prefix_pages, pages({INT64_MAX, 0, 18}));
+  EXPECT_EQ(fast->batch.requests.at(0).extend_len, INT64_MAX);
+}
+
+TEST(TraceBatchPaths, UnusualButValidLinesReadTheSameAsBefore) {
+  // Lines the reader has always accepted; the fast path may give up on some (e.g. "-0"), and
+  // then the DOM path reads them as before.
+  const std::vector<std::string> unusual = {
+      "{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]},{\"prefix_len\":0,\"extend_len\":9,\"prefix_pages\":[]},{\"prefix_len\":0,\"extend_len\":9,\"prefix_pages\":[]}]}",
+      std::string("{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}") + std::string(1, '\0'),
+      std::string("\xef\xbb\xbf") + "{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+      R"({"batch":-0,"requests":[{"prefix_len":8,"extend_len":6,"prefix_pages":[5,2]}]})",
+      R"({"batch":0,"requests":[{"prefix\u005flen":8,"extend_len":6,"prefix_pages":[5,2]}]})",
+      "{\"batch\" : 0 ,\r\"requests\" :\t[ {\"prefix_len\":8 , \"extend_len\":6,\"prefix_pages\":[ 5 , 2 ] } ] }\r",
+  };
+  for (const std::string& line : unusual) {
+    const std::string context = json(line).dump(-1, ' ', false, json::error_handler_t::replace);
+    const detail::BatchLine dom = detail::read_batch_line_dom(line, "odd.jsonl", 2, 0);
+    if (const std::optional<detail::BatchLine> fast = detail::read_batch_line_fast(line)) {
+      EXPECT_EQ(fast->index, dom.index) << context;
+      expect_same_batch(fast->batch, dom.batch, context);
+    }
+    TraceReader reader(stream_of(good_header().dump() + "\n" + line + "\n"), "odd.jsonl");
+    const std::optional<model::Batch> batch = reader.next();
+    ASSERT_TRUE(batch.has_value()) << context;
+    expect_same_batch(*batch, dom.batch, context);
+  }
+}
+
+// Malformed batch lines (line 2, after good_header()) and, character for character, the message
+// each one got from the reader before the fast path existed: whichever path meets a line now, its
+// refusal must not change. Some are refused for their meaning (batch number, model::validate),
+// which the fast path may accept as shape and leave to the checks both paths share.
+struct Refused {
+  std::string line;
+  std::string message;
+};
+
+const std::vector<Refused>& refused_batch_lines() {
+  static const std::vector<Refused> cases = {
+      {"{\"batch\":0,\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: duplicate key"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"requests\":[]}",
+       "bad.jsonl:2: requests: duplicate key"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: prefix_len: duplicate key"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2],\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: prefix_pages: duplicate key"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":1.5,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: expected an integer, got a non-integer number (1.5)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8.0,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: expected an integer, got a non-integer number (8.0)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2e0]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got a non-integer number (2.0)"},
+      {"{\"batch\":0.0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: expected an integer, got a non-integer number (0.0)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":\"4\",\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: expected an integer, got a string (\"4\")"},
+      {"{\"batch\":\"0\",\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: expected an integer, got a string (\"0\")"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,\"2\"]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got a string (\"2\")"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":-4,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: -4 is negative"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":-1,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: -1 is negative"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,-2]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: -2 is negative"},
+      {"{\"batch\":-1,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: -1 is negative"},
+      {"{\"batch\":0,\"time_ms\":3,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: time_ms: unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"suffix_len\":0,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].suffix_len: unknown key (expected one of: prefix_len, extend_len, prefix_pages)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\":1}",
+       "bad.jsonl:2: : unknown key (expected one of: batch, requests)"},
+      {"{\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: missing required field"},
+      {"{\"batch\":0}",
+       "bad.jsonl:2: requests: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6}]}",
+       "bad.jsonl:2: requests[0].prefix_pages: missing required field"},
+      {"{\"batch\":null,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: missing required field"},
+      {"{\"batch\":0,\"requests\":null}",
+       "bad.jsonl:2: requests: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":null,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":null}]}",
+       "bad.jsonl:2: requests[0].prefix_pages: missing required field"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,null]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got null"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]} x",
+       "bad.jsonl:2: json: invalid JSON at byte 79: syntax error while parsing value - invalid literal; last read: '2]}]} x'; expected end of input"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}}",
+       "bad.jsonl:2: json: invalid JSON at byte 78: syntax error while parsing value - unexpected '}'; expected end of input"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]},",
+       "bad.jsonl:2: json: invalid JSON at byte 78: syntax error while parsing value - unexpected ','; expected end of input"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}{}",
+       "bad.jsonl:2: json: invalid JSON at byte 78: syntax error while parsing value - unexpected '{'; expected end of input"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]} // comment",
+       "bad.jsonl:2: json: invalid JSON at byte 79: syntax error while parsing value - invalid literal; last read: '2]}]} /'; expected end of input"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]",
+       "bad.jsonl:2: json: invalid JSON at byte 77: syntax error while parsing object - unexpected end of input; expected '}'"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2,]}]}",
+       "bad.jsonl:2: json: invalid JSON at byte 75: syntax error while parsing value - unexpected ']'; expected '[', '{', or a literal"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":08,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: json: invalid JSON at byte 39: syntax error while parsing object - unexpected number literal; expected '}'"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":+8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: json: invalid JSON at byte 38: syntax error while parsing value - invalid literal; last read: '\"prefix_len\":+'"},
+      {"{'batch':0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: json: invalid JSON at byte 2: syntax error while parsing object key - invalid literal; last read: '{''; expected string literal"},
+      {"{\"batch\":0,\"requests\":{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}}",
+       "bad.jsonl:2: requests: expected an array, got an object"},
+      {"{\"batch\":0,\"requests\":[[8,6,[5,2]]]}",
+       "bad.jsonl:2: requests[0]: expected an object, got an array"},
+      {"{\"batch\":0,\"requests\":[1]}",
+       "bad.jsonl:2: requests[0]: expected an object, got a number (1)"},
+      {"{\"batch\":0,\"requests\":[\"x\"]}",
+       "bad.jsonl:2: requests[0]: expected an object, got a string (\"x\")"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":{\"0\":5,\"1\":2}}]}",
+       "bad.jsonl:2: requests[0].prefix_pages: expected an array, got an object"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,[2]]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got an array"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,{\"id\":2}]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got an object"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,true]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got a boolean (true)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":{},\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: expected an integer, got an object"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":[8],\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: expected an integer, got an array"},
+      {"{\"batch\":[0],\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: expected an integer, got an array"},
+      {"{\"batch\":{},\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: expected an integer, got an object"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"time_ms\":{\"a\":1,\"a\":2}}",
+       "bad.jsonl:2: a: duplicate key"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":18446744073709551615,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: 18446744073709551615 does not fit in 64 bits"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":9223372036854775808,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: 9223372036854775808 does not fit in 64 bits"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":9223372036854775807,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: 9223372036854775807 is not a multiple of page_size 4"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":99999999999999999999999,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: expected an integer, got a non-integer number (9.999999999999999e+22)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,18446744073709551616]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: expected an integer, got a non-integer number (1.8446744073709552e+19)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,9223372036854775808]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: 9223372036854775808 does not fit in 64 bits"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,9223372036854775807]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: page id 9223372036854775807 is outside the pool [0, 16)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":-9223372036854775809,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: expected an integer, got a non-integer number (-9.223372036854776e+18)"},
+      {"{\"batch\":9223372036854775808,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: 9223372036854775808 does not fit in 64 bits"},
+      {"{\"batch\":1,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: 1 is out of order: batches are numbered 0, 1, 2, ... and this is batch 0"},
+      {"{\"batch\":1,\"requests\":[{\"prefix_len\":\"x\",\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: 1 is out of order: batches are numbered 0, 1, 2, ... and this is batch 0"},
+      {"{\"batch\":1,\"requests\":[{\"prefix_len\":6,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: batch: 1 is out of order: batches are numbered 0, 1, 2, ... and this is batch 0"},
+      {"{\"batch\":1,\"extra\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: extra: unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[]}",
+       "bad.jsonl:2: requests: a batch needs at least one request"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":6,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].prefix_len: 6 is not a multiple of page_size 4"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":0,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].extend_len: 0 is less than 1"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages: 1 page ids for prefix_len 8 (expected 2)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,16]}]}",
+       "bad.jsonl:2: requests[0].prefix_pages[1]: page id 16 is outside the pool [0, 16)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"a\\nb\":1}",
+       "bad.jsonl:2: a b: unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\\u00e9\\u4e2d\\ud83d\\ude00\":1}",
+       "bad.jsonl:2: \xc3""\xa9""\xe4""\xb8""\xad""\xf0""\x9f""\x98""\x80"": unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\\ud800\":1}",
+       "bad.jsonl:2: json: invalid JSON at byte 85: syntax error while parsing object key - invalid string: surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF; last read: '\"\\ud800\"'; expected string literal"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"x",
+       "bad.jsonl:2: json: invalid JSON at byte 80: syntax error while parsing object key - invalid string: missing closing quote; last read: '\"x'; expected string literal"},
+      {"[{\"batch\":0,\"requests\":[]}]",
+       "bad.jsonl:2: json: expected an object, got an array"},
+      {"[]",
+       "bad.jsonl:2: json: expected an object, got an array"},
+      {"null",
+       "bad.jsonl:2: json: expected an object, got null"},
+      {"0",
+       "bad.jsonl:2: json: expected an object, got a number (0)"},
+      {"\"batch\"",
+       "bad.jsonl:2: json: expected an object, got a string (\"batch\")"},
+      {"true",
+       "bad.jsonl:2: json: expected an object, got a boolean (true)"},
+      {"   ",
+       "bad.jsonl:2: json: blank line (every line must hold one JSON object)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"prefix_len\":8}",
+       "bad.jsonl:2: prefix_len: unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[{\"batch\":0,\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests[0].batch: unknown key (expected one of: prefix_len, extend_len, prefix_pages)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
+       "bad.jsonl:2: requests: duplicate key"},
+      {std::string("{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"") + "\xff\":1}",
+       "bad.jsonl:2: json: invalid JSON at byte 79: syntax error while parsing object key - invalid string: ill-formed UTF-8 byte; last read: '\"\xff""'; expected string literal"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\x01""\":1}",
+       "bad.jsonl:2: json: invalid JSON at byte 79: syntax error while parsing object key - invalid string: control character U+0001 (SOH) must be escaped to \\u0001; last read: '\"<U+0001>'; expected string literal"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\":1}",
+       "bad.jsonl:2: kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk: unknown key (expected one of: batch, requests)"},
+      {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\\u0000\":1}",
+       "bad.jsonl:2: "},
+  };
+  return cases;
+}
+
+TEST(TraceBatchPaths, MalformedBatchLinesAreRefusedWithTheSameMessageAsBefore) {
+  for (const Refused& c : refused_batch_lines()) {
+    const std::string context = json(c.line).dump(-1, ' ', false, json::error_handler_t::replace);
+    try {
+      TraceReader reader(stream_of(good_header().dump() + "\n" + c.line + "\n"), "bad.jsonl");
+      while (reader.next()) {
+      }
+      ADD_FAILURE() << "accepted: " << context;
+    } catch (const TraceError& error) {
+      EXPECT_EQ(std::string(error.what()), c.message) << context;
+      EXPECT_EQ(std::string(error.what()).find('\n'), std::string::npos) << context;
+    }
+    // What the fast path accepts has the right shape: the DOM path reads the same batch from it.
+    if (const std::optional<detail::BatchLine> fast = detail::read_batch_line_fast(c.line)) {
+      const detail::BatchLine dom = detail::read_batch_line_dom(c.line, "bad.jsonl", 2, fast->index);
+      EXPECT_EQ(dom.index, fast->index) << context;
+      expect_same_batch(fast->batch, dom.batch, context);
+    }
   }
 }
 

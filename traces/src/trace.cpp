@@ -279,21 +279,180 @@ model::Request parse_request(const LineChecker& checker, const json& request_jso
   return request;
 }
 
-model::Batch parse_batch(const LineChecker& checker, const json& batch_json, const model::Setting& setting,
-                         std::int64_t expected_index) {
-  checker.refuse_unknown_keys(batch_json, "", {"batch", "requests"});
-  const std::int64_t index = checker.non_negative(checker.required(batch_json, "", "batch"), "batch");
+void check_batch_number(const LineChecker& checker, std::int64_t index, std::int64_t expected_index) {
   if (index != expected_index) {
     checker.fail("batch", fmt::format("{} is out of order: batches are numbered 0, 1, 2, ... and this is batch {}", index, expected_index));
   }
-  const json& requests_json = checker.array(checker.required(batch_json, "", "requests"), "requests");
-  model::Batch batch;
-  batch.requests.reserve(requests_json.size());
-  for (std::size_t r = 0; r < requests_json.size(); ++r) {
-    batch.requests.push_back(parse_request(checker, requests_json[r], index_path("requests", r)));
+}
+
+// --- Batch lines: a fast path, and the DOM path on any doubt -------------------------------------
+//
+// A trace is mostly batch lines of hundreds of page ids each, and replaying one costs less than
+// reading it, so batch lines are read twice over only when they are wrong:
+//
+//  1. The fast path, BatchSax below, is a SAX handler for nlohmann::json::sax_parse (the same
+//     lexer and grammar as json::parse) that builds the model::Batch directly, with no DOM and no
+//     field paths. It accepts a line only when it is plainly well formed: an object with exactly
+//     the keys "batch" and "requests" in any order, "requests" an array of objects with exactly
+//     "prefix_len", "extend_len" and "prefix_pages" in any order, and every number an integer
+//     without a minus sign that fits in int64. At the first thing it does not expect (an unknown
+//     or duplicate key, null, a string, a boolean, a float, a minus sign, a missing key, a syntax
+//     error, text after the object, ...) it gives up, whatever that thing means.
+//  2. The DOM path, parse_object + parse_batch_shape, is the reader as it always was: it parses
+//     the line again into a json DOM and names the field and the reason of the first problem.
+//
+// Either way the batch then gets the same checks of its meaning: the batch number, then
+// model::validate. (The DOM path checks the batch number before the shape of the requests; a line
+// the fast path accepts has no shape problem, so the order makes no difference to what it reports.)
+// tests/trace_reader_test.cpp (TraceBatchPaths) checks that the two paths agree.
+class BatchSax {
+ public:
+  // nlohmann's SAX interface; returning false stops the parse, and that is how the fast path gives up.
+  bool null() { return false; }
+  bool boolean(bool) { return false; }
+  bool number_integer(json::number_integer_t) { return false; }  // only numbers written with a '-'
+  bool number_float(json::number_float_t, const json::string_t&) { return false; }
+  bool string(json::string_t&) { return false; }
+  bool binary(json::binary_t&) { return false; }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
+
+  bool number_unsigned(json::number_unsigned_t value) {
+    if (value > static_cast<json::number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) return false;
+    const auto number = static_cast<std::int64_t>(value);
+    switch (expect_) {
+      case Expect::page:
+        line_.batch.requests.back().prefix_pages.push_back(number);
+        return true;
+      case Expect::batch_value:
+        line_.index = number;
+        expect_ = Expect::batch_key;
+        return true;
+      case Expect::prefix_len_value:
+        line_.batch.requests.back().prefix_len = number;
+        expect_ = Expect::request_key;
+        return true;
+      case Expect::extend_len_value:
+        line_.batch.requests.back().extend_len = number;
+        expect_ = Expect::request_key;
+        return true;
+      default:
+        return false;
+    }
   }
-  checker.check(model::validate(setting, batch));
-  return batch;
+
+  bool start_object(std::size_t) {
+    if (expect_ == Expect::line) {
+      expect_ = Expect::batch_key;
+      return true;
+    }
+    if (expect_ == Expect::request) {
+      line_.batch.requests.emplace_back();
+      request_keys_ = 0;
+      expect_ = Expect::request_key;
+      return true;
+    }
+    return false;
+  }
+
+  bool key(json::string_t& key) {
+    if (expect_ == Expect::batch_key) {
+      if (key == "batch") return first_time(batch_keys_, 1, Expect::batch_value);
+      if (key == "requests") return first_time(batch_keys_, 2, Expect::requests);
+    } else if (expect_ == Expect::request_key) {
+      if (key == "prefix_pages") return first_time(request_keys_, 1, Expect::prefix_pages);
+      if (key == "prefix_len") return first_time(request_keys_, 2, Expect::prefix_len_value);
+      if (key == "extend_len") return first_time(request_keys_, 4, Expect::extend_len_value);
+    }
+    return false;
+  }
+
+  bool end_object() {
+    if (expect_ == Expect::batch_key && batch_keys_ == 3) {
+      expect_ = Expect::end;
+      return true;
+    }
+    if (expect_ == Expect::request_key && request_keys_ == 7) {
+      expect_ = Expect::request;
+      return true;
+    }
+    return false;
+  }
+
+  bool start_array(std::size_t) {
+    if (expect_ == Expect::requests) {
+      expect_ = Expect::request;
+      return true;
+    }
+    if (expect_ == Expect::prefix_pages) {
+      expect_ = Expect::page;
+      return true;
+    }
+    return false;
+  }
+
+  bool end_array() {
+    if (expect_ == Expect::request) {
+      expect_ = Expect::batch_key;
+      return true;
+    }
+    if (expect_ == Expect::page) {
+      expect_ = Expect::request_key;
+      return true;
+    }
+    return false;
+  }
+
+  // The line read, where it was plainly well formed; nullopt otherwise (the DOM path must judge it).
+  static std::optional<detail::BatchLine> read(const std::string& text) {
+    BatchSax sax;
+    const bool parsed = json::sax_parse(text, &sax, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/false);
+    if (!parsed || sax.expect_ != Expect::end) return std::nullopt;
+    return std::move(sax.line_);
+  }
+
+ private:
+  // What may come next. A "key" state is inside an object, between its members.
+  enum class Expect {
+    line,              // the line's object
+    batch_key,         // a key of the line's object, or its end
+    batch_value,       // the number of "batch"
+    requests,          // the array of "requests"
+    request,           // a request object, or the end of the requests array
+    request_key,       // a key of a request, or its end
+    prefix_len_value,  // the number of "prefix_len"
+    extend_len_value,  // the number of "extend_len"
+    prefix_pages,      // the array of "prefix_pages"
+    page,              // a page id, or the end of the prefix_pages array
+    end,               // nothing: the line's object is complete
+  };
+
+  // Records a key in `seen` (one bit per key of its object); a key seen before is a duplicate.
+  bool first_time(unsigned& seen, unsigned bit, Expect next) {
+    if ((seen & bit) != 0) return false;
+    seen |= bit;
+    expect_ = next;
+    return true;
+  }
+
+  Expect expect_ = Expect::line;
+  unsigned batch_keys_ = 0;
+  unsigned request_keys_ = 0;
+  detail::BatchLine line_;
+};
+
+// The DOM path's shape checks of a batch line (the batch number among them, in the order the
+// reader has always reported them); the caller applies model::validate.
+detail::BatchLine parse_batch_shape(const LineChecker& checker, const json& batch_json, std::int64_t expected_index) {
+  checker.refuse_unknown_keys(batch_json, "", {"batch", "requests"});
+  detail::BatchLine line;
+  line.index = checker.non_negative(checker.required(batch_json, "", "batch"), "batch");
+  check_batch_number(checker, line.index, expected_index);
+  const json& requests_json = checker.array(checker.required(batch_json, "", "requests"), "requests");
+  line.batch.requests.reserve(requests_json.size());
+  for (std::size_t r = 0; r < requests_json.size(); ++r) {
+    line.batch.requests.push_back(parse_request(checker, requests_json[r], index_path("requests", r)));
+  }
+  return line;
 }
 
 }  // namespace
@@ -338,10 +497,26 @@ std::optional<model::Batch> TraceReader::next() {
   }
   ++line_;
   const LineChecker checker(name_, line_);
-  model::Batch batch = parse_batch(checker, checker.parse_object(text), header_.setting, batch_index_ + 1);
+  const std::int64_t expected_index = batch_index_ + 1;
+  // The fast path, or on any doubt the DOM path (see BatchSax); then the same checks of meaning.
+  std::optional<detail::BatchLine> line = BatchSax::read(text);
+  if (!line) line = parse_batch_shape(checker, checker.parse_object(text), expected_index);
+  check_batch_number(checker, line->index, expected_index);
+  checker.check(model::validate(header_.setting, line->batch));
   ++batch_index_;
-  return batch;
+  return std::move(line->batch);
 }
+
+namespace detail {
+
+std::optional<BatchLine> read_batch_line_fast(const std::string& text) { return BatchSax::read(text); }
+
+BatchLine read_batch_line_dom(const std::string& text, const std::string& file, std::int64_t line, std::int64_t expected_index) {
+  const LineChecker checker(file, line);
+  return parse_batch_shape(checker, checker.parse_object(text), expected_index);
+}
+
+}  // namespace detail
 
 nlohmann::json header_to_json(const TraceHeader& header) {
   const model::Setting& setting = header.setting;

@@ -65,6 +65,20 @@ class TraceReader {
   std::int64_t batch_index_ = -1;
 };
 
+namespace detail {
+// For tests only: the reader's two readings of a batch line (trace.cpp explains them), so that
+// tests can check they agree. Neither applies model::validate.
+struct BatchLine {
+  std::int64_t index = 0;  // the line's "batch"
+  model::Batch batch;
+};
+// The fast reading: nullopt wherever the line is anything but plainly well formed.
+std::optional<BatchLine> read_batch_line_fast(const std::string& text);
+// The DOM reading, which names the field and reason of any problem of shape or batch number in a
+// TraceError for `file` and `line`.
+BatchLine read_batch_line_dom(const std::string& text, const std::string& file, std::int64_t line, std::int64_t expected_index);
+}  // namespace detail
+
 nlohmann::json header_to_json(const TraceHeader& header);
 nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index);
 
