@@ -1,5 +1,7 @@
 // cpkv: the command line of the CP shared-KV compose exchange testbed.
+#include <algorithm>
 #include <cstdio>
+#include <string>
 #include <exception>
 
 #include <CLI/CLI.hpp>
@@ -43,6 +45,12 @@ int main(int argc, char** argv) {
   } catch (const cpkv::cli::OptionError& e) {
     fmt::print(stderr, "cpkv: error: {}\n", e.what());
     return cpkv::cli::kExitBadInput;
+  } catch (const std::exception& e) {
+    // Anything else (no memory for the shared region, a failed fork): one line, not a crash.
+    std::string text = e.what();
+    std::replace(text.begin(), text.end(), '\n', ' ');
+    fmt::print(stderr, "cpkv: error: {}\n", text);
+    return cpkv::cli::kExitFailure;
   }
   return cpkv::cli::exit_status();
 }

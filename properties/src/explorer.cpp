@@ -48,8 +48,8 @@ struct Explorer {
 
   void visit() {
     if (stop) return;
-    if (!visited.insert(key()).second) return;
-    ++result.states;
+    // A violation is found on the transition that made it, so it is checked before the visited-set
+    // pruning: a path into an already visited state still has its last step checked.
     if (world.violation_count() > 0) {
       const auto violations = world.violations();
       result.found = true;
@@ -58,6 +58,8 @@ struct Explorer {
       stop = true;
       return;
     }
+    if (!visited.insert(key()).second) return;
+    ++result.states;
     if (result.states >= options.states_max ||
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > options.seconds_max) {
       stop = true;

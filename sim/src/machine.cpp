@@ -319,12 +319,14 @@ void RankMachine::check_write_to_shared_half(std::int32_t layer, std::int32_t ha
 }
 
 void RankMachine::check_read_stamp(const StagingStamp& stamp, std::int32_t writer, std::int32_t layer, std::int64_t slot) const {
-  const std::int64_t stamped_layer = stamp.layer.load(std::memory_order_acquire);
+  // Stamps carry (batch, layer): data of the same layer of an earlier batch is stale too.
+  const std::int64_t stamped = stamp.layer.load(std::memory_order_acquire);
   const auto state = static_cast<StampState>(stamp.state.load(std::memory_order_acquire));
-  if (stamped_layer == layer && (state == StampState::filled || state == StampState::published)) return;
+  if (stamped == layer_tag(batch_index_, layer) && (state == StampState::filled || state == StampState::published)) return;
   static constexpr const char* kStates[] = {"poisoned", "zeroed", "filled", "published"};
-  violation(2, layer, slot, fmt::format("rank {} reads rank {}'s page for layer {} but it holds layer {} ({})", rank_, writer,
-                                        layer, stamped_layer, kStates[static_cast<int>(state)]));
+  const std::string held = stamped <= 0 ? std::string("nothing") : fmt::format("batch {} layer {}", (stamped - 1) / 4096, (stamped - 1) % 4096);
+  violation(2, layer, slot, fmt::format("rank {} reads rank {}'s page for batch {} layer {} but it holds {} ({})", rank_, writer,
+                                        batch_index_, layer, held, kStates[static_cast<int>(state)]));
 }
 
 void RankMachine::note_fill(std::int32_t layer, std::int64_t i) const {
@@ -460,13 +462,13 @@ void RankMachine::run_step(const Step& s) {
         check_write_to_shared_half(s.layer, hs, s.a, 0);
         for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->staging_page(rank_, hs, k, s.a), 0, page_bytes); });
         StagingStamp& stamp = world_->stamp(rank_, hs, s.a);
-        stamp.layer.store(s.layer, std::memory_order_release);
+        stamp.layer.store(layer_tag(batch_index_, s.layer), std::memory_order_release);
         stamp.state.store(static_cast<std::int32_t>(StampState::zeroed), std::memory_order_release);
       } else {
         if (path_variant_ == model::Variant::symm_dense) check_write_to_shared_half(s.layer, hd, slot, 0);
         for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, slot), 0, page_bytes); });
         StagingStamp& stamp = world_->dense_stamp(rank_, hd, slot);
-        stamp.layer.store(s.layer, std::memory_order_release);
+        stamp.layer.store(layer_tag(batch_index_, s.layer), std::memory_order_release);
         stamp.state.store(static_cast<std::int32_t>(StampState::zeroed), std::memory_order_release);
       }
       break;
@@ -491,7 +493,7 @@ void RankMachine::run_step(const Step& s) {
         }
       });
       StagingStamp& stamp = plan_.fill_to_staging ? world_->stamp(rank_, hs, s.a) : world_->dense_stamp(rank_, hd, slot);
-      stamp.layer.store(s.layer, std::memory_order_release);
+      stamp.layer.store(layer_tag(batch_index_, s.layer), std::memory_order_release);
       stamp.state.store(static_cast<std::int32_t>(StampState::filled), std::memory_order_release);
       note_fill(s.layer, s.a);
       break;
@@ -544,7 +546,7 @@ void RankMachine::run_step(const Step& s) {
         std::memcpy(world_->staging_page(rank_, hs, k, s.a), world_->dense_page(rank_, hd, k, slot), page_bytes);
       });
       StagingStamp& stamp = world_->stamp(rank_, hs, s.a);
-      stamp.layer.store(s.layer, std::memory_order_release);
+      stamp.layer.store(layer_tag(batch_index_, s.layer), std::memory_order_release);
       stamp.state.store(static_cast<std::int32_t>(StampState::published), std::memory_order_release);
       break;
     }
@@ -585,7 +587,6 @@ void RankMachine::run_step(const Step& s) {
       log.signature.store(signature, std::memory_order_relaxed);
       log.history[collectives_arrived_ % 4].store(signature, std::memory_order_release);
       ++collectives_arrived_;
-      ++totals_.collectives;
       log.calls.store(collectives_arrived_, std::memory_order_relaxed);
       world_->collective_counter(rank_).value.store(collectives_arrived_, std::memory_order_release);
       break;
@@ -611,6 +612,7 @@ void RankMachine::run_step(const Step& s) {
       const bool compact = s.b < 0;
       const std::int64_t first = compact ? 0 : s.a;
       const std::int64_t pages = compact ? plan_.compact_pages : s.b - s.a;
+      if (s.op == Op::reduce) ++totals_.collectives;  // one all-reduce per reduce step, empty ones included
       if (pages <= 0) break;
       const std::int64_t bound = compact ? world_->geometry().current_pages_max : world_->geometry().slot_count_max;
       if (!in_batch(first + pages - 1, bound, "collective page")) break;

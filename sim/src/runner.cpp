@@ -45,6 +45,7 @@ void collect(const World& world, RunReport& report) {
   for (std::int32_t r = 0; r < world.geometry().cp; ++r) report.ranks.push_back(world.totals(r));
   report.violations = world.violations();
   report.violation_count = world.violation_count();
+  for (std::int32_t i = 1; i <= 8; ++i) report.violations_by_invariant[i] = world.violation_count(i);
 }
 
 // Checker at quiescence (invariant 4): every rank arrived at every barrier and collective the same

@@ -38,10 +38,15 @@ int creator_pid(const std::string& name) {
 SharedRegion SharedRegion::create(std::size_t bytes) {
   const std::string name = fresh_name();
   bip::shared_memory_object::remove(name.c_str());
-  bip::shared_memory_object object(bip::create_only, name.c_str(), bip::read_write);
-  object.truncate(static_cast<bip::offset_t>(bytes));  // tmpfs pages read as zero until written
-  bip::mapped_region region(object, bip::read_write);
-  return SharedRegion(name, std::move(region), ::getpid());
+  try {
+    bip::shared_memory_object object(bip::create_only, name.c_str(), bip::read_write);
+    object.truncate(static_cast<bip::offset_t>(bytes));  // tmpfs pages read as zero until written
+    bip::mapped_region region(object, bip::read_write);
+    return SharedRegion(name, std::move(region), ::getpid());
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());  // never leave the name behind
+    throw std::runtime_error(fmt::format("cannot create shared memory region {} of {} bytes: {}", name, bytes, e.what()));
+  }
 }
 
 SharedRegion::SharedRegion(std::string name, bip::mapped_region region, int owner_pid)

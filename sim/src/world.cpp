@@ -1,6 +1,11 @@
 #include "cpkv/sim/world.hpp"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
 #include <cstring>
 #include <new>
 
@@ -23,6 +28,7 @@ struct Bump {
 
 struct World::Header {
   std::atomic<std::int64_t> violations{0};
+  std::atomic<std::int64_t> by_invariant[9] = {};
 };
 
 std::uint64_t WorldGeometry::page_bytes_all_kinds() const {
@@ -118,8 +124,29 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   return off;
 }
 
+namespace {
+// The bytes a run will really touch (staging is poisoned whole; dense, compact and scratch are
+// written per batch; pools are sparse and only the batches' pages are written, so they are left
+// out): refuse up front rather than die of SIGBUS when tmpfs fills.
+std::uint64_t checked_size(std::uint64_t total, std::uint64_t touched) {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) == 0) {
+    const std::uint64_t free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+    if (touched > free_bytes) {
+      throw std::runtime_error(fmt::format("the simulated group needs {} MiB of shared memory, /dev/shm has {} MiB free "
+                                           "(lower the staging size, the batch or cp)", touched >> 20, free_bytes >> 20));
+    }
+  }
+  return total;
+}
+}  // namespace
+
 World::World(const WorldGeometry& g, std::uint64_t seed)
-    : geometry_(g), seed_(seed), carve_(carve_for(g)), off_(carve_world(g, carve_)), region_(SharedRegion::create(off_.total)) {
+    : geometry_(g),
+      seed_(seed),
+      carve_(carve_for(g)),
+      off_(carve_world(g, carve_)),
+      region_(SharedRegion::create(checked_size(off_.total, off_.total - g.cp * off_.pool_rank))) {
   const std::uint64_t cp = g.cp;
   std::uint8_t* base = region_.base();
   new (base + off_.header) Header();
@@ -188,6 +215,7 @@ StagingStamp& World::dense_stamp(std::int32_t rank, std::int32_t half, std::int6
 }
 
 void World::record(const Violation& violation) const {
+  header()->by_invariant[std::clamp(violation.invariant, 0, 8)].fetch_add(1);
   const std::int64_t index = header()->violations.fetch_add(1);
   if (index < kViolationsMax) region_.at<Violation>(off_.violations)[index] = violation;
 }
@@ -199,6 +227,7 @@ std::vector<Violation> World::violations() const {
 }
 
 std::int64_t World::violation_count() const { return header()->violations.load(); }
+std::int64_t World::violation_count(std::int32_t invariant) const { return header()->by_invariant[std::clamp(invariant, 0, 8)].load(); }
 
 void World::reset_flags() const {
   for (std::int32_t r = 0; r < geometry_.cp; ++r) {
@@ -216,6 +245,7 @@ void World::reset_flags() const {
   reset_barrier().count = 0;
   reset_barrier().generation = 0;
   header()->violations = 0;
+  for (auto& count : header()->by_invariant) count = 0;
 }
 
 }  // namespace cpkv::sim

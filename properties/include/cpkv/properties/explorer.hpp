@@ -1,7 +1,9 @@
 // Exhaustive exploration of every interleaving of the rank step machines for small settings, with a
-// visited-state set. A state is the vector of every rank's program counter: everything a checker
-// looks at when a step runs (stamps, read epochs, barrier counters) is a function of it, so two
-// paths that reach the same vector have the same futures as far as invariants 2 and 4 go.
+// visited-state set. A state is the vector of every rank's program counter: everything the checkers of
+// invariants 2 and 4 look at when a step runs (stamps, read epochs, barrier counters) is a function of
+// it, so two paths that reach the same vector have the same futures as far as those checks go, and
+// every transition out of every reachable state is executed and checked once. Data bytes are not a
+// function of it (a stale read leaves different bytes), so byte exactness is not proved this way.
 #pragma once
 
 #include <cstdint>

@@ -3,6 +3,7 @@
 // process or thread per rank, with seeded delays at named fault points). Both bound every wait.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +92,7 @@ struct RunReport {
   std::vector<SharedTotals> ranks;
   std::vector<Violation> violations;      // first World::kViolationsMax
   std::int64_t violation_count = 0;
+  std::array<std::int64_t, 9> violations_by_invariant = {};  // [1..8]: every violation, kept or not
   bool deadlock = false;
   std::string failure;                    // deadlock report, dead rank, limit: empty when the run ended normally
   std::uint64_t steps = 0;

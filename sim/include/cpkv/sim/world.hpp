@@ -145,6 +145,7 @@ class World {
   void record(const Violation& violation) const;
   std::vector<Violation> violations() const;
   std::int64_t violation_count() const;
+  std::int64_t violation_count(std::int32_t invariant) const;  // 1..8, every one, kept or not
 
   // Resets the per-run shadow and flag state to the start of a run (not the data buffers).
   void reset_flags() const;
