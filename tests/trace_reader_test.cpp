@@ -831,3 +831,18 @@ TEST(TraceBatchPaths, MalformedBatchLinesAreRefusedWithTheSameMessageAsBefore) {
 
 }  // namespace
 }  // namespace cpkv::traces
+
+// A number beyond a double used to escape as nlohmann's own exception; it is bad input like any other.
+TEST(TraceReaderBadInput, NumberBeyondADoubleIsRefusedWithFileLineAndField) {
+  const std::string header = R"({"format":"cpkv-batch-trace","version":1,"cp":2,"page_size":4,"buffer_kinds":["kv_fp8"],"layers":{"count":1,"pattern":"F"},"pool_pages":16})";
+  auto in = std::make_unique<std::istringstream>(header + "\n" + R"({"batch":0,"requests":[{"prefix_len":0,"extend_len":1e400,"prefix_pages":[]}]})" + "\n");
+  cpkv::traces::TraceReader reader(std::move(in), "big.jsonl");
+  try {
+    (void)reader.next();
+    FAIL() << "a number beyond a double was accepted";
+  } catch (const cpkv::traces::TraceError& e) {
+    EXPECT_EQ(e.line(), 2);
+    EXPECT_EQ(e.field(), "json");
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+}

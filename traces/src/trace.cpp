@@ -96,6 +96,8 @@ class LineChecker {
       value = json::parse(text, reject_duplicate_keys);
     } catch (const json::parse_error& error) {
       fail("json", parse_error_reason(error));
+    } catch (const json::out_of_range& error) {
+      fail("json", "a number is out of range (larger than a double can hold)");
     }
     if (!value.is_object()) fail("json", fmt::format("expected an object, got {}", describe_type(value)));
     return value;
