@@ -2,6 +2,7 @@
 // byte against the model, with the protocol's invariants watched by the checkers.
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -77,6 +78,20 @@ void run_replay(const ReplayOptions& o) {
   const auto mutant = sim::parse_mutant(o.mutant);
   if (!mutant) throw OptionError(fmt::format("--mutant: unknown mutant '{}'", o.mutant));
   const std::vector<model::Variant> variants = selected_variants(o.variant);
+  if (o.backend == "cuda" && *mutant != sim::Mutant::none) {
+    throw OptionError(fmt::format("--mutant: planted bugs exist in the simulator only; --backend cuda runs the correct protocol"));
+  }
+  // Output files are opened before any work, so an unwritable path is bad input, not a late failure.
+  const auto check_writable = [](const std::optional<std::string>& path, const char* option) {
+    if (!path) return;
+    std::FILE* f = std::fopen(path->c_str(), "w");
+    if (f == nullptr) throw OptionError(fmt::format("{}: cannot write {}", option, *path));
+    std::fclose(f);
+  };
+  check_writable(o.json_path, "--json");
+  check_writable(o.event_log_path, "--event-log");
+  if (o.event_log_path && !o.schedule) throw OptionError("--event-log: only scheduled runs (--schedule) have an event log");
+  if (o.event_log_path && variants.size() != 1) throw OptionError("--event-log: give one --variant (the log is one run's)");
   if (o.ranks_as != "processes" && o.ranks_as != "threads") throw OptionError(fmt::format("--ranks-as: '{}' is not processes or threads", o.ranks_as));
 
   // Validate the whole trace before any rank starts (a bad line late in the file is bad input).
@@ -86,9 +101,8 @@ void run_replay(const ReplayOptions& o) {
   const std::int32_t layer_count = source.setting.layer_count();
   std::int32_t layers = layer_count;
   if (o.layers != "all") {
-    try {
-      layers = std::stoi(o.layers);
-    } catch (const std::exception&) {
+    const auto [end, error] = std::from_chars(o.layers.data(), o.layers.data() + o.layers.size(), layers);
+    if (error != std::errc() || end != o.layers.data() + o.layers.size()) {
       throw OptionError(fmt::format("--layers: '{}' is not a number or 'all'", o.layers));
     }
     if (layers < 1) throw OptionError(fmt::format("--layers: {} is less than 1", layers));

@@ -175,8 +175,9 @@ std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& d
     std::ofstream out(schedule);
     out << fmt::format("{}\n", fmt::join(c.schedule, " "));
   }
+  // An empty choice list runs round-robin, which is what --schedule round-robin does.
   std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {} --schedule {}", trace.string(),
-                                 variant_name(c.variant), c.seed, c.layers, schedule.string());
+                                 variant_name(c.variant), c.seed, c.layers, c.schedule.empty() ? "round-robin" : schedule.string());
   if (mutant != sim::Mutant::none) line += fmt::format(" --mutant {}", sim::to_string(mutant));
   if (c.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", c.ipc_missing_rank);
   return line;

@@ -146,6 +146,7 @@ Schedule read_schedule_file(const std::string& path) {
     }
     schedule.choices.push_back(static_cast<std::uint32_t>(value));
   }
+  if (schedule.choices.empty()) throw std::runtime_error(fmt::format("{}: no choices in the schedule file (use --schedule round-robin for none)", path));
   return schedule;
 }
 
@@ -385,6 +386,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
 
   if (ranks_as == RanksAs::threads) {
     std::vector<int> status(cp, kRankOk);
+    std::vector<std::string> errors(cp);
     std::vector<std::thread> threads;
     for (std::int32_t r = 0; r < cp; ++r) {
       threads.emplace_back([&, r] {
@@ -392,13 +394,17 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
           status[r] = free_rank(world, source, options, faults, limits, r);
         } catch (const std::exception& e) {
           status[r] = kRankError;
+          errors[r] = e.what();
         }
       });
     }
     for (std::thread& t : threads) t.join();  // each rank's waits are bounded, so every join returns
     for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
       if (status[r] == kRankDeadlock) report.deadlock = true;
-      if (status[r] != kRankOk) report.failure = fmt::format("rank {} stopped ({}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error", describe_positions(world));
+      if (status[r] != kRankOk) {
+        report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
+                                     errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
+      }
     }
   } else {
     std::fflush(nullptr);
