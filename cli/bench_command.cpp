@@ -47,6 +47,17 @@ ModelBytes model_bytes(const model::Setting& setting, const model::Batch& batch,
   return out;
 }
 
+ModelBytes mean_bytes(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t layers) {
+  ModelBytes sum;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    const ModelBytes b = model_bytes(setting, batch, variant, l);
+    sum.peer += b.peer;
+    sum.local += b.local;
+    sum.allreduce += b.allreduce;
+  }
+  return {sum.peer / layers, sum.local / layers, sum.allreduce / layers};
+}
+
 void run_bench(const BenchOptions& o) {
   if (o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}': benchmarks run on cuda only", o.backend));
   std::vector<model::Variant> variants;
@@ -68,6 +79,14 @@ void run_bench(const BenchOptions& o) {
     throw OptionError(fmt::format("--cp: {} ranks on {} GPUs would time-slice; benchmarks need one GPU per rank", source.setting.cp, gpus));
   }
   const std::int32_t layers = std::min(o.layers, source.setting.layer_count());
+  if (layers < 2) throw OptionError("--layers: timing needs at least 2 layers (consecutive layers must alternate staging halves)");
+  const std::int32_t timed_cycle = layers % 2 == 0 ? layers : layers - 1;  // the backend's timing cycle
+  const auto check_writable = [](const std::optional<std::string>& path, const char* option) {
+    if (!path) return;
+    if (!std::ofstream(*path)) throw OptionError(fmt::format("{}: cannot write {}", option, *path));
+  };
+  check_writable(o.json_path, "--json");
+  check_writable(o.markdown_path, "--markdown");
   // The batches, for the model's bytes (benchmark traces are small: a handful of batches).
   std::vector<model::Batch> batches;
   {
@@ -106,8 +125,9 @@ void run_bench(const BenchOptions& o) {
       first = false;
     }
     for (std::size_t b = 0; b < result.layer_us_median.size() && b < batches.size(); ++b) {
-      const ModelBytes bytes = model_bytes(source.setting, batches[b], variant, 0);
-      const ModelBytes ideal_bytes = model_bytes(source.setting, batches[b], model::Variant::staging_direct, 0);
+      // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
+      const ModelBytes bytes = mean_bytes(source.setting, batches[b], variant, timed_cycle);
+      const ModelBytes ideal_bytes = mean_bytes(source.setting, batches[b], model::Variant::staging_direct, timed_cycle);
       const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
       const double us = result.layer_us_median[b];
       if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
@@ -159,8 +179,13 @@ void run_bench(const BenchOptions& o) {
   md += "\n| gather page bytes | pages | GB/s | of CE ceiling |\n|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) md += fmt::format("| {} | {} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps);
   fmt::print("{}", md);
-  if (o.json_path) std::ofstream(*o.json_path) << out.dump(2) << "\n";
-  if (o.markdown_path) std::ofstream(*o.markdown_path) << md;
+  const auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream file(path);
+    file << text;
+    if (!file) throw std::runtime_error(fmt::format("cannot write {}", path));
+  };
+  if (o.json_path) write(*o.json_path, out.dump(2) + "\n");
+  if (o.markdown_path) write(*o.markdown_path, md);
   exit_status() = all_exact ? kExitOk : kExitFailure;
 }
 

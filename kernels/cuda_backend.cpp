@@ -1,5 +1,6 @@
 #include "cuda_backend.hpp"
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -450,9 +451,12 @@ int cuda_rank(const RankContext& ctx) {
       for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventCreate(&e));
       CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
       host_barrier(boot, rank, cp, host_phase);
+      // Consecutive timed layers must alternate parity halves (PROTOCOL.md section 6): cycle over an
+      // even number of layers (the CLI refuses --layers 1 for timing).
+      const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
       for (std::int32_t i = 0; i < total; ++i) {
         CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
-        body(i % layers);
+        body(i % cycle);
         CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
       }
       CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -477,7 +481,7 @@ int cuda_rank(const RankContext& ctx) {
   kernels::VerifyResult* verify = nullptr;
   const std::size_t verify_slots = static_cast<std::size_t>(layers) * kinds;
   CPKV_CUDA_CHECK(cudaMalloc(&verify, verify_slots * sizeof(kernels::VerifyResult)));
-  std::vector<kernels::VerifyResult> verify_init(verify_slots, kernels::VerifyResult{0, ~0ULL, 0, 0});
+  std::vector<kernels::VerifyResult> verify_init(verify_slots, kernels::VerifyResult{0, ~0ULL});
   while (std::optional<model::Batch> batch = cursor.next()) {
     const std::int64_t batch_index = cursor.index();
     boot->batch[rank].store(batch_index);
@@ -505,6 +509,7 @@ int cuda_rank(const RankContext& ctx) {
     const auto* d_pop_logical = upload(b.populate_logical, owned, stream);
     const auto* d_pop_local = upload(b.populate_local, owned, stream);
     CPKV_CUDA_CHECK(cudaMemcpyAsync(verify, verify_init.data(), verify_slots * sizeof(kernels::VerifyResult), cudaMemcpyHostToDevice, stream));
+    CPKV_CUDA_CHECK(cudaMemsetAsync(mem.barrier_status, 0, sizeof(kernels::BarrierStatus), stream));  // a timeout is reported once
     // Pool content for the pages this rank owns (written once: it never changes), and garbage in
     // the dense buffers, as a fresh allocation would hold.
     for (std::int32_t l = 0; l < layers; ++l) {
@@ -640,10 +645,13 @@ int cuda_rank(const RankContext& ctx) {
         const kernels::VerifyResult& r = results[l * kinds + k];
         if (r.wrong_bytes == 0) continue;
         ++totals.mismatches;
-        const std::uint64_t row_global = r.first_wrong / setting.kinds[k].row_bytes;
+        const std::uint64_t first = r.first_wrong >> 16;
+        const auto expected = static_cast<unsigned>((r.first_wrong >> 8) & 0xff);
+        const auto actual = static_cast<unsigned>(r.first_wrong & 0xff);
+        const std::uint64_t row_global = first / setting.kinds[k].row_bytes;
         const std::string text = fmt::format("mismatch: rank {} batch {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x} ({} wrong bytes)",
                                              rank, batch_index, l, setting.kinds[k].name, row_global / setting.page_size, row_global % setting.page_size,
-                                             r.first_wrong % setting.kinds[k].row_bytes, r.expected, r.actual, r.wrong_bytes);
+                                             first % setting.kinds[k].row_bytes, expected, actual, r.wrong_bytes);
         if (totals.first_mismatch[0] == '\0') std::snprintf(totals.first_mismatch, sizeof(totals.first_mismatch), "%s", text.c_str());
         sim::Violation v;
         v.invariant = 6;
@@ -788,8 +796,20 @@ int gpu_count() {
     if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
     ::_exit(std::min(count, 100));
   }
+  // A hung driver must not hang the caller: poll for 60 s, then give up on the probe.
   int raw = 0;
-  if (::waitpid(pid, &raw, 0) != pid || !WIFEXITED(raw)) return 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (true) {
+    const pid_t done = ::waitpid(pid, &raw, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 || Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &raw, 0);
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!WIFEXITED(raw)) return 0;
   return WEXITSTATUS(raw);
 }
 

@@ -141,10 +141,7 @@ __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes
       if (got == expected) continue;
       atomicAdd(&result->wrong_bytes, 1ULL);
       const unsigned long long index = static_cast<unsigned long long>(row_global) * row_bytes + 8 * w + b;
-      if (atomicMin(&result->first_wrong, index) > index) {
-        result->expected = expected;  // racy between equal candidates; the host re-reads the byte
-        result->actual = got;
-      }
+      atomicMin(&result->first_wrong, (index << 16) | (static_cast<unsigned long long>(expected) << 8) | got);
     }
   }
 }

@@ -70,9 +70,9 @@ struct SlotSource {
 };
 struct VerifyResult {
   unsigned long long wrong_bytes;
-  unsigned long long first_wrong;  // byte index in the buffer, ~0 if none
-  std::uint32_t expected;
-  std::uint32_t actual;
+  // The first wrong byte, packed so one atomicMin keeps index and values together:
+  // (byte index << 16) | (expected << 8) | actual; ~0 if none.
+  unsigned long long first_wrong;
 };
 // Recomputes every expected byte of a dense buffer and counts the wrong ones, keeping the first.
 cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
