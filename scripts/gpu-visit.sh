@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check]
+# (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 what="${1:-all}"
@@ -26,6 +27,13 @@ grep "cpkv:" "$OUT/configure.log"
 cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
+if [[ "$what" == check ]]; then
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; tail -25 "$OUT/gpu-tests.log"
+  timeout 200 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+    --json "$OUT/bench-seeds_batch-cp2.json" --markdown "$OUT/bench-seeds_batch-cp2.md"
+  echo "bench seeds_batch: exit $?"
+fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; tail -25 "$OUT/gpu-tests.log"
