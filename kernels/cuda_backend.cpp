@@ -704,7 +704,7 @@ sim::RunReport run_group(const sim::BatchSource& source, const sim::SimOptions& 
   std::vector<int> pids(cp, -1);
   for (std::int32_t r = 0; r < cp; ++r) {
     const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
+    if (pid < 0) sim::abandon_ranks(pids, r, errno);
     if (pid == 0) {
       int code = sim::kRankExitError;
       try {
@@ -928,7 +928,7 @@ BarrierStressReport barrier_stress(const BarrierStressOptions& o) {
   std::vector<int> pids(o.cp, -1);
   for (std::int32_t r = 0; r < o.cp; ++r) {
     const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
+    if (pid < 0) sim::abandon_ranks(pids, r, errno);
     if (pid == 0) {
       int code = sim::kRankExitError;
       try {

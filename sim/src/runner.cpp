@@ -150,6 +150,16 @@ Schedule read_schedule_file(const std::string& path) {
   return schedule;
 }
 
+void abandon_ranks(std::vector<int>& pids, std::int32_t failed_rank, int error_number) {
+  for (int& pid : pids) {
+    if (pid <= 0) continue;
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  throw std::runtime_error(fmt::format("fork for rank {} failed: {}", failed_rank, std::strerror(error_number)));
+}
+
 ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions) {
   ReapResult result;
   const Clock::time_point start = Clock::now();
@@ -411,7 +421,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
     std::vector<int> children(cp, -1);
     for (std::int32_t r = 0; r < cp; ++r) {
       const pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error(fmt::format("fork for rank {} failed: {}", r, std::strerror(errno)));
+      if (pid < 0) abandon_ranks(children, r, errno);
       if (pid == 0) {
         int code = kRankError;
         try {

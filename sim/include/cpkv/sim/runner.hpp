@@ -119,6 +119,10 @@ inline constexpr int kRankExitDeadlock = 3;
 inline constexpr int kRankExitError = 4;
 ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions);
 
+// A fork that failed after some ranks started: kill and reap those (they would wait for the
+// missing rank), then throw one line naming the rank.
+[[noreturn]] void abandon_ranks(std::vector<int>& pids, std::int32_t failed_rank, int error_number);
+
 // One line per rank from the shared positions: where everyone is, for deadlock reports.
 std::string describe_positions(const World& world);
 
