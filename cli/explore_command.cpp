@@ -19,39 +19,18 @@ struct ExploreCliOptions {
   double seconds_max = 60.0;
 };
 
-// The exploration batch: small enough to explore exhaustively, rich enough to have a prefix page, a
-// partial current page, a page per rank and a request whose pages straddle writers.
-model::Setting small_setting(std::int32_t cp) {
-  model::Setting s;
-  s.cp = cp;
-  s.page_size = 2;
-  s.kinds = {*model::find_buffer_kind("kv_fp8")};
-  s.layer_pattern = "FFFF";
-  s.pool_pages = 8;
-  s.caps.max_total_extend_tokens = 16;
-  s.caps.max_batch_requests = 4;
-  return s;
-}
-
-model::Batch small_batch() {
-  model::Batch b;
-  b.requests.push_back({2, 3, {5}});  // one prefix page, a full and a partial current page
-  b.requests.push_back({0, 2, {}});   // one page-exact current page
-  return b;
-}
-
 void run_explore(const ExploreCliOptions& o) {
   const auto variant = model::parse_variant(o.variant);
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
   fmt::print("cpkv explore: every interleaving, visited-state set over program-counter vectors | variant {} | batch: (prefix 2 extend 3) "
-             "(extend 2), page 2\n",
+             "(extend 2), page 2, kv_fp8 + indexer_k, layers FSFS\n",
              o.variant);
   fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9}  {}\n", "cp", "layers", "mutant", "states", "transitions", "seconds", "result");
   bool all_as_expected = true;
   const auto report = [&](std::int32_t cp, std::int32_t layers, sim::Mutant mutant) {
     properties::ExploreOptions options;
-    options.setting = small_setting(cp);
-    options.batch = small_batch();
+    options.setting = properties::exploration_setting(cp);
+    options.batch = properties::exploration_batch();
     options.variant = *variant;
     options.layers = layers;
     options.mutant = mutant;

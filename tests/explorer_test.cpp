@@ -8,29 +8,10 @@
 namespace cpkv::properties {
 namespace {
 
-model::Setting small_setting(std::int32_t cp) {
-  model::Setting s;
-  s.cp = cp;
-  s.page_size = 2;
-  s.kinds = {*model::find_buffer_kind("kv_fp8"), *model::find_buffer_kind("indexer_k")};
-  s.layer_pattern = "FSFS";
-  s.pool_pages = 8;
-  s.caps.max_total_extend_tokens = 16;
-  s.caps.max_batch_requests = 4;
-  return s;
-}
-
-model::Batch small_batch() {
-  model::Batch b;
-  b.requests.push_back({2, 3, {5}});
-  b.requests.push_back({0, 2, {}});
-  return b;
-}
-
 ExploreResult run(std::int32_t cp, std::int32_t layers, model::Variant variant, sim::Mutant mutant) {
   ExploreOptions options;
-  options.setting = small_setting(cp);
-  options.batch = small_batch();
+  options.setting = exploration_setting(cp);
+  options.batch = exploration_batch();
   options.variant = variant;
   options.layers = layers;
   options.mutant = mutant;
@@ -45,7 +26,9 @@ TEST(Explorer, EveryInterleavingIsSafeForStagingFamiliesUpToThreeRanksAndThreeLa
         EXPECT_FALSE(r.found) << model::to_string(variant) << " cp " << cp << " layers " << layers << ": " << r.finding;
         EXPECT_TRUE(r.complete) << "cp " << cp << " layers " << layers;
         // More than one interleaving was explored wherever two ranks exist.
-        if (cp > 1) EXPECT_GT(r.transitions, r.states - 1);
+        if (cp > 1) {
+          EXPECT_GT(r.transitions, r.states - 1);
+        }
       }
     }
   }

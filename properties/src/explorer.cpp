@@ -123,6 +123,25 @@ bool run_prologue(std::vector<sim::RankMachine>& machines, std::vector<std::uint
 
 }  // namespace
 
+model::Setting exploration_setting(std::int32_t cp) {
+  model::Setting s;
+  s.cp = cp;
+  s.page_size = 2;
+  s.kinds = {*model::find_buffer_kind("kv_fp8"), *model::find_buffer_kind("indexer_k")};
+  s.layer_pattern = "FSFS";
+  s.pool_pages = 8;
+  s.caps.max_total_extend_tokens = 16;
+  s.caps.max_batch_requests = 4;
+  return s;
+}
+
+model::Batch exploration_batch() {
+  model::Batch b;
+  b.requests.push_back({2, 3, {5}});  // one prefix page, a full and a partial current page
+  b.requests.push_back({0, 2, {}});   // one page-exact current page
+  return b;
+}
+
 ExploreResult explore(const ExploreOptions& options) {
   const sim::BatchSource source = sim::BatchSource::from_batches(options.setting, {options.batch});
   const sim::SourceShape shape = sim::measure(source);

@@ -39,4 +39,10 @@ struct ExploreResult {
 
 ExploreResult explore(const ExploreOptions& options);
 
+// The exploration workload of `cpkv explore` and the explorer tests: small enough to explore
+// exhaustively, rich enough to matter: a prefix page, a full and a partial current page, a
+// page-exact request, both buffer kinds, F and S layers, page 2.
+model::Setting exploration_setting(std::int32_t cp);
+model::Batch exploration_batch();
+
 }  // namespace cpkv::properties
