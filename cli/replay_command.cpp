@@ -128,6 +128,16 @@ void run_replay(const ReplayOptions& o) {
   std::unique_ptr<sim::Backend> backend;
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
+  // A progress bar on a terminal (stderr), never in a pipe or a log.
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  std::string progress_label;
+  if (tty) {
+    limits.on_progress = [&, total = shape.batches](std::int64_t done) {
+      constexpr int width = 30;
+      const int filled = total > 0 ? static_cast<int>(width * std::min(done, total) / total) : width;
+      fmt::print(stderr, "\r  {:<16} [{}{}] {}/{} batches", progress_label, std::string(filled, '#'), std::string(width - filled, ' '), done, total);
+    };
+  }
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
     if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
@@ -147,13 +157,13 @@ void run_replay(const ReplayOptions& o) {
   if (*mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(*mutant));
   std::fflush(stdout);
 
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
   nlohmann::json json_runs = nlohmann::json::array();
   std::vector<std::string> failures;
   fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {}\n", "variant", "batches", "layers", "peer_bytes/rank",
              "reduced/rank", "barriers", "collectives", "overflow", "mismatch", "violation", "result");
   for (model::Variant variant : variants) {
-    if (tty) fmt::print(stderr, "\r  running {} ...", model::to_string(variant));
+    progress_label = std::string(model::to_string(variant));
+    if (tty) limits.on_progress(0);
     sim::SimOptions options;
     options.variant = variant;
     options.layers = layers;

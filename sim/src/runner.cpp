@@ -41,6 +41,13 @@ void publish_totals(const World& world, const RankMachine& machine) {
   std::snprintf(out.first_mismatch, sizeof(out.first_mismatch), "%s", t.first_mismatch.c_str());
 }
 
+// Batches every rank has finished (each rank publishes its totals after every batch).
+std::int64_t batches_done(const World& world) {
+  std::int64_t done = INT64_MAX;
+  for (std::int32_t r = 0; r < world.geometry().cp; ++r) done = std::min(done, world.totals(r).batches);
+  return done;
+}
+
 void collect(const World& world, RunReport& report) {
   for (std::int32_t r = 0; r < world.geometry().cp; ++r) report.ranks.push_back(world.totals(r));
   report.violations = world.violations();
@@ -160,9 +167,11 @@ void abandon_ranks(std::vector<int>& pids, std::int32_t failed_rank, int error_n
   throw std::runtime_error(fmt::format("fork for rank {} failed: {}", failed_rank, std::strerror(error_number)));
 }
 
-ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions) {
+ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions,
+                      const std::function<void()>& on_tick) {
   ReapResult result;
   const Clock::time_point start = Clock::now();
+  Clock::time_point last_tick = start;
   auto alive = static_cast<std::int32_t>(std::count_if(pids.begin(), pids.end(), [](int pid) { return pid > 0; }));
   const auto kill_all = [&] {
     for (int other : pids) {
@@ -195,6 +204,10 @@ ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std
       limit_reported = true;
       if (result.failure.empty()) result.failure = fmt::format("run limit {} ms reached: {}", run_ms_max, positions());
       kill_all();
+    }
+    if (on_tick && Clock::now() - last_tick > std::chrono::milliseconds(100)) {
+      last_tick = Clock::now();
+      on_tick();
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
   }
@@ -309,6 +322,7 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
     for (RankMachine& m : machines) m.begin_batch(*batch, cursor.index());
     ok = run_until_finished(machines, scheduler, world, limits, report, record_events);
     ++report.batches;
+    if (limits.on_progress) limits.on_progress(report.batches);
   }
   if (ok) check_drained(world);
   for (const RankMachine& m : machines) publish_totals(world, m);
@@ -397,6 +411,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   if (ranks_as == RanksAs::threads) {
     std::vector<int> status(cp, kRankOk);
     std::vector<std::string> errors(cp);
+    std::atomic<std::int32_t> finished{0};
     std::vector<std::thread> threads;
     for (std::int32_t r = 0; r < cp; ++r) {
       threads.emplace_back([&, r] {
@@ -406,9 +421,15 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
           status[r] = kRankError;
           errors[r] = e.what();
         }
+        finished.fetch_add(1);
       });
     }
-    for (std::thread& t : threads) t.join();  // each rank's waits are bounded, so every join returns
+    // Each rank's waits are bounded, so every thread ends; meanwhile report progress.
+    for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
+      if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    for (std::thread& t : threads) t.join();
     for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
       if (status[r] == kRankDeadlock) report.deadlock = true;
       if (status[r] != kRankOk) {
@@ -434,7 +455,9 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
       }
       children[r] = pid;
     }
-    const ReapResult reaped = reap_ranks(children, limits.run_ms_max, [&] { return describe_positions(world); });
+    const ReapResult reaped = reap_ranks(children, limits.run_ms_max, [&] { return describe_positions(world); }, [&] {
+      if (limits.on_progress) limits.on_progress(batches_done(world));
+    });
     report.failure = reaped.failure;
     report.deadlock = reaped.deadlock;
   }

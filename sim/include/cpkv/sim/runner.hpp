@@ -83,6 +83,9 @@ struct RunLimits {
   std::int64_t wait_ms_max = 20000;         // any single wait (free-running)
   std::int64_t run_ms_max = 300000;         // the whole run (free-running, from the launcher)
   std::uint64_t steps_max = 200'000'000;    // scheduled: total steps
+  // Called on the launching thread with the batches every rank has finished (about every 100 ms
+  // while ranks run free, after every batch when scheduled); for a progress bar. May be empty.
+  std::function<void(std::int64_t batches_done)> on_progress;
 };
 
 struct RunReport {
@@ -117,7 +120,8 @@ struct ReapResult {
 inline constexpr int kRankExitOk = 0;
 inline constexpr int kRankExitDeadlock = 3;
 inline constexpr int kRankExitError = 4;
-ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions);
+ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions,
+                      const std::function<void()>& on_tick = {});
 
 // A fork that failed after some ranks started: kill and reap those (they would wait for the
 // missing rank), then throw one line naming the rank.
