@@ -35,14 +35,8 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
   model::LayerBytes bytes;
   bytes.own_rank = rank;
   bytes.pulled_from.assign(cp, 0);
-  std::uint64_t row_bytes_layer = 0;
-  std::int32_t kinds_active = 0;
-  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-    if (!setting.kind_active(k, layer)) continue;
-    row_bytes_layer += setting.kinds[k].row_bytes;
-    ++kinds_active;
-  }
-  const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting.page_size);
+  const std::int32_t kinds_active = setting.kinds_on_layer(layer);
+  const std::uint64_t page_bytes = setting.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting.page_size);
   const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[rank]);
   const auto prefix_gather = [&] {
     for (std::int32_t p = 0; p < cp; ++p) bytes.pulled_from[p] += static_cast<std::uint64_t>(c.prefix_pages_by_owner[p]) * page_bytes;
@@ -141,11 +135,7 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
   const std::pair<std::int32_t, std::int32_t> classes[] = {{first_full_, full_layers_}, {first_shared_, shared_layers_}};
   for (const auto& [layer, layer_count] : classes) {
     if (layer_count == 0) continue;
-    std::uint64_t row_bytes_layer = 0;
-    for (std::size_t k = 0; k < setting_.kinds.size(); ++k) {
-      if (setting_.kind_active(k, layer)) row_bytes_layer += setting_.kinds[k].row_bytes;
-    }
-    const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting_.page_size);
+    const std::uint64_t page_bytes = setting_.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting_.page_size);
     for (std::size_t v = 0; v < kVariantCount; ++v) {
       const model::Variant variant = model::kAllVariants[v];
       double slowest_us = 0.0;

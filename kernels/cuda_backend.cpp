@@ -18,6 +18,7 @@
 #include <nccl.h>
 
 #include "cpkv/model/batch.hpp"
+#include "cpkv/model/expected.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/shared_region.hpp"
@@ -526,24 +527,35 @@ int cuda_rank(const RankContext& ctx) {
     const bool symm = variant == model::Variant::symm_dense;
     std::uint64_t peer_bytes = 0;
     // One layer of the exchange, as the plan says; no host synchronization inside.
+    // The 2*cp pointer tables of every (layer, kind) and the pages gathered from peers: batch
+    // values, built here once, not on every layer.
+    std::vector<std::vector<kernels::PointerTable>> tables(layers, std::vector<kernels::PointerTable>(kinds));
+    for (std::int32_t l = 0; l < layers; ++l) {
+      const std::int32_t h = model::parity_half(l);
+      for (std::size_t k = 0; k < kinds; ++k) {
+        kernels::PointerTable& t = tables[l][k];
+        for (std::int32_t p = 0; p < cp; ++p) {
+          t.base[p] = mem.peer_pool[p] ? mem.peer_pool[p] + mem.pool_offset[l][k] : nullptr;
+          t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
+                                : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
+        }
+        t.base[kernels::kTableOwnDense] = mem.dense + mem.dense_offset[h][k];
+        t.base[kernels::kTableOwnCompact] = mem.compact + mem.compact_offset[k];
+      }
+    }
+    std::uint64_t peer_pages_per_kind = 0;
+    for (const std::vector<kernels::GatherEntry>* list : {&b.gather1, &b.gather2}) {
+      for (const kernels::GatherEntry& e : *list) peer_pages_per_kind += e.table_index >= 0 && e.table_index % cp != rank ? 1 : 0;
+    }
     const auto run_layer = [&](std::int32_t l, bool check) {
       const std::int32_t h = model::parity_half(l);
       if (b.plan.zero_dense) {
         const std::uint64_t half_bytes = mem.dense_offset[h][kinds - 1] - mem.dense_offset[h][0] + ctx.shape.slot_count_max * page_bytes(kinds - 1);
         CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense + mem.dense_offset[h][0], 0, half_bytes, stream));
       }
-      std::vector<kernels::PointerTable> tables(kinds);
       for (std::size_t k = 0; k < kinds; ++k) {
         if (!setting.kind_active(k, l)) continue;
-        kernels::PointerTable& t = tables[k];
-        for (std::int32_t p = 0; p < cp; ++p) {
-          t.base[p] = mem.peer_pool[p] ? mem.peer_pool[p] + mem.pool_offset[l][k] : nullptr;
-          const std::uint8_t* second = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
-                                            : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
-          t.base[cp + p] = second;
-        }
-        t.base[kernels::kTableOwnDense] = mem.dense + mem.dense_offset[h][k];
-        t.base[kernels::kTableOwnCompact] = mem.compact + mem.compact_offset[k];
+        const kernels::PointerTable& t = tables[l][k];
         std::uint8_t* dense_k = mem.dense + mem.dense_offset[h][k];
         std::uint8_t* staging_k = mem.staging + mem.carve.slot_offset(h, k, 0);
         std::uint8_t* fill_dest = b.plan.fill_to_staging ? staging_k : dense_k;
@@ -566,7 +578,7 @@ int cuda_rank(const RankContext& ctx) {
         if (!setting.kind_active(k, l)) continue;
         const std::uint64_t pb = page_bytes(k);
         std::uint8_t* dense_k = mem.dense + mem.dense_offset[h][k];
-        CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_gather2, static_cast<std::int64_t>(b.gather2.size()), stream));
+        CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[l][k], d_gather2, static_cast<std::int64_t>(b.gather2.size()), stream));
         for (const model::SlotRange& range : b.plan.allreduce_ranges) {
           const std::uint64_t offset = mem.dense_offset[h][k] + range.slot_begin * pb;
           all_reduce(mem.dense + offset, mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
@@ -577,15 +589,9 @@ int cuda_rank(const RankContext& ctx) {
           all_reduce(mem.compact + mem.compact_offset[k], mem.peer_compact, mem.compact_offset[k], b.plan.compact_pages * pb);
           if (check) ++totals.collectives;
           if (check) totals.bytes_reduced += b.plan.compact_pages * pb;
-          CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[k], d_unpack, static_cast<std::int64_t>(b.unpack.size()), stream));
+          CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, tables[l][k], d_unpack, static_cast<std::int64_t>(b.unpack.size()), stream));
         }
-        if (check) {
-          for (const std::vector<kernels::GatherEntry>* list : {&b.gather1, &b.gather2}) {
-            for (const kernels::GatherEntry& e : *list) {
-              if (e.table_index >= 0 && e.table_index % cp != rank) peer_bytes += pb;
-            }
-          }
-        }
+        if (check) peer_bytes += peer_pages_per_kind * pb;
         if (check && ctx.cuda.verify) {
           CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, d_slots, b.layout.slot_count, ctx.options.seed,
                                                  static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), verify + l * kinds + k, stream));
@@ -612,11 +618,7 @@ int cuda_rank(const RankContext& ctx) {
       for (std::size_t k = 0; k < kinds; ++k) {
         if (!setting.kind_active(k, l)) continue;
         const std::uint64_t pb = page_bytes(k);
-        kernels::PointerTable t{};
-        for (std::int32_t p = 0; p < cp; ++p) {
-          t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
-                                : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
-        }
+        const kernels::PointerTable& t = tables[l][k];
         if (b.plan.barrier) {
           CPKV_CUDA_CHECK(kernels::launch_gather(mem.dense + mem.dense_offset[h][k], pb, t, d_current_only, static_cast<std::int64_t>(current_only.size()), stream));
         }
@@ -646,12 +648,15 @@ int cuda_rank(const RankContext& ctx) {
         if (r.wrong_bytes == 0) continue;
         ++totals.mismatches;
         const std::uint64_t first = r.first_wrong >> 16;
-        const auto expected = static_cast<unsigned>((r.first_wrong >> 8) & 0xff);
-        const auto actual = static_cast<unsigned>(r.first_wrong & 0xff);
         const std::uint64_t row_global = first / setting.kinds[k].row_bytes;
-        const std::string text = fmt::format("mismatch: rank {} batch {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x} ({} wrong bytes)",
-                                             rank, batch_index, l, setting.kinds[k].name, row_global / setting.page_size, row_global % setting.page_size,
-                                             first % setting.kinds[k].row_bytes, expected, actual, r.wrong_bytes);
+        model::Mismatch mismatch;
+        mismatch.wrong_bytes = static_cast<std::int64_t>(r.wrong_bytes);
+        mismatch.slot = static_cast<std::int64_t>(row_global / setting.page_size);
+        mismatch.row = static_cast<std::int32_t>(row_global % setting.page_size);
+        mismatch.byte = static_cast<std::uint32_t>(first % setting.kinds[k].row_bytes);
+        mismatch.expected = static_cast<std::uint8_t>((r.first_wrong >> 8) & 0xff);
+        mismatch.actual = static_cast<std::uint8_t>(r.first_wrong & 0xff);
+        const std::string text = mismatch.describe(rank, batch_index, l, setting.kinds[k].name);
         if (totals.first_mismatch[0] == '\0') std::snprintf(totals.first_mismatch, sizeof(totals.first_mismatch), "%s", text.c_str());
         sim::Violation v;
         v.invariant = 6;

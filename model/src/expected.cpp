@@ -38,6 +38,11 @@ std::vector<std::uint8_t> expected_dense(const BatchLayout& layout, std::uint64_
   return dense;
 }
 
+std::string Mismatch::describe(std::int32_t rank, std::int64_t batch, std::int32_t layer, std::string_view kind_name) const {
+  return fmt::format("mismatch: rank {} batch {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x} ({} wrong bytes)",
+                     rank, batch, layer, kind_name, slot, row, byte, expected, actual, wrong_bytes);
+}
+
 std::string Mismatch::describe(std::int32_t rank, std::int32_t layer, std::string_view kind_name) const {
   return fmt::format("mismatch: rank {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x} ({} wrong bytes)",
                      rank, layer, kind_name, slot, row, byte, expected, actual, wrong_bytes);

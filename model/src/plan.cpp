@@ -231,14 +231,8 @@ LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int
   LayerBytes bytes;
   bytes.own_rank = plan.rank;
   bytes.pulled_from.assign(cp, 0);
-  std::uint64_t row_bytes_layer = 0;
-  std::int32_t kinds_active = 0;
-  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-    if (!setting.kind_active(k, layer)) continue;
-    row_bytes_layer += setting.kinds[k].row_bytes;
-    ++kinds_active;
-  }
-  const std::uint64_t page_bytes = row_bytes_layer * static_cast<std::uint32_t>(setting.page_size);
+  const std::int32_t kinds_active = setting.kinds_on_layer(layer);
+  const std::uint64_t page_bytes = setting.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting.page_size);
   for (const auto* gather : {&plan.gather1, &plan.gather2}) {
     if (gather->empty()) continue;
     bytes.gathers += kinds_active;

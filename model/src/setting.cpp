@@ -17,6 +17,18 @@ std::uint64_t Setting::row_bytes_all_kinds() const {
   return sum;
 }
 
+std::uint64_t Setting::row_bytes_on_layer(std::int32_t layer) const {
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < kinds.size(); ++k) sum += kind_active(k, layer) ? kinds[k].row_bytes : 0;
+  return sum;
+}
+
+std::int32_t Setting::kinds_on_layer(std::int32_t layer) const {
+  std::int32_t count = 0;
+  for (std::size_t k = 0; k < kinds.size(); ++k) count += kind_active(k, layer) ? 1 : 0;
+  return count;
+}
+
 namespace {
 bool is_power_of_two(std::int64_t value) { return value > 0 && (value & (value - 1)) == 0; }
 

@@ -373,8 +373,8 @@ void RankMachine::check_layer(std::int32_t layer) {
     const std::uint32_t row_bytes = setting_->kinds[k].row_bytes;
     const std::uint8_t* dense = world_->dense_page(rank_, half, k, 0);
     std::span<std::uint8_t> expected(row_buffer_.data(), row_bytes);
-    std::int64_t wrong = 0;
-    std::string first;
+    // Rows are compared as they are recomputed (no whole expected buffer), keeping the first difference.
+    model::Mismatch mismatch;
     for (std::int64_t slot = 0; slot < layout_.slot_count; ++slot) {
       for (std::int32_t row = 0; row < setting_->page_size; ++row) {
         const std::uint8_t* actual = dense + (slot * setting_->page_size + row) * row_bytes;
@@ -382,18 +382,22 @@ void RankMachine::check_layer(std::int32_t layer) {
         if (std::memcmp(actual, expected.data(), row_bytes) == 0) continue;
         for (std::uint32_t b = 0; b < row_bytes; ++b) {
           if (actual[b] == expected[b]) continue;
-          if (first.empty()) {
-            first = fmt::format("mismatch: rank {} batch {} layer {} kind {} slot {} row {} byte {}: expected 0x{:02x} got 0x{:02x}",
-                                rank_, batch_index_, layer, setting_->kinds[k].name, slot, row, b, expected[b], actual[b]);
+          if (mismatch.wrong_bytes == 0) {
+            mismatch.slot = slot;
+            mismatch.row = row;
+            mismatch.byte = b;
+            mismatch.expected = expected[b];
+            mismatch.actual = actual[b];
           }
-          ++wrong;
+          ++mismatch.wrong_bytes;
         }
       }
     }
-    if (wrong == 0) continue;
+    if (mismatch.wrong_bytes == 0) continue;
+    const std::string text = mismatch.describe(rank_, batch_index_, layer, setting_->kinds[k].name);
     ++totals_.mismatches;
-    if (totals_.first_mismatch.empty()) totals_.first_mismatch = fmt::format("{} ({} wrong bytes)", first, wrong);
-    violation(6, layer, -1, fmt::format("{} ({} wrong bytes)", first, wrong));
+    if (totals_.first_mismatch.empty()) totals_.first_mismatch = text;
+    violation(6, layer, -1, text);
   }
 }
 

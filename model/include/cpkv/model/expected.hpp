@@ -32,6 +32,8 @@ struct Mismatch {
   std::uint8_t expected = 0;
   std::uint8_t actual = 0;
   std::string describe(std::int32_t rank, std::int32_t layer, std::string_view kind_name) const;
+  // The same line with the batch named too (replays of several batches).
+  std::string describe(std::int32_t rank, std::int64_t batch, std::int32_t layer, std::string_view kind_name) const;
 };
 std::optional<Mismatch> compare_dense(std::span<const std::uint8_t> actual,
                                       std::span<const std::uint8_t> expected,

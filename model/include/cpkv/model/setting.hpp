@@ -57,6 +57,9 @@ struct Setting {
   }
   // Sum of row bytes over all kinds: the staging and dense geometry is carved for every kind.
   std::uint64_t row_bytes_all_kinds() const;
+  // Sum of row bytes over the kinds active on `layer`, and how many they are: what one layer moves.
+  std::uint64_t row_bytes_on_layer(std::int32_t layer) const;
+  std::int32_t kinds_on_layer(std::int32_t layer) const;
   // Pages each rank's pool slab holds: logical page g lives on rank g % cp at local page g / cp.
   std::int64_t pool_pages_per_rank() const { return (pool_pages + cp - 1) / cp; }
 };
