@@ -1,0 +1,86 @@
+"""cpkv.plan: the batch-logical plan of every batch, as `cpkv plan --json` prints it.
+
+Every number comes from the C++ model (layout_batch, staging_capacity, overflow_verdict,
+variant_plan, layer_bytes); this module only arranges them in the command's JSON shape, and the
+test suite checks the two agree on every sample trace.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from . import _cpkv
+from ._errors import InputError
+
+
+def _bytes_pulled(setting: _cpkv.Setting, layout: _cpkv.BatchLayout, variant: str) -> List[List[int]]:
+    """Per rank, the whole-batch bytes pulled from each peer (all layers, all active kinds)."""
+    matrix = []
+    for rank in range(setting.cp):
+        plan = _cpkv.variant_plan(layout, variant, rank)
+        row = [0] * setting.cp
+        for layer in range(setting.layer_count):
+            for peer, pulled in enumerate(_cpkv.layer_bytes(setting, plan, layer).pulled_from):
+                row[peer] += pulled
+        matrix.append(row)
+    return matrix
+
+
+def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, rank: Optional[int] = None,
+               variant: str = "staging_direct") -> Dict[str, Any]:
+    """The plan of one batch as a dict: current_pages_total, slot_count, staging slots and source, the
+    overflow verdict, the writers of each request's current pages, and per rank (or only `rank`) the
+    bytes pulled from each peer over all layers (None for a rejected batch, which moves nothing).
+    """
+    if variant not in _cpkv.VARIANTS:
+        raise InputError("variant", f"unknown variant '{variant}'")
+    if rank is not None and not 0 <= rank < setting.cp:
+        raise InputError("rank", f"{rank} is not a rank of the trace's cp = {setting.cp} group")
+    layout = _cpkv.layout_batch(setting, batch)
+    capacity = _cpkv.staging_capacity(setting)
+    verdict = _cpkv.overflow_verdict(layout.current_pages_total, capacity.staging_slots)
+    writers: List[List[int]] = [[] for _ in batch.requests]
+    for page in layout.current:
+        writers[page.request].append(page.writer)
+    matrix = None if verdict.overflow else _bytes_pulled(setting, layout, variant)
+    ranks = range(setting.cp) if rank is None else [rank]
+    return {
+        "batch": index,
+        "requests": len(batch.requests),
+        "current_pages_total": layout.current_pages_total,
+        "slot_count": layout.slot_count,
+        "staging_slots": capacity.staging_slots,
+        "staging_source": capacity.source,
+        "verdict": "overflow" if verdict.overflow else "ok",
+        "verdict_detail": verdict.describe(),
+        "writers": writers,
+        "variant": variant,
+        "layers": setting.layer_count,
+        "ranks": [{"rank": r, "bytes_pulled_from": None if matrix is None else matrix[r]} for r in ranks],
+    }
+
+
+def plan(path: str, *, batch: Optional[int] = None, rank: Optional[int] = None, variant: str = "staging_direct") -> List[Dict[str, Any]]:
+    """The plan of every batch of a trace (or only `batch`), one dict per batch, equal to the objects
+    `cpkv plan PATH --json [--batch B] [--rank R] [--variant V]` prints.
+
+    The whole trace is validated first, so a bad line anywhere raises cpkv.TraceError before any
+    result; an impossible batch, rank or variant raises cpkv.InputError with the command's reason.
+    """
+    if variant not in _cpkv.VARIANTS:
+        raise InputError("variant", f"unknown variant '{variant}'")
+    for name, value in (("batch", batch), ("rank", rank)):
+        if value is not None and value < 0:
+            raise InputError(name, f"{value} is negative")
+    reader = _cpkv.read_trace(path)
+    batches = sum(1 for _ in reader)
+    if rank is not None and rank >= reader.setting.cp:
+        raise InputError("rank", f"{rank} is not a rank of the trace's cp = {reader.setting.cp} group")
+    if batch is not None and batch >= batches:
+        raise InputError("batch", f"{batch} is not in {path} ({batches} batches)")
+    reader = _cpkv.read_trace(path)  # the second pass streams again: one batch in memory at a time
+    out = []
+    for index, each in enumerate(reader):
+        if batch is None or index == batch:
+            out.append(plan_batch(reader.setting, each, index=index, rank=rank, variant=variant))
+    return out

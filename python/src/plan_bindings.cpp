@@ -1,0 +1,220 @@
+// Bindings of the batch-logical layout, staging capacity and verdict, and every per-batch plan
+// (model/include/cpkv/model: batch.hpp, staging.hpp, plan.hpp). Index arrays come back as NumPy
+// arrays so that an engine's own plan tensors compare with them in one call.
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "cpkv/model/staging.hpp"
+
+namespace cpkv::python {
+namespace {
+
+std::string slot_kind_name(model::SlotKind kind) { return kind == model::SlotKind::prefix ? "prefix" : "current"; }
+
+// (n, 2) int64: [table_index, source_page] per dense slot.
+py::array_t<std::int64_t> descriptors_to_numpy(const std::vector<model::SlotDescriptor>& descriptors) {
+  std::vector<std::int64_t> flat;
+  flat.reserve(descriptors.size() * 2);
+  for (const model::SlotDescriptor& d : descriptors) {
+    flat.push_back(d.table_index);
+    flat.push_back(d.source_page);
+  }
+  return to_numpy(std::move(flat), {static_cast<py::ssize_t>(descriptors.size()), 2});
+}
+
+template <typename T, typename Field>
+py::array_t<T> column(const std::vector<model::CurrentPage>& pages, Field field) {
+  std::vector<T> values;
+  values.reserve(pages.size());
+  for (const model::CurrentPage& page : pages) values.push_back(static_cast<T>(page.*field));
+  return to_numpy(std::move(values));
+}
+
+model::BatchLayout checked_layout(const model::Setting& setting, const model::Batch& batch) {
+  require_valid(setting, batch);
+  return model::layout_batch(setting, batch);
+}
+
+void require_same_batch(const model::BatchLayout& layout, const model::Batch& batch) {
+  if (batch.requests.size() != layout.request_first_slot.size()) {
+    throw InputError("batch", fmt::format("{} requests, but the layout was built from {}", batch.requests.size(), layout.request_first_slot.size()));
+  }
+}
+
+void bind_layout_types(py::module_& m) {
+  py::class_<model::Slot>(m, "Slot", "What one dense slot holds: a prefix page (page_or_index is the logical page id) or a current page (its current index).")
+      .def_property_readonly("kind", [](const model::Slot& s) { return slot_kind_name(s.kind); }, "'prefix' or 'current'.")
+      .def_readonly("request", &model::Slot::request)
+      .def_readonly("page_or_index", &model::Slot::page_or_index)
+      .def("__repr__", [](const model::Slot& s) { return fmt::format("Slot('{}', request={}, page_or_index={})", slot_kind_name(s.kind), s.request, s.page_or_index); });
+  py::class_<model::CurrentPage>(m, "CurrentPage", "One current page of the batch, by its current index: its request, writer rank, slot and valid rows.")
+      .def_readonly("request", &model::CurrentPage::request)
+      .def_readonly("writer", &model::CurrentPage::writer)
+      .def_readonly("page_in_request", &model::CurrentPage::page_in_request)
+      .def_readonly("slot", &model::CurrentPage::slot)
+      .def_readonly("rows_valid", &model::CurrentPage::rows_valid)
+      .def("__repr__", [](const model::CurrentPage& p) {
+        return fmt::format("CurrentPage(request={}, writer={}, page_in_request={}, slot={}, rows_valid={})", p.request, p.writer, p.page_in_request, p.slot, p.rows_valid);
+      });
+  py::class_<model::RowSource>(m, "RowSource", "The sequence token a dense row holds: prefix rows name their pool page, current rows their request and token.")
+      .def_property_readonly("kind", [](const model::RowSource& s) { return slot_kind_name(s.kind); })
+      .def_readonly("request", &model::RowSource::request)
+      .def_readonly("token", &model::RowSource::token)
+      .def_readonly("logical_page", &model::RowSource::logical_page)
+      .def_readonly("row_in_page", &model::RowSource::row_in_page);
+}
+
+void bind_batch_layout(py::module_& m) {
+  py::class_<model::BatchLayout>(m, "BatchLayout",
+                                 "The batch-logical layout (PROTOCOL.md sections 2-3): slots in merged-span order, current pages by "
+                                 "current index with their writers. The same on every rank.")
+      .def_readonly("cp", &model::BatchLayout::cp)
+      .def_readonly("page_size", &model::BatchLayout::page_size)
+      .def_readonly("slot_count", &model::BatchLayout::slot_count)
+      .def_readonly("current_pages_total", &model::BatchLayout::current_pages_total)
+      .def_readonly("request_first_slot", &model::BatchLayout::request_first_slot, "Per request: the slot where its prefix span begins.")
+      .def_readonly("request_first_current_slot", &model::BatchLayout::request_first_current_slot, "Per request: the slot where its current span begins.")
+      .def_readonly("request_first_current_index", &model::BatchLayout::request_first_current_index, "Per request: its first current index.")
+      .def_readonly("slots", &model::BatchLayout::slots, "Every dense slot (list of Slot).")
+      .def_readonly("current", &model::BatchLayout::current, "Every current page by current index (list of CurrentPage).")
+      .def_property_readonly("writers", [](const model::BatchLayout& l) { return column<std::int32_t>(l.current, &model::CurrentPage::writer); },
+                             "int32 array: the writer rank of every current page, by current index.")
+      .def_property_readonly("current_slots", [](const model::BatchLayout& l) { return column<std::int64_t>(l.current, &model::CurrentPage::slot); },
+                             "int64 array: the dense slot of every current page, by current index.")
+      .def("__repr__", [](const model::BatchLayout& l) {
+        return fmt::format("BatchLayout(cp={}, page_size={}, slot_count={}, current_pages_total={})", l.cp, l.page_size, l.slot_count, l.current_pages_total);
+      });
+  m.def("layout_batch", &checked_layout, py::arg("setting"), py::arg("batch"),
+        "The batch's layout under the setting (validates the batch first: cpkv.InputError on bad input).");
+  m.def("row_source", [](const model::BatchLayout& l, std::int64_t slot, std::int32_t row) {
+    if (slot < 0 || slot >= l.slot_count) throw InputError("slot", fmt::format("{} is not a slot of the layout's {}", slot, l.slot_count));
+    if (row < 0 || row >= l.page_size) throw InputError("row", fmt::format("{} is not a row of a page of {}", row, l.page_size));
+    return model::row_source(l, slot, row);
+  }, py::arg("layout"), py::arg("slot"), py::arg("row"), "The token dense row `row` of `slot` holds, or None for a zero row (past the end of a partial page).");
+}
+
+void bind_staging(py::module_& m) {
+  py::class_<model::StagingCapacity>(m, "StagingCapacity", "Registration-time staging capacity (PROTOCOL.md section 4).")
+      .def_readonly("staging_slots", &model::StagingCapacity::staging_slots, "Page slots per parity half per buffer kind.")
+      .def_property_readonly("source", [](const model::StagingCapacity& c) { return std::string(model::to_string(c.source)); },
+                             "What sized it: caps, pool_fallback or mib_override.")
+      .def_readonly("bytes_total", &model::StagingCapacity::bytes_total, "2 * staging_slots * P * sum(row_bytes).");
+  m.def("staging_capacity", [](const model::Setting& s) { return model::staging_capacity(s); }, py::arg("setting"),
+        "The staging capacity the setting registers: MiB override, else the caps, else the pool fallback.");
+  py::class_<model::Verdict>(m, "Verdict", "The overflow verdict of a batch: rank-uniform, from batch-logical values only.")
+      .def_readonly("overflow", &model::Verdict::overflow)
+      .def_readonly("current_pages_total", &model::Verdict::current_pages_total)
+      .def_readonly("staging_slots", &model::Verdict::staging_slots)
+      .def("describe", &model::Verdict::describe, "'ok' or 'overflow: N current pages > M staging slots'.")
+      .def("__str__", &model::Verdict::describe);
+  m.def("overflow_verdict", [](std::int64_t current_pages_total, std::int64_t staging_slots) {
+    if (current_pages_total < 0) throw InputError("current_pages_total", fmt::format("{} is negative", current_pages_total));
+    if (staging_slots < 0) throw InputError("staging_slots", fmt::format("{} is negative", staging_slots));
+    return model::overflow_verdict(current_pages_total, staging_slots);
+  }, py::arg("current_pages_total"), py::arg("staging_slots"), "The overflow verdict: overflow when current_pages_total > staging_slots.");
+}
+
+void bind_variant_plan(py::module_& m) {
+  py::class_<model::VariantPlan>(m, "VariantPlan",
+                                 "What one rank does per layer and buffer kind under one variant, as data (steps in order: zero_dense, "
+                                 "local prefix, zero_own_current, fill, compact pack, gather1, publish, barrier, gather2, all-reduces, unpack). "
+                                 "gather1/gather2: (slots, 2) int64 arrays of [table_index, source_page]; empty when there is no gather.")
+      .def_property_readonly("variant", [](const model::VariantPlan& p) { return std::string(model::to_string(p.variant)); })
+      .def_readonly("rank", &model::VariantPlan::rank)
+      .def_readonly("zero_dense", &model::VariantPlan::zero_dense)
+      .def_readonly("local_prefix_slots", &model::VariantPlan::local_prefix_slots)
+      .def_readonly("zero_own_current", &model::VariantPlan::zero_own_current)
+      .def_readonly("fill_to_staging", &model::VariantPlan::fill_to_staging)
+      .def_readonly("own_current", &model::VariantPlan::own_current, "Current indices this rank writes.")
+      .def_property_readonly("gather1", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather1); })
+      .def_readonly("barrier", &model::VariantPlan::barrier)
+      .def_property_readonly("gather2", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather2); })
+      .def_property_readonly("allreduce_ranges", [](const model::VariantPlan& p) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+        for (const model::SlotRange& r : p.allreduce_ranges) ranges.emplace_back(r.slot_begin, r.slot_end);
+        return ranges;
+      }, "Sum all-reduces over dense slot ranges [begin, end).")
+      .def_readonly("compact_allreduce", &model::VariantPlan::compact_allreduce)
+      .def_readonly("compact_pages", &model::VariantPlan::compact_pages)
+      .def_readonly("publish", &model::VariantPlan::publish)
+      .def("allreduce_count", &model::VariantPlan::allreduce_count, "All-reduces per layer and buffer kind.");
+  m.def("variant_plan", [](const model::BatchLayout& l, const std::string& variant, std::int32_t rank) {
+    return model::variant_plan(l, require_variant(variant), require_rank(rank, l.cp));
+  }, py::arg("layout"), py::arg("variant"), py::arg("rank"), "The plan of one rank under one variant (a name of cpkv.VARIANTS).");
+  m.def("staging_direct_plan", [](const model::BatchLayout& l) { return descriptors_to_numpy(model::staging_direct_plan(l)); }, py::arg("layout"),
+        "The staging_direct compose plan: (slots, 2) int64 [table_index, source_page]; prefix page g: (g % cp, g // cp); "
+        "current index i of writer w: (cp + w, i). The same on every rank and layer.");
+  m.attr("ZERO_FILL") = model::SlotDescriptor::kZeroFill;
+  m.attr("SKIP") = model::SlotDescriptor::kSkip;
+}
+
+void bind_inverse_and_ragged(py::module_& m) {
+  py::class_<model::PageInverse>(m, "PageInverse", "The fill's destinations for every current token this rank computes, in merged-span order.")
+      .def_property_readonly("request", [](const model::PageInverse& p) {
+        std::vector<std::int32_t> v;
+        for (const model::LocalToken& t : p.tokens) v.push_back(t.request);
+        return to_numpy(std::move(v));
+      }, "int32 array: each token's request.")
+      .def_property_readonly("token", [](const model::PageInverse& p) {
+        std::vector<std::int64_t> v;
+        for (const model::LocalToken& t : p.tokens) v.push_back(t.token);
+        return to_numpy(std::move(v));
+      }, "int64 array: each token's position in its request's sequence.")
+      .def_property_readonly("dest_row", [](const model::PageInverse& p) { return to_numpy(std::vector<std::int64_t>(p.dest_row)); },
+                             "int64 array: the row the fill writes each token to.");
+  m.def("page_inverse", [](const model::BatchLayout& l, const model::Batch& b, std::int32_t rank, const std::string& target) {
+    require_same_batch(l, b);
+    if (target != "dense" && target != "staging") throw InputError("target", fmt::format("'{}' is not dense or staging", target));
+    return model::page_inverse(l, b, require_rank(rank, l.cp), target == "dense" ? model::InverseTarget::dense : model::InverseTarget::staging);
+  }, py::arg("layout"), py::arg("batch"), py::arg("rank"), py::arg("target") = "dense",
+        "The page inverse of a rank: dense rows (slot * P + offset) or staging-remapped rows (i * P + offset).");
+  py::class_<model::RaggedSegment>(m, "RaggedSegment", "One segment of the indexer's ragged index plan.")
+      .def_readonly("request", &model::RaggedSegment::request)
+      .def_readonly("q_start", &model::RaggedSegment::q_start)
+      .def_readonly("q_len", &model::RaggedSegment::q_len)
+      .def_readonly("q_base", &model::RaggedSegment::q_base)
+      .def_readonly("kv_len", &model::RaggedSegment::kv_len)
+      .def_readonly("k_base", &model::RaggedSegment::k_base)
+      .def_readonly("current_base", &model::RaggedSegment::current_base);
+  py::class_<model::RaggedIndexPlan>(m, "RaggedIndexPlan", "The per-batch ragged index plan of the indexer on one rank.")
+      .def_readonly("rank", &model::RaggedIndexPlan::rank)
+      .def_readonly("q_tokens_total", &model::RaggedIndexPlan::q_tokens_total)
+      .def_readonly("segments", &model::RaggedIndexPlan::segments);
+  m.def("ragged_index_plan", [](const model::BatchLayout& l, const model::Batch& b, std::int32_t rank) {
+    require_same_batch(l, b);
+    return model::ragged_index_plan(l, b, require_rank(rank, l.cp));
+  }, py::arg("layout"), py::arg("batch"), py::arg("rank"), "The indexer's ragged index plan of one rank.");
+}
+
+void bind_layer_bytes(py::module_& m) {
+  py::class_<model::LayerBytes>(m, "LayerBytes", "Bytes one rank moves for one layer (all kinds active on it) under one variant.")
+      .def_readonly("pulled_from", &model::LayerBytes::pulled_from, "Per peer rank: bytes this rank reads from its memory (all-reduces: ring volume from the predecessor).")
+      .def_readonly("allreduce_bytes", &model::LayerBytes::allreduce_bytes)
+      .def_readonly("local_copy_bytes", &model::LayerBytes::local_copy_bytes)
+      .def_readonly("allreduces", &model::LayerBytes::allreduces)
+      .def_readonly("barriers", &model::LayerBytes::barriers)
+      .def_readonly("gathers", &model::LayerBytes::gathers)
+      .def_readonly("own_rank", &model::LayerBytes::own_rank)
+      .def("pulled_from_peers", &model::LayerBytes::pulled_from_peers, "Bytes pulled from every rank but its own.");
+  m.def("layer_bytes", [](const model::Setting& s, const model::VariantPlan& plan, std::int32_t layer) {
+    require_rank(plan.rank, s.cp);
+    return model::layer_bytes(s, plan, require_layer(s, layer));
+  }, py::arg("setting"), py::arg("plan"), py::arg("layer"), "The bytes the plan's rank moves on one layer.");
+}
+
+}  // namespace
+
+void bind_layout(py::module_& m) {
+  bind_layout_types(m);
+  bind_batch_layout(m);
+  bind_staging(m);
+}
+
+void bind_plans(py::module_& m) {
+  bind_variant_plan(m);
+  bind_inverse_and_ragged(m);
+  bind_layer_bytes(m);
+}
+
+}  // namespace cpkv::python

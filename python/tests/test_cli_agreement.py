@@ -1,0 +1,104 @@
+"""Replay and plan from Python return the numbers the cpkv command's JSON holds.
+
+Why it matters: an engine's scripts call cpkv.plan / cpkv.replay instead of parsing the command's
+output; the two must never drift. The command is run as a subprocess and compared field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import cpkv
+from conftest import SAMPLES
+
+
+def cli_plan(cli, path, *args):
+    out = subprocess.run([cli, "plan", str(path), "--json", *args], check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("variant", ["staging_direct", "legacy_span_ar", "v2"])
+def test_plan_equals_the_cli_json_on_every_sample(cli, sample, variant):
+    assert cpkv.plan(str(sample), variant=variant) == cli_plan(cli, sample, "--variant", variant)
+
+
+def test_plan_with_batch_and_rank_equals_the_cli_json(cli, tiny):
+    assert cpkv.plan(tiny, batch=2, rank=1) == cli_plan(cli, tiny, "--batch", "2", "--rank", "1")
+    assert cpkv.plan(tiny, batch=2)[0]["verdict"] == "overflow"
+
+
+@pytest.mark.parametrize("kwargs, option, field", [
+    ({"rank": 2}, ["--rank", "2"], "rank"),
+    ({"batch": 3}, ["--batch", "3"], "batch"),
+    ({"variant": "nope"}, ["--variant", "nope"], "variant"),
+])
+def test_plan_refuses_what_the_cli_refuses_with_the_same_reason(cli, tiny, kwargs, option, field):
+    run = subprocess.run([cli, "plan", tiny, *option], capture_output=True, text=True)
+    assert run.returncode == 2
+    with pytest.raises(cpkv.InputError) as error:
+        cpkv.plan(tiny, **kwargs)
+    assert error.value.field == field
+    assert run.stderr == f"cpkv: error: --{field}: {error.value.reason}\n"
+
+
+def cli_replay(cli, tmp_path, path, *args):
+    out = tmp_path / "replay.json"
+    subprocess.run([cli, "replay", str(path), "--json", str(out), *args], check=True, capture_output=True, text=True)
+    return json.loads(out.read_text())
+
+
+def without_seconds(report):
+    for run in report["runs"]:
+        assert run.pop("seconds") >= 0
+    return report
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    (["--variant", "staging_direct"], {"variant": "staging_direct"}),
+    (["--variant", "all", "--ranks-as", "threads", "--layers", "all"], {"variant": "all", "ranks_as": "threads", "layers": "all"}),
+    (["--variant", "v2", "--schedule", "random", "--seed", "5"], {"variant": "v2", "schedule": "random", "seed": 5}),
+    (["--variant", "staging_direct", "--schedule", "round-robin", "--mutant", "skip_zero"],
+     {"variant": "staging_direct", "schedule": "round-robin", "mutant": "skip_zero"}),
+])
+def test_replay_sim_equals_the_cli_json(cli, tiny, tmp_path, args, kwargs):
+    ours = without_seconds(cpkv.replay(tiny, backend="sim", **kwargs))
+    theirs = without_seconds(cli_replay(cli, tmp_path, tiny, *args))
+    assert ours == theirs
+    assert ours["runs"] and all(run["ranks"] for run in ours["runs"])
+
+
+def test_replay_of_a_planted_bug_fails_and_names_the_invariant(tiny):
+    report = cpkv.replay(tiny, variant="staging_direct", schedule="round-robin", mutant="skip_zero")
+    run = report["runs"][0]
+    assert not run["passed"]
+    assert run["mismatches"] > 0 or run["violations"] > 0
+
+
+def test_replay_batches_runs_batches_held_in_memory(tiny):
+    reader = cpkv.read_trace(tiny)
+    setting, batches = reader.setting, list(reader)
+    from_memory = without_seconds(cpkv.replay_batches(setting, batches, variant="staging_direct", schedule="round-robin"))
+    from_file = without_seconds(cpkv.replay(tiny, variant="staging_direct", schedule="round-robin"))
+    assert from_memory["trace"] is None
+    assert from_memory["runs"] == from_file["runs"]
+    assert from_memory["runs"][0]["ranks"][0]["overflows"] == 1  # batch 2 overflows (6 staging slots)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"backend": "cuda"}, "backend"),
+    ({"variant": "nope"}, "variant"),
+    ({"mutant": "nope"}, "mutant"),
+    ({"ranks_as": "fibers"}, "ranks_as"),
+    ({"layers": 0}, "layers"),
+    ({"layers": "some"}, "layers"),
+    ({"batch": 9}, "batch"),
+    ({"ipc_missing_rank": 2}, "ipc_missing_rank"),
+])
+def test_replay_refuses_impossible_options_before_any_rank_starts(tiny, kwargs, field):
+    with pytest.raises(cpkv.InputError) as error:
+        cpkv.replay(tiny, **kwargs)
+    assert error.value.field == field

@@ -1,0 +1,96 @@
+"""Property tests in Python: the strategies draw what the C++ generators draw, and the model accepts it.
+
+Why it matters: an engine's suite writes @given(cpkv.strategies.batches()) and must explore the
+same space as properties/src/properties.cpp (cp 1..8, P 1..256, the five kind sets, three split
+policies, one-token / page-exact / partial extends, shared scattered prefix pages, caps at the edge).
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings as hsettings
+from hypothesis import find, strategies as st
+
+import cpkv
+import cpkv.strategies as cs
+
+
+@given(cs.batches())
+def test_every_drawn_setting_and_batch_is_accepted_by_the_model(drawn):
+    setting, batch = drawn
+    cpkv.validate(setting, batch)  # raises on anything the model refuses
+    layout = cpkv.layout_batch(setting, batch)
+    assert layout.current_pages_total == sum(-(-r.extend_len // setting.page_size) for r in batch.requests)
+
+
+@given(cs.batches())
+def test_drawn_batches_stay_in_the_generators_bounds(drawn):
+    setting, batch = drawn
+    P = setting.page_size
+    assert 1 <= len(batch) <= cs.REQUESTS_MAX
+    tokens = sum(r.prefix_len + r.extend_len for r in batch.requests)
+    assert len(batch) == 1 or tokens <= cs.TOKENS_MAX
+    for r in batch.requests:
+        assert 1 <= r.extend_len <= 4 * P
+        assert r.prefix_len % P == 0 and 0 <= r.prefix_len // P <= 4
+        assert all(0 <= g < setting.pool_pages for g in r.prefix_pages)
+
+
+@given(cs.settings())
+def test_drawn_settings_stay_in_the_generators_bounds(setting):
+    assert 1 <= setting.cp <= 8
+    assert setting.page_size in [1 << k for k in range(9)]
+    assert tuple(setting.kind_names) in cs.KIND_SETS
+    assert 1 <= setting.layer_count <= 8 and set(setting.layer_pattern) <= {"F", "S"}
+    assert setting.split in cpkv.SPLIT_POLICIES
+    assert 1 <= setting.pool_pages <= 128
+    assert (setting.max_total_extend_tokens, setting.max_batch_requests, setting.staging_mib) == (None, None, None)
+
+
+def test_the_corners_the_cpp_generators_reach_are_reachable():
+    # Hypothesis' find() shrinks to the simplest example; each corner must exist in the space.
+    assert find(cs.settings(), lambda s: s.cp == 8).cp == 8
+    assert find(cs.settings(), lambda s: s.page_size == 256).page_size == 256
+    assert find(cs.settings(), lambda s: s.split == "round_robin" and s.kind_names == ["kv_bf16", "indexer_k"])
+    one_setting = cpkv.Setting(cp=3, page_size=8, kinds=["kv_fp8"], layer_pattern="FS", pool_pages=4)
+    shapes = cs.batches(one_setting)
+    assert find(shapes, lambda b: any(r.extend_len == 1 for r in b.requests))
+    assert find(shapes, lambda b: any(r.extend_len % 8 == 0 and r.extend_len > 8 for r in b.requests))
+    assert find(shapes, lambda b: any(r.extend_len % 8 not in (0, 1) for r in b.requests))
+    # Shared prefix pages across requests (a prefix-cache hit).
+    assert find(shapes, lambda b: len(b) > 1 and set(b.requests[0].prefix_pages) & set(b.requests[1].prefix_pages))
+
+
+@hsettings(max_examples=60)
+@given(cs.cases())
+def test_drawn_cases_have_caps_the_model_accepts_and_tight_caps_reach_overflow(case):
+    assert 1 <= len(case.batches) <= cs.BATCHES_MAX
+    assert case.variant in cpkv.VARIANTS and 1 <= case.seed <= 999
+    capacity = cpkv.staging_capacity(case.setting)
+    for batch in case.batches:
+        layout = cpkv.layout_batch(case.setting, batch)
+        cpkv.overflow_verdict(layout.current_pages_total, capacity.staging_slots)
+
+
+def test_tight_caps_put_batches_on_both_sides_of_the_overflow_edge():
+    def overflows(case):
+        capacity = cpkv.staging_capacity(case.setting)
+        return any(cpkv.layout_batch(case.setting, b).current_pages_total > capacity.staging_slots for b in case.batches)
+    assert overflows(find(cs.cases(tight_caps=True), overflows))
+    assert not overflows(find(cs.cases(tight_caps=True), lambda c: not overflows(c)))
+
+
+@hsettings(max_examples=10)
+@given(cs.cases(cp_max=3, layers_max=2, requests_max=4, tokens_max=64))
+def test_every_drawn_case_replays_byte_exact_on_the_scheduled_simulator(case):
+    # Property 6 (byte exactness) from Python: the simulator under the drawn schedule equals the model.
+    report = cpkv.replay_batches(case.setting, case.batches, variant=case.variant, schedule="round-robin", seed=case.seed,
+                                 layers=case.layers)
+    run = report["runs"][0]
+    assert run["passed"], run
+
+
+@given(st.data())
+def test_batches_takes_a_setting_strategy_too(data):
+    setting = data.draw(cs.settings(cp_max=2))
+    batch = data.draw(cs.batches(st.just(setting)))
+    cpkv.validate(setting, batch)
