@@ -115,12 +115,12 @@ void bind_expected(py::module_& m) {
         "row_bytes) uint8 array that owns the model's buffer (no copy).");
 
   py::class_<model::Mismatch>(m, "Mismatch", "The first difference between an actual and the expected dense buffer, located, with the count of wrong bytes.")
-      .def_readonly("wrong_bytes", &model::Mismatch::wrong_bytes)
-      .def_readonly("slot", &model::Mismatch::slot)
-      .def_readonly("row", &model::Mismatch::row)
-      .def_readonly("byte", &model::Mismatch::byte)
-      .def_readonly("expected", &model::Mismatch::expected)
-      .def_readonly("actual", &model::Mismatch::actual)
+      .def_readonly("wrong_bytes", &model::Mismatch::wrong_bytes, "Wrong bytes over the whole buffer (nccl-tests' #wrong).")
+      .def_readonly("slot", &model::Mismatch::slot, "Slot of the first wrong byte.")
+      .def_readonly("row", &model::Mismatch::row, "Row (within the slot) of the first wrong byte.")
+      .def_readonly("byte", &model::Mismatch::byte, "Byte (within the row) of the first wrong byte.")
+      .def_readonly("expected", &model::Mismatch::expected, "The expected value of that byte.")
+      .def_readonly("actual", &model::Mismatch::actual, "The actual value of that byte.")
       .def("describe", [](const model::Mismatch& mm, std::int32_t rank, std::int32_t layer, const std::string& kind_name, std::optional<std::int64_t> batch) {
         return batch ? mm.describe(rank, *batch, layer, kind_name) : mm.describe(rank, layer, kind_name);
       }, py::arg("rank"), py::arg("layer"), py::arg("kind_name"), py::arg("batch") = py::none(),

@@ -66,9 +66,9 @@ bool same_setting(const model::Setting& a, const model::Setting& b) {
 
 void bind_setting(py::module_& m) {
   py::class_<model::BufferKind>(m, "BufferKind", "A KV buffer kind of the closed registry: its name, bytes per token row, and whether it exists only on full ('F') layers.")
-      .def_property_readonly("name", [](const model::BufferKind& k) { return std::string(k.name); })
-      .def_readonly("row_bytes", &model::BufferKind::row_bytes)
-      .def_readonly("full_layers_only", &model::BufferKind::full_layers_only)
+      .def_property_readonly("name", [](const model::BufferKind& k) { return std::string(k.name); }, "The kind's name: kv_fp8, kv_bf16 or indexer_k.")
+      .def_readonly("row_bytes", &model::BufferKind::row_bytes, "Bytes per token row.")
+      .def_readonly("full_layers_only", &model::BufferKind::full_layers_only, "True if the kind exists only on full ('F') layers (the indexer).")
       .def("__repr__", [](const model::BufferKind& k) { return fmt::format("BufferKind('{}', row_bytes={})", k.name, k.row_bytes); });
 
   py::class_<model::Setting>(m, "Setting",
@@ -115,9 +115,9 @@ void bind_batch(py::module_& m) {
            py::arg("prefix_len"), py::arg("extend_len"), py::arg("prefix_pages") = std::vector<std::int64_t>{},
            "prefix_len: cached tokens (a multiple of P); extend_len: tokens computed in this batch (>= 1); prefix_pages: "
            "prefix_len / P logical page ids (any sequence of ints, a NumPy array too). Checked against a setting by validate().")
-      .def_readwrite("prefix_len", &model::Request::prefix_len)
-      .def_readwrite("extend_len", &model::Request::extend_len)
-      .def_readwrite("prefix_pages", &model::Request::prefix_pages)
+      .def_readwrite("prefix_len", &model::Request::prefix_len, "Cached prefix tokens, a multiple of P.")
+      .def_readwrite("extend_len", &model::Request::extend_len, "Tokens computed in this batch, >= 1.")
+      .def_readwrite("prefix_pages", &model::Request::prefix_pages, "Logical page ids of the prefix, prefix_len / P of them.")
       .def("__eq__", &same_request, py::is_operator())
       .def("__repr__", [](const model::Request& r) {
         return fmt::format("Request(prefix_len={}, extend_len={}, prefix_pages=[{}])", r.prefix_len, r.extend_len, fmt::join(r.prefix_pages, ", "));
@@ -129,7 +129,7 @@ void bind_batch(py::module_& m) {
       .def_static("from_lists", &batch_from_lists, py::arg("prefix_lens"), py::arg("extend_lens"), py::arg("prefix_pages"),
                   "A batch from per-request columns, as a scheduler holds them: prefix lengths, extend lengths, and each "
                   "request's prefix page ids.")
-      .def_readwrite("requests", &model::Batch::requests)
+      .def_readwrite("requests", &model::Batch::requests, "The requests, in batch order.")
       .def("__len__", [](const model::Batch& b) { return b.requests.size(); })
       .def("__eq__", [](const model::Batch& a, const model::Batch& b) {
         return a.requests.size() == b.requests.size() && std::equal(a.requests.begin(), a.requests.end(), b.requests.begin(), &same_request);

@@ -45,34 +45,34 @@ void require_same_batch(const model::BatchLayout& layout, const model::Batch& ba
 void bind_layout_types(py::module_& m) {
   py::class_<model::Slot>(m, "Slot", "What one dense slot holds: a prefix page (page_or_index is the logical page id) or a current page (its current index).")
       .def_property_readonly("kind", [](const model::Slot& s) { return slot_kind_name(s.kind); }, "'prefix' or 'current'.")
-      .def_readonly("request", &model::Slot::request)
-      .def_readonly("page_or_index", &model::Slot::page_or_index)
+      .def_readonly("request", &model::Slot::request, "The request the slot belongs to.")
+      .def_readonly("page_or_index", &model::Slot::page_or_index, "Prefix: the logical page id; current: the current index.")
       .def("__repr__", [](const model::Slot& s) { return fmt::format("Slot('{}', request={}, page_or_index={})", slot_kind_name(s.kind), s.request, s.page_or_index); });
   py::class_<model::CurrentPage>(m, "CurrentPage", "One current page of the batch, by its current index: its request, writer rank, slot and valid rows.")
-      .def_readonly("request", &model::CurrentPage::request)
-      .def_readonly("writer", &model::CurrentPage::writer)
-      .def_readonly("page_in_request", &model::CurrentPage::page_in_request)
-      .def_readonly("slot", &model::CurrentPage::slot)
-      .def_readonly("rows_valid", &model::CurrentPage::rows_valid)
+      .def_readonly("request", &model::CurrentPage::request, "The request the page belongs to.")
+      .def_readonly("writer", &model::CurrentPage::writer, "The rank that computes the page's rows on every layer.")
+      .def_readonly("page_in_request", &model::CurrentPage::page_in_request, "Its position among the request's current pages, 0..C_r-1.")
+      .def_readonly("slot", &model::CurrentPage::slot, "Its slot in the dense buffer.")
+      .def_readonly("rows_valid", &model::CurrentPage::rows_valid, "Valid rows, 1..P; rows past it are zero (a partial last page).")
       .def("__repr__", [](const model::CurrentPage& p) {
         return fmt::format("CurrentPage(request={}, writer={}, page_in_request={}, slot={}, rows_valid={})", p.request, p.writer, p.page_in_request, p.slot, p.rows_valid);
       });
   py::class_<model::RowSource>(m, "RowSource", "The sequence token a dense row holds: prefix rows name their pool page, current rows their request and token.")
-      .def_property_readonly("kind", [](const model::RowSource& s) { return slot_kind_name(s.kind); })
-      .def_readonly("request", &model::RowSource::request)
-      .def_readonly("token", &model::RowSource::token)
-      .def_readonly("logical_page", &model::RowSource::logical_page)
-      .def_readonly("row_in_page", &model::RowSource::row_in_page);
+      .def_property_readonly("kind", [](const model::RowSource& s) { return slot_kind_name(s.kind); }, "'prefix' or 'current'.")
+      .def_readonly("request", &model::RowSource::request, "The request of the row.")
+      .def_readonly("token", &model::RowSource::token, "Position in the request's sequence (prefix then extend).")
+      .def_readonly("logical_page", &model::RowSource::logical_page, "Prefix rows: the pool page; current rows: -1.")
+      .def_readonly("row_in_page", &model::RowSource::row_in_page, "The row within its page.");
 }
 
 void bind_batch_layout(py::module_& m) {
   py::class_<model::BatchLayout>(m, "BatchLayout",
                                  "The batch-logical layout (PROTOCOL.md sections 2-3): slots in merged-span order, current pages by "
                                  "current index with their writers. The same on every rank.")
-      .def_readonly("cp", &model::BatchLayout::cp)
-      .def_readonly("page_size", &model::BatchLayout::page_size)
-      .def_readonly("slot_count", &model::BatchLayout::slot_count)
-      .def_readonly("current_pages_total", &model::BatchLayout::current_pages_total)
+      .def_readonly("cp", &model::BatchLayout::cp, "Ranks in the CP group.")
+      .def_readonly("page_size", &model::BatchLayout::page_size, "P, tokens per page.")
+      .def_readonly("slot_count", &model::BatchLayout::slot_count, "Dense slots: every request's prefix pages then current pages.")
+      .def_readonly("current_pages_total", &model::BatchLayout::current_pages_total, "Current pages of the batch (what staging must hold).")
       .def_readonly("request_first_slot", &model::BatchLayout::request_first_slot, "Per request: the slot where its prefix span begins.")
       .def_readonly("request_first_current_slot", &model::BatchLayout::request_first_current_slot, "Per request: the slot where its current span begins.")
       .def_readonly("request_first_current_index", &model::BatchLayout::request_first_current_index, "Per request: its first current index.")
@@ -103,9 +103,9 @@ void bind_staging(py::module_& m) {
   m.def("staging_capacity", [](const model::Setting& s) { return model::staging_capacity(s); }, py::arg("setting"),
         "The staging capacity the setting registers: MiB override, else the caps, else the pool fallback.");
   py::class_<model::Verdict>(m, "Verdict", "The overflow verdict of a batch: rank-uniform, from batch-logical values only.")
-      .def_readonly("overflow", &model::Verdict::overflow)
-      .def_readonly("current_pages_total", &model::Verdict::current_pages_total)
-      .def_readonly("staging_slots", &model::Verdict::staging_slots)
+      .def_readonly("overflow", &model::Verdict::overflow, "True if current_pages_total > staging_slots: the batch is rejected before any rank moves a byte.")
+      .def_readonly("current_pages_total", &model::Verdict::current_pages_total, "The batch's current pages.")
+      .def_readonly("staging_slots", &model::Verdict::staging_slots, "The registered staging slots.")
       .def("describe", &model::Verdict::describe, "'ok' or 'overflow: N current pages > M staging slots'.")
       .def("__str__", &model::Verdict::describe);
   m.def("overflow_verdict", [](std::int64_t current_pages_total, std::int64_t staging_slots) {
@@ -120,24 +120,24 @@ void bind_variant_plan(py::module_& m) {
                                  "What one rank does per layer and buffer kind under one variant, as data (steps in order: zero_dense, "
                                  "local prefix, zero_own_current, fill, compact pack, gather1, publish, barrier, gather2, all-reduces, unpack). "
                                  "gather1/gather2: (slots, 2) int64 arrays of [table_index, source_page]; empty when there is no gather.")
-      .def_property_readonly("variant", [](const model::VariantPlan& p) { return std::string(model::to_string(p.variant)); })
-      .def_readonly("rank", &model::VariantPlan::rank)
-      .def_readonly("zero_dense", &model::VariantPlan::zero_dense)
-      .def_readonly("local_prefix_slots", &model::VariantPlan::local_prefix_slots)
-      .def_readonly("zero_own_current", &model::VariantPlan::zero_own_current)
-      .def_readonly("fill_to_staging", &model::VariantPlan::fill_to_staging)
+      .def_property_readonly("variant", [](const model::VariantPlan& p) { return std::string(model::to_string(p.variant)); }, "The variant's name.")
+      .def_readonly("rank", &model::VariantPlan::rank, "The rank this plan is for.")
+      .def_readonly("zero_dense", &model::VariantPlan::zero_dense, "Zero every dense slot first (all-reduce variants).")
+      .def_readonly("local_prefix_slots", &model::VariantPlan::local_prefix_slots, "Prefix slots this rank copies from its own pool.")
+      .def_readonly("zero_own_current", &model::VariantPlan::zero_own_current, "Zero the pages the fill writes (partial pages keep zero tails).")
+      .def_readonly("fill_to_staging", &model::VariantPlan::fill_to_staging, "Fill through the staging-remapped page inverse.")
       .def_readonly("own_current", &model::VariantPlan::own_current, "Current indices this rank writes.")
-      .def_property_readonly("gather1", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather1); })
-      .def_readonly("barrier", &model::VariantPlan::barrier)
-      .def_property_readonly("gather2", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather2); })
+      .def_property_readonly("gather1", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather1); }, "The gather before the barrier: (slots, 2) int64 [table_index, source_page], or (0, 2).")
+      .def_readonly("barrier", &model::VariantPlan::barrier, "A counting barrier after gather1 / publish.")
+      .def_property_readonly("gather2", [](const model::VariantPlan& p) { return descriptors_to_numpy(p.gather2); }, "The gather after the barrier (it reads peers' staging or dense buffers): (slots, 2) int64, or (0, 2).")
       .def_property_readonly("allreduce_ranges", [](const model::VariantPlan& p) {
         std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
         for (const model::SlotRange& r : p.allreduce_ranges) ranges.emplace_back(r.slot_begin, r.slot_end);
         return ranges;
       }, "Sum all-reduces over dense slot ranges [begin, end).")
-      .def_readonly("compact_allreduce", &model::VariantPlan::compact_allreduce)
-      .def_readonly("compact_pages", &model::VariantPlan::compact_pages)
-      .def_readonly("publish", &model::VariantPlan::publish)
+      .def_readonly("compact_allreduce", &model::VariantPlan::compact_allreduce, "v2: pack own current pages, one all-reduce over all current pages.")
+      .def_readonly("compact_pages", &model::VariantPlan::compact_pages, "v2: pages of the compact buffer (current_pages_total).")
+      .def_readonly("publish", &model::VariantPlan::publish, "staging_publish: copy own current pages dense -> staging.")
       .def("allreduce_count", &model::VariantPlan::allreduce_count, "All-reduces per layer and buffer kind.");
   m.def("variant_plan", [](const model::BatchLayout& l, const std::string& variant, std::int32_t rank) {
     return model::variant_plan(l, require_variant(variant), require_rank(rank, l.cp));
@@ -170,17 +170,17 @@ void bind_inverse_and_ragged(py::module_& m) {
   }, py::arg("layout"), py::arg("batch"), py::arg("rank"), py::arg("target") = "dense",
         "The page inverse of a rank: dense rows (slot * P + offset) or staging-remapped rows (i * P + offset).");
   py::class_<model::RaggedSegment>(m, "RaggedSegment", "One segment of the indexer's ragged index plan.")
-      .def_readonly("request", &model::RaggedSegment::request)
-      .def_readonly("q_start", &model::RaggedSegment::q_start)
-      .def_readonly("q_len", &model::RaggedSegment::q_len)
-      .def_readonly("q_base", &model::RaggedSegment::q_base)
-      .def_readonly("kv_len", &model::RaggedSegment::kv_len)
-      .def_readonly("k_base", &model::RaggedSegment::k_base)
-      .def_readonly("current_base", &model::RaggedSegment::current_base);
+      .def_readonly("request", &model::RaggedSegment::request, "The request of the segment.")
+      .def_readonly("q_start", &model::RaggedSegment::q_start, "First row of the segment in this rank's packed query tokens.")
+      .def_readonly("q_len", &model::RaggedSegment::q_len, "Query tokens in the segment.")
+      .def_readonly("q_base", &model::RaggedSegment::q_base, "Offset of its first token within the request's extend.")
+      .def_readonly("kv_len", &model::RaggedSegment::kv_len, "Keys visible to its last query: prefix_len + q_base + q_len.")
+      .def_readonly("k_base", &model::RaggedSegment::k_base, "Dense row where the request's span (prefix first) begins.")
+      .def_readonly("current_base", &model::RaggedSegment::current_base, "Dense row where the request's current span begins.");
   py::class_<model::RaggedIndexPlan>(m, "RaggedIndexPlan", "The per-batch ragged index plan of the indexer on one rank.")
-      .def_readonly("rank", &model::RaggedIndexPlan::rank)
-      .def_readonly("q_tokens_total", &model::RaggedIndexPlan::q_tokens_total)
-      .def_readonly("segments", &model::RaggedIndexPlan::segments);
+      .def_readonly("rank", &model::RaggedIndexPlan::rank, "The rank this plan is for.")
+      .def_readonly("q_tokens_total", &model::RaggedIndexPlan::q_tokens_total, "Query tokens this rank computes.")
+      .def_readonly("segments", &model::RaggedIndexPlan::segments, "One segment per maximal run of consecutive current pages of one request this rank writes.");
   m.def("ragged_index_plan", [](const model::BatchLayout& l, const model::Batch& b, std::int32_t rank) {
     require_same_batch(l, b);
     return model::ragged_index_plan(l, b, require_rank(rank, l.cp));
@@ -190,12 +190,12 @@ void bind_inverse_and_ragged(py::module_& m) {
 void bind_layer_bytes(py::module_& m) {
   py::class_<model::LayerBytes>(m, "LayerBytes", "Bytes one rank moves for one layer (all kinds active on it) under one variant.")
       .def_readonly("pulled_from", &model::LayerBytes::pulled_from, "Per peer rank: bytes this rank reads from its memory (all-reduces: ring volume from the predecessor).")
-      .def_readonly("allreduce_bytes", &model::LayerBytes::allreduce_bytes)
-      .def_readonly("local_copy_bytes", &model::LayerBytes::local_copy_bytes)
-      .def_readonly("allreduces", &model::LayerBytes::allreduces)
-      .def_readonly("barriers", &model::LayerBytes::barriers)
-      .def_readonly("gathers", &model::LayerBytes::gathers)
-      .def_readonly("own_rank", &model::LayerBytes::own_rank)
+      .def_readonly("allreduce_bytes", &model::LayerBytes::allreduce_bytes, "Summed all-reduce buffer sizes N.")
+      .def_readonly("local_copy_bytes", &model::LayerBytes::local_copy_bytes, "Publish copies, local materialize, compact pack/unpack.")
+      .def_readonly("allreduces", &model::LayerBytes::allreduces, "All-reduces on the layer.")
+      .def_readonly("barriers", &model::LayerBytes::barriers, "Barriers on the layer.")
+      .def_readonly("gathers", &model::LayerBytes::gathers, "Gathers on the layer.")
+      .def_readonly("own_rank", &model::LayerBytes::own_rank, "The rank whose bytes these are.")
       .def("pulled_from_peers", &model::LayerBytes::pulled_from_peers, "Bytes pulled from every rank but its own.");
   m.def("layer_bytes", [](const model::Setting& s, const model::VariantPlan& plan, std::int32_t layer) {
     require_rank(plan.rank, s.cp);

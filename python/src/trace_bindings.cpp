@@ -72,7 +72,7 @@ class TraceFileWriter {
 
 void bind_reader(py::module_& m) {
   py::class_<traces::TraceHeader>(m, "TraceHeader", "A trace's header: the setting and where the trace came from.")
-      .def_readonly("setting", &traces::TraceHeader::setting)
+      .def_readonly("setting", &traces::TraceHeader::setting, "The trace's setting.")
       .def_property_readonly("source", [](const traces::TraceHeader& h) { return json_to_python(h.source); }, "The free-form source object, as a dict.")
       .def("to_json", [](const traces::TraceHeader& h) { return traces::header_to_json(h).dump(); }, "The header line the C++ writer writes.");
 
@@ -80,7 +80,7 @@ void bind_reader(py::module_& m) {
                                   "A streaming, validating reader of a trace (format cpkv-batch-trace v1). Iterating yields one "
                                   "Batch at a time; a bad line raises cpkv.TraceError (file, line, field, reason).")
       .def(py::init<const std::string&>(), py::arg("path"), "Open the trace and read and validate its header.")
-      .def_property_readonly("header", &traces::TraceReader::header, py::return_value_policy::reference_internal)
+      .def_property_readonly("header", &traces::TraceReader::header, py::return_value_policy::reference_internal, "The validated header: setting and source.")
       .def_property_readonly("setting", [](const traces::TraceReader& r) { return r.header().setting; }, "The header's setting.")
       .def_property_readonly("batch_index", &traces::TraceReader::batch_index, "The last batch read (-1 before the first).")
       .def_property_readonly("line", &traces::TraceReader::line, "The last line read (1: the header).")
@@ -110,8 +110,8 @@ void bind_writer(py::module_& m) {
            py::arg("prefix_lens"), py::arg("extend_lens"), py::arg("prefix_pages"),
            "Write one scheduled batch from per-request columns: prefix lengths, extend lengths, prefix page ids.")
       .def("close", &TraceFileWriter::close, "Close the file (further add_batch calls raise).")
-      .def_property_readonly("path", &TraceFileWriter::path)
-      .def_property_readonly("batches_written", &TraceFileWriter::batches_written)
+      .def_property_readonly("path", &TraceFileWriter::path, "The file being written.")
+      .def_property_readonly("batches_written", &TraceFileWriter::batches_written, "Batches written so far (the next batch's number).")
       .def("__enter__", [](TraceFileWriter& w) -> TraceFileWriter& { return w; })
       .def("__exit__", [](TraceFileWriter& w, const py::object&, const py::object&, const py::object&) { w.close(); });
 }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import pathlib
 import pydoc
 import subprocess
@@ -77,4 +78,7 @@ def test_the_capture_example_writes_a_trace_the_cli_plans(cli, tmp_path):
 def test_the_readme_example_runs(tmp_path):
     text = (SOURCE_DIR / "python" / "README.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True)
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(cpkv.__file__).resolve().parents[1]))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["[[0, 1], [0, 1, 1]]", "True"]
