@@ -192,6 +192,9 @@ TEST(ModelOracle, SeesASelfConsistentReversedLayoutThatTheLayoutExpectationAccep
   BatchLayout layout = layout_batch(tiny_setting(), reversed);
   for (Slot& slot : layout.slots) slot.request = 1 - slot.request;
   for (CurrentPage& page : layout.current) page.request = 1 - page.request;
+  std::reverse(layout.request_first_slot.begin(), layout.request_first_slot.end());
+  std::reverse(layout.request_first_current_slot.begin(), layout.request_first_current_slot.end());
+  std::reverse(layout.request_first_current_index.begin(), layout.request_first_current_index.end());
   const std::vector<std::uint8_t> gathered = expected_dense(layout, 5, 0, 0, 656);
   EXPECT_FALSE(compare_dense(gathered, expected_dense(layout, 5, 0, 0, 656), 4, 656));
   const auto mismatch = spec::ByteOracle(4, tiny_batch()).check(gathered, 5, 0, 0, 656);

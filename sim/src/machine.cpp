@@ -32,8 +32,9 @@ std::int32_t token_writer(std::int64_t token_in_extend, std::int64_t extend_len,
 // The reversed_request_order mutant: the layout of the batch with its requests in reverse order and
 // their ids kept. The plan, the page inverse and the gathers are all built from it, so everything
 // agrees with everything else, and an expectation read from the same layout agrees too; only an
-// oracle that walks the requests itself (model/oracle.hpp) sees the slots out of order. The
-// per-request span vectors stay in layout order, as the all-reduce ranges walk them.
+// oracle that walks the requests itself (model/oracle.hpp) sees the slots out of order. (The
+// legacy_span_ar plan assumes request r + 1's span follows request r's, so under that variant the
+// bug is not self-consistent and any check sees it.)
 model::BatchLayout reversed_layout(const model::Setting& setting, const model::Batch& batch) {
   model::Batch reversed = batch;
   std::reverse(reversed.requests.begin(), reversed.requests.end());
@@ -41,6 +42,10 @@ model::BatchLayout reversed_layout(const model::Setting& setting, const model::B
   const auto last = static_cast<std::int32_t>(batch.requests.size()) - 1;
   for (model::Slot& slot : layout.slots) slot.request = last - slot.request;
   for (model::CurrentPage& page : layout.current) page.request = last - page.request;
+  // The per-request vectors are indexed by request id: put them back in id order.
+  std::reverse(layout.request_first_slot.begin(), layout.request_first_slot.end());
+  std::reverse(layout.request_first_current_slot.begin(), layout.request_first_current_slot.end());
+  std::reverse(layout.request_first_current_index.begin(), layout.request_first_current_index.end());
   return layout;
 }
 
