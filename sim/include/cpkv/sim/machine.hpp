@@ -97,6 +97,7 @@ class RankMachine {
   void step();
 
   std::int32_t rank() const { return rank_; }
+  std::int64_t batch_index() const { return batch_index_; }
   const Step* next_step() const { return finished() ? nullptr : &program_[pc_]; }
   std::string describe_position() const;
   const RankTotals& totals() const { return totals_; }
