@@ -16,9 +16,19 @@ struct MutantsOptions {
   std::optional<std::uint64_t> seed;
   std::optional<int> cases;
   bool every_property = false;
+  std::string backend = "sim";
 };
 
 void run_mutants(const MutantsOptions& o) {
+  if (o.backend == "cuda") {
+#if CPKV_HAVE_CUDA_BACKEND
+    run_gpu_mutants();
+    return;
+#else
+    throw OptionError("--backend cuda: not available in this build (needs nvcc and NCCL at configure time)");
+#endif
+  }
+  if (o.backend != "sim") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda", o.backend));
   rc::detail::TestParams params = properties::suite_params();
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
@@ -61,6 +71,7 @@ void register_mutants(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "RapidCheck seed (default: the suite's fixed seed or RC_PARAMS)");
   cmd->add_option("--cases", o->cases, "cases per property (default: RapidCheck's max_success)")->check(CLI::PositiveNumber);
   cmd->add_flag("--every-property", o->every_property, "after the first catch, run the other scheduled properties too (slower)");
+  cmd->add_option("--backend", o->backend, "sim (the property suite) or cuda (the GPU planted bugs on 2+ GPUs and the verify self-test)")->capture_default_str();
   cmd->callback([o] { run_mutants(*o); });
 }
 
