@@ -27,5 +27,7 @@ void register_explore(CLI::App& app);
 void register_soak(CLI::App& app);
 void register_import(CLI::App& app);
 void register_bench(CLI::App& app);  // only in builds with the CUDA backend
+// `cpkv mutants --backend cuda`: the GPU planted bugs and the verify self-test (CUDA builds only).
+void run_gpu_mutants();
 
 }  // namespace cpkv::cli

@@ -16,14 +16,24 @@ struct MutantsOptions {
   std::optional<std::uint64_t> seed;
   std::optional<int> cases;
   bool every_property = false;
+  std::string backend = "sim";
 };
 
 void run_mutants(const MutantsOptions& o) {
+  if (o.backend == "cuda") {
+#if CPKV_HAVE_CUDA_BACKEND
+    run_gpu_mutants();
+    return;
+#else
+    throw OptionError("--backend cuda: not available in this build (needs nvcc and NCCL at configure time)");
+#endif
+  }
+  if (o.backend != "sim") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda", o.backend));
   rc::detail::TestParams params = properties::suite_params();
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
   fmt::print("cpkv mutants: property suite against every planted bug | seed {} | {} cases per property\n", params.seed, params.maxSuccess);
-  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9}\n", "mutant", "caught", "first by property", "cex size", "s to catch");
+  fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9}\n", "mutant", "caught", "first by property", "fired", "cex size", "s to catch");
   std::fflush(stdout);
   std::int32_t caught = 0;
   std::int32_t planted = 0;
@@ -32,18 +42,20 @@ void run_mutants(const MutantsOptions& o) {
     const bool none = row.mutant == sim::Mutant::none;
     if (none) {
       clean_passes = !row.caught;
-      fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9.2f}\n", "none (correct protocol)", row.caught ? "FAILED" : "passes", row.caught_by.empty() ? "-" : row.caught_by,
+      fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9.2f}\n", "none (correct protocol)", row.caught ? "FAILED" : "passes",
+                 row.caught_by.empty() ? "-" : row.caught_by, row.caught ? std::to_string(row.first_invariant) : "-",
                  row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
     } else {
       ++planted;
       caught += row.caught ? 1 : 0;
-      fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9.2f}\n", sim::to_string(row.mutant), row.caught ? "yes" : "NO", row.caught ? row.caught_by : "-",
-                 row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
+      fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9.2f}\n", sim::to_string(row.mutant), row.caught ? "yes" : "NO", row.caught ? row.caught_by : "-",
+                 row.caught ? std::to_string(row.first_invariant) : "-", row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
     }
     if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
     if (row.caught) fmt::print("    replay: {}\n", row.replay);
     std::fflush(stdout);
   });
+  fmt::print("'fired': the invariant whose checker fired first in the run of that counterexample (8: a deadlock with nothing before it)\n");
   fmt::print("caught {} of {} planted bugs ({:.0f}%); correct protocol {}\n", caught, planted, planted ? 100.0 * caught / planted : 0.0,
              clean_passes ? "passes every property" : "FAILS a property");
   exit_status() = caught == planted && clean_passes ? kExitOk : kExitFailure;
@@ -59,6 +71,7 @@ void register_mutants(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "RapidCheck seed (default: the suite's fixed seed or RC_PARAMS)");
   cmd->add_option("--cases", o->cases, "cases per property (default: RapidCheck's max_success)")->check(CLI::PositiveNumber);
   cmd->add_flag("--every-property", o->every_property, "after the first catch, run the other scheduled properties too (slower)");
+  cmd->add_option("--backend", o->backend, "sim (the property suite) or cuda (the GPU planted bugs on 2+ GPUs and the verify self-test)")->capture_default_str();
   cmd->callback([o] { run_mutants(*o); });
 }
 

@@ -78,9 +78,12 @@ void run_replay(const ReplayOptions& o) {
   const auto mutant = sim::parse_mutant(o.mutant);
   if (!mutant) throw OptionError(fmt::format("--mutant: unknown mutant '{}'", o.mutant));
   const std::vector<model::Variant> variants = selected_variants(o.variant);
-  if (o.backend == "cuda" && *mutant != sim::Mutant::none) {
-    throw OptionError(fmt::format("--mutant: planted bugs exist in the simulator only; --backend cuda runs the correct protocol"));
+#if CPKV_HAVE_CUDA_BACKEND
+  if (o.backend == "cuda" && !cuda::gpu_supports_mutant(*mutant)) {
+    throw OptionError(fmt::format("--mutant: '{}' exists in the simulator only; --backend cuda has single_half, no_barrier, skip_zero and "
+                                  "barrier_passes_early", o.mutant));
   }
+#endif
   // Output files are opened before any work, so an unwritable path is bad input, not a late failure.
   const auto check_writable = [](const std::optional<std::string>& path, const char* option) {
     if (!path) return;

@@ -21,6 +21,10 @@ inline constexpr int kGatherBlocksMax = 132 * 8;
 // A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
 // (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
 inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;
+// A planted bug's race window (GPU mutants only): the slow producer or reader spins 2^23 cycles,
+// ~4 ms at 1.98 GHz, far longer than one layer of the test batches (tens of us), so the race is
+// lost on every run rather than once in a while.
+inline constexpr long long kMutantWindowCycles = 1LL << 23;
 
 }  // namespace cpkv::kernels
 

@@ -19,6 +19,7 @@
 
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/expected.hpp"
+#include "cpkv/model/oracle.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/shared_region.hpp"
@@ -200,20 +201,18 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
     b.inv_token.push_back(inverse.tokens[t].token);
     b.inv_dest.push_back(inverse.dest_row[t]);
   }
-  for (std::int64_t s = 0; s < b.layout.slot_count; ++s) {
-    const model::Slot& slot = b.layout.slots[s];
-    if (slot.kind == model::SlotKind::prefix) {
-      b.slots.push_back({slot.page_or_index, 0, slot.request, setting.page_size});
-      if (slot.page_or_index % cp == rank && !populated[slot.page_or_index / cp]) {
-        populated[slot.page_or_index / cp] = true;
-        b.populate_logical.push_back(slot.page_or_index);
-        b.populate_local.push_back(slot.page_or_index / cp);
-      }
-    } else {
-      const model::CurrentPage& page = b.layout.current[slot.page_or_index];
-      const std::int64_t first_token = batch.requests[page.request].prefix_len + page.page_in_request * setting.page_size;
-      b.slots.push_back({-1, first_token, page.request, page.rows_valid});
-    }
+  for (const model::Slot& slot : b.layout.slots) {
+    if (slot.kind != model::SlotKind::prefix || slot.page_or_index % cp != rank || populated[slot.page_or_index / cp]) continue;
+    populated[slot.page_or_index / cp] = true;
+    b.populate_logical.push_back(slot.page_or_index);
+    b.populate_local.push_back(slot.page_or_index / cp);
+  }
+  // What the verify kernel expects comes from the plain oracle (model/oracle.hpp), which walks the
+  // requests itself, not from the layout the gathers were planned on.
+  const model::spec::ByteOracle oracle(setting.page_size, batch);
+  for (std::int64_t s = 0; s < oracle.slot_count(); ++s) {
+    const model::spec::DenseSlot& slot = oracle.slot(s);
+    b.slots.push_back({slot.prefix ? slot.logical_page : -1, slot.first_token, slot.request, slot.rows_valid});
   }
   return b;
 }
@@ -529,9 +528,16 @@ int cuda_rank(const RankContext& ctx) {
     // One layer of the exchange, as the plan says; no host synchronization inside.
     // The 2*cp pointer tables of every (layer, kind) and the pages gathered from peers: batch
     // values, built here once, not on every layer.
+    // Planted bugs (sim::Mutant; off unless asked for): each switch changes one step, and a spin on
+    // one rank opens the race window so the bug shows on every run, not once in a while.
+    const sim::Mutant mutant = ctx.options.mutant;
+    const auto half_of = [&](std::int32_t l) { return mutant == sim::Mutant::single_half ? 0 : model::parity_half(l); };
+    const bool skip_zero = mutant == sim::Mutant::skip_zero;
+    const bool slow_producer = (mutant == sim::Mutant::no_barrier || mutant == sim::Mutant::barrier_passes_early) && rank == cp - 1;
+    const bool slow_reader = mutant == sim::Mutant::single_half && rank == 0;
     std::vector<std::vector<kernels::PointerTable>> tables(layers, std::vector<kernels::PointerTable>(kinds));
     for (std::int32_t l = 0; l < layers; ++l) {
-      const std::int32_t h = model::parity_half(l);
+      const std::int32_t h = half_of(l);
       for (std::size_t k = 0; k < kinds; ++k) {
         kernels::PointerTable& t = tables[l][k];
         for (std::int32_t p = 0; p < cp; ++p) {
@@ -548,8 +554,8 @@ int cuda_rank(const RankContext& ctx) {
       for (const kernels::GatherEntry& e : *list) peer_pages_per_kind += e.table_index >= 0 && e.table_index % cp != rank ? 1 : 0;
     }
     const auto run_layer = [&](std::int32_t l, bool check) {
-      const std::int32_t h = model::parity_half(l);
-      if (b.plan.zero_dense) {
+      const std::int32_t h = half_of(l);
+      if (b.plan.zero_dense && !skip_zero) {
         const std::uint64_t half_bytes = mem.dense_offset[h][kinds - 1] - mem.dense_offset[h][0] + ctx.shape.slot_count_max * page_bytes(kinds - 1);
         CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense + mem.dense_offset[h][0], 0, half_bytes, stream));
       }
@@ -561,7 +567,8 @@ int cuda_rank(const RankContext& ctx) {
         std::uint8_t* fill_dest = b.plan.fill_to_staging ? staging_k : dense_k;
         const std::uint64_t pb = page_bytes(k);
         CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, t, d_local_prefix, static_cast<std::int64_t>(b.local_prefix.size()), stream));
-        CPKV_CUDA_CHECK(kernels::launch_gather(fill_dest, pb, t, d_zero_own, static_cast<std::int64_t>(b.zero_own.size()), stream));
+        if (!skip_zero) CPKV_CUDA_CHECK(kernels::launch_gather(fill_dest, pb, t, d_zero_own, static_cast<std::int64_t>(b.zero_own.size()), stream));
+        if (slow_producer) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, stream));
         CPKV_CUDA_CHECK(kernels::launch_fill_current(fill_dest, setting.kinds[k].row_bytes, d_inv_request, d_inv_token, d_inv_dest,
                                                      static_cast<std::int64_t>(b.inv_dest.size()), ctx.options.seed, static_cast<std::uint32_t>(l),
                                                      static_cast<std::uint32_t>(k), stream));
@@ -569,11 +576,15 @@ int cuda_rank(const RankContext& ctx) {
         CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, t, d_gather1, static_cast<std::int64_t>(b.gather1.size()), stream));
         CPKV_CUDA_CHECK(kernels::launch_gather(staging_k, pb, t, d_publish, static_cast<std::int64_t>(b.publish.size()), stream));
       }
-      if (b.plan.barrier) {
+      if (b.plan.barrier && mutant != sim::Mutant::no_barrier) {
         ++barrier_phase;
         if (check) ++totals.barriers;
-        CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, barrier_phase, mem.barrier_status, stream));
+        // barrier_passes_early signals and waits for the previous phase: a rank passes phase k once
+        // every peer reached k - 1 (and the pads end one short of drained).
+        const std::uint64_t phase = mutant == sim::Mutant::barrier_passes_early ? barrier_phase - 1 : barrier_phase;
+        CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, rank, cp, phase, mem.barrier_status, stream));
       }
+      if (slow_reader) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, stream));
       for (std::size_t k = 0; k < kinds; ++k) {
         if (!setting.kind_active(k, l)) continue;
         const std::uint64_t pb = page_bytes(k);
@@ -593,7 +604,7 @@ int cuda_rank(const RankContext& ctx) {
         }
         if (check) peer_bytes += peer_pages_per_kind * pb;
         if (check && ctx.cuda.verify) {
-          CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, d_slots, b.layout.slot_count, ctx.options.seed,
+          CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, d_slots, static_cast<std::int64_t>(b.slots.size()), ctx.options.seed,
                                                  static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), verify + l * kinds + k, stream));
         }
       }

@@ -77,4 +77,31 @@ struct BarrierStressReport {
 };
 BarrierStressReport barrier_stress(const BarrierStressOptions& options);
 
+// Planted bugs the GPU backend can switch on (kernels/gpu_mutants.cpp): single_half, no_barrier,
+// skip_zero, barrier_passes_early. Any other is refused: the simulator holds the rest.
+bool gpu_supports_mutant(sim::Mutant mutant);
+inline constexpr sim::Mutant kGpuMutants[] = {sim::Mutant::single_half, sim::Mutant::no_barrier, sim::Mutant::skip_zero,
+                                              sim::Mutant::barrier_passes_early};
+// The workload the GPU planted bugs run on: cp ranks, page 16, kv_fp8 + indexer_k, layers FSFS, one
+// batch with a cached prefix, partial last pages (zero tails) and a page for every rank to write.
+sim::BatchSource gpu_mutant_source(std::int32_t cp);
+inline constexpr std::int32_t kGpuMutantLayers = 4;
+// The report's first finding in one line (the first wrong byte, located, or the first violation, or
+// the failure); empty when the run was clean.
+std::string first_finding(const sim::RunReport& report);
+
+// The verify kernel checked against itself, in a forked child (this process never touches CUDA):
+// content written to a few pages verifies clean; then one byte is flipped and the kernel must find
+// exactly that byte, with its slot, row, byte index and both values.
+struct VerifySelfTest {
+  std::string failure;                    // why it could not run (empty: it ran)
+  std::uint64_t wrong_bytes_clean = 0;    // before the corruption (must be 0)
+  std::uint64_t wrong_bytes_corrupted = 0;  // after it (must be 1)
+  std::int64_t slot = -1, planted_slot = -1;
+  std::int32_t row = -1, planted_row = -1;
+  std::int32_t byte = -1, planted_byte = -1;
+  std::int32_t expected = -1, actual = -1, planted_expected = -1, planted_actual = -1;
+};
+VerifySelfTest verify_self_test();
+
 }  // namespace cpkv::cuda

@@ -161,3 +161,65 @@ TEST(GpuBarrier, FourRanksOversubscribedStayPhaseSafe) {
 
 }  // namespace
 }  // namespace cpkv
+
+namespace cpkv {
+namespace {
+
+// The GPU tests expect zero mismatches; these show the checks that would report one can: the verify
+// kernel finds and locates one flipped byte, and every GPU planted bug is reported with the rank,
+// layer, slot and byte of its first wrong byte (or a violation), one rank per GPU and oversubscribed.
+TEST(GpuMutants, VerifyKernelFindsAndLocatesOneCorruptedByte) {
+  if (cuda::gpu_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU test not run here";
+  const cuda::VerifySelfTest t = cuda::verify_self_test();
+  ASSERT_TRUE(t.failure.empty()) << t.failure;
+  EXPECT_EQ(t.wrong_bytes_clean, 0u);
+  EXPECT_EQ(t.wrong_bytes_corrupted, 1u);
+  EXPECT_EQ(t.slot, t.planted_slot);
+  EXPECT_EQ(t.row, t.planted_row);
+  EXPECT_EQ(t.byte, t.planted_byte);
+  EXPECT_EQ(t.expected, t.planted_expected);
+  EXPECT_EQ(t.actual, t.planted_actual);
+}
+
+void expect_every_gpu_mutant_reported(std::int32_t cp) {
+  const sim::BatchSource source = cuda::gpu_mutant_source(cp);
+  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+  sim::SimOptions options;
+  options.variant = model::Variant::staging_direct;
+  options.layers = cuda::kGpuMutantLayers;
+  options.seed = 7;
+  const sim::RunReport clean = backend->run(source, options);
+  EXPECT_TRUE(clean.passed()) << "cp " << cp << ": the setup itself fails: " << cuda::first_finding(clean);
+  for (sim::Mutant mutant : cuda::kGpuMutants) {
+    options.mutant = mutant;
+    const sim::RunReport report = backend->run(source, options);
+    EXPECT_FALSE(report.passed()) << sim::to_string(mutant) << " went unnoticed on cp " << cp;
+    const std::string finding = cuda::first_finding(report);
+    if (mutant == sim::Mutant::barrier_passes_early && report.mismatches() == 0) {
+      EXPECT_NE(finding.find("invariant 4"), std::string::npos) << finding;  // at least the pads are not drained
+      continue;
+    }
+    EXPECT_GT(report.mismatches(), 0) << sim::to_string(mutant) << " cp " << cp << ": " << finding;
+    for (const char* field : {"rank ", "layer ", "slot ", "byte "}) EXPECT_NE(finding.find(field), std::string::npos) << finding;
+  }
+}
+
+TEST(GpuMutants, EveryGpuPlantedBugIsReportedOneRankPerGpu) {
+  if (cuda::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs: GPU test not run here";
+  expect_every_gpu_mutant_reported(2);
+}
+
+TEST(GpuMutants, EveryGpuPlantedBugIsReportedOversubscribed) {
+  if (cuda::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs: GPU test not run here";
+  expect_every_gpu_mutant_reported(4);
+  expect_every_gpu_mutant_reported(8);
+}
+
+TEST(GpuMutants, OnlyTheGpuMutantsAreOfferedOnTheGpu) {
+  for (sim::Mutant mutant : cuda::kGpuMutants) EXPECT_TRUE(cuda::gpu_supports_mutant(mutant)) << sim::to_string(mutant);
+  EXPECT_FALSE(cuda::gpu_supports_mutant(sim::Mutant::token_split));
+  EXPECT_TRUE(cuda::gpu_supports_mutant(sim::Mutant::none));
+}
+
+}  // namespace
+}  // namespace cpkv

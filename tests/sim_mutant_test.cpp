@@ -193,6 +193,24 @@ MutantCase skip_idle_barrier_case() {
   return base_case(Mutant::skip_idle_barrier, small_setting(4), {model::Batch{{fresh(3)}}}, round_robin(), {2, 4, kLiveness});
 }
 
+// cp 2, each rank writes one page. Rank 0 (priority) arrives and, waiting only for the previous
+// phase, passes at once, before rank 1 arrived: the arrival shadow has no rank 1 for this barrier.
+MutantCase barrier_passes_early_case() {
+  return base_case(Mutant::barrier_passes_early, small_setting(2), {model::Batch{{fresh(8)}}}, priority_schedule(0), {4});
+}
+
+// cp 2, two layers: the plan is built at the batch's start and again on every layer. The bytes are
+// right (the same plan each time); only the plan-built-once check sees it. Invariant 5.
+MutantCase plan_rebuilt_per_layer_case() {
+  return base_case(Mutant::plan_rebuilt_per_layer, small_setting(2), {model::Batch{{fresh(8)}}}, round_robin(), {5});
+}
+
+// cp 2, two requests (a cached page + 6 tokens, then 9 fresh tokens) laid out in reverse order by the
+// layout itself: slot 0 holds request 1's first current page where request 0's prefix page belongs.
+MutantCase reversed_request_order_case() {
+  return base_case(Mutant::reversed_request_order, small_setting(2), {model::Batch{{cached({5}, 6), fresh(9)}}}, round_robin(), {6});
+}
+
 MutantCase case_for(Mutant mutant) {
   switch (mutant) {
     case Mutant::single_half: return single_half_case();
@@ -205,6 +223,9 @@ MutantCase case_for(Mutant mutant) {
     case Mutant::unagreed_capability: return unagreed_capability_case();
     case Mutant::barrier_reset_race: return barrier_reset_race_case();
     case Mutant::skip_idle_barrier: return skip_idle_barrier_case();
+    case Mutant::barrier_passes_early: return barrier_passes_early_case();
+    case Mutant::plan_rebuilt_per_layer: return plan_rebuilt_per_layer_case();
+    case Mutant::reversed_request_order: return reversed_request_order_case();
     case Mutant::none: break;
   }
   ADD_FAILURE() << "no counterexample for mutant " << to_string(mutant);
@@ -282,6 +303,56 @@ TEST(SimMutant, BarrierResetRaceIsCaughtAsAStrandedWaiter) {
 TEST(SimMutant, SkipIdleBarrierIsCaughtAsAMissingArrival) {
   expect_caught(skip_idle_barrier_case());
   EXPECT_TRUE(run_case(skip_idle_barrier_case(), Mutant::skip_idle_barrier).deadlock);
+}
+
+// Section 9, invariant 4: no rank passes barrier k before every rank arrived at k. The checker reads
+// an arrival shadow kept per (batch, layer, barrier use), not the counters the rank spun on, so an
+// off-by-one in the wait condition is seen at the very pass, before any stale byte is read.
+TEST(SimMutant, BarrierPassingOnePhaseEarlyIsCaughtAtThePassAsInvariantFour) {
+  expect_caught(barrier_passes_early_case());
+  const RunReport planted = run_case(barrier_passes_early_case(), Mutant::barrier_passes_early);
+  ASSERT_FALSE(planted.violations.empty());
+  EXPECT_EQ(planted.violations.front().invariant, 4) << explain(planted);
+  EXPECT_NE(std::string(planted.violations.front().detail).find("before rank 1 arrived"), std::string::npos) << explain(planted);
+}
+
+// Section 5: the plan is built once per batch and reused on every layer. A per-layer rebuild leaves
+// every byte right; the build count is what shows it. Invariant 5, and nothing else.
+TEST(SimMutant, PlanRebuiltPerLayerIsCaughtByThePlanBuiltOnceCheckAlone) {
+  expect_caught(plan_rebuilt_per_layer_case());
+  const RunReport planted = run_case(plan_rebuilt_per_layer_case(), Mutant::plan_rebuilt_per_layer);
+  EXPECT_EQ(planted.violation_count, planted.violations_by_invariant[5]) << explain(planted);
+  EXPECT_EQ(planted.mismatches(), 0);
+}
+
+// The reason the plain oracle exists: a layout that is wrong but self-consistent (requests laid out
+// in reverse order) gathers exactly what its own expectation predicts. The layout-based check passes
+// it; the oracle written from the spec, which walks the requests itself, does not.
+TEST(SimMutant, ReversedRequestOrderPassesTheLayoutBasedCheckButNotThePlainOracle) {
+  MutantCase c = reversed_request_order_case();
+  c.options.expected_from = ExpectedBytesFrom::batch_layout;
+  const RunReport layout_checked = run_case(c, Mutant::reversed_request_order);
+  EXPECT_TRUE(layout_checked.passed()) << "the layout-based expectation should agree with its own gather:\n" << explain(layout_checked);
+  c.options.expected_from = ExpectedBytesFrom::spec_oracle;
+  const RunReport oracle_checked = run_case(c, Mutant::reversed_request_order);
+  EXPECT_GT(oracle_checked.mismatches(), 0) << explain(oracle_checked);
+  EXPECT_EQ(oracle_checked.violation_count, oracle_checked.violations_by_invariant[6]) << explain(oracle_checked);
+  ASSERT_FALSE(oracle_checked.ranks.empty());
+  EXPECT_NE(std::string(oracle_checked.ranks[0].first_mismatch).find("slot 0"), std::string::npos) << oracle_checked.ranks[0].first_mismatch;
+}
+
+// Section 9: every invariant's checker is shown to fire, each first (earliest in the run) for at
+// least one planted bug, so none of them is dead code behind another.
+TEST(SimMutant, EachOfTheEightInvariantsFiresFirstForSomePlantedBug) {
+  const std::vector<std::pair<Mutant, std::int32_t>> fires_first = {
+      {Mutant::token_split, 1},          {Mutant::single_half, 2},           {Mutant::rank_local_overflow, 3},
+      {Mutant::barrier_passes_early, 4}, {Mutant::plan_rebuilt_per_layer, 5}, {Mutant::reversed_request_order, 6},
+      {Mutant::skip_zero, 6},            {Mutant::unagreed_capability, 7},   {Mutant::barrier_reset_race, 8},
+  };
+  for (const auto& [mutant, invariant] : fires_first) {
+    const RunReport planted = run_case(case_for(mutant), mutant);
+    EXPECT_EQ(first_invariant_fired(planted), invariant) << to_string(mutant) << ":\n" << explain(planted);
+  }
 }
 
 // The interleaving-dependent mutants are not artefacts of one hand-picked schedule: a few seeds of

@@ -2,9 +2,11 @@
 
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -46,6 +48,17 @@ struct Explorer {
     machines.insert(machines.end(), s.machines.begin(), s.machines.end());
   }
 
+  // As the scheduled runner does: once every rank finished a batch, every rank begins the next. The
+  // batch each rank is on is a function of its steps taken, so the state key still covers it.
+  void begin_next_batch_if_done() {
+    for (const sim::RankMachine& m : machines) {
+      if (!m.finished()) return;
+    }
+    const std::int64_t next = machines.front().batch_index() + 1;
+    if (next >= static_cast<std::int64_t>(options.batches.size())) return;
+    for (sim::RankMachine& m : machines) m.begin_batch(options.batches[static_cast<std::size_t>(next)], next);
+  }
+
   void visit() {
     if (stop) return;
     // A violation is found on the transition that made it, so it is checked before the visited-set
@@ -65,6 +78,7 @@ struct Explorer {
       stop = true;
       return;
     }
+    begin_next_batch_if_done();
     std::vector<std::uint32_t> runnable;
     bool all_finished = true;
     for (std::uint32_t r = 0; r < machines.size(); ++r) {
@@ -143,12 +157,13 @@ model::Batch exploration_batch() {
 }
 
 ExploreResult explore(const ExploreOptions& options) {
-  const sim::BatchSource source = sim::BatchSource::from_batches(options.setting, {options.batch});
+  const sim::BatchSource source = sim::BatchSource::from_batches(options.setting, options.batches);
   const sim::SourceShape shape = sim::measure(source);
   sim::SimOptions sim_options;
   sim_options.variant = options.variant;
   sim_options.layers = options.layers;
   sim_options.mutant = options.mutant;
+  sim_options.ipc_missing_rank = options.ipc_missing_rank;
   sim::World world(sim::geometry_for(options.setting, options.layers, shape.slot_count_max, shape.current_pages_max), sim_options.seed);
   Explorer explorer{options, world, {}, {}, {}, {}};
   for (std::int32_t r = 0; r < options.setting.cp; ++r) explorer.machines.emplace_back(world, options.setting, sim_options, r);
@@ -158,11 +173,73 @@ ExploreResult explore(const ExploreOptions& options) {
     explorer.result.finding = "deadlock in the capability probe";
     return explorer.result;
   }
-  for (sim::RankMachine& m : explorer.machines) m.begin_batch(options.batch, 0);
+  if (options.batches.empty()) throw std::invalid_argument("explore: no batch to explore");
+  for (sim::RankMachine& m : explorer.machines) m.begin_batch(options.batches.front(), 0);
   explorer.visit();
   explorer.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - explorer.start).count();
   explorer.result.complete = !explorer.stop;
   return explorer.result;
+}
+
+namespace {
+model::Batch one_request(std::int64_t prefix_len, std::int64_t extend_len, std::vector<std::int64_t> pages) {
+  model::Batch b;
+  b.requests.push_back({prefix_len, extend_len, std::move(pages)});
+  return b;
+}
+
+ExploreShape shape(std::string name, std::int32_t cp, std::vector<model::Batch> batches, model::Variant variant) {
+  ExploreShape s;
+  s.name = std::move(name);
+  s.setting = exploration_setting(cp);
+  s.batches = std::move(batches);
+  s.variant = variant;
+  return s;
+}
+}  // namespace
+
+std::string ExploreShape::describe() const {
+  std::vector<std::string> text;
+  for (const model::Batch& b : batches) {
+    std::string one;
+    for (const model::Request& r : b.requests) one += fmt::format("{}(prefix {} extend {})", one.empty() ? "" : " ", r.prefix_len, r.extend_len);
+    text.push_back("[" + one + "]");
+  }
+  return fmt::format("{}", fmt::join(text, " then "));
+}
+
+std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
+  std::vector<ExploreShape> shapes;
+  for (model::Variant v : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
+    shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
+  }
+  // One current page: rank 0 writes it, every other rank has nothing to write but must still take
+  // part in the barrier (section 4) and still reads rank 0's page.
+  shapes.push_back(shape("idle_rank", cp, {one_request(2, 2, {5})}, model::Variant::staging_direct));
+  // Caps of 4 tokens and 1 request: staging_slots = ceil(4 / 2) + 1 = 3. Four current pages overflow
+  // (every rank must reject the batch without a write or a wait); the next batch (2 pages) must run.
+  ExploreShape overflow = shape("overflow_then_normal", cp, {one_request(0, 8, {}), one_request(2, 3, {5})}, model::Variant::staging_direct);
+  overflow.setting.caps.max_total_extend_tokens = 4;
+  overflow.setting.caps.max_batch_requests = 1;
+  shapes.push_back(overflow);
+  // Two batches of different shapes in the same buffers: the plan must be rebuilt for the second.
+  shapes.push_back(shape("two_batches", cp, {exploration_batch(), one_request(2, 4, {3})}, model::Variant::staging_direct));
+  // The last rank's IPC probe fails: the group agrees on the fallback (all-reduce, no barrier).
+  ExploreShape fallback = shape("capability_fallback", cp, {exploration_batch()}, model::Variant::staging_direct);
+  fallback.ipc_missing_rank = cp - 1;
+  shapes.push_back(fallback);
+  return shapes;
+}
+
+ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, sim::Mutant mutant) {
+  ExploreOptions options;
+  options.setting = shape.setting;
+  options.batches = shape.batches;
+  options.variant = shape.variant;
+  options.ipc_missing_rank = shape.ipc_missing_rank;
+  options.layers = layers;
+  options.mutant = mutant;
+  return options;
 }
 
 }  // namespace cpkv::properties

@@ -63,6 +63,7 @@ std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool
       row.caught = true;
       row.caught_by = property.name;
       row.counterexample_size = last_counterexample_size();
+      row.first_invariant = last_counterexample_first_invariant();
       row.replay = last_counterexample_replay();
       row.message = outcome.message;
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -16,12 +16,20 @@ namespace cpkv::properties {
 namespace {
 std::int64_t g_last_size = 0;
 std::string g_last_replay;
+std::int32_t g_last_run_first = 0;  // the invariant that fired first in the last simulated run
+std::int32_t g_last_first = 0;      // ... in the last recorded counterexample's run
+
+const sim::RunReport& noted(const sim::RunReport& report) {
+  g_last_run_first = sim::first_invariant_fired(report);
+  return report;
+}
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
 
 std::int64_t last_counterexample_size() { return g_last_size; }
 std::string last_counterexample_replay() { return g_last_replay; }
+std::int32_t last_counterexample_first_invariant() { return g_last_first; }
 
 void showValue(const Case& c, std::ostream& os) {
   const model::Setting& s = c.setting;
@@ -143,7 +151,7 @@ sim::RunReport run_case(const Case& c, sim::Mutant mutant) {
   sim::Schedule schedule{sim::ScheduleKind::list, c.schedule, c.seed};
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
-  return sim::run_scheduled(source, options_of(c, mutant), schedule, limits);
+  return noted(sim::run_scheduled(source, options_of(c, mutant), schedule, limits));
 }
 
 sim::RunReport run_case_free(const Case& c, sim::Mutant mutant) {
@@ -155,7 +163,7 @@ sim::RunReport run_case_free(const Case& c, sim::Mutant mutant) {
   sim::RunLimits limits;
   limits.wait_ms_max = 2000;
   limits.run_ms_max = 30000;
-  return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, faults, limits);
+  return noted(sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, faults, limits));
 }
 
 std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem) {
@@ -200,7 +208,8 @@ void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, 
   options.layers = c.layers;
   options.seed = c.seed;
   options.mutant = mutant;
-  const sim::RunReport report = backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options);
+  g_last_run_first = 0;
+  const sim::RunReport& report = noted(backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options));
   for (const sim::SharedTotals& t : report.ranks) {
     if (t.mismatches > 0) fail(c, mutant, "6_byte_exactness", t.first_mismatch);
   }
@@ -230,6 +239,7 @@ std::int64_t case_size(const Case& c) {
 // Records the failing case (the last one recorded is the shrunk counterexample), then fails.
 [[noreturn]] void fail(const Case& c, sim::Mutant mutant, const std::string& property, const std::string& why) {
   g_last_size = case_size(c);
+  g_last_first = g_last_run_first;
   const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
   g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, sim::to_string(mutant)));
   RC_FAIL(fmt::format("{}\n  replay: {}", why, g_last_replay));

@@ -8,6 +8,7 @@
 
 #include "cpkv/model/content.hpp"
 #include "cpkv/model/expected.hpp"
+#include "cpkv/model/oracle.hpp"
 
 namespace cpkv::sim {
 
@@ -27,6 +28,31 @@ std::int32_t token_writer(std::int64_t token_in_extend, std::int64_t extend_len,
       token_in_extend < big_tokens ? token_in_extend / (small + 1) : big_blocks + (token_in_extend - big_tokens) / small;
   return static_cast<std::int32_t>(block < cp ? block : blocks - 1 - block);
 }
+
+// The reversed_request_order mutant: the layout of the batch with its requests in reverse order and
+// their ids kept. The plan, the page inverse and the gathers are all built from it, so everything
+// agrees with everything else, and an expectation read from the same layout agrees too; only an
+// oracle that walks the requests itself (model/oracle.hpp) sees the slots out of order. (The
+// legacy_span_ar plan assumes request r + 1's span follows request r's, so under that variant the
+// bug is not self-consistent and any check sees it.)
+model::BatchLayout reversed_layout(const model::Setting& setting, const model::Batch& batch) {
+  model::Batch reversed = batch;
+  std::reverse(reversed.requests.begin(), reversed.requests.end());
+  model::BatchLayout layout = model::layout_batch(setting, reversed);
+  const auto last = static_cast<std::int32_t>(batch.requests.size()) - 1;
+  for (model::Slot& slot : layout.slots) slot.request = last - slot.request;
+  for (model::CurrentPage& page : layout.current) page.request = last - page.request;
+  // The per-request vectors are indexed by request id: put them back in id order.
+  std::reverse(layout.request_first_slot.begin(), layout.request_first_slot.end());
+  std::reverse(layout.request_first_current_slot.begin(), layout.request_first_current_slot.end());
+  std::reverse(layout.request_first_current_index.begin(), layout.request_first_current_index.end());
+  return layout;
+}
+
+// The barrier checker's shadow word: (batch + 1) in the high bits, the arrived ranks' mask below.
+constexpr std::uint32_t kShadowMaskBits = 8;  // cp <= limits::cp_max = 8
+static_assert(model::limits::cp_max <= static_cast<std::int32_t>(kShadowMaskBits));
+std::uint64_t shadow_batch_tag(std::int64_t batch) { return static_cast<std::uint64_t>(batch + 1) << kShadowMaskBits; }
 }  // namespace
 
 std::string_view to_string(Op op) {
@@ -105,7 +131,8 @@ void RankMachine::violation(std::int32_t invariant, std::int32_t layer, std::int
 // Program construction: once per batch, from the batch's plan.
 
 void RankMachine::build_batch_program() {
-  layout_ = model::layout_batch(*setting_, batch_);
+  layout_ = options_.mutant == Mutant::reversed_request_order ? reversed_layout(*setting_, batch_) : model::layout_batch(*setting_, batch_);
+  oracle_.emplace(setting_->page_size, batch_);
   if (options_.mutant == Mutant::token_split) {
     for (model::CurrentPage& page : layout_.current) {
       const std::int64_t extend_len = batch_.requests[page.request].extend_len;
@@ -248,8 +275,13 @@ bool RankMachine::wait_satisfied(const Step& s) const {
   switch (s.op) {
     case Op::wait:
       if (options_.mutant == Mutant::barrier_reset_race) return world_->reset_barrier().count.load(std::memory_order_acquire) >= static_cast<std::uint64_t>(cp);
-      for (std::int32_t p = 0; p < cp; ++p) {
-        if (world_->barrier_counter(p).value.load(std::memory_order_acquire) < barriers_arrived_) return false;
+      {
+        // The planted off-by-one: compare against the previous phase, so a rank passes phase k once
+        // every peer reached k - 1.
+        const std::uint64_t needed = options_.mutant == Mutant::barrier_passes_early ? barriers_arrived_ - 1 : barriers_arrived_;
+        for (std::int32_t p = 0; p < cp; ++p) {
+          if (world_->barrier_counter(p).value.load(std::memory_order_acquire) < needed) return false;
+        }
       }
       return true;
     case Op::coll_wait:
@@ -365,6 +397,47 @@ void RankMachine::populate_pool() {
   }
 }
 
+// Checker (invariant 5): the compose plan is built once per batch. More builds mean a per-layer
+// rebuild; none means a plan served from an earlier batch's cache.
+void RankMachine::check_plan_built_once(std::int32_t layer) {
+  if (plan_builds_this_batch_ == 1) return;
+  violation(5, layer, -1, fmt::format("batch {}: the compose plan was built {} times by layer {} (once per batch)", batch_index_,
+                                      plan_builds_this_batch_, layer));
+}
+
+// Checker shadow (invariant 4): record this rank's arrival for (batch, layer, barrier use) in a word
+// of its own, apart from the counters the barrier itself spins on.
+void RankMachine::note_barrier_arrival(std::int32_t layer) {
+  const std::int32_t use = barrier_uses_arrived_++;
+  if (use >= kBarrierUsesPerLayerMax) {
+    violation(4, layer, -1, fmt::format("rank {} arrives at barrier use {} of layer {}: the shadow holds {}", rank_, use, layer, kBarrierUsesPerLayerMax));
+    return;
+  }
+  BarrierShadow& shadow = world_->barrier_shadow(layer, use);
+  const std::uint64_t tag = shadow_batch_tag(batch_index_);
+  std::uint64_t old = shadow.value.load(std::memory_order_acquire);
+  std::uint64_t next = 0;
+  do {
+    const bool same_batch = (old >> kShadowMaskBits) == (tag >> kShadowMaskBits);
+    next = (same_batch ? old : tag) | (std::uint64_t{1} << rank_);
+  } while (!shadow.value.compare_exchange_weak(old, next, std::memory_order_acq_rel));
+}
+
+// Checker (invariant 4): a rank passing the barrier of (batch, layer, use) finds every rank's
+// arrival for that very barrier in the shadow, whatever the counters it waited on said.
+void RankMachine::check_barrier_pass(std::int32_t layer) {
+  const std::int32_t use = barrier_uses_passed_++;
+  if (use >= kBarrierUsesPerLayerMax) return;  // reported at the arrival
+  const std::uint64_t value = world_->barrier_shadow(layer, use).value.load(std::memory_order_acquire);
+  const std::uint64_t mask = (value >> kShadowMaskBits) == (shadow_batch_tag(batch_index_) >> kShadowMaskBits) ? value & 0xffu : 0;
+  for (std::int32_t p = 0; p < setting_->cp; ++p) {
+    if ((mask >> p) & 1u) continue;
+    violation(4, layer, -1, fmt::format("rank {} passed the barrier of batch {} layer {} (use {}, phase {}) before rank {} arrived for it", rank_,
+                                        batch_index_, layer, use, barriers_arrived_, p));
+    return;
+  }
+}
+
 void RankMachine::check_layer(std::int32_t layer) {
   if (!options_.check_bytes) return;
   const std::int32_t half = dense_half(layer);
@@ -375,10 +448,18 @@ void RankMachine::check_layer(std::int32_t layer) {
     std::span<std::uint8_t> expected(row_buffer_.data(), row_bytes);
     // Rows are compared as they are recomputed (no whole expected buffer), keeping the first difference.
     model::Mismatch mismatch;
-    for (std::int64_t slot = 0; slot < layout_.slot_count; ++slot) {
+    // The default expectation comes from the plain oracle, which never reads the layout the gather
+    // ran on; the layout's own expectation is kept only to show what that independence catches.
+    const bool from_layout = options_.expected_from == ExpectedBytesFrom::batch_layout;
+    const std::int64_t slot_count = from_layout ? layout_.slot_count : oracle_->slot_count();
+    for (std::int64_t slot = 0; slot < slot_count; ++slot) {
       for (std::int32_t row = 0; row < setting_->page_size; ++row) {
         const std::uint8_t* actual = dense + (slot * setting_->page_size + row) * row_bytes;
-        model::expected_row(layout_, options_.seed, layer, static_cast<std::uint32_t>(k), slot, row, expected);
+        if (from_layout) {
+          model::expected_row(layout_, options_.seed, layer, static_cast<std::uint32_t>(k), slot, row, expected);
+        } else {
+          oracle_->row(options_.seed, layer, static_cast<std::uint32_t>(k), slot, row, expected);
+        }
         if (std::memcmp(actual, expected.data(), row_bytes) == 0) continue;
         for (std::uint32_t b = 0; b < row_bytes; ++b) {
           if (actual[b] == expected[b]) continue;
@@ -447,6 +528,14 @@ void RankMachine::run_step(const Step& s) {
       break;
     }
     case Op::layer_begin:
+      barrier_uses_arrived_ = 0;
+      barrier_uses_passed_ = 0;
+      if (options_.mutant == Mutant::plan_rebuilt_per_layer) {
+        // The planted bug: the plan is rebuilt on every layer (the same plan, at a per-layer cost).
+        plan_ = model::variant_plan(layout_, path_variant_, rank_);
+        ++plan_builds_this_batch_;
+      }
+      check_plan_built_once(s.layer);
       break;
     case Op::zero_dense:
       for_kinds([&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, 0), 0, layout_.slot_count * page_bytes); });
@@ -555,7 +644,7 @@ void RankMachine::run_step(const Step& s) {
       break;
     }
     case Op::arrive: {
-      world_->arrivals(rank_).tag[barriers_arrived_ % 4].store(layer_tag(batch_index_, s.layer), std::memory_order_release);
+      note_barrier_arrival(s.layer);
       ++barriers_arrived_;
       ++totals_.barriers;
       world_->barrier_counter(rank_).value.store(barriers_arrived_, std::memory_order_release);
@@ -568,20 +657,7 @@ void RankMachine::run_step(const Step& s) {
         // has not yet seen the full count waits on a count that will never come back.
         world_->reset_barrier().count.store(0, std::memory_order_release);
       }
-      // Checker (invariant 4): every rank's arrival for this phase is for this same batch and layer.
-      const std::uint64_t phase = barriers_arrived_;  // 1-based: the phase being passed
-      for (std::int32_t p = 0; p < cp; ++p) {
-        const std::uint64_t arrived = world_->barrier_counter(p).value.load(std::memory_order_acquire);
-        if (arrived < phase) {
-          violation(4, s.layer, -1, fmt::format("rank {} passed barrier phase {} before rank {} arrived (it has {})", rank_, phase, p, arrived));
-          continue;
-        }
-        const std::int64_t tag = world_->arrivals(p).tag[(phase - 1) % 4].load(std::memory_order_acquire);
-        if (arrived == phase && tag != layer_tag(batch_index_, s.layer)) {
-          violation(4, s.layer, -1, fmt::format("barrier phase {}: rank {} arrived for batch {} layer {}, rank {} for batch {} layer {}", phase, rank_,
-                                                batch_index_, s.layer, p, (tag - 1) / 4096, (tag - 1) % 4096));
-        }
-      }
+      check_barrier_pass(s.layer);
       break;
     }
     case Op::coll_arrive: {

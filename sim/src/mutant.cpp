@@ -1,5 +1,7 @@
 #include "cpkv/sim/mutant.hpp"
 
+#include "cpkv/sim/runner.hpp"
+
 namespace cpkv::sim {
 
 std::string_view to_string(Mutant mutant) {
@@ -15,6 +17,9 @@ std::string_view to_string(Mutant mutant) {
     case Mutant::unagreed_capability: return "unagreed_capability";
     case Mutant::barrier_reset_race: return "barrier_reset_race";
     case Mutant::skip_idle_barrier: return "skip_idle_barrier";
+    case Mutant::barrier_passes_early: return "barrier_passes_early";
+    case Mutant::plan_rebuilt_per_layer: return "plan_rebuilt_per_layer";
+    case Mutant::reversed_request_order: return "reversed_request_order";
   }
   return "?";
 }
@@ -25,6 +30,14 @@ std::optional<Mutant> parse_mutant(std::string_view text) {
     if (to_string(m) == text) return m;
   }
   return std::nullopt;
+}
+
+// Violations are kept in the order they were recorded (one shared counter hands out the indices), so
+// the first kept one is the earliest; a deadlock or a dead rank is only known once nothing moves.
+std::int32_t first_invariant_fired(const RunReport& report) {
+  if (!report.violations.empty()) return report.violations.front().invariant;
+  if (!report.failure.empty()) return 8;
+  return 0;
 }
 
 }  // namespace cpkv::sim

@@ -19,8 +19,9 @@ namespace cpkv::properties {
 
 struct ExploreOptions {
   model::Setting setting;
-  model::Batch batch;
+  std::vector<model::Batch> batches;     // run one after another, as the scheduled runner does
   model::Variant variant = model::Variant::staging_direct;
+  std::int32_t ipc_missing_rank = -1;    // this rank's IPC probe fails (the capability fallback)
   std::int32_t layers = 2;
   sim::Mutant mutant = sim::Mutant::none;
   std::uint64_t states_max = 3'000'000;  // stop (incomplete) past this many distinct states
@@ -44,5 +45,19 @@ ExploreResult explore(const ExploreOptions& options);
 // page-exact request, both buffer kinds, F and S layers, page 2.
 model::Setting exploration_setting(std::int32_t cp);
 model::Batch exploration_batch();
+
+// The shapes `cpkv explore` proves for small groups: every variant with a barrier, a rank with
+// nothing to write, an overflowing batch followed by a normal one, two batches in a row (the plan
+// cache's test), and the capability fallback (one rank's IPC probe fails).
+struct ExploreShape {
+  std::string name;
+  model::Setting setting;
+  std::vector<model::Batch> batches;
+  model::Variant variant = model::Variant::staging_direct;
+  std::int32_t ipc_missing_rank = -1;
+  std::string describe() const;  // the batches, in one line
+};
+std::vector<ExploreShape> exploration_shapes(std::int32_t cp);
+ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, sim::Mutant mutant);
 
 }  // namespace cpkv::properties

@@ -31,6 +31,7 @@ struct MutantRow {
   sim::Mutant mutant = sim::Mutant::none;
   bool caught = false;
   std::string caught_by;          // the first property that failed
+  std::int32_t first_invariant = 0;  // the invariant that fired first in that property's counterexample run
   std::vector<std::string> also_caught_by;  // every later property that failed too
   std::int64_t counterexample_size = 0;  // requests + schedule choices of the shrunk case
   double seconds = 0.0;           // time until caught

@@ -79,5 +79,7 @@ const std::vector<Property>& all_properties();
 // mutation table: the final shrunk failure is the last one recorded.
 std::int64_t last_counterexample_size();
 std::string last_counterexample_replay();
+// The invariant whose checker fired first in the last counterexample's run (sim::first_invariant_fired).
+std::int32_t last_counterexample_first_invariant();
 
 }  // namespace cpkv::properties

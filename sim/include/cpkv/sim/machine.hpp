@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpkv/model/batch.hpp"
+#include "cpkv/model/oracle.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/model/staging.hpp"
@@ -52,6 +53,8 @@ struct Step {
   std::int32_t c = 0;
 };
 
+enum class ExpectedBytesFrom : std::uint8_t { spec_oracle, batch_layout };
+
 struct SimOptions {
   model::Variant variant = model::Variant::staging_direct;
   std::int32_t layers = 1;                 // layers simulated per batch (<= the setting's)
@@ -59,6 +62,10 @@ struct SimOptions {
   Mutant mutant = Mutant::none;
   std::int32_t ipc_missing_rank = -1;      // fault: this rank's IPC probe fails (-1: none)
   bool check_bytes = true;                 // compare dense buffers with the model after every layer
+  // Where the end-of-layer byte check takes its expected bytes: the plain oracle written from the
+  // specification (model/oracle.hpp, the default), or the BatchLayout the gather itself runs on
+  // (kept to show what the plain oracle adds: a self-consistent layout bug passes it).
+  ExpectedBytesFrom expected_from = ExpectedBytesFrom::spec_oracle;
 };
 
 // What one rank did, summed over the run.
@@ -90,6 +97,7 @@ class RankMachine {
   void step();
 
   std::int32_t rank() const { return rank_; }
+  std::int64_t batch_index() const { return batch_index_; }
   const Step* next_step() const { return finished() ? nullptr : &program_[pc_]; }
   std::string describe_position() const;
   const RankTotals& totals() const { return totals_; }
@@ -110,6 +118,9 @@ class RankMachine {
   void check_read_stamp(const StagingStamp& stamp, std::int32_t writer, std::int32_t layer, std::int64_t slot) const;
   void note_fill(std::int32_t layer, std::int64_t current_index) const;
   void check_layer(std::int32_t layer);
+  void check_plan_built_once(std::int32_t layer);
+  void note_barrier_arrival(std::int32_t layer);
+  void check_barrier_pass(std::int32_t layer);
   void populate_pool();
   void violation(std::int32_t invariant, std::int32_t layer, std::int64_t slot, const std::string& detail) const;
   void set_position(const Step& s);
@@ -124,6 +135,7 @@ class RankMachine {
   model::Batch batch_;
   std::int64_t batch_index_ = -1;
   model::BatchLayout layout_;
+  std::optional<model::spec::ByteOracle> oracle_;  // what every dense row must hold, from the requests alone
   model::VariantPlan plan_;
   model::PageInverse inverse_;
   std::vector<std::int64_t> inverse_page_begin_;  // per current index: first inverse entry (own pages)
@@ -142,6 +154,8 @@ class RankMachine {
   std::size_t pc_ = 0;
   std::uint64_t steps_taken_ = 0;
   std::uint64_t barriers_arrived_ = 0;
+  std::int32_t barrier_uses_arrived_ = 0;  // barriers arrived at / passed in the current layer (checker shadow)
+  std::int32_t barrier_uses_passed_ = 0;
   std::uint64_t collectives_arrived_ = 0;
   std::uint64_t batches_arrived_ = 0;
   std::vector<bool> pool_populated_;  // own local pages already written (content never changes)

@@ -22,13 +22,17 @@ enum class Mutant : std::uint8_t {
   unagreed_capability,       // each rank takes its own IPC probe, not the group's MIN (invariant 7)
   barrier_reset_race,        // one shared count reset by the first leaver (invariants 4 and 8)
   skip_idle_barrier,         // a rank with no page to write skips the barrier (invariants 4 and 8)
+  barrier_passes_early,      // the barrier waits for the previous phase only: a rank passes one phase early (invariant 4)
+  plan_rebuilt_per_layer,    // the compose plan is rebuilt on every layer instead of once per batch (invariant 5)
+  reversed_request_order,    // the layout itself puts requests in reverse order: self-consistent, only a plain oracle sees it (invariant 6)
 };
 
-inline constexpr std::array<Mutant, 10> kAllMutants = {
-    Mutant::single_half,         Mutant::no_barrier,        Mutant::arrive_before_fill,
-    Mutant::rank_local_overflow, Mutant::address_keyed_plan_cache, Mutant::token_split,
-    Mutant::skip_zero,           Mutant::unagreed_capability,      Mutant::barrier_reset_race,
-    Mutant::skip_idle_barrier,
+inline constexpr std::array<Mutant, 13> kAllMutants = {
+    Mutant::single_half,          Mutant::no_barrier,             Mutant::arrive_before_fill,
+    Mutant::rank_local_overflow,  Mutant::address_keyed_plan_cache, Mutant::token_split,
+    Mutant::skip_zero,            Mutant::unagreed_capability,    Mutant::barrier_reset_race,
+    Mutant::skip_idle_barrier,    Mutant::barrier_passes_early,   Mutant::plan_rebuilt_per_layer,
+    Mutant::reversed_request_order,
 };
 
 std::string_view to_string(Mutant mutant);

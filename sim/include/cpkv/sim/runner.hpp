@@ -132,4 +132,8 @@ std::string describe_positions(const World& world);
 
 std::string describe(const Violation& violation);
 
+// The invariant whose checker fired first in a run (1..8): the first violation recorded, else 8 when
+// the run did not end normally, else 0 (nothing fired). Defined in mutant.cpp.
+std::int32_t first_invariant_fired(const RunReport& report);
+
 }  // namespace cpkv::sim

@@ -89,10 +89,16 @@ struct alignas(64) CollectiveLog {
   std::atomic<std::uint64_t> history[4] = {};
 };
 
-// Which (batch, layer) each of a rank's last protocol barrier arrivals belonged to (invariant 4).
-struct alignas(64) ArrivalLog {
-  std::atomic<std::int64_t> tag[4] = {};
+// The barrier checker's shadow of one barrier use (invariant 4): which ranks arrived for it, kept
+// apart from the counters the ranks spin on, so the check is not the wait condition restated.
+// value = ((batch + 1) << 8) | bitmask of the ranks that arrived for (batch, layer, use); one
+// entry per (layer, use): batches are separated by the harness barrier, so an entry is only
+// overwritten by a later batch once every rank has left this one.
+struct alignas(8) BarrierShadow {
+  std::atomic<std::uint64_t> value{0};
 };
+// Barriers one rank passes per layer (symm_dense, staging_publish, staging_direct: one); room for two.
+inline constexpr std::int32_t kBarrierUsesPerLayerMax = 2;
 
 // The current pages' fillers per parity half: (layer << 32) | bitmask of ranks that filled rows.
 struct alignas(8) PageFillers {
@@ -132,7 +138,7 @@ class World {
   std::atomic<std::int64_t>& reading_layer(std::int32_t rank) const;  // open staging read epoch or -1
   CollectiveLog& collectives(std::int32_t rank) const;
   SharedTotals& totals(std::int32_t rank) const;
-  ArrivalLog& arrivals(std::int32_t rank) const;
+  BarrierShadow& barrier_shadow(std::int32_t layer, std::int32_t use) const;
   PageFillers& fillers(std::int32_t half, std::int64_t current_index) const;
   StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
   StagingStamp& dense_stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;

@@ -1,0 +1,52 @@
+// cpkv mutants --backend cuda: the GPU planted bugs (single_half, no_barrier, skip_zero,
+// barrier_passes_early) on one rank per GPU and oversubscribed, and the verify kernel's self-test.
+// Each bug must be reported with the rank, layer, slot and byte of the first wrong byte (or, for a
+// barrier, a violation); the correct protocol must pass the same runs.
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "cuda_backend.hpp"
+
+namespace cpkv::cli {
+
+void run_gpu_mutants() {
+  const int gpus = cuda::gpu_count();
+  if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+  fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k\n", gpus, cuda::kGpuMutantLayers);
+  bool ok = true;
+  const cuda::VerifySelfTest self = cuda::verify_self_test();
+  const bool located = self.failure.empty() && self.wrong_bytes_clean == 0 && self.wrong_bytes_corrupted == 1 && self.slot == self.planted_slot &&
+                       self.row == self.planted_row && self.byte == self.planted_byte && self.expected == self.planted_expected &&
+                       self.actual == self.planted_actual;
+  ok = ok && located;
+  fmt::print("verify self-test: {} | clean buffer {} wrong bytes; one byte flipped at slot {} row {} byte {} ({:#04x} -> {:#04x}); found {} wrong at "
+             "slot {} row {} byte {} (expected {:#04x} got {:#04x}) {}\n",
+             located ? "passes" : "FAILS", self.wrong_bytes_clean, self.planted_slot, self.planted_row, self.planted_byte, self.planted_expected,
+             self.planted_actual, self.wrong_bytes_corrupted, self.slot, self.row, self.byte, self.expected, self.actual, self.failure);
+  fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "mutant", "cp", "gpus", "caught", "first finding");
+  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+  for (const std::int32_t cp : {2, 4, 8}) {
+    const sim::BatchSource source = cuda::gpu_mutant_source(cp);
+    sim::SimOptions options;
+    options.variant = model::Variant::staging_direct;
+    options.layers = cuda::kGpuMutantLayers;
+    options.seed = 7;
+    const sim::RunReport clean = backend->run(source, options);
+    ok = ok && clean.passed();
+    fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "none", cp, std::min(gpus, cp), clean.passed() ? "passes" : "FAILS", cuda::first_finding(clean));
+    for (sim::Mutant mutant : cuda::kGpuMutants) {
+      options.mutant = mutant;
+      const sim::RunReport report = backend->run(source, options);
+      const bool caught = !report.passed();
+      ok = ok && caught;
+      fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", sim::to_string(mutant), cp, std::min(gpus, cp), caught ? "yes" : "NO", cuda::first_finding(report));
+      std::fflush(stdout);
+    }
+    options.mutant = sim::Mutant::none;
+  }
+  exit_status() = ok ? kExitOk : kExitFailure;
+}
+
+}  // namespace cpkv::cli
