@@ -229,16 +229,28 @@ void OutputFile::write(std::string_view text) {
 }
 
 void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::vector<const OutputFile*>& outputs) {
+  // stdout and stderr carry the report and the errors: an output that is their file (`/dev/stdout`
+  // with stdout redirected to a file, or `--json F > F`) would be overwritten or interleaved.
+  std::vector<std::pair<FileId, const char*>> streams;
+  for (const auto& [fd, name] : {std::pair{STDOUT_FILENO, "standard output"}, std::pair{STDERR_FILENO, "standard error"}}) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) streams.emplace_back(FileId{st.st_dev, st.st_ino}, name);
+  }
+  // Options not given are null entries.
   for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k] == nullptr) continue;
     const OutputFile& out = *outputs[k];
+    for (const auto& [id, name] : streams) {
+      if (out.id() && *out.id() == id) throw OptionError(fmt::format("{}: {} is the file {} goes to; give another file", out.option(), out.path(), name));
+    }
     for (const InputFile* in : inputs) {
-      if (out.id() && in->id() && *out.id() == *in->id()) {
+      if (in != nullptr && out.id() && in->id() && *out.id() == *in->id()) {
         throw OptionError(fmt::format("{}: {} is the same file as the input {} ({}); refusing to overwrite an input", out.option(), out.path(),
                                       in->name(), in->option()));
       }
     }
     for (std::size_t j = 0; j < k; ++j) {
-      if (outputs[j]->target() == out.target()) {
+      if (outputs[j] != nullptr && outputs[j]->target() == out.target()) {
         throw OptionError(fmt::format("{}: {} is the same file as {} {}", out.option(), out.path(), outputs[j]->option(), outputs[j]->path()));
       }
     }

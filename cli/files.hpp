@@ -92,6 +92,7 @@ class OutputFile {
 };
 
 // Refuses (OptionError, exit 2) an output that is the same file as an input or as another output.
+// Null entries (options not given) are skipped.
 void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::vector<const OutputFile*>& outputs);
 
 // For error messages: the spool files' paths replaced by the names the user gave.

@@ -40,7 +40,7 @@ std::string with_subcommands(const CLI::App& app, const std::string& what) {
   for (const CLI::App* sub : at->get_subcommands([](const CLI::App*) { return true; })) {
     names += (names.empty() ? "" : ", ") + sub->get_name();
   }
-  return fmt::format("{}: one of {} (see {} --help)", what, names, at->get_name());
+  return fmt::format("{}: one of {} (see cpkv {}--help)", what, names, at == &app ? "" : at->get_name() + " ");
 }
 
 }  // namespace
