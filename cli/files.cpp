@@ -197,6 +197,7 @@ void OutputFile::commit() {
   };
   temporary();
   if (out_) {
+    if (!*out_) fail("write", write_errno_ != 0 ? write_errno_ : EIO);
     errno = 0;
     out_->flush();
     if (!*out_) fail("write", errno != 0 ? errno : EIO);
@@ -224,7 +225,10 @@ void OutputFile::commit() {
 }
 
 void OutputFile::write(std::string_view text) {
-  stream() << text;
+  std::ostream& out = stream();
+  errno = 0;
+  out << text;
+  if (!out) write_errno_ = errno;  // the reason, before later calls overwrite errno
   commit();
 }
 

@@ -89,6 +89,7 @@ class OutputFile {
   bool existed_ = false;
   mode_t mode_ = 0;           // the replaced file's permissions, kept
   bool committed_ = false;
+  int write_errno_ = 0;       // why a write failed, kept for the message
 };
 
 // Refuses (OptionError, exit 2) an output that is the same file as an input or as another output.

@@ -28,7 +28,8 @@ void print_error(const std::string& what) {
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
     text = fmt::format("{}... ({} characters cut)", text.substr(0, cut), text.size() - cut);
   }
-  fmt::print(stderr, "cpkv: error: {}\n", text);
+  // fputs, not fmt::print: a failing stderr (a full disk) must not turn the error into an abort.
+  std::fputs(fmt::format("cpkv: error: {}\n", text).c_str(), stderr);
 }
 
 // CLI11 says "A subcommand is required"; the user also needs to know which ones exist.

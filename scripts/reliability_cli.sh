@@ -114,7 +114,7 @@ row "replay (model)" "--peer-gbps nan" 2 "exit 2" -- "$cpkv" replay T.jsonl --ba
 row "replay (model)" "--ceilings DIR" 2 "exit 2, directory" -- "$cpkv" replay T.jsonl --backend model --ceilings out_dir
 row "replay (model)" "--ceilings truncated JSON" 2 "exit 2" -- "$cpkv" replay T.jsonl --backend model --ceilings bad_ceilings.json
 row "replay (model)" "--json hard link to the trace" 2 "exit 2, same file" -- "$cpkv" replay T.jsonl --backend model --json T_hardlink.json
-row "replay (model)" "--json J, write fails (ulimit -f 0)" 1 "exit 1, J kept, nothing on stdout" -- bash -c 'ulimit -f 0; trap "" XFSZ; exec "$0" replay T.jsonl --backend model --json J.json' "$cpkv"
+row "replay (model)" "--json J, write fails (ulimit -f 1: files past 1 KiB)" 1 "exit 1, J kept, nothing on stdout" -- bash -c 'ulimit -f 1; trap "" XFSZ; exec "$0" replay T.jsonl --backend model --json J.json' "$cpkv"
 row "replay (model)" "trace and --chart named x';touch PWNED;'" 0 "exit 0, no PWNED file" -- env PATH="$stub_path" bash -c 'cp T.jsonl "x'"'"';touch PWNED;'"'"'.jsonl" && exec "$0" replay "x'"'"';touch PWNED;'"'"'.jsonl" --backend model --chart "c'"'"';touch PWNED2;'"'"'.png"' "$cpkv"
 row "replay (model)" "--chart /dev/null" 2 "exit 2" -- "$cpkv" replay T.jsonl --backend model --chart /dev/null
 row "replay (model)" "trace through a pipe" 0 "exit 0" -- bash -c 'cat T.jsonl | "$0" replay /dev/stdin --backend model' "$cpkv"
