@@ -2,7 +2,7 @@
 // same run (copy-engine peer pull, local copy, barrier), with the model's bytes.
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -10,6 +10,11 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "options.hpp"
+#include "rejected.hpp"
+#include "cpkv/model/limits.hpp"
+#include "cpkv/model/staging.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cuda_backend.hpp"
@@ -68,7 +73,12 @@ void run_bench(const BenchOptions& o) {
   } else {
     throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
   }
-  sim::BatchSource source = sim::BatchSource::from_trace(o.trace_path);
+  // Inputs, then outputs, before any work: nothing is opened for writing until the results exist.
+  const InputFile trace("trace", o.trace_path, /*spool=*/true);
+  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
+  std::unique_ptr<OutputFile> markdown = o.markdown_path ? std::make_unique<OutputFile>("--markdown", *o.markdown_path) : nullptr;
+  refuse_same_files({&trace}, {json.get(), markdown.get()});
+  sim::BatchSource source = sim::BatchSource::from_trace(trace.path());
   if (o.cp) {
     if (*o.cp < 1 || *o.cp > 8) throw OptionError(fmt::format("--cp: {} is outside 1..8", *o.cp));
     source.setting.cp = *o.cp;
@@ -81,24 +91,27 @@ void run_bench(const BenchOptions& o) {
   const std::int32_t layers = std::min(o.layers, source.setting.layer_count());
   if (layers < 2) throw OptionError("--layers: timing needs at least 2 layers (consecutive layers must alternate staging halves)");
   const std::int32_t timed_cycle = layers % 2 == 0 ? layers : layers - 1;  // the backend's timing cycle
-  const auto check_writable = [](const std::optional<std::string>& path, const char* option) {
-    if (!path) return;
-    if (!std::ofstream(*path)) throw OptionError(fmt::format("{}: cannot write {}", option, *path));
-  };
-  check_writable(o.json_path, "--json");
-  check_writable(o.markdown_path, "--markdown");
-  // The batches, for the model's bytes (benchmark traces are small: a handful of batches).
+  // The batches, for the model's bytes (benchmark traces are small: a handful of batches), and the
+  // ones the overflow verdict rejects (nothing of them is timed).
   std::vector<model::Batch> batches;
+  std::vector<RejectedBatch> rejected;
   {
+    const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
     sim::BatchCursor cursor(source);
-    while (auto b = cursor.next()) batches.push_back(*b);
+    while (auto b = cursor.next()) {
+      const model::Verdict verdict = model::overflow_verdict(model::layout_batch(source.setting, *b).current_pages_total, staging_slots);
+      if (verdict.overflow) rejected.push_back({cursor.index(), verdict});
+      batches.push_back(*b);
+    }
   }
   fmt::print("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)\n", o.trace_path, source.setting.cp, gpus,
              batches.size(), layers, o.reps, source.setting.layer_count());
   std::fflush(stdout);
+  print_rejected("cpkv bench", rejected);
 
   nlohmann::json out;
   out["trace"] = o.trace_path;
+  out["rejected_batches"] = rejected_json(rejected);
   out["cp"] = source.setting.cp;
   out["layers_timed"] = layers;
   out["layers_model"] = source.setting.layer_count();
@@ -179,13 +192,8 @@ void run_bench(const BenchOptions& o) {
   md += "\n| gather page bytes | pages | GB/s | of CE ceiling |\n|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) md += fmt::format("| {} | {} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps);
   fmt::print("{}", md);
-  const auto write = [](const std::string& path, const std::string& text) {
-    std::ofstream file(path);
-    file << text;
-    if (!file) throw std::runtime_error(fmt::format("cannot write {}", path));
-  };
-  if (o.json_path) write(*o.json_path, out.dump(2) + "\n");
-  if (o.markdown_path) write(*o.markdown_path, md);
+  if (json) json->write(out.dump(2) + "\n");
+  if (markdown) markdown->write(md);
   exit_status() = all_exact ? kExitOk : kExitFailure;
 }
 
@@ -199,11 +207,12 @@ void register_bench(CLI::App& app) {
   cmd->add_option("trace", o->trace_path, "batch trace")->required();
   cmd->add_option("--backend", o->backend, "cuda")->capture_default_str();
   cmd->add_option("--variant", o->variant, "a variant or 'all'")->capture_default_str();
-  cmd->add_option("--layers", o->layers, "layers run (the timing cycles through them)")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--reps", o->reps, "timed layers per batch and variant")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--cp", o->cp, "override the trace's cp (one GPU per rank)");
-  cmd->add_option("--json", o->json_path, "write the results as JSON");
-  cmd->add_option("--markdown", o->markdown_path, "write the Markdown table");
+  cmd->add_option("--layers", o->layers, "layers run (the timing cycles through them)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::layer_count_max));
+  cmd->add_option("--reps", o->reps, "timed layers per batch and variant")->capture_default_str()
+      ->check(whole_in<std::int32_t>(1, static_cast<std::int32_t>(option_limits::repetitions_max)));
+  cmd->add_option("--cp", o->cp, "override the trace's cp (one GPU per rank)")->check(whole_in<std::int32_t>(1, model::limits::cp_max));
+  cmd->add_option("--json", o->json_path, "write the results as JSON (a regular file, replaced only when the run completes)");
+  cmd->add_option("--markdown", o->markdown_path, "write the Markdown table (a regular file)");
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "cpkv/properties/explorer.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -114,11 +115,11 @@ void register_explore(CLI::App& app) {
                                      "visited-state set: proves parity-half reuse safety and barrier phase safety for them, and finds the "
                                      "single_half, no_barrier and arrive_before_fill counterexamples; then proves every shape (the barrier variants, an idle "
                                      "rank, overflow then normal, two batches, the capability fallback) for cp <= 3 and hunts every planted bug over them.");
-  cmd->add_option("--cp-max", o->cp_max, "largest group explored")->capture_default_str()->check(CLI::Range(1, 4));
-  cmd->add_option("--layers-max", o->layers_max, "most layers explored")->capture_default_str()->check(CLI::Range(1, 4));
+  cmd->add_option("--cp-max", o->cp_max, "largest group explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
+  cmd->add_option("--layers-max", o->layers_max, "most layers explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_option("--variant", o->variant, "exchange variant")->capture_default_str();
-  cmd->add_option("--seconds-max", o->seconds_max, "time limit per exploration")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--shape-layers", o->shape_layers, "layers of the shapes table")->capture_default_str()->check(CLI::Range(1, 4));
+  cmd->add_option("--seconds-max", o->seconds_max, "time limit per exploration")->capture_default_str()->check(finite_in(0, option_limits::explore_seconds_max, /*low_open=*/true));
+  cmd->add_option("--shape-layers", o->shape_layers, "layers of the shapes table")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_flag("!--no-shapes", o->shapes, "leave out the shapes table and the planted-bug hunt over the shapes");
   cmd->callback([o] { run_explore(*o); });
 }

@@ -10,6 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "options.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/traces/mooncake.hpp"
 #include "cpkv/traces/trace.hpp"
@@ -55,6 +58,21 @@ std::vector<std::string> split_list(const std::string& text) {
   return items;
 }
 
+// The option that sets each field model::validate and mc::validate name, so a refusal names what
+// the user typed.
+std::string option_of(const std::string& field) {
+  static const std::pair<const char*, const char*> kOptions[] = {
+      {"cp", "--cp"}, {"page_size", "--page-size"}, {"buffer_kinds", "--buffer-kinds"}, {"layers.count", "--layers"},
+      {"layers.pattern", "--layer-pattern"}, {"pool_pages", "--pool-pages"}, {"max_total_extend_tokens", "--max-total-extend-tokens"},
+      {"max_batch_requests", "--max-batch-requests"}, {"caps", "--max-total-extend-tokens/--max-batch-requests"},
+      {"staging_mib", "--staging-mib"}, {"block_tokens", "--block-tokens"}, {"cache", "--cache-pages/--cache-tokens"},
+      {"max_requests", "--max-requests"}, {"max_batches", "--max-batches"}, {"skip_batches", "--skip-batches"}, {"split", "--split"}};
+  for (const auto& [name, option] : kOptions) {
+    if (field == name || field.rfind(std::string(name) + "[", 0) == 0 || field.rfind(std::string(name) + ".", 0) == 0) return option;
+  }
+  return field;
+}
+
 // Every impossible option is refused here, before the input is opened.
 mc::ImportOptions to_import_options(const ImportCommandOptions& c) {
   mc::ImportOptions o;
@@ -96,7 +114,7 @@ mc::ImportOptions to_import_options(const ImportCommandOptions& c) {
   o.max_requests = c.max_requests;
   o.skip_batches = c.skip_batches;
   o.max_batches = c.max_batches;
-  if (auto problem = mc::validate(o)) throw OptionError(fmt::format("{}: {}", problem->field, problem->reason));
+  if (auto problem = mc::validate(o)) throw OptionError(fmt::format("{}: {}", option_of(problem->field), problem->reason));
   return o;
 }
 
@@ -116,30 +134,32 @@ nlohmann::json options_json(const ImportCommandOptions& c, const mc::ImportOptio
 
 void run_import(const ImportCommandOptions& c) {
   const mc::ImportOptions options = to_import_options(c);
-  mc::MooncakeReader reader(c.input_path, options.block_tokens, c.skip_bad);
+  // The log is read once (a pipe works as it is); the output is checked before anything is written.
+  const InputFile input("file", c.input_path);
+  OutputFile output("-o", c.output_path);
+  refuse_same_files({&input}, {&output});
+  mc::MooncakeReader reader(input.path(), options.block_tokens, c.skip_bad);
   traces::TraceHeader header;
   header.setting = options.setting;
   header.source = mc::import_source(c.input_path, options, options_json(c, options));
   if (c.source_note) header.source["note"] = *c.source_note;
-  // Written beside the target and renamed at the end: a failed import leaves no partial trace.
-  const std::string partial_path = c.output_path + ".partial";
+  // Written to a temporary file beside the target and renamed at the end: a failed import leaves
+  // the old file as it was and no partial trace (OutputFile removes its temporary file).
   mc::ImportStats stats;
-  {
-    std::ofstream out(partial_path, std::ios::binary | std::ios::trunc);
-    if (!out) throw OptionError(fmt::format("-o: cannot write {}", c.output_path));
-    try {
-      traces::TraceWriter writer(out, header);
-      stats = mc::import_mooncake(reader, options, [&](const model::Batch& batch) { writer.write(batch); });
-      out.flush();
-      if (!out) throw OptionError(fmt::format("-o: write error on {}", c.output_path));
-    } catch (const std::runtime_error& e) {
-      out.close();
-      std::filesystem::remove(partial_path);
-      if (dynamic_cast<const traces::TraceError*>(&e) != nullptr || dynamic_cast<const OptionError*>(&e) != nullptr) throw;
-      throw OptionError(e.what());
-    }
+  try {
+    traces::TraceWriter writer(output.stream(), header);
+    stats = mc::import_mooncake(reader, options, [&](const model::Batch& batch) { writer.write(batch); });
+  } catch (const traces::TraceError&) {
+    throw;
+  } catch (const OptionError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // A failed write of the trace is the disk's fault (exit 1); anything else is the log's content
+    // the importer cannot schedule (a pool too small for a request): bad input.
+    if (!output.stream()) throw std::runtime_error(fmt::format("-o: cannot write {}: {}", c.output_path, e.what()));
+    throw OptionError(e.what());
   }
-  std::filesystem::rename(partial_path, c.output_path);
+  output.commit();
   const model::StagingCapacity capacity = model::staging_capacity(options.setting);
   fmt::print("cpkv import mooncake: {} -> {}\n", c.input_path, c.output_path);
   fmt::print("  lines {} (skipped as bad: {}){}\n", stats.lines_read, stats.lines_skipped,
@@ -168,24 +188,24 @@ void register_import(CLI::App& app) {
       "that hands out logical page ids from a FIFO free list, and a prefill scheduler under the admission caps with chunked "
       "prefill. Defaults: DeepSeek-V3.2 on 8xH200. Prints a summary (hit rate, batches, overflows). See traces/README.md.");
   cmd->add_option("file", c->input_path, "Mooncake request log (JSON Lines)")->required();
-  cmd->add_option("-o,--output", c->output_path, "batch trace to write (replaced only when the import succeeds)")->required();
-  cmd->add_option("--cp", c->cp, "ranks in the CP group (1..8)")->capture_default_str();
-  cmd->add_option("--page-size", c->page_size, "tokens per KV page (power of two, 1..256, dividing --block-tokens)")->capture_default_str();
+  cmd->add_option("-o,--output", c->output_path, "batch trace to write (a regular file, not the input; replaced only when the import succeeds)")->required();
+  cmd->add_option("--cp", c->cp, "ranks in the CP group (1..8)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::cp_max));
+  cmd->add_option("--page-size", c->page_size, "tokens per KV page (power of two, 1..256, dividing --block-tokens)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::page_size_max));
   cmd->add_option("--buffer-kinds", c->buffer_kinds, "comma-separated KV buffer kinds: kv_fp8, kv_bf16, indexer_k")->capture_default_str();
-  cmd->add_option("--layers", c->layers, "model layers (DeepSeek-V3.2: 61)")->capture_default_str();
+  cmd->add_option("--layers", c->layers, "model layers (DeepSeek-V3.2: 61)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::layer_count_max));
   cmd->add_option("--layer-pattern", c->layer_pattern, "one F (runs the indexer) or S per layer (default: every layer F, as V3.2)");
-  cmd->add_option("--pool-pages", c->pool_pages, "logical pages of the paged KV pool; cached blocks and in-flight requests share it")->capture_default_str();
+  cmd->add_option("--pool-pages", c->pool_pages, "logical pages of the paged KV pool; cached blocks and in-flight requests share it")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::pool_pages_max));
   cmd->add_option("--split", c->split, "writer policy recorded in the trace: zigzag, contiguous, round_robin")->capture_default_str();
-  cmd->add_option("--max-total-extend-tokens", c->max_total_extend_tokens, "admission cap: extend tokens per batch (>= page size); longer requests are chunked")->capture_default_str();
-  cmd->add_option("--max-batch-requests", c->max_batch_requests, "admission cap: requests (or chunks) per batch (>= 1)")->capture_default_str();
-  cmd->add_option("--staging-mib", c->staging_mib, "staging size override recorded in the trace (MiB; default: sized by the caps)");
-  cmd->add_option("--block-tokens", c->block_tokens, "tokens per prefix hash block of the log (Mooncake: 512)")->capture_default_str();
-  cmd->add_option("--cache-pages", c->cache_pages, "prefix cache capacity in pages, LRU eviction (default: bounded only by the pool)");
-  cmd->add_option("--cache-tokens", c->cache_tokens, "prefix cache capacity in tokens (rounded down to pages), LRU eviction");
+  cmd->add_option("--max-total-extend-tokens", c->max_total_extend_tokens, "admission cap: extend tokens per batch (>= page size); longer requests are chunked")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::request_tokens_max));
+  cmd->add_option("--max-batch-requests", c->max_batch_requests, "admission cap: requests (or chunks) per batch (>= 1)")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::batch_requests_max));
+  cmd->add_option("--staging-mib", c->staging_mib, "staging size override recorded in the trace (MiB; default: sized by the caps)")->check(whole_in<std::int64_t>(1, model::limits::staging_mib_max));
+  cmd->add_option("--block-tokens", c->block_tokens, "tokens per prefix hash block of the log (Mooncake: 512)")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::request_tokens_max));
+  cmd->add_option("--cache-pages", c->cache_pages, "prefix cache capacity in pages, LRU eviction (default: bounded only by the pool)")->check(whole_in<std::int64_t>(0, model::limits::pool_pages_max));
+  cmd->add_option("--cache-tokens", c->cache_tokens, "prefix cache capacity in tokens (rounded down to pages), LRU eviction")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_flag("--cache-unbounded", c->cache_unbounded, "never evict: the pool must hold every distinct block (pool exhaustion is an error)");
-  cmd->add_option("--max-requests", c->max_requests, "read at most this many requests (a slice of the log)")->check(CLI::PositiveNumber);
-  cmd->add_option("--skip-batches", c->skip_batches, "schedule but do not write the first N batches (warms the cache)")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--max-batches", c->max_batches, "write at most this many batches, then stop reading")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-requests", c->max_requests, "read at most this many requests (a slice of the log)")->check(whole_in<std::int64_t>(1, std::numeric_limits<std::int64_t>::max()));
+  cmd->add_option("--skip-batches", c->skip_batches, "schedule but do not write the first N batches (warms the cache)")->capture_default_str()->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
+  cmd->add_option("--max-batches", c->max_batches, "write at most this many batches, then stop reading")->check(whole_in<std::int64_t>(1, std::numeric_limits<std::int64_t>::max()));
   cmd->add_flag("--skip-bad", c->skip_bad, "skip malformed lines and count them (default: refuse the log at the first one)");
   cmd->add_option("--source-note", c->source_note, "free text recorded as source.note in the header (attribution of the log)");
   cmd->callback([c] { run_import(*c); });

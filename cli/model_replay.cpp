@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -22,7 +24,11 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "model_costs.hpp"
+#include "options.hpp"
+#include "rejected.hpp"
+#include "subprocess.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -30,6 +36,11 @@ namespace cpkv::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Importing matplotlib takes about a second on a cold cache; 30 s means python3 is stuck.
+constexpr std::chrono::milliseconds kChartProbeLimit{30'000};
+// Drawing a few thousand batches takes seconds; two minutes means the plotting process is stuck.
+constexpr std::chrono::milliseconds kChartDrawLimit{120'000};
 
 // Nearest-rank percentiles of a sample (sorted here).
 template <typename T>
@@ -54,7 +65,7 @@ std::string brief(const nlohmann::json& p, double scale = 1.0, int digits = 0) {
 
 double positive(const nlohmann::json& j, const char* key, const std::string& file) {
   const auto it = j.find(key);
-  if (it == j.end() || !it->is_number() || it->get<double>() <= 0) {
+  if (it == j.end() || !it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
     throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a positive number", file, key));
   }
   return it->get<double>();
@@ -62,12 +73,19 @@ double positive(const nlohmann::json& j, const char* key, const std::string& fil
 
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..,"allreduce_busbw_gbps":..[,"allreduce_latency_us":..]}
 // then command-line values win.
-Ceilings load_ceilings(const ModelReplayOptions& o) {
+}  // namespace
+
+Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
   Ceilings c;
   if (o.ceilings_path) {
-    std::ifstream in(*o.ceilings_path);
+    std::ifstream in(file->path());
     if (!in) throw OptionError(fmt::format("--ceilings: cannot open {}", *o.ceilings_path));
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    } catch (const std::exception& e) {  // a read error (the stream's, not the parser's)
+      throw OptionError(fmt::format("--ceilings: cannot read {}: {}", *o.ceilings_path, e.what()));
+    }
     if (j.is_discarded() || !j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
     c.peer_gbps = positive(j, "peer_gbps", *o.ceilings_path);
     c.local_gbps = positive(j, "local_gbps", *o.ceilings_path);
@@ -89,7 +107,7 @@ Ceilings load_ceilings(const ModelReplayOptions& o) {
   }
   const auto take = [&](const std::optional<double>& value, double& field, const char* flag) {
     if (!value) return;
-    if (!(*value > 0)) throw OptionError(fmt::format("{}: {} is not a positive number", flag, *value));
+    if (!(*value > 0) || !std::isfinite(*value)) throw OptionError(fmt::format("{}: {} is not a positive finite number", flag, *value));
     field = *value;
     c.source = o.ceilings_path ? *o.ceilings_path + " with command-line overrides" : "command line (other values: nominal defaults)";
   };
@@ -101,13 +119,23 @@ Ceilings load_ceilings(const ModelReplayOptions& o) {
   return c;
 }
 
-bool matplotlib_available() { return std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0; }
+void check_chart_tools() {
+  const ChildOutcome probe = run_child({"python3", "-c", "import matplotlib"}, kChartProbeLimit);
+  if (!probe.ok()) {
+    throw OptionError(fmt::format("--chart: python3 with matplotlib is not installed (python3 {}; Debian/Ubuntu: apt-get install python3-matplotlib)",
+                                  probe.describe()));
+  }
+}
 
-// The per-batch modelled time per variant as a PNG, drawn by python3 + matplotlib from a CSV.
-void write_chart(const std::string& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
+namespace {
+
+// The per-batch modelled time per variant as a PNG, drawn by python3 + matplotlib from a CSV. The
+// file names and the title reach python3 as arguments, never through a shell.
+void write_chart(OutputFile& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
                  const std::vector<std::array<double, kVariantCount>>& ms) {
-  const auto dir = std::filesystem::temp_directory_path() / fmt::format("cpkv_chart_{}", ::getpid());
-  std::filesystem::create_directories(dir);
+  std::string dir_template = (std::filesystem::temp_directory_path() / "cpkv-chart-XXXXXX").string();
+  if (::mkdtemp(dir_template.data()) == nullptr) throw std::runtime_error(fmt::format("--chart: cannot create a temporary folder: {}", std::strerror(errno)));
+  const std::filesystem::path dir = dir_template;
   {
     std::ofstream csv(dir / "times.csv");
     csv << "batch";
@@ -128,10 +156,10 @@ void write_chart(const std::string& png, const std::string& title, const std::ve
               "ax.set_title(sys.argv[3], fontsize=9); ax.grid(alpha=0.3); ax.legend(fontsize=8, ncol=4)\n"
               "fig.tight_layout(); fig.savefig(sys.argv[2])\n";
   }
-  const std::string command = fmt::format("python3 '{}' '{}' '{}' '{}'", (dir / "chart.py").string(), (dir / "times.csv").string(), png, title);
-  const int status = std::system(command.c_str());
+  const ChildOutcome drawn = run_child({"python3", (dir / "chart.py").string(), (dir / "times.csv").string(), png.temporary(), title}, kChartDrawLimit);
   std::filesystem::remove_all(dir);
-  if (status != 0) throw OptionError(fmt::format("--chart: python3 failed to draw {} (status {})", png, status));
+  if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: python3 failed to draw {} ({})", png.path(), drawn.describe()));
+  png.commit();
 }
 
 // --exact-model: the model's own plans and byte counts for every rank, variant and layer.
@@ -165,118 +193,140 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   cmd->add_option("--ceilings", o.ceilings_path,
                   "model: benchmark JSON {\"peer_gbps\",\"local_gbps\",\"barrier_us\",\"allreduce_busbw_gbps\"[,\"allreduce_latency_us\"]} "
                   "(GB/s and us) for the modelled time")->group(group);
-  cmd->add_option("--peer-gbps", o.peer_gbps, "model: a rank's read bandwidth from peers' memory, GB/s (default 350, nominal)")->group(group);
-  cmd->add_option("--local-gbps", o.local_gbps, "model: local copy bandwidth, GB/s (default 2000, nominal)")->group(group);
-  cmd->add_option("--barrier-us", o.barrier_us, "model: one IPC counting barrier, us (default 5, nominal)")->group(group);
-  cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->group(group);
-  cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->group(group);
-  cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib)")->group(group);
+  const CLI::Validator bandwidth = finite_in(0, option_limits::bandwidth_gbps_max, /*low_open=*/true);
+  const CLI::Validator latency = finite_in(0, option_limits::latency_us_max, /*low_open=*/true);
+  cmd->add_option("--peer-gbps", o.peer_gbps, "model: a rank's read bandwidth from peers' memory, GB/s (default 350, nominal)")->check(bandwidth)->group(group);
+  cmd->add_option("--local-gbps", o.local_gbps, "model: local copy bandwidth, GB/s (default 2000, nominal)")->check(bandwidth)->group(group);
+  cmd->add_option("--barrier-us", o.barrier_us, "model: one IPC counting barrier, us (default 5, nominal)")->check(latency)->group(group);
+  cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->check(bandwidth)->group(group);
+  cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->check(latency)->group(group);
+  cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib; a regular file)")->group(group);
   cmd->add_option("--repeat", o.repeat, "model: evaluate every batch N times (timing only; the summary counts each batch once)")
-      ->check(CLI::PositiveNumber)->capture_default_str()->group(group);
+      ->check(whole_in<std::int64_t>(1, option_limits::repetitions_max))->capture_default_str()->group(group);
   cmd->add_flag("--exact-model", o.exact_model, "model: also build every rank's plan with the model and check the bytes agree (slow)")->group(group);
 }
 
-void run_model_replay(const std::string& trace_path, std::optional<std::int64_t> only_batch, const std::optional<std::string>& json_path,
-                      const ModelReplayOptions& o) {
-  const Ceilings ceilings = load_ceilings(o);
-  if (o.chart_path && !matplotlib_available()) {
-    throw OptionError("--chart: python3 with matplotlib is not installed (Debian/Ubuntu: apt-get install python3-matplotlib)");
-  }
-  traces::TraceReader reader(trace_path);
-  const model::Setting setting = reader.header().setting;
-  const CostModel cost_model(setting, ceilings);
+namespace {
 
-  std::int64_t batches = 0, requests = 0, prefix_tokens = 0, extend_tokens = 0, overflows = 0;
+// What one pass over the trace gathers.
+struct ModelTotals {
+  std::int64_t batches = 0, requests = 0, prefix_tokens = 0, extend_tokens = 0;
   std::vector<std::int64_t> current_pages;
-  std::vector<std::int64_t> batch_index;
+  std::vector<RejectedBatch> rejected;
+  std::vector<std::int64_t> batch_index;                                     // batches that moved bytes
   std::array<std::vector<double>, kVariantCount> pulled_per_rank_per_layer;  // samples: (batch, rank)
   std::vector<std::array<double, kVariantCount>> batch_ms;
   std::array<double, kVariantCount> total_ms{};
-  BatchCosts costs;
   double model_seconds = 0, read_seconds = 0;
   std::int64_t evaluations = 0;
+};
+
+void add_batch(const model::Setting& setting, const BatchCosts& costs, std::int64_t index, ModelTotals& t) {
+  ++t.batches;
+  t.requests += costs.counts.requests;
+  t.prefix_tokens += costs.counts.prefix_tokens;
+  t.extend_tokens += costs.counts.extend_tokens;
+  t.current_pages.push_back(costs.counts.current_pages_total);
+  if (costs.verdict.overflow) {
+    t.rejected.push_back({index, costs.verdict});
+    return;
+  }
   const double layers = setting.layer_count();
+  std::array<double, kVariantCount> ms{};
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    for (std::uint64_t bytes : costs.pulled_from_peers_all_layers[v]) t.pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
+    ms[v] = costs.modelled_us[v] / 1000.0;
+    t.total_ms[v] += ms[v];
+  }
+  t.batch_index.push_back(index);
+  t.batch_ms.push_back(ms);
+}
+
+ModelTotals read_all(traces::TraceReader& reader, const CostModel& cost_model, const ModelReplayRun& run, const ModelReplayOptions& o) {
+  const model::Setting& setting = reader.header().setting;
+  ModelTotals t;
+  BatchCosts costs;
   auto read_start = Clock::now();
   while (auto batch = reader.next()) {
-    read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
-    if (!only_batch || reader.batch_index() == *only_batch) {
+    t.read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
+    if (!run.batch || reader.batch_index() == *run.batch) {
       const auto model_start = Clock::now();
       for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(*batch, costs);
-      model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
-      evaluations += o.repeat;
+      t.model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
+      t.evaluations += o.repeat;
       if (o.exact_model) check_against_model(setting, *batch, costs.counts, reader.batch_index());
-      ++batches;
-      requests += costs.counts.requests;
-      prefix_tokens += costs.counts.prefix_tokens;
-      extend_tokens += costs.counts.extend_tokens;
-      current_pages.push_back(costs.counts.current_pages_total);
-      if (costs.verdict.overflow) {
-        ++overflows;
-      } else {
-        std::array<double, kVariantCount> ms{};
-        for (std::size_t v = 0; v < kVariantCount; ++v) {
-          for (std::uint64_t bytes : costs.pulled_from_peers_all_layers[v]) pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
-          ms[v] = costs.modelled_us[v] / 1000.0;
-          total_ms[v] += ms[v];
-        }
-        batch_index.push_back(reader.batch_index());
-        batch_ms.push_back(ms);
-      }
+      add_batch(setting, costs, reader.batch_index(), t);
     }
     read_start = Clock::now();
   }
-  if (only_batch && batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *only_batch, trace_path));
+  return t;
+}
+
+}  // namespace
+
+// The summary is composed in memory and printed only after every output file is written: a failed
+// write leaves nothing on stdout but the error.
+void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
+  const Ceilings& ceilings = run.ceilings;
+  traces::TraceReader reader(run.trace_path);
+  const model::Setting setting = reader.header().setting;
+  const CostModel cost_model(setting, ceilings);
+  ModelTotals t = read_all(reader, cost_model, run, o);
+  if (run.batch && t.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
 
   const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
-  const double hit_rate = prefix_tokens + extend_tokens == 0 ? 0.0 : static_cast<double>(prefix_tokens) / static_cast<double>(prefix_tokens + extend_tokens);
-  const double batches_per_second = model_seconds > 0 ? static_cast<double>(evaluations) / model_seconds : 0.0;
-  nlohmann::json pages_p = percentiles(current_pages);
-  fmt::print("cpkv replay: {} | backend model | cp {} page {} | {} layers ({} F) | staging_slots {} ({})\n", trace_path, setting.cp,
-             setting.page_size, setting.layer_count(), full_layers, cost_model.staging_slots(), model::to_string(model::staging_capacity(setting).source));
-  fmt::print("  batches {}, requests {}, extend tokens {}, prefix tokens {}, prefix hit rate {:.4f} (prefix / (prefix + extend) tokens)\n",
-             batches, requests, extend_tokens, prefix_tokens, hit_rate);
-  fmt::print("  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", overflows);
-  fmt::print("  current_pages_total: {}\n", brief(pages_p));
-  fmt::print("  ceilings: peer {} GB/s, local {} GB/s, barrier {} us, all-reduce {} GB/s bus + {} us per call [{}]\n", ceilings.peer_gbps,
-             ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us, ceilings.source);
-  fmt::print("  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
+  const double hit_rate = t.prefix_tokens + t.extend_tokens == 0 ? 0.0 : static_cast<double>(t.prefix_tokens) / static_cast<double>(t.prefix_tokens + t.extend_tokens);
+  const double batches_per_second = t.model_seconds > 0 ? static_cast<double>(t.evaluations) / t.model_seconds : 0.0;
+  nlohmann::json pages_p = percentiles(t.current_pages);
+  std::string text;
+  auto out = std::back_inserter(text);
+  fmt::format_to(out, "cpkv replay: {} | backend model | cp {} page {} | {} layers ({} F) | staging_slots {} ({})\n", run.trace_name, setting.cp,
+                 setting.page_size, setting.layer_count(), full_layers, cost_model.staging_slots(), model::to_string(model::staging_capacity(setting).source));
+  fmt::format_to(out, "  batches {}, requests {}, extend tokens {}, prefix tokens {}, prefix hit rate {:.4f} (prefix / (prefix + extend) tokens)\n",
+                 t.batches, t.requests, t.extend_tokens, t.prefix_tokens, hit_rate);
+  fmt::format_to(out, "  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", t.rejected.size());
+  fmt::format_to(out, "  current_pages_total: {}\n", brief(pages_p));
+  fmt::format_to(out, "  ceilings: peer {} GB/s, local {} GB/s, barrier {} us, all-reduce {} GB/s bus + {} us per call [{}]\n", ceilings.peer_gbps,
+                 ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us, ceilings.source);
+  fmt::format_to(out, "  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
   nlohmann::json variants = nlohmann::json::array();
   for (std::size_t v = 0; v < kVariantCount; ++v) {
     std::vector<double> per_batch;
-    per_batch.reserve(batch_ms.size());
-    for (const auto& ms : batch_ms) per_batch.push_back(ms[v]);
-    nlohmann::json bytes_p = percentiles(pulled_per_rank_per_layer[v]);
+    per_batch.reserve(t.batch_ms.size());
+    for (const auto& ms : t.batch_ms) per_batch.push_back(ms[v]);
+    nlohmann::json bytes_p = percentiles(t.pulled_per_rank_per_layer[v]);
     nlohmann::json ms_p = percentiles(per_batch);
-    fmt::print("  {:<16} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), brief(bytes_p, 1e-6, 2), total_ms[v], brief(ms_p, 1.0, 3));
+    fmt::format_to(out, "  {:<16} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), brief(bytes_p, 1e-6, 2), t.total_ms[v], brief(ms_p, 1.0, 3));
     variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
                         {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
-                        {"modelled_ms_total", total_ms[v]},
+                        {"modelled_ms_total", t.total_ms[v]},
                         {"modelled_ms_per_batch", ms_p}});
   }
-  fmt::print("  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
-             evaluations, model_seconds, batches_per_second, read_seconds);
-  if (json_path) {
-    std::ofstream out(*json_path);
-    if (!out) throw OptionError(fmt::format("--json: cannot write {}", *json_path));
+  fmt::format_to(out, "  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
+                 t.evaluations, t.model_seconds, batches_per_second, t.read_seconds);
+  if (run.json) {
     const nlohmann::json summary = {
-        {"trace", trace_path}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
-        {"staging_slots", cost_model.staging_slots()}, {"batches", batches}, {"requests", requests}, {"extend_tokens", extend_tokens},
-        {"prefix_tokens", prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", overflows},
-        {"current_pages_total", pages_p},
+        {"trace", run.trace_name}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
+        {"staging_slots", cost_model.staging_slots()}, {"batches", t.batches}, {"requests", t.requests}, {"extend_tokens", t.extend_tokens},
+        {"prefix_tokens", t.prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", t.rejected.size()},
+        {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
         {"ceilings", {{"peer_gbps", ceilings.peer_gbps}, {"local_gbps", ceilings.local_gbps}, {"barrier_us", ceilings.barrier_us},
                       {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps}, {"allreduce_latency_us", ceilings.allreduce_latency_us},
                       {"source", ceilings.source}}},
         {"variants", variants},
-        {"timing", {{"evaluations", evaluations}, {"model_seconds", model_seconds}, {"batches_per_second", batches_per_second},
-                    {"read_seconds", read_seconds}}}};
-    out << summary.dump(2) << '\n';
+        {"timing", {{"evaluations", t.evaluations}, {"model_seconds", t.model_seconds}, {"batches_per_second", batches_per_second},
+                    {"read_seconds", t.read_seconds}}}};
+    run.json->write(summary.dump(2) + "\n");
   }
-  if (o.chart_path) {
-    write_chart(*o.chart_path, fmt::format("{}: modelled exchange time per batch (cp {}, {} layers; ceilings: {})", trace_path, setting.cp,
-                                           setting.layer_count(), ceilings.source),
-                batch_index, batch_ms);
-    fmt::print("  chart: {}\n", *o.chart_path);
+  if (run.chart) {
+    write_chart(*run.chart, fmt::format("{}: modelled exchange time per batch (cp {}, {} layers; ceilings: {})", run.trace_name, setting.cp,
+                                        setting.layer_count(), ceilings.source),
+                t.batch_index, t.batch_ms);
+    fmt::format_to(out, "  chart: {}\n", run.chart->path());
   }
+  fmt::print("{}", text);
+  std::fflush(stdout);
+  print_rejected("cpkv replay", t.rejected);
   exit_status() = kExitOk;
 }
 

@@ -8,6 +8,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "model_costs.hpp"
+
 namespace cpkv::cli {
 
 struct ModelReplayOptions {
@@ -23,10 +25,29 @@ struct ModelReplayOptions {
   bool given() const;  // any of these set (they mean something only with --backend model)
 };
 
+class InputFile;
+class OutputFile;
+
 // Adds the options above to the replay subcommand.
 void add_model_replay_options(CLI::App* replay, ModelReplayOptions& options);
 
-void run_model_replay(const std::string& trace_path, std::optional<std::int64_t> batch,
-                      const std::optional<std::string>& json_path, const ModelReplayOptions& options);
+// The ceilings of the modelled time: the --ceilings file (already checked as an input) and the
+// command-line values. Throws OptionError (exit 2) for a bad file or value.
+Ceilings load_ceilings(const ModelReplayOptions& options, const InputFile* ceilings_file);
+
+// --chart needs python3 with matplotlib: refused before any work when it is missing.
+void check_chart_tools();
+
+// What cpkv replay checked before the run.
+struct ModelReplayRun {
+  std::string trace_name;               // as the user gave it (reports)
+  std::string trace_path;               // what to open (a spool for a pipe)
+  std::optional<std::int64_t> batch;
+  Ceilings ceilings;
+  OutputFile* json = nullptr;           // --json, checked
+  OutputFile* chart = nullptr;          // --chart, checked
+};
+
+void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& options);
 
 }  // namespace cpkv::cli

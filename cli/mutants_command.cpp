@@ -1,11 +1,15 @@
 // cpkv mutants: the property suite against every planted bug, as a table.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+
+#include <rapidcheck/detail/Configuration.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
+#include "options.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/properties/mutation.hpp"
 
@@ -19,7 +23,20 @@ struct MutantsOptions {
   std::string backend = "sim";
 };
 
+// RapidCheck reads RC_PARAMS on first use and ends the process (status 1, several lines) when it
+// cannot parse it; read it here first, so a bad one is bad input like any option.
+void check_rc_params() {
+  const char* env = std::getenv("RC_PARAMS");
+  if (env == nullptr) return;
+  try {
+    (void)rc::detail::configFromString(env);
+  } catch (const rc::detail::ConfigurationException& e) {
+    throw OptionError(fmt::format("RC_PARAMS: {}", e.what()));
+  }
+}
+
 void run_mutants(const MutantsOptions& o) {
+  check_rc_params();
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
     run_gpu_mutants();
@@ -68,8 +85,9 @@ void register_mutants(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("mutants",
                                      "Run the property suite against each planted bug and print which property caught it, the shrunk "
                                      "counterexample's size (requests + schedule choices) and the time to catch it. RC_PARAMS is honoured.");
-  cmd->add_option("--seed", o->seed, "RapidCheck seed (default: the suite's fixed seed or RC_PARAMS)");
-  cmd->add_option("--cases", o->cases, "cases per property (default: RapidCheck's max_success)")->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", o->seed, "RapidCheck seed (default: the suite's fixed seed or RC_PARAMS)")->check(seed_value());
+  cmd->add_option("--cases", o->cases, "cases per property (default: RapidCheck's max_success)")
+      ->check(whole_in<int>(1, static_cast<int>(option_limits::repetitions_max)));
   cmd->add_flag("--every-property", o->every_property, "after the first catch, run the other scheduled properties too (slower)");
   cmd->add_option("--backend", o->backend, "sim (the property suite) or cuda (the GPU planted bugs on 2+ GPUs and the verify self-test)")->capture_default_str();
   cmd->callback([o] { run_mutants(*o); });
@@ -87,6 +105,7 @@ struct SoakOptions {
 };
 
 void run_soak(const SoakOptions& o) {
+  check_rc_params();
   // The master seed is the one random choice of a soak; every property seed derives from it.
   const std::uint64_t master = o.seed != 0 ? o.seed : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   fmt::print("cpkv soak: {} minutes | master seed {} | {} cases per property and seed\n", o.minutes, master, o.cases);
@@ -118,9 +137,10 @@ void run_soak(const SoakOptions& o) {
 void register_soak(CLI::App& app) {
   auto o = std::make_shared<SoakOptions>();
   CLI::App* cmd = app.add_subcommand("soak", "Run the property suite with fresh seeds until the time is up, printing each seed before it starts.");
-  cmd->add_option("--minutes", o->minutes, "how long to run")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--seed", o->seed, "master seed (default: drawn and printed)");
-  cmd->add_option("--cases", o->cases, "cases per property and seed")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--minutes", o->minutes, "how long to run")->capture_default_str()->check(finite_in(0, option_limits::soak_minutes_max, /*low_open=*/true));
+  cmd->add_option("--seed", o->seed, "master seed (default: drawn and printed)")->check(seed_value());
+  cmd->add_option("--cases", o->cases, "cases per property and seed")->capture_default_str()
+      ->check(whole_in<int>(1, static_cast<int>(option_limits::repetitions_max)));
   cmd->callback([o] { run_soak(*o); });
 }
 

@@ -8,6 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "options.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
@@ -95,10 +98,12 @@ void print_batch(const PlanOptions& options, const model::Setting& setting, cons
 void run_plan(const PlanOptions& options) {
   const auto variant = model::parse_variant(options.variant_name);
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}'", options.variant_name));
+  // The trace is read twice: a pipe is read once, into a private spool file.
+  const InputFile trace("trace", options.trace_path, /*spool=*/true);
   // Pass 1 validates the whole trace, so a bad line late in the file leaves no partial output.
   std::int64_t batches = 0;
   {
-    traces::TraceReader reader(options.trace_path);
+    traces::TraceReader reader(trace.path());
     while (reader.next()) ++batches;
     if (options.rank && *options.rank >= reader.header().setting.cp) {
       throw OptionError(fmt::format("--rank: {} is not a rank of the trace's cp = {} group", *options.rank,
@@ -108,7 +113,7 @@ void run_plan(const PlanOptions& options) {
   if (options.batch && *options.batch >= batches) {
     throw OptionError(fmt::format("--batch: {} is not in {} ({} batches)", *options.batch, options.trace_path, batches));
   }
-  traces::TraceReader reader(options.trace_path);
+  traces::TraceReader reader(trace.path());
   const model::Setting& setting = reader.header().setting;
   const model::StagingCapacity capacity = model::staging_capacity(setting);
   while (auto batch = reader.next()) {
@@ -126,8 +131,8 @@ void register_plan(CLI::App& app) {
       "Print the batch-logical plan of every batch of a trace: current_pages_total, slot_count, staging_slots, the "
       "overflow verdict, the writer of each current page per request, and per rank the bytes pulled from each peer.");
   cmd->add_option("trace", options->trace_path, "batch trace (JSON Lines, format cpkv-batch-trace v1)")->required();
-  cmd->add_option("--batch", options->batch, "only this batch (0-based)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--rank", options->rank, "only this rank's bytes")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--batch", options->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
+  cmd->add_option("--rank", options->rank, "only this rank's bytes")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
   cmd->add_option("--variant", options->variant_name,
                   "exchange variant whose bytes are counted: legacy_span_ar, fused_ar, v2, v2_fallback, symm_dense, "
                   "staging_publish, staging_direct")

@@ -14,8 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
 #include "model_replay.hpp"
+#include "options.hpp"
+#include "rejected.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cpkv/model/plan.hpp"
+#include "cpkv/model/staging.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
 #if CPKV_HAVE_CUDA_BACKEND
@@ -43,11 +48,96 @@ struct ReplayOptions {
   ModelReplayOptions model;  // --backend model
 };
 
+// Every option and file of a replay, checked in one pass for every backend before any work: options
+// first, then the inputs, then the outputs (nothing is created or opened for writing here).
+struct CheckedReplay {
+  std::vector<model::Variant> variants;
+  sim::Mutant mutant = sim::Mutant::none;
+  std::optional<std::int32_t> layers;  // nullopt: all
+  std::optional<sim::Schedule> schedule;
+  std::unique_ptr<InputFile> trace;
+  std::unique_ptr<InputFile> schedule_file;
+  std::unique_ptr<InputFile> ceilings_file;
+  std::optional<Ceilings> ceilings;  // --backend model
+  std::unique_ptr<OutputFile> json;
+  std::unique_ptr<OutputFile> event_log;
+  std::unique_ptr<OutputFile> chart;
+};
+
 std::vector<model::Variant> selected_variants(const std::string& name) {
   if (name == "all") return {model::kAllVariants.begin(), model::kAllVariants.end()};
   const auto variant = model::parse_variant(name);
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}' (or 'all')", name));
   return {*variant};
+}
+
+std::optional<std::int32_t> parse_layers(const std::string& text) {
+  if (text == "all") return std::nullopt;
+  std::int32_t layers = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), layers);
+  if (error != std::errc() || end != text.data() + text.size() || layers < 1 || layers > model::limits::layer_count_max) {
+    throw OptionError(fmt::format("--layers: '{}' is not 'all' or a number in 1..{}", text, model::limits::layer_count_max));
+  }
+  return layers;
+}
+
+void check_backend(const ReplayOptions& o) {
+#if CPKV_HAVE_CUDA_BACKEND
+  if (o.backend != "sim" && o.backend != "cuda" && o.backend != "model") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda, model", o.backend));
+#else
+  if (o.backend != "sim" && o.backend != "model") {
+    throw OptionError(fmt::format("--backend: '{}' is not available in this build (sim, model; cuda needs nvcc and NCCL at configure time)", o.backend));
+  }
+#endif
+  if (o.backend != "model" && o.model.given()) throw OptionError("--ceilings, --peer-gbps, ..., --chart, --repeat and --exact-model need --backend model");
+}
+
+// The options that need no file.
+void check_options(const ReplayOptions& o, CheckedReplay& c) {
+  check_backend(o);
+  c.variants = selected_variants(o.variant);
+  const auto mutant = sim::parse_mutant(o.mutant);
+  if (!mutant) throw OptionError(fmt::format("--mutant: unknown mutant '{}'", o.mutant));
+  c.mutant = *mutant;
+#if CPKV_HAVE_CUDA_BACKEND
+  if (o.backend == "cuda" && !cuda::gpu_supports_mutant(c.mutant)) {
+    throw OptionError(fmt::format("--mutant: '{}' exists in the simulator only; --backend cuda has single_half, no_barrier, skip_zero and "
+                                  "barrier_passes_early", o.mutant));
+  }
+#endif
+  if (o.backend == "model" && c.mutant != sim::Mutant::none) {
+    throw OptionError(fmt::format("--mutant: planted bugs exist in the simulator and the GPU backend only; --backend {} moves no content", o.backend));
+  }
+  c.layers = parse_layers(o.layers);
+  if (o.ranks_as != "processes" && o.ranks_as != "threads") throw OptionError(fmt::format("--ranks-as: '{}' is not processes or threads", o.ranks_as));
+  if (o.event_log_path && !o.schedule) throw OptionError("--event-log: only scheduled runs (--schedule) have an event log");
+  if (o.event_log_path && c.variants.size() != 1) throw OptionError("--event-log: give one --variant (the log is one run's)");
+}
+
+// The inputs (trace, schedule file, ceilings file), then the outputs, then what needs the trace.
+void check_files(const ReplayOptions& o, CheckedReplay& c) {
+  if (o.schedule && *o.schedule == "random") {
+    c.schedule = sim::Schedule{sim::ScheduleKind::random, {}, o.seed};
+  } else if (o.schedule && *o.schedule == "round-robin") {
+    c.schedule = sim::Schedule{sim::ScheduleKind::round_robin, {}, o.seed};
+  } else if (o.schedule) {
+    c.schedule_file = std::make_unique<InputFile>("--schedule", *o.schedule);
+    try {
+      c.schedule = sim::read_schedule_file(c.schedule_file->path());
+    } catch (const std::exception& e) {
+      throw OptionError(fmt::format("--schedule: {}", e.what()));
+    }
+  }
+  if (c.schedule && o.backend != "sim") throw OptionError(fmt::format("--schedule: scheduled runs exist in the simulator only, not --backend {}", o.backend));
+  if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
+  if (o.backend == "model") c.ceilings = load_ceilings(o.model, c.ceilings_file.get());
+  // Every rank reopens the trace: a pipe is read once, into a private spool file.
+  c.trace = std::make_unique<InputFile>("trace", o.trace_path, /*spool=*/true);
+  if (o.json_path) c.json = std::make_unique<OutputFile>("--json", *o.json_path);
+  if (o.event_log_path) c.event_log = std::make_unique<OutputFile>("--event-log", *o.event_log_path);
+  if (o.model.chart_path) c.chart = std::make_unique<OutputFile>("--chart", *o.model.chart_path);
+  refuse_same_files({c.trace.get(), c.schedule_file.get(), c.ceilings_file.get()}, {c.json.get(), c.event_log.get(), c.chart.get()});
+  if (c.chart) check_chart_tools();
 }
 
 std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int32_t layers) {
@@ -65,113 +155,113 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
   return line;
 }
 
-void run_replay(const ReplayOptions& o) {
-  if (o.backend == "model") return run_model_replay(o.trace_path, o.batch, o.json_path, o.model);
-  if (o.model.given()) throw OptionError("--ceilings, --peer-gbps, ..., --chart, --repeat and --exact-model need --backend model");
-#if CPKV_HAVE_CUDA_BACKEND
-  if (o.backend != "sim" && o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda, model", o.backend));
-#else
-  if (o.backend != "sim") {
-    throw OptionError(fmt::format("--backend: '{}' is not available in this build (sim, model; cuda needs nvcc and NCCL at configure time)", o.backend));
+// One pass over the trace before any rank starts: every line validated (a bad line late in the
+// file is bad input), the largest batch measured (the world is carved once) and the overflow
+// verdict of every batch (model::overflow_verdict, the one every rank reaches).
+struct TraceScan {
+  sim::SourceShape shape;
+  std::vector<RejectedBatch> rejected;
+};
+TraceScan scan(const sim::BatchSource& source) {
+  TraceScan out;
+  const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
+  sim::BatchCursor cursor(source);
+  while (auto batch = cursor.next()) {
+    ++out.shape.batches;
+    const model::BatchLayout layout = model::layout_batch(source.setting, *batch);
+    out.shape.slot_count_max = std::max(out.shape.slot_count_max, layout.slot_count);
+    out.shape.current_pages_max = std::max(out.shape.current_pages_max, layout.current_pages_total);
+    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
+    if (verdict.overflow) out.rejected.push_back({cursor.index(), verdict});
   }
-#endif
-  const auto mutant = sim::parse_mutant(o.mutant);
-  if (!mutant) throw OptionError(fmt::format("--mutant: unknown mutant '{}'", o.mutant));
-  const std::vector<model::Variant> variants = selected_variants(o.variant);
-#if CPKV_HAVE_CUDA_BACKEND
-  if (o.backend == "cuda" && !cuda::gpu_supports_mutant(*mutant)) {
-    throw OptionError(fmt::format("--mutant: '{}' exists in the simulator only; --backend cuda has single_half, no_barrier, skip_zero and "
-                                  "barrier_passes_early", o.mutant));
-  }
-#endif
-  // Output files are opened before any work, so an unwritable path is bad input, not a late failure.
-  const auto check_writable = [](const std::optional<std::string>& path, const char* option) {
-    if (!path) return;
-    std::FILE* f = std::fopen(path->c_str(), "w");
-    if (f == nullptr) throw OptionError(fmt::format("{}: cannot write {}", option, *path));
-    std::fclose(f);
-  };
-  check_writable(o.json_path, "--json");
-  check_writable(o.event_log_path, "--event-log");
-  if (o.event_log_path && !o.schedule) throw OptionError("--event-log: only scheduled runs (--schedule) have an event log");
-  if (o.event_log_path && variants.size() != 1) throw OptionError("--event-log: give one --variant (the log is one run's)");
-  if (o.ranks_as != "processes" && o.ranks_as != "threads") throw OptionError(fmt::format("--ranks-as: '{}' is not processes or threads", o.ranks_as));
+  return out;
+}
 
-  // Validate the whole trace before any rank starts (a bad line late in the file is bad input).
-  sim::BatchSource source = sim::BatchSource::from_trace(o.trace_path, o.batch);
-  const sim::SourceShape shape = sim::measure(source);
-  if (o.batch && shape.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *o.batch, o.trace_path));
+nlohmann::json run_json(const sim::RunReport& report, model::Variant variant, double seconds) {
+  nlohmann::json run = {{"variant", model::to_string(variant)}, {"mode", report.mode}, {"passed", report.passed()},
+                        {"mismatches", report.mismatches()}, {"violations", report.violation_count}, {"deadlock", report.deadlock},
+                        {"failure", report.failure}, {"steps", report.steps}, {"seconds", seconds}};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& t : report.ranks) {
+    ranks.push_back({{"batches", t.batches}, {"layers", t.layers}, {"barriers", t.barriers}, {"collectives", t.collectives},
+                     {"overflows", t.overflows}, {"mismatches", t.mismatches}, {"bytes_gathered_from_peers", t.bytes_gathered_from_peers},
+                     {"bytes_reduced", t.bytes_reduced}});
+  }
+  run["ranks"] = ranks;
+  nlohmann::json violations = nlohmann::json::array();
+  for (const sim::Violation& v : report.violations) violations.push_back(sim::describe(v));
+  run["violation_details"] = violations;
+  return run;
+}
+
+void print_failure(const sim::RunReport& report, const std::string& line) {
+  if (!report.failure.empty()) fmt::print("  {}\n", report.failure);
+  for (const sim::Violation& v : report.violations) fmt::print("  {}\n", sim::describe(v));
+  for (const auto& t : report.ranks) {
+    if (t.first_mismatch[0] != '\0') {
+      fmt::print("  {}\n", t.first_mismatch);
+      break;
+    }
+  }
+  fmt::print("  replay: {}\n", line);
+}
+
+std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const CheckedReplay& c, const sim::RunLimits& limits) {
+  if (o.backend == "cuda") {
+#if CPKV_HAVE_CUDA_BACKEND
+    if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+    return cuda::make_cuda_backend(cuda::CudaOptions{});
+#endif
+  }
+  if (c.schedule) return sim::make_scheduled_backend(*c.schedule, limits, c.event_log != nullptr);
+  sim::FaultOptions faults;
+  faults.seed = o.seed;
+  return sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
+}
+
+void run_backend(const ReplayOptions& o, CheckedReplay& c) {
+  // Validate the whole trace before any rank starts.
+  sim::BatchSource source = sim::BatchSource::from_trace(c.trace->path(), o.batch);
+  const TraceScan trace = scan(source);
+  if (o.batch && trace.shape.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *o.batch, o.trace_path));
   const std::int32_t layer_count = source.setting.layer_count();
-  std::int32_t layers = layer_count;
-  if (o.layers != "all") {
-    const auto [end, error] = std::from_chars(o.layers.data(), o.layers.data() + o.layers.size(), layers);
-    if (error != std::errc() || end != o.layers.data() + o.layers.size()) {
-      throw OptionError(fmt::format("--layers: '{}' is not a number or 'all'", o.layers));
-    }
-    if (layers < 1) throw OptionError(fmt::format("--layers: {} is less than 1", layers));
-    layers = std::min(layers, layer_count);
-  }
+  const std::int32_t layers = std::min(c.layers.value_or(layer_count), layer_count);
   if (o.ipc_missing_rank >= source.setting.cp) throw OptionError(fmt::format("--ipc-missing-rank: {} is not a rank of cp = {}", o.ipc_missing_rank, source.setting.cp));
-  std::optional<sim::Schedule> schedule;
-  if (o.schedule) {
-    if (*o.schedule == "random") {
-      schedule = sim::Schedule{sim::ScheduleKind::random, {}, o.seed};
-    } else if (*o.schedule == "round-robin") {
-      schedule = sim::Schedule{sim::ScheduleKind::round_robin, {}, o.seed};
-    } else {
-      try {
-        schedule = sim::read_schedule_file(*o.schedule);
-      } catch (const std::exception& e) {
-        throw OptionError(fmt::format("--schedule: {}", e.what()));
-      }
-    }
-  }
   const int stale = sim::sweep_stale_regions();
-  // The one backend interface: the simulator (free-running or scheduled) or the GPUs.
-  std::unique_ptr<sim::Backend> backend;
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
   // A progress bar on a terminal (stderr), never in a pipe or a log.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   std::string progress_label;
   if (tty) {
-    limits.on_progress = [&, total = shape.batches](std::int64_t done) {
+    limits.on_progress = [&, total = trace.shape.batches](std::int64_t done) {
       constexpr int width = 30;
       const int filled = total > 0 ? static_cast<int>(width * std::min(done, total) / total) : width;
       fmt::print(stderr, "\r  {:<16} [{}{}] {}/{} batches", progress_label, std::string(filled, '#'), std::string(width - filled, ' '), done, total);
     };
   }
-  if (o.backend == "cuda") {
-#if CPKV_HAVE_CUDA_BACKEND
-    if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
-    backend = cuda::make_cuda_backend(cuda::CudaOptions{});
-#endif
-  } else if (schedule) {
-    backend = sim::make_scheduled_backend(*schedule, limits, o.event_log_path.has_value());
-  } else {
-    sim::FaultOptions faults;
-    faults.seed = o.seed;
-    backend = sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
-  }
+  // The one backend interface: the simulator (free-running or scheduled) or the GPUs.
+  std::unique_ptr<sim::Backend> backend = make_backend(o, c, limits);
   const std::string mode = backend->name();
   fmt::print("cpkv replay: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}\n", o.trace_path, source.setting.cp,
-             source.setting.page_size, shape.batches, layers, layer_count, mode, o.seed,
+             source.setting.page_size, trace.shape.batches, layers, layer_count, mode, o.seed,
              stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", stale) : "");
-  if (*mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(*mutant));
+  if (c.mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(c.mutant));
   std::fflush(stdout);
+  print_rejected("cpkv replay", trace.rejected);
 
   nlohmann::json json_runs = nlohmann::json::array();
   std::vector<std::string> failures;
   fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {}\n", "variant", "batches", "layers", "peer_bytes/rank",
              "reduced/rank", "barriers", "collectives", "overflow", "mismatch", "violation", "result");
-  for (model::Variant variant : variants) {
+  for (model::Variant variant : c.variants) {
     progress_label = std::string(model::to_string(variant));
     if (tty) limits.on_progress(0);
     sim::SimOptions options;
     options.variant = variant;
     options.layers = layers;
     options.seed = o.seed;
-    options.mutant = *mutant;
+    options.mutant = c.mutant;
     options.ipc_missing_rank = o.ipc_missing_rank;
     const auto start = std::chrono::steady_clock::now();
     const sim::RunReport report = backend->run(source, options);
@@ -182,47 +272,33 @@ void run_replay(const ReplayOptions& o) {
                r0.layers, r0.bytes_gathered_from_peers, r0.bytes_reduced, r0.barriers, r0.collectives, r0.overflows, report.mismatches(),
                report.violation_count, report.passed() ? "pass" : "FAIL", seconds);
     if (!report.passed()) {
-      if (!report.failure.empty()) fmt::print("  {}\n", report.failure);
-      for (const sim::Violation& v : report.violations) fmt::print("  {}\n", sim::describe(v));
-      for (const auto& t : report.ranks) {
-        if (t.first_mismatch[0] != '\0') {
-          fmt::print("  {}\n", t.first_mismatch);
-          break;
-        }
-      }
-      const std::string line = replay_line(o, variant, layers);
-      fmt::print("  replay: {}\n", line);
-      failures.push_back(line);
+      failures.push_back(replay_line(o, variant, layers));
+      print_failure(report, failures.back());
     }
-    if (o.event_log_path && schedule) {
-      std::FILE* f = std::fopen(o.event_log_path->c_str(), "w");
-      if (f == nullptr) throw OptionError(fmt::format("--event-log: cannot write {}", *o.event_log_path));
-      for (const std::string& e : report.event_log) std::fprintf(f, "%s\n", e.c_str());
-      std::fclose(f);
+    if (c.event_log) {
+      std::string text;
+      for (const std::string& e : report.event_log) text += e + "\n";
+      c.event_log->write(text);
     }
-    nlohmann::json run = {{"variant", model::to_string(variant)}, {"mode", report.mode}, {"passed", report.passed()},
-                          {"mismatches", report.mismatches()}, {"violations", report.violation_count}, {"deadlock", report.deadlock},
-                          {"failure", report.failure}, {"steps", report.steps}, {"seconds", seconds}};
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const auto& t : report.ranks) {
-      ranks.push_back({{"batches", t.batches}, {"layers", t.layers}, {"barriers", t.barriers}, {"collectives", t.collectives},
-                       {"overflows", t.overflows}, {"mismatches", t.mismatches}, {"bytes_gathered_from_peers", t.bytes_gathered_from_peers},
-                       {"bytes_reduced", t.bytes_reduced}});
-    }
-    run["ranks"] = ranks;
-    nlohmann::json violations = nlohmann::json::array();
-    for (const sim::Violation& v : report.violations) violations.push_back(sim::describe(v));
-    run["violation_details"] = violations;
-    json_runs.push_back(run);
+    json_runs.push_back(run_json(report, variant, seconds));
   }
-  if (o.json_path) {
-    std::FILE* f = std::fopen(o.json_path->c_str(), "w");
-    if (f == nullptr) throw OptionError(fmt::format("--json: cannot write {}", *o.json_path));
-    const nlohmann::json out = {{"trace", o.trace_path}, {"seed", o.seed}, {"layers", layers}, {"mode", mode}, {"mutant", o.mutant}, {"runs", json_runs}};
-    std::fprintf(f, "%s\n", out.dump(2).c_str());
-    std::fclose(f);
+  if (c.json) {
+    const nlohmann::json out = {{"trace", o.trace_path}, {"seed", o.seed}, {"layers", layers}, {"mode", mode}, {"mutant", o.mutant},
+                                {"rejected_batches", rejected_json(trace.rejected)}, {"runs", json_runs}};
+    c.json->write(out.dump(2) + "\n");
   }
   exit_status() = failures.empty() ? kExitOk : kExitFailure;
+}
+
+void run_replay(const ReplayOptions& o) {
+  CheckedReplay c;
+  check_options(o, c);
+  check_files(o, c);
+  if (o.backend == "model") {
+    ModelReplayRun run{o.trace_path, c.trace->path(), o.batch, *c.ceilings, c.json.get(), c.chart.get()};
+    return run_model_replay(run, o.model);
+  }
+  run_backend(o, c);
 }
 
 }  // namespace
@@ -238,14 +314,14 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--ranks-as", o->ranks_as, "free-running ranks as 'processes' (fork) or 'threads'")->capture_default_str();
   cmd->add_option("--schedule", o->schedule,
                   "run the ranks as step machines under a schedule instead: 'random' (from --seed), 'round-robin', or a FILE of choices");
-  cmd->add_option("--seed", o->seed, "the one seed of every random choice (content, schedule, injected delays)")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "the one seed of every random choice (content, schedule, injected delays)")->capture_default_str()->check(seed_value());
   cmd->add_option("--mutant", o->mutant, "switch on a planted bug (none, single_half, no_barrier, ...)")->capture_default_str();
   cmd->add_option("--layers", o->layers, "layers simulated per batch: a number or 'all'")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--json", o->json_path, "also write the results as JSON to this file");
-  cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file");
+  cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
+  cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
+  cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
+  cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
+  cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file (a regular file)");
   add_model_replay_options(cmd, o->model);
   cmd->callback([o] { run_replay(*o); });
 }

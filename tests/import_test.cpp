@@ -316,13 +316,14 @@ TEST(ImportCli, ImpossibleOptionsAreRefusedBeforeAnyWork) {
     const char* args;
     const char* message;
   } cases[] = {
-      {"--block-tokens 100", "page_size: 64 does not divide the prefix block size 100"},
-      {"--max-batch-requests 0", "--max-batch-requests: 0 is less than 1"},
-      {"--max-total-extend-tokens 0", "--max-total-extend-tokens: 0 is less than 1"},
-      {"--max-total-extend-tokens 32", "max_total_extend_tokens: 32 is less than page_size 64"},
-      {"--pool-pages 100", "pool_pages: 100 pages cannot hold one full batch"},
-      {"--page-size 48", "page_size"},
-      {"--cp 9", "cp"},
+      // Each refusal names the option the user typed (not the setting's internal field).
+      {"--block-tokens 100", "--page-size: 64 does not divide the prefix block size 100"},
+      {"--max-batch-requests 0", "--max-batch-requests: 0 is outside 1..65536"},
+      {"--max-total-extend-tokens 0", "--max-total-extend-tokens: 0 is outside 1.."},
+      {"--max-total-extend-tokens 32", "--max-total-extend-tokens: 32 is less than page_size 64"},
+      {"--pool-pages 100", "--pool-pages: 100 pages cannot hold one full batch"},
+      {"--page-size 48", "--page-size: 48 is not a power of two"},
+      {"--cp 9", "--cp: 9 is outside 1..8"},
       {"--buffer-kinds kv_fp16", "--buffer-kinds: unknown buffer kind 'kv_fp16'"},
       {"--cache-pages 10 --cache-unbounded", "exclude each other"},
   };

@@ -1,0 +1,273 @@
+#include "files.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+
+namespace cpkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A spooled trace larger than this is refused: traces worth piping are far smaller (the largest
+// bundled import is a few MB), and a runaway producer must not fill $TMPDIR.
+constexpr std::int64_t kSpoolBytesMax = std::int64_t{4} << 30;
+// A pipe that sends nothing for this long is reported instead of waited on forever.
+constexpr int kSpoolIdleMsMax = 600'000;
+// Extensions longer than this are not kept on a temporary file's name (NAME_MAX is 255).
+constexpr std::size_t kExtensionCharsMax = 16;
+
+// The spool files alive in this process and the names the user gave them, for messages.
+std::vector<std::pair<std::string, std::string>>& spool_names() {
+  static std::vector<std::pair<std::string, std::string>> names;
+  return names;
+}
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a pipe";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// Copies everything readable from `fd` into `out_fd`; each wait for data is bounded.
+void copy_all(int fd, int out_fd, const std::string& option, const std::string& path) {
+  std::int64_t total = 0;
+  std::vector<char> buffer(1 << 16);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, kSpoolIdleMsMax);
+    if (ready == 0) throw OptionError(fmt::format("{}: {} sent no data for {} s", option, path, kSpoolIdleMsMax / 1000));
+    if (ready < 0 && errno == EINTR) continue;
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
+    if (n == 0) return;
+    total += n;
+    if (total > kSpoolBytesMax) throw OptionError(fmt::format("{}: {} is larger than {} GiB through a pipe; give a regular file", option, path, kSpoolBytesMax >> 30));
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::write(out_fd, buffer.data() + done, static_cast<std::size_t>(n - done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw std::runtime_error(fmt::format("{}: cannot copy {} to a temporary file: {}", option, path, errno_text(errno)));
+      done += w;
+    }
+  }
+}
+
+// A private copy of a non-seekable input in $TMPDIR; returns its path.
+std::string spool(const std::string& option, const std::string& path) {
+  std::string name = (fs::temp_directory_path() / "cpkv-spool-XXXXXX.jsonl").string();
+  const int out_fd = ::mkstemps(name.data(), 6);
+  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, fs::temp_directory_path().string(), errno_text(errno)));
+  // Non-blocking open: a named pipe with no writer reads as empty instead of blocking forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  try {
+    if (fd < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    copy_all(fd, out_fd, option, path);
+    if (::close(out_fd) != 0) throw std::runtime_error(fmt::format("{}: cannot write the spool file {}: {}", option, name, errno_text(errno)));
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(name.c_str());
+    throw;
+  }
+  ::close(fd);
+  return name;
+}
+
+bool is_terminal(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool terminal = ::isatty(fd) != 0;
+  ::close(fd);
+  return terminal;
+}
+
+}  // namespace
+
+InputFile::InputFile(std::string option, std::string path, bool spool_pipes)
+    : option_(std::move(option)), path_(std::move(path)), read_path_(path_) {
+  if (path_.empty()) throw OptionError(fmt::format("{}: an empty file name", option_));
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(errno)));
+  if (S_ISDIR(st.st_mode)) throw OptionError(fmt::format("{}: {} is a directory, not a file", option_, path_));
+  id_ = FileId{st.st_dev, st.st_ino};
+  if (S_ISREG(st.st_mode)) {
+    if (::access(path_.c_str(), R_OK) != 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(errno)));
+    return;
+  }
+  // A device other than a terminal is never a trace (/dev/zero would spool forever).
+  if ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) && !is_terminal(path_)) {
+    throw OptionError(fmt::format("{}: {} is {}, not a file", option_, path_, kind_of(st.st_mode)));
+  }
+  if (!spool_pipes) return;
+  read_path_ = spool(option_, path_);
+  spooled_ = true;
+  owner_ = ::getpid();
+  spool_names().emplace_back(read_path_, path_);
+}
+
+InputFile::~InputFile() {
+  if (!spooled_ || ::getpid() != owner_) return;
+  // The name stays in spool_names(): main() prints the error that unwound this object afterwards.
+  ::unlink(read_path_.c_str());
+}
+
+OutputFile::OutputFile(std::string option, std::string path) : option_(std::move(option)), path_(std::move(path)) {
+  if (path_.empty()) throw OptionError(fmt::format("{}: an empty file name", option_));
+  if (path_ == "-") throw OptionError(fmt::format("{}: '-' is not accepted (standard output carries the report); give a file name", option_));
+  struct stat st {};
+  if (::lstat(path_.c_str(), &st) != 0) {
+    if (errno != ENOENT) throw OptionError(fmt::format("{}: cannot write {}: {}", option_, path_, errno_text(errno)));
+    const fs::path parent = fs::path(path_).parent_path().empty() ? fs::path(".") : fs::path(path_).parent_path();
+    struct stat dir {};
+    if (::stat(parent.c_str(), &dir) != 0) throw OptionError(fmt::format("{}: cannot write {}: folder {}: {}", option_, path_, parent.string(), errno_text(errno)));
+    if (!S_ISDIR(dir.st_mode)) throw OptionError(fmt::format("{}: cannot write {}: {} is not a folder", option_, path_, parent.string()));
+    target_ = fs::weakly_canonical(fs::absolute(path_)).string();
+  } else {
+    if (S_ISLNK(st.st_mode)) {
+      // A link to a regular file writes that file, in its folder; a link to anything else is refused.
+      if (::stat(path_.c_str(), &st) != 0) throw OptionError(fmt::format("{}: {} is a symbolic link to nothing ({})", option_, path_, errno_text(errno)));
+      if (!S_ISREG(st.st_mode)) throw OptionError(fmt::format("{}: {} is a symbolic link to {}; outputs are regular files only", option_, path_, kind_of(st.st_mode)));
+    }
+    if (!S_ISREG(st.st_mode)) throw OptionError(fmt::format("{}: {} is {}; outputs are regular files only", option_, path_, kind_of(st.st_mode)));
+    if (::access(path_.c_str(), W_OK) != 0) throw OptionError(fmt::format("{}: cannot write {}: {}", option_, path_, errno_text(errno)));
+    target_ = fs::canonical(path_).string();
+    existed_ = true;
+    mode_ = st.st_mode & 07777;
+    id_ = FileId{st.st_dev, st.st_ino};
+  }
+  const std::string folder = fs::path(target_).parent_path().string();
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    throw OptionError(fmt::format("{}: cannot write {}: folder {}: {}", option_, path_, folder, errno_text(errno)));
+  }
+}
+
+OutputFile::~OutputFile() {
+  if (committed_ || temporary_.empty()) return;
+  out_.reset();
+  ::unlink(temporary_.c_str());
+}
+
+const std::string& OutputFile::temporary() {
+  if (!temporary_.empty()) return temporary_;
+  // Hidden, in the target's folder (so the rename is atomic), keeping the extension (a plotting
+  // library picks the format from it).
+  const fs::path target(target_);
+  std::string extension = target.extension().string();
+  if (extension.size() > kExtensionCharsMax) extension.clear();
+  std::string name = (target.parent_path() / (".cpkv-XXXXXX" + extension)).string();
+  const int fd = ::mkstemps(name.data(), static_cast<int>(extension.size()));
+  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside {}: {}", option_, path_, errno_text(errno)));
+  ::close(fd);
+  temporary_ = name;
+  return temporary_;
+}
+
+std::ostream& OutputFile::stream() {
+  if (!out_) {
+    out_ = std::make_unique<std::ofstream>(temporary(), std::ios::binary | std::ios::trunc);
+    if (!*out_) throw std::runtime_error(fmt::format("{}: cannot open a temporary file beside {}: {}", option_, path_, errno_text(errno)));
+  }
+  return *out_;
+}
+
+void OutputFile::commit() {
+  const auto fail = [&](const std::string& step, int error) {
+    out_.reset();
+    ::unlink(temporary_.c_str());
+    temporary_.clear();
+    throw std::runtime_error(fmt::format("{}: cannot write {}: {}: {}; the file was left as it was", option_, path_, step, errno_text(error)));
+  };
+  temporary();
+  if (out_) {
+    if (!*out_) fail("write", write_errno_ != 0 ? write_errno_ : EIO);
+    errno = 0;
+    out_->flush();
+    if (!*out_) fail("write", errno != 0 ? errno : EIO);
+    out_->close();
+    if (!*out_) fail("close", errno != 0 ? errno : EIO);
+    out_.reset();
+  }
+  const int fd = ::open(temporary_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("reopen", errno);
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    fail("fsync", error);
+  }
+  if (::close(fd) != 0) fail("close", errno);
+  mode_t mode = mode_;
+  if (!existed_) {
+    const mode_t mask = ::umask(0);
+    ::umask(mask);
+    mode = 0666 & ~mask;
+  }
+  if (::chmod(temporary_.c_str(), mode) != 0) fail("chmod", errno);
+  if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail("rename", errno);
+  committed_ = true;
+}
+
+void OutputFile::write(std::string_view text) {
+  std::ostream& out = stream();
+  errno = 0;
+  out << text;
+  if (!out) write_errno_ = errno;  // the reason, before later calls overwrite errno
+  commit();
+}
+
+void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::vector<const OutputFile*>& outputs) {
+  // stdout and stderr carry the report and the errors: an output that is their file (`/dev/stdout`
+  // with stdout redirected to a file, or `--json F > F`) would be overwritten or interleaved.
+  std::vector<std::pair<FileId, const char*>> streams;
+  for (const auto& [fd, name] : {std::pair{STDOUT_FILENO, "standard output"}, std::pair{STDERR_FILENO, "standard error"}}) {
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) streams.emplace_back(FileId{st.st_dev, st.st_ino}, name);
+  }
+  // Options not given are null entries.
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (outputs[k] == nullptr) continue;
+    const OutputFile& out = *outputs[k];
+    for (const auto& [id, name] : streams) {
+      if (out.id() && *out.id() == id) throw OptionError(fmt::format("{}: {} is the file {} goes to; give another file", out.option(), out.path(), name));
+    }
+    for (const InputFile* in : inputs) {
+      if (in != nullptr && out.id() && in->id() && *out.id() == *in->id()) {
+        throw OptionError(fmt::format("{}: {} is the same file as the input {} ({}); refusing to overwrite an input", out.option(), out.path(),
+                                      in->name(), in->option()));
+      }
+    }
+    for (std::size_t j = 0; j < k; ++j) {
+      if (outputs[j] != nullptr && outputs[j]->target() == out.target()) {
+        throw OptionError(fmt::format("{}: {} is the same file as {} {}", out.option(), out.path(), outputs[j]->option(), outputs[j]->path()));
+      }
+    }
+  }
+}
+
+std::string with_input_names(std::string text) {
+  for (const auto& [spool_path, name] : spool_names()) {
+    for (std::size_t at = text.find(spool_path); at != std::string::npos; at = text.find(spool_path, at + name.size())) {
+      text.replace(at, spool_path.size(), name);
+    }
+  }
+  return text;
+}
+
+}  // namespace cpkv::cli

@@ -1,0 +1,390 @@
+// cpkv's handling of files, numbers, pipes and messages (the reliability issue, CLI part): no input
+// is ever overwritten, no output is opened before every input and option is checked, a refused or
+// failed run leaves an existing output as it was, a file name is never run as shell code, every
+// backend checks every option, NaN and out-of-range numbers are refused with the limit, a trace
+// can come through a pipe, error lines are one line of bounded length, and rejected batches are
+// reported. Each test runs the real cpkv binary (no shell, an argument vector) on real files.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+struct RunSetup {
+  fs::path cwd;                                  // default: the source tree
+  std::vector<std::string> env;                  // NAME=value added to the environment
+  std::optional<rlim_t> file_size_max_bytes;     // RLIMIT_FSIZE (a full disk, for writes)
+  std::optional<rlim_t> address_space_max_bytes; // RLIMIT_AS
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// A fresh folder per test, removed at the end.
+class CliReliability : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("cpkv_reliability_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "tmp");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path dir_;
+
+  // Runs cpkv with exactly these arguments (no shell); stdout and stderr captured; TMPDIR is the
+  // test's own folder, so spool files left behind would be seen.
+  CliRun cpkv(const std::vector<std::string>& args, const RunSetup& setup = {}) {
+    std::vector<std::string> argv = {(fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return spawn(argv, setup);
+  }
+
+  // bash -c SCRIPT, for what needs a pipe or process substitution (the script is the test's own text).
+  CliRun bash(const std::string& script) {
+    const std::string binary = (fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv").string();
+    return spawn({"/bin/bash", "-c", script, "bash", binary}, {});
+  }
+
+  CliRun spawn(const std::vector<std::string>& argv, const RunSetup& setup) {
+    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::chdir((setup.cwd.empty() ? fs::path(CPKV_SOURCE_DIR) : setup.cwd).c_str());
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, 1);
+      ::dup2(e, 2);
+      ::setenv("TMPDIR", (dir_ / "tmp").c_str(), 1);
+      for (const std::string& kv : setup.env) ::putenv(const_cast<char*>(kv.c_str()));
+      if (setup.file_size_max_bytes) {
+        std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG, like a full disk
+        const rlimit limit{*setup.file_size_max_bytes, *setup.file_size_max_bytes};
+        ::setrlimit(RLIMIT_FSIZE, &limit);
+      }
+      if (setup.address_space_max_bytes) {
+        const rlimit limit{*setup.address_space_max_bytes, *setup.address_space_max_bytes};
+        ::setrlimit(RLIMIT_AS, &limit);
+      }
+      std::vector<char*> args;
+      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    int raw = 0;
+    ::waitpid(pid, &raw, 0);
+    CliRun run;
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    run.out = slurp(out);
+    run.err = slurp(err);
+    return run;
+  }
+
+  fs::path copy_sample(const std::string& name, const std::string& as) {
+    const fs::path to = dir_ / as;
+    fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / name, to);
+    return to;
+  }
+
+  fs::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+    return dir_ / name;
+  }
+
+  std::vector<std::string> files_in(const fs::path& folder) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(folder)) names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+};
+
+bool one_line(const std::string& text) { return !text.empty() && text.find('\n') == text.size() - 1; }
+
+// Bad input: exit 2, one line on stderr naming `what`, nothing on stdout.
+void expect_bad_input(const CliRun& run, const std::string& what) {
+  EXPECT_EQ(run.status, 2) << run.err << run.out;
+  EXPECT_TRUE(one_line(run.err)) << run.err;
+  EXPECT_NE(run.err.find(what), std::string::npos) << "names " << what << ": " << run.err;
+  EXPECT_EQ(run.out, "") << run.out;
+}
+
+std::string mooncake_log() {
+  std::string log;
+  for (int i = 0; i < 4; ++i) log += fmt::format("{{\"timestamp\": {}, \"input_length\": 1500, \"output_length\": 10, \"hash_ids\": [{}, {}, {}]}}\n", i, i, i + 1, i + 2);
+  return log;
+}
+
+// --- 1. data loss -----------------------------------------------------------------------------
+
+TEST_F(CliReliability, ReplayNeverOverwritesItsTrace) {
+  const fs::path trace = copy_sample("tiny.jsonl", "t.jsonl");
+  const std::string before = slurp(trace);
+  expect_bad_input(cpkv({"replay", trace.string(), "--json", trace.string()}), "same file");
+  expect_bad_input(cpkv({"replay", trace.string(), "--backend", "model", "--json", trace.string()}), "same file");
+  expect_bad_input(cpkv({"replay", trace.string(), "--schedule", "random", "--variant", "staging_direct", "--event-log", trace.string()}), "same file");
+  // Through another name of the same file: a hard link.
+  fs::create_hard_link(trace, dir_ / "link.json");
+  expect_bad_input(cpkv({"replay", trace.string(), "--backend", "model", "--json", (dir_ / "link.json").string()}), "same file");
+  EXPECT_EQ(slurp(trace), before);
+}
+
+TEST_F(CliReliability, RefusedOrFailedRunLeavesAnExistingOutputAsItWas) {
+  const fs::path json = write("report.json", "old report\n");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--json", json.string(), "--variant", "bogus"}), "--variant");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--json", json.string(), "--batch", "7"}), "--batch");
+  EXPECT_EQ(slurp(json), "old report\n");
+  // A write that fails (the file size limit stands in for a full disk): exit 1, never 0, old file kept.
+  RunSetup full;
+  full.file_size_max_bytes = 200;
+  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", json.string()}, full);
+  EXPECT_EQ(run.status, 1) << run.err;
+  EXPECT_TRUE(one_line(run.err)) << run.err;
+  EXPECT_NE(run.err.find("--json"), std::string::npos) << run.err;
+  EXPECT_EQ(run.out, "") << "no summary before the output is safe: " << run.out;
+  EXPECT_EQ(slurp(json), "old report\n");
+  EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"report.json", "stderr", "stdout", "tmp"})) << "no temporary file left";
+}
+
+TEST_F(CliReliability, OutputsThatAreNotRegularFilesAreRefused) {
+  fs::create_directories(dir_ / "out_dir");
+  fs::create_symlink("/dev/null", dir_ / "null_link");
+  fs::create_symlink(dir_ / "out_dir", dir_ / "dir_link");
+  for (const std::string target : {"/dev/full", "/dev/null", "/dev/stdout", "-"}) {
+    expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", target}), "--json");
+  }
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", (dir_ / "out_dir").string()}), "directory");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", (dir_ / "dir_link").string()}), "symbolic link");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", (dir_ / "no_such_dir" / "x.json").string()}), "--json");
+  const fs::path log = write("log.jsonl", mooncake_log());
+  expect_bad_input(cpkv({"import", "mooncake", log.string(), "-o", (dir_ / "out_dir").string()}), "directory");
+  expect_bad_input(cpkv({"import", "mooncake", log.string(), "-o", (dir_ / "null_link").string()}), "symbolic link");
+  EXPECT_TRUE(fs::is_directory(dir_ / "out_dir"));
+  EXPECT_TRUE(fs::is_symlink(dir_ / "null_link"));
+  EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"dir_link", "log.jsonl", "null_link", "out_dir", "stderr", "stdout", "tmp"}))
+      << "no .partial or temporary file left";
+}
+
+TEST_F(CliReliability, ImportNeverReplacesItsInput) {
+  const fs::path log = write("log.jsonl", mooncake_log());
+  expect_bad_input(cpkv({"import", "mooncake", log.string(), "-o", log.string()}), "same file");
+  EXPECT_EQ(slurp(log), mooncake_log());
+  // A good import replaces an existing trace through a temporary file and a link writes its target.
+  const fs::path trace = write("trace.jsonl", "old\n");
+  fs::create_symlink(trace, dir_ / "trace_link");
+  const CliRun run = cpkv({"import", "mooncake", log.string(), "-o", (dir_ / "trace_link").string(), "--cp", "2", "--layers", "2"});
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_TRUE(fs::is_symlink(dir_ / "trace_link"));
+  std::istringstream written(slurp(trace));
+  std::string header;
+  std::getline(written, header);
+  EXPECT_EQ(nlohmann::json::parse(header).value("format", ""), "cpkv-batch-trace") << header;
+  EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"log.jsonl", "stderr", "stdout", "tmp", "trace.jsonl", "trace_link"}));
+}
+
+// --- 2. shell injection -----------------------------------------------------------------------
+
+TEST_F(CliReliability, ChartFileNamesAreNeverRunAsShellCode) {
+  // Where matplotlib is missing, a stand-in python3 early in PATH "draws" by writing its third
+  // argument, so the chart path is exercised either way.
+  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0;
+  RunSetup setup;
+  setup.cwd = dir_;
+  if (!have_matplotlib) {
+    fs::create_directories(dir_ / "bin");
+    std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n";
+    fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
+    setup.env.push_back(fmt::format("PATH={}:{}", (dir_ / "bin").string(), std::getenv("PATH")));
+  }
+  const std::string evil = "x';touch PWNED;'.jsonl";
+  fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", dir_ / evil);
+  const CliRun run = cpkv({"replay", evil, "--backend", "model", "--chart", "c';touch PWNED2;'.png"}, setup);
+  EXPECT_FALSE(fs::exists(dir_ / "PWNED")) << "the trace name ran as shell code";
+  EXPECT_FALSE(fs::exists(dir_ / "PWNED2")) << "the chart name ran as shell code";
+  EXPECT_EQ(run.status, 0) << run.err;
+  EXPECT_TRUE(fs::exists(dir_ / "c';touch PWNED2;'.png"));
+}
+
+// --- 6. every backend checks every option -------------------------------------------------------
+
+TEST_F(CliReliability, ModelBackendChecksEveryOptionBeforeAnyWork) {
+  const fs::path schedule = write("schedule.txt", "0 1 banana\n");
+  fs::create_directories(dir_ / "ceilings_dir");
+  const std::string trace = "traces/samples/tiny.jsonl";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--variant", "bogus"}, "--variant"},
+      {{"--mutant", "bogus"}, "--mutant"},
+      {{"--mutant", "no_barrier"}, "--mutant"},
+      {{"--layers", "0"}, "--layers"},
+      {{"--layers", "many"}, "--layers"},
+      {{"--schedule", schedule.string()}, "--schedule"},
+      {{"--peer-gbps", "inf"}, "--peer-gbps"},
+      {{"--peer-gbps", "nan"}, "--peer-gbps"},
+      {{"--barrier-us", "-1"}, "--barrier-us"},
+      {{"--ceilings", (dir_ / "ceilings_dir").string()}, "--ceilings"},
+      {{"--ranks-as", "fibers"}, "--ranks-as"},
+      {{"--ipc-missing-rank", "9"}, "--ipc-missing-rank"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::vector<std::string> argv = {"replay", trace, "--backend", "model", "--json", (dir_ / "r.json").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    SCOPED_TRACE(fmt::format("{}", fmt::join(args, " ")));
+    expect_bad_input(cpkv(argv), what);
+    EXPECT_FALSE(fs::exists(dir_ / "r.json"));
+  }
+}
+
+// --- 7. numbers ----------------------------------------------------------------------------------
+
+TEST_F(CliReliability, NanInfinityAndOutOfRangeNumbersAreRefused) {
+  expect_bad_input(cpkv({"soak", "--minutes", "nan"}), "--minutes");
+  expect_bad_input(cpkv({"soak", "--minutes", "inf"}), "--minutes");
+  expect_bad_input(cpkv({"explore", "--seconds-max", "nan"}), "--seconds-max");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--seed", "-1"}), "--seed");
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--seed", "18446744073709551616"}), "18446744073709551615");
+  expect_bad_input(cpkv({"mutants", "--seed", "-1"}), "--seed");
+  expect_bad_input(cpkv({"soak", "--seed", "99999999999999999999"}), "--seed");
+  // A limit is printed as the limit, not as a 309-digit double.
+  const CliRun wait = cpkv({"replay", "traces/samples/tiny.jsonl", "--wait-ms-max", "-1"});
+  expect_bad_input(wait, "--wait-ms-max");
+  EXPECT_EQ(wait.err.find("179769"), std::string::npos) << wait.err;
+  EXPECT_LT(wait.err.size(), 200u) << wait.err;
+}
+
+TEST_F(CliReliability, ImportChecksLimitsBeforeAllocating) {
+  // 512 MiB of address space: the old 2 GiB layer pattern could not even be allocated.
+  RunSetup small;
+  small.address_space_max_bytes = rlim_t{512} << 20;
+  const CliRun run = cpkv({"import", "mooncake", "/nonexistent/log.jsonl", "-o", (dir_ / "o.jsonl").string(), "--layers", "2147483647"}, small);
+  expect_bad_input(run, "--layers");
+  EXPECT_NE(run.err.find("256"), std::string::npos) << "names the limit: " << run.err;
+  // Refusals derived from the model's checks name the option, not an internal field.
+  expect_bad_input(cpkv({"import", "mooncake", "/nonexistent/log.jsonl", "-o", (dir_ / "o.jsonl").string(), "--cp", "9"}), "--cp");
+  expect_bad_input(cpkv({"import", "mooncake", "/nonexistent/log.jsonl", "-o", (dir_ / "o.jsonl").string(), "--page-size", "3"}), "--page-size");
+  expect_bad_input(cpkv({"import", "mooncake", "/nonexistent/log.jsonl", "-o", (dir_ / "o.jsonl").string(), "--pool-pages", "3"}), "--pool-pages");
+}
+
+// --- 8. pipes ------------------------------------------------------------------------------------
+
+TEST_F(CliReliability, TraceThroughAPipeReadsLikeTheFile) {
+  const std::string tiny = (fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl").string();
+  const CliRun direct = cpkv({"plan", tiny});
+  ASSERT_EQ(direct.status, 0) << direct.err;
+  const CliRun piped = bash(fmt::format("cat '{}' | \"$1\" plan /dev/stdin", tiny));
+  EXPECT_EQ(piped.status, 0) << piped.err;
+  EXPECT_EQ(piped.out, direct.out);
+  const CliRun substituted = bash(fmt::format("\"$1\" replay <(cat '{}') --variant staging_direct --ranks-as threads", tiny));
+  EXPECT_EQ(substituted.status, 0) << substituted.err << substituted.out;
+  EXPECT_NE(substituted.out.find("pass"), std::string::npos) << substituted.out;
+  const CliRun model = bash(fmt::format("cat '{}' | \"$1\" replay /dev/stdin --backend model", tiny));
+  EXPECT_EQ(model.status, 0) << model.err;
+  EXPECT_NE(model.out.find("batches 3,"), std::string::npos) << model.out;
+  // A bad trace through a pipe: the error names the pipe, and the spool is gone.
+  const CliRun bad = bash("printf '{\"format\":\"nope\"}\\n' | \"$1\" plan /dev/stdin");
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_TRUE(one_line(bad.err)) << bad.err;
+  EXPECT_NE(bad.err.find("/dev/stdin"), std::string::npos) << bad.err;
+  EXPECT_EQ(bad.err.find("spool"), std::string::npos) << bad.err;
+  EXPECT_TRUE(files_in(dir_ / "tmp").empty()) << "spool files left: " << fmt::format("{}", fmt::join(files_in(dir_ / "tmp"), " "));
+  // The same-file check still sees the original: stdin redirected from the trace itself.
+  const fs::path trace = copy_sample("tiny.jsonl", "t.jsonl");
+  const CliRun same = bash(fmt::format("\"$1\" replay /dev/stdin --backend model --json '{}' < '{}'", trace.string(), trace.string()));
+  expect_bad_input(same, "same file");
+  EXPECT_EQ(slurp(trace), slurp(tiny));
+}
+
+// --- 10. messages ----------------------------------------------------------------------------------
+
+TEST_F(CliReliability, MessagesAreOneBoundedLineNamingTheChoices) {
+  RunSetup bad_rc;
+  bad_rc.env.push_back("RC_PARAMS=seed=banana");
+  expect_bad_input(cpkv({"mutants"}, bad_rc), "RC_PARAMS");
+  expect_bad_input(cpkv({"soak", "--minutes", "0.01"}, bad_rc), "RC_PARAMS");
+  const CliRun none = cpkv({});
+  expect_bad_input(none, "A subcommand is required");
+  for (const char* name : {"plan", "replay", "mutants", "explore", "soak", "import"}) EXPECT_NE(none.err.find(name), std::string::npos) << none.err;
+  expect_bad_input(cpkv({"import"}), "mooncake");
+  // A path of 3000 characters: the line is cut, not the terminal flooded.
+  std::string long_path = "/nonexistent";
+  for (int i = 0; i < 300; ++i) long_path += "/abcdefghi";
+  const CliRun run = cpkv({"plan", long_path});
+  expect_bad_input(run, "/nonexistent");
+  EXPECT_LE(run.err.size(), 360u) << run.err.size();
+}
+
+// --- 12. rejected batches ------------------------------------------------------------------------
+
+TEST_F(CliReliability, RejectedBatchesAreReportedByEveryBackend) {
+  // tiny.jsonl batch 2 needs 4 + 4 = 8 current pages > 6 staging slots (its header says so).
+  const std::string line = "batch 2 rejected: overflow: 8 current pages > 6 staging slots";
+  for (const std::vector<std::string> backend : {std::vector<std::string>{"--backend", "model"},
+                                                 std::vector<std::string>{"--backend", "sim", "--variant", "staging_direct", "--ranks-as", "threads"},
+                                                 std::vector<std::string>{"--backend", "sim", "--variant", "staging_direct", "--schedule", "random"}}) {
+    std::vector<std::string> argv = {"replay", "traces/samples/tiny.jsonl", "--json", (dir_ / "r.json").string()};
+    argv.insert(argv.end(), backend.begin(), backend.end());
+    SCOPED_TRACE(fmt::format("{}", fmt::join(backend, " ")));
+    const CliRun run = cpkv(argv);
+    EXPECT_EQ(run.status, 0) << run.err;
+    EXPECT_NE(run.err.find(line), std::string::npos) << run.err;
+    const nlohmann::json report = nlohmann::json::parse(slurp(dir_ / "r.json"));
+    ASSERT_TRUE(report.contains("rejected_batches")) << report.dump();
+    ASSERT_EQ(report["rejected_batches"].size(), 1u);
+    EXPECT_EQ(report["rejected_batches"][0]["batch"], 2);
+    EXPECT_EQ(report["rejected_batches"][0]["current_pages_total"], 8);
+    EXPECT_EQ(report["rejected_batches"][0]["staging_slots"], 6);
+  }
+}
+
+TEST_F(CliReliability, ManyRejectedBatchesPrintAFewLinesAndACount) {
+  // Nine copies of tiny.jsonl's overflowing batch: 5 lines, then "4 more"; all nine in the JSON.
+  std::istringstream tiny(slurp(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl"));
+  std::string header, overflow;
+  std::getline(tiny, header);
+  for (std::string l; std::getline(tiny, l);) overflow = l;
+  std::string text = header + "\n";
+  for (int b = 0; b < 9; ++b) {
+    nlohmann::json batch = nlohmann::json::parse(overflow);
+    batch["batch"] = b;
+    text += batch.dump() + "\n";
+  }
+  const fs::path trace = write("many.jsonl", text);
+  const CliRun run = cpkv({"replay", trace.string(), "--backend", "model", "--json", (dir_ / "r.json").string()});
+  EXPECT_EQ(run.status, 0) << run.err;
+  std::istringstream err(run.err);
+  int lines = 0;
+  for (std::string l; std::getline(err, l);) lines += l.find(" rejected: overflow") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(lines, 5) << run.err;
+  EXPECT_NE(run.err.find("4 more rejected batches"), std::string::npos) << run.err;
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "r.json"))["rejected_batches"].size(), 9u);
+}
+
+}  // namespace
