@@ -119,7 +119,7 @@ row "replay (model)" "trace and --chart named x';touch PWNED;'" 0 "exit 0, no PW
 row "replay (model)" "--chart /dev/null" 2 "exit 2" -- "$cpkv" replay T.jsonl --backend model --chart /dev/null
 row "replay (model)" "trace through a pipe" 0 "exit 0" -- bash -c 'cat T.jsonl | "$0" replay /dev/stdin --backend model' "$cpkv"
 row "replay (model)" "stdin redirected from T, --json T" 2 "exit 2, same file" -- bash -c '"$0" replay /dev/stdin --backend model --json T.jsonl < T.jsonl' "$cpkv"
-row "replay (cuda)" "--mutant no_barrier" 2 "exit 2, simulator only" -- "$cpkv" replay T.jsonl --backend cuda --mutant no_barrier
+row "replay (cuda)" "--mutant token_split" 2 "exit 2, simulator only" -- "$cpkv" replay T.jsonl --backend cuda --mutant token_split
 row "replay (cuda)" "--schedule random" 2 "exit 2, simulator only" -- "$cpkv" replay T.jsonl --backend cuda --schedule random
 row "replay (cuda)" "--json T (the trace itself)" 2 "exit 2, same file" -- "$cpkv" replay T.jsonl --backend cuda --json T.jsonl
 # import
