@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "cpkv/harness/interrupt.hpp"
+#include "cpkv/sim/shared_region.hpp"
 #include "cpkv/traces/trace.hpp"
 
 int& cpkv::cli::exit_status() {
@@ -29,6 +31,9 @@ int main(int argc, char** argv) {
 #if CPKV_HAVE_CUDA_BACKEND
   cpkv::cli::register_bench(app);
 #endif
+  // SIGINT/SIGTERM/SIGHUP: end every rank, remove the shared memory, one line, exit 128 + signal.
+  cpkv::harness::install_interrupt_handling();
+  cpkv::harness::set_activity(argc > 1 ? fmt::format("cpkv {}", argv[1]) : "cpkv");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -41,6 +46,9 @@ int main(int argc, char** argv) {
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::traces::TraceError& e) {
     fmt::print(stderr, "cpkv: error: {}\n", e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::sim::SharedMemoryFull& e) {
+    fmt::print(stderr, "cpkv: error: {}\n", e.what());  // the run as asked does not fit this machine's /dev/shm
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::cli::OptionError& e) {
     fmt::print(stderr, "cpkv: error: {}\n", e.what());

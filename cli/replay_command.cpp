@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "model_replay.hpp"
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -37,6 +38,7 @@ struct ReplayOptions {
   std::string layers = "4";
   std::optional<std::int64_t> batch;
   std::int64_t wait_ms_max = 20000;
+  std::optional<std::int64_t> stuck_ms_max;
   std::int32_t ipc_missing_rank = -1;
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
@@ -128,6 +130,7 @@ void run_replay(const ReplayOptions& o) {
   std::unique_ptr<sim::Backend> backend;
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
+  if (o.stuck_ms_max) limits.stuck_ms_max = *o.stuck_ms_max;
   // A progress bar on a terminal (stderr), never in a pipe or a log.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   std::string progress_label;
@@ -141,7 +144,9 @@ void run_replay(const ReplayOptions& o) {
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
     if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
-    backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+    cuda::CudaOptions cuda_options;
+    if (o.stuck_ms_max) cuda_options.stuck_ms_max = *o.stuck_ms_max;
+    backend = cuda::make_cuda_backend(cuda_options);
 #endif
   } else if (schedule) {
     backend = sim::make_scheduled_backend(*schedule, limits, o.event_log_path.has_value());
@@ -170,6 +175,7 @@ void run_replay(const ReplayOptions& o) {
     options.seed = o.seed;
     options.mutant = *mutant;
     options.ipc_missing_rank = o.ipc_missing_rank;
+    harness::set_activity(fmt::format("cpkv replay {} variant {} ({})", o.trace_path, model::to_string(variant), mode));
     const auto start = std::chrono::steady_clock::now();
     const sim::RunReport report = backend->run(source, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -240,6 +246,10 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "layers simulated per batch: a number or 'all'")->capture_default_str();
   cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--stuck-ms-max", o->stuck_ms_max,
+                  "rank processes (sim and cuda): end the run when no rank made progress this long, naming the rank that did not "
+                  "(default: cuda 30000, sim twice --wait-ms-max)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file");

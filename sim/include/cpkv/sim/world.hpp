@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct WorldGeometry {
   std::int64_t pool_pages_per_rank = 0;    // local pages of each rank's slab
   std::int64_t slot_count_max = 0;         // dense slots of the largest batch
   std::int64_t current_pages_max = 0;      // current pages of the largest batch
+  // Logical pool pages some batch references (sorted): only their pages of the pool slabs are ever
+  // written, so only they are reserved. Unknown (nullopt): the whole pool is reserved.
+  std::optional<std::vector<std::int64_t>> pool_pages_touched;
 
   std::uint64_t page_bytes(std::size_t kind) const { return std::uint64_t{row_bytes[kind]} * page_size; }
   std::uint64_t page_bytes_all_kinds() const;
@@ -160,6 +164,7 @@ class World {
   };
   static model::ArenaCarve carve_for(const WorldGeometry& geometry);
   static Offsets carve_world(const WorldGeometry& geometry, const model::ArenaCarve& carve);
+  static std::vector<SharedRegion::ByteRange> reserved_ranges(const WorldGeometry& geometry, const Offsets& off);
   Header* header() const;
 
   WorldGeometry geometry_;
