@@ -126,6 +126,11 @@ void run_replay(const ReplayOptions& o) {
     }
   }
   const int stale = sim::sweep_stale_regions();
+  if (o.backend == "sim") {  // a /dev/shm too small is one line before any output, not a SIGBUS mid-run
+    sim::SimOptions sized;
+    sized.layers = layers;
+    sim::World::check_space(sim::world_geometry(source, sized, shape));
+  }
   // The one backend interface: the simulator (free-running or scheduled) or the GPUs.
   std::unique_ptr<sim::Backend> backend;
   sim::RunLimits limits;

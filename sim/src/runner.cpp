@@ -24,9 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
-  WorldGeometry geometry = geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
-  geometry.pool_pages_touched = shape.pool_pages_touched;
-  return geometry;
+  return world_geometry(source, options, shape);
 }
 
 void publish_totals(const World& world, const RankMachine& machine) {
@@ -80,6 +78,12 @@ void check_drained(const World& world) {
 }
 
 }  // namespace
+
+WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
+  WorldGeometry geometry = geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
+  geometry.pool_pages_touched = shape.pool_pages_touched;
+  return geometry;
+}
 
 BatchCursor::BatchCursor(const BatchSource& source) : source_(source) {
   if (!source.trace_path.empty()) reader_ = std::make_unique<traces::TraceReader>(source.trace_path);
@@ -319,13 +323,20 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
-      if (progress != nullptr && !machine.runnable()) progress->wait_on(waited_on(world, rank, machine.next_step()->op));
+      if (progress != nullptr && !machine.runnable()) {
+        const Step& waits_at = *machine.next_step();
+        progress->at(world.position(rank).batch.load(std::memory_order_relaxed), waits_at.layer);
+        progress->step(to_string(waits_at.op));
+        progress->wait_on(waited_on(world, rank, waits_at.op));
+      }
       while (!machine.runnable()) {
         if (++spins > 64) std::this_thread::yield();
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;
           v.rank = rank;
+          v.batch = world.position(rank).batch.load();
+          v.layer = machine.next_step()->layer;
           v.step = static_cast<std::int64_t>(machine.steps_taken());
           std::snprintf(v.detail, sizeof(v.detail), "waited %lld ms: %s", static_cast<long long>(limits.wait_ms_max),
                         machine.describe_position().c_str());

@@ -155,19 +155,34 @@ std::vector<SharedRegion::ByteRange> World::reserved_ranges(const WorldGeometry&
 }
 
 namespace {
-// Refuse before the region is made, naming what is needed and what is free; the reservation
-// itself (posix_fallocate) still catches a /dev/shm that fills between this check and then.
-std::vector<SharedRegion::ByteRange> checked(std::vector<SharedRegion::ByteRange> ranges) {
-  std::uint64_t needed = 0;
-  for (const SharedRegion::ByteRange& range : ranges) needed += range.bytes;
+std::uint64_t sum_bytes(const std::vector<SharedRegion::ByteRange>& ranges) {
+  std::uint64_t sum = 0;
+  for (const SharedRegion::ByteRange& range : ranges) sum += range.bytes;
+  return sum;
+}
+
+void check_needed(std::uint64_t needed) {
   const std::uint64_t free_bytes = shm_free_bytes();
   if (needed > free_bytes) {
     throw SharedMemoryFull(fmt::format("the simulated group needs {} MiB of shared memory ({} bytes, pools included), /dev/shm has {} MiB free "
                                        "(lower the staging size, the batch, the layers or cp)", needed >> 20, needed, free_bytes >> 20));
   }
+}
+
+// Refuse before the region is made, naming what is needed and what is free; the reservation
+// itself (posix_fallocate) still catches a /dev/shm that fills between this check and then.
+std::vector<SharedRegion::ByteRange> checked(std::vector<SharedRegion::ByteRange> ranges) {
+  check_needed(sum_bytes(ranges));
   return ranges;
 }
 }  // namespace
+
+std::uint64_t World::reserved_bytes(const WorldGeometry& g) {
+  const model::ArenaCarve carve = carve_for(g);
+  return sum_bytes(reserved_ranges(g, carve_world(g, carve)));
+}
+
+void World::check_space(const WorldGeometry& g) { check_needed(reserved_bytes(g)); }
 
 World::World(const WorldGeometry& g, std::uint64_t seed)
     : geometry_(g),

@@ -59,6 +59,9 @@ struct SourceShape {
 };
 SourceShape measure(const BatchSource& source);
 
+// The geometry of the world a run of `source` with `options` carves (every sim mode).
+WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape);
+
 enum class ScheduleKind : std::uint8_t { random, round_robin, list };
 struct Schedule {
   ScheduleKind kind = ScheduleKind::random;

@@ -114,6 +114,11 @@ class World {
  public:
   World(const WorldGeometry& geometry, std::uint64_t seed);
 
+  // Bytes of shared memory a world of this geometry reserves (pools: only the pages touched).
+  static std::uint64_t reserved_bytes(const WorldGeometry& geometry);
+  // Throws SharedMemoryFull (needed and free, one line) if /dev/shm cannot hold that now.
+  static void check_space(const WorldGeometry& geometry);
+
   const WorldGeometry& geometry() const { return geometry_; }
   const SharedRegion& region() const { return region_; }
   std::uint64_t seed() const { return seed_; }
