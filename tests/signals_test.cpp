@@ -336,6 +336,30 @@ TEST_F(Signals, TheWatchdogEndsARunWhoseRankIsStoppedWithinStuckMsMax) {
   EXPECT_TRUE(regions_of(run.pid).empty());
 }
 
+// A region left by a process that died without cleaning up is swept by the next process that
+// makes one, whichever subcommand it runs (here `explore`, not `replay`).
+TEST_F(Signals, EverySubcommandThatMakesARegionSweepsStaleOnes) {
+  int pipe_fds[2] = {-1, -1};
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t creator = ::fork();
+  ASSERT_GE(creator, 0);
+  if (creator == 0) {  // makes a region and leaves with _exit: its name stays behind
+    const cpkv::sim::SharedRegion orphan = cpkv::sim::SharedRegion::create(4096);
+    ::_exit(::write(pipe_fds[1], orphan.name().data(), orphan.name().size()) > 0 ? 0 : 1);
+  }
+  ::close(pipe_fds[1]);
+  char name[256] = {};
+  ASSERT_GT(::read(pipe_fds[0], name, sizeof(name) - 1), 0);
+  ::close(pipe_fds[0]);
+  ASSERT_EQ(::waitpid(creator, nullptr, 0), creator);
+  ASSERT_TRUE(cpkv::sim::region_exists(name));
+
+  CpkvRun run = start({"explore", "--cp-max", "2", "--layers-max", "2"});
+  ASSERT_TRUE(run.reap(kExitMsMax));
+  EXPECT_EQ(run.exit_code(), 0) << run.stderr_text();
+  EXPECT_FALSE(cpkv::sim::region_exists(name)) << name << " outlived its dead creator";
+}
+
 // A valid trace under the usual container /dev/shm (64 MiB): one line naming what is needed and
 // what is free, exit 2, nothing on stdout, nothing left in /dev/shm; before, threads and scheduled
 // modes died of SIGBUS and left the region.
