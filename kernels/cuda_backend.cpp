@@ -420,6 +420,7 @@ int cuda_rank(const RankContext& ctx) {
     host_barrier(boot, progress, rank, cp, host_phase);
     {
       const harness::Waiting waiting(progress, harness::kWaitingOnPeers);  // init returns when every rank has joined
+      const harness::Quiet quiet(progress.record(), kHostWaitMsMax);      // a first init can take tens of seconds
       CPKV_NCCL_CHECK(ncclCommInitRank(&comm, cp, boot->nccl_id, rank));
     }
     host_barrier(boot, progress, rank, cp, host_phase);
@@ -693,7 +694,10 @@ int cuda_rank(const RankContext& ctx) {
   }
   progress.step("done");
   host_barrier(boot, progress, rank, cp, host_phase);  // peers may still read this rank's memory until here
-  if (comm != nullptr) CPKV_NCCL_CHECK(ncclCommDestroy(comm));
+  if (comm != nullptr) {
+    const harness::Quiet quiet(progress.record(), kHostWaitMsMax);
+    CPKV_NCCL_CHECK(ncclCommDestroy(comm));
+  }
   return harness::kRankExitOk;
 }
 

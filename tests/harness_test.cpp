@@ -112,5 +112,21 @@ TEST(Harness, RanksThatKeepMakingProgressAreNeverStopped) {
   EXPECT_TRUE(no_child_left());
 }
 
+// A step declared quiet (NCCL communicator setup) may be silent past the window, up to what it
+// declared; the same silence without the declaration is a stuck group.
+TEST(Harness, AQuietStepMaySilenceTheGroupUpToWhatItDeclared) {
+  const auto silent_for = [](std::int64_t quiet_ms_max) {
+    return launch_ranks(options(2), [=](std::int32_t, RankProgress& progress) {
+      const Quiet quiet(progress.record(), quiet_ms_max);
+      std::this_thread::sleep_for(std::chrono::milliseconds(3 * kStuckMsMax));
+      progress.beat();
+      return kRankExitOk;
+    });
+  };
+  EXPECT_TRUE(silent_for(10 * kStuckMsMax).failure.empty());
+  EXPECT_TRUE(silent_for(0).stuck);
+  EXPECT_TRUE(no_child_left());
+}
+
 }  // namespace
 }  // namespace cpkv::harness

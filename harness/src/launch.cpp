@@ -125,6 +125,7 @@ class Watcher {
   std::string positions(Clock::time_point now) const;
   std::string blame(std::int32_t r, Clock::time_point now) const;
   void fail(std::string headline, std::int32_t culprit);
+  std::int64_t window() const;
   void kill_all();
 
   const LaunchOptions& o_;
@@ -134,6 +135,15 @@ class Watcher {
   std::int32_t alive_ = 0;
   Clock::time_point group_progress_;
 };
+
+// The no-progress window: stuck_ms_max, or longer while a live rank declared a quiet step.
+std::int64_t Watcher::window() const {
+  std::int64_t ms = o_.stuck_ms_max;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    if (!ranks_[r].reaped) ms = std::max(ms, area_[r].quiet_ms_max.load());
+  }
+  return ms;
+}
 
 void Watcher::kill_all() {
   for (const RankWatch& w : ranks_) {
@@ -282,12 +292,12 @@ LaunchResult Watcher::watch() {
     last_loop = now;
     reap(now);
     observe_heartbeats(now);
-    if (result_.failure.empty() && ms_between(group_progress_, now) > o_.stuck_ms_max) {
+    if (result_.failure.empty() && ms_between(group_progress_, now) > window()) {
       result_.deadlock = true;
       result_.stuck = true;
       const std::int32_t c = culprit(now);
-      fail(c >= 0 ? fmt::format("{}; no rank made progress for {} ms", blame(c, now), o_.stuck_ms_max)
-                  : fmt::format("no rank made progress for {} ms and every rank is waiting (a deadlock)", o_.stuck_ms_max),
+      fail(c >= 0 ? fmt::format("{}; no rank made progress for {} ms", blame(c, now), window())
+                  : fmt::format("no rank made progress for {} ms and every rank is waiting (a deadlock)", window()),
            c);
     }
     if (!limit_reported && ms_between(start, now) > o_.run_ms_max) {

@@ -45,6 +45,7 @@ struct alignas(64) Progress {
   std::atomic<std::int32_t> layer{-1};
   std::atomic<std::int32_t> waiting_on{kNotWaiting};
   std::atomic<std::int32_t> started{0};     // 1 once the body runs, 2 once it returned
+  std::atomic<std::int64_t> quiet_ms_max{0};  // a longer silence this rank declared for its current step (0: none)
   std::array<std::atomic<char>, 40> step{};  // the step's name; a torn read only garbles a report
 };
 
@@ -61,9 +62,23 @@ class RankProgress {
     beat();
   }
   std::int32_t waiting_on() const { return record_->waiting_on.load(std::memory_order_relaxed); }
+  Progress& record() { return *record_; }
 
  private:
   Progress* record_;
+};
+
+// Declares, for its scope, a step that may be silent longer than the watchdog's window (NCCL
+// communicator setup); the watchdog then waits up to this long before calling the group stuck.
+class Quiet {
+ public:
+  Quiet(Progress& record, std::int64_t ms_max) : record_(record) { record_.quiet_ms_max.store(ms_max); }
+  ~Quiet() { record_.quiet_ms_max.store(0); }
+  Quiet(const Quiet&) = delete;
+  Quiet& operator=(const Quiet&) = delete;
+
+ private:
+  Progress& record_;
 };
 
 // Marks a wait for its scope (a host barrier, a stream synchronize).
