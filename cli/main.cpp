@@ -9,6 +9,8 @@
 
 #include "commands.hpp"
 #include "files.hpp"
+#include "cpkv/harness/interrupt.hpp"
+#include "cpkv/sim/shared_region.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace {
@@ -65,6 +67,9 @@ int main(int argc, char** argv) {
 #if CPKV_HAVE_CUDA_BACKEND
   cpkv::cli::register_bench(app);
 #endif
+  // SIGINT/SIGTERM/SIGHUP: end every rank, remove the shared memory, one line, exit 128 + signal.
+  cpkv::harness::install_interrupt_handling();
+  cpkv::harness::set_activity(argc > 1 ? fmt::format("cpkv {}", argv[1]) : "cpkv");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -77,6 +82,9 @@ int main(int argc, char** argv) {
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::traces::TraceError& e) {
     print_error(e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::sim::SharedMemoryFull& e) {
+    print_error(e.what());  // the run as asked does not fit this machine's /dev/shm
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::cli::OptionError& e) {
     print_error(e.what());

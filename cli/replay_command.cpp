@@ -18,6 +18,7 @@
 #include "model_replay.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
@@ -42,6 +43,7 @@ struct ReplayOptions {
   std::string layers = "4";
   std::optional<std::int64_t> batch;
   std::int64_t wait_ms_max = 20000;
+  std::optional<std::int64_t> stuck_ms_max;
   std::int32_t ipc_missing_rank = -1;
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
@@ -210,7 +212,9 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const Checked
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
     if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
-    return cuda::make_cuda_backend(cuda::CudaOptions{});
+    cuda::CudaOptions cuda_options;
+    if (o.stuck_ms_max) cuda_options.stuck_ms_max = *o.stuck_ms_max;
+    return cuda::make_cuda_backend(cuda_options);
 #endif
   }
   if (c.schedule) return sim::make_scheduled_backend(*c.schedule, limits, c.event_log != nullptr);
@@ -228,8 +232,14 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
   const std::int32_t layers = std::min(c.layers.value_or(layer_count), layer_count);
   if (o.ipc_missing_rank >= source.setting.cp) throw OptionError(fmt::format("--ipc-missing-rank: {} is not a rank of cp = {}", o.ipc_missing_rank, source.setting.cp));
   const int stale = sim::sweep_stale_regions();
+  if (o.backend == "sim") {  // a /dev/shm too small is one line before any output, not a SIGBUS mid-run
+    sim::SimOptions sized;
+    sized.layers = layers;
+    sim::World::check_space(sim::world_geometry(source, sized, trace.shape));
+  }
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
+  if (o.stuck_ms_max) limits.stuck_ms_max = *o.stuck_ms_max;
   // A progress bar on a terminal (stderr), never in a pipe or a log.
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   std::string progress_label;
@@ -263,6 +273,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
     options.seed = o.seed;
     options.mutant = c.mutant;
     options.ipc_missing_rank = o.ipc_missing_rank;
+    harness::set_activity(fmt::format("cpkv replay {} variant {} ({})", o.trace_path, model::to_string(variant), mode));
     const auto start = std::chrono::steady_clock::now();
     const sim::RunReport report = backend->run(source, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -319,6 +330,10 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--layers", o->layers, "layers simulated per batch: a number or 'all'")->capture_default_str();
   cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
+  cmd->add_option("--stuck-ms-max", o->stuck_ms_max,
+                  "rank processes (sim and cuda): end the run when no rank made progress this long, naming the rank that did not "
+                  "(default: cuda 30000, sim twice --wait-ms-max)")
+      ->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
   cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file (a regular file)");

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include "cpkv/harness/launch.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
@@ -58,7 +59,8 @@ struct BenchRank {
 };
 
 // The bootstrap segment: what the ranks exchange once (IPC handles, the NCCL id, the capability
-// probe) and what they report back (totals, violations, positions).
+// probe) and what they report back (totals, violations). Where each rank is lives in the harness's
+// progress records.
 struct Bootstrap {
   std::atomic<std::uint64_t> arrivals[kRanksMax];
   cudaIpcMemHandle_t pool[kRanksMax];
@@ -72,9 +74,6 @@ struct Bootstrap {
   sim::SharedTotals totals[kRanksMax];
   std::atomic<std::int64_t> violation_count;
   sim::Violation violations[sim::World::kViolationsMax];
-  std::atomic<std::int64_t> batch[kRanksMax];
-  std::atomic<std::int32_t> layer[kRanksMax];
-  char stage[kRanksMax][64];
   cudaIpcMemHandle_t bench[kRanksMax];
   BenchRank bench_results[kRanksMax];
   // barrier_stress results
@@ -90,24 +89,21 @@ void record(Bootstrap* boot, const sim::Violation& v) {
   if (index < sim::World::kViolationsMax) boot->violations[index] = v;
 }
 
-std::string positions(const Bootstrap* boot, std::int32_t cp) {
-  std::string out;
-  for (std::int32_t r = 0; r < cp; ++r) {
-    out += fmt::format("{}rank {}: {} (batch {} layer {})", r ? "; " : "", r, boot->stage[r], boot->batch[r].load(), boot->layer[r].load());
-  }
-  return out;
-}
-
-void set_stage(Bootstrap* boot, std::int32_t rank, const char* stage) {
-  std::snprintf(boot->stage[rank], sizeof(boot->stage[rank]), "%s", stage);
+// Waits for the rank's queued GPU work, marked as a wait so that the launcher's watchdog blames a
+// silent peer and not this rank.
+void wait_device(harness::RankProgress& progress, cudaStream_t stream) {
+  const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+  CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 // Host-side barrier among the rank processes (setup and batch boundaries only, never per layer).
-void host_barrier(Bootstrap* boot, std::int32_t rank, std::int32_t cp, std::uint64_t& phase) {
+void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t rank, std::int32_t cp, std::uint64_t& phase) {
   ++phase;
   boot->arrivals[rank].store(phase, std::memory_order_release);
   const Clock::time_point start = Clock::now();
   for (std::int32_t p = 0; p < cp; ++p) {
+    if (boot->arrivals[p].load(std::memory_order_acquire) >= phase) continue;
+    const harness::Waiting waiting(progress, p);
     while (boot->arrivals[p].load(std::memory_order_acquire) < phase) {
       if (Clock::now() - start > std::chrono::milliseconds(kHostWaitMsMax)) {
         throw std::runtime_error(fmt::format("rank {} waited {} ms at host barrier {} for rank {}", rank, kHostWaitMsMax, phase, p));
@@ -225,6 +221,7 @@ struct RankContext {
   sim::SourceShape shape;
   std::int32_t rank;
   std::int32_t gpus;
+  harness::RankProgress& progress;
 };
 
 // Ceilings, every rank at once: copy-engine pull from the next rank, local copy, back-to-back
@@ -232,6 +229,7 @@ struct RankContext {
 void measure_ceilings(const RankContext& ctx, RankMemory& mem, cudaStream_t stream, std::uint8_t* own, std::uint64_t& host_phase,
                       std::uint64_t& barrier_phase, BenchRank& out) {
   Bootstrap* boot = ctx.boot;
+  harness::RankProgress& progress = ctx.progress;
   const std::int32_t cp = ctx.source.setting.cp;
   const std::int32_t rank = ctx.rank;
   const std::uint64_t half = kBenchBufferBytes / 2;
@@ -247,12 +245,15 @@ void measure_ceilings(const RankContext& ctx, RankMemory& mem, cudaStream_t stre
   CPKV_CUDA_CHECK(cudaEventCreate(&stop));
   const auto timed = [&](const auto& body, int reps) {
     body();  // warm-up
-    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-    host_barrier(boot, rank, cp, host_phase);
+    wait_device(progress, stream);
+    host_barrier(boot, progress, rank, cp, host_phase);
     CPKV_CUDA_CHECK(cudaEventRecord(start, stream));
     for (int i = 0; i < reps; ++i) body();
     CPKV_CUDA_CHECK(cudaEventRecord(stop, stream));
-    CPKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    {
+      const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+      CPKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    }
     float ms = 0;
     CPKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     return static_cast<double>(ms) / reps;  // ms per body
@@ -285,9 +286,9 @@ void measure_ceilings(const RankContext& ctx, RankMemory& mem, cudaStream_t stre
       out.gather_gbps[ps][c] = counts[c] * page_sizes[ps] / (ms * 1e6);
     }
   }
-  CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  wait_device(progress, stream);
   for (void* p : owned) CPKV_CUDA_CHECK(cudaFree(p));
-  host_barrier(boot, rank, cp, host_phase);
+  host_barrier(boot, progress, rank, cp, host_phase);
 }
 
 int cuda_rank(const RankContext& ctx) {
@@ -297,8 +298,9 @@ int cuda_rank(const RankContext& ctx) {
   const std::int32_t layers = ctx.options.layers;
   const std::size_t kinds = setting.kinds.size();
   Bootstrap* boot = ctx.boot;
+  harness::RankProgress& progress = ctx.progress;
   std::uint64_t host_phase = 0;
-  set_stage(boot, rank, "setup");
+  progress.step("setup");
   CPKV_CUDA_CHECK(cudaSetDevice(rank % ctx.gpus));
   cudaStream_t stream = nullptr;
   CPKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -352,11 +354,14 @@ int cuda_rank(const RankContext& ctx) {
     CPKV_CUDA_CHECK(cudaMemset(bench_buffer, 1, kBenchBufferBytes));
     CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->bench[rank], bench_buffer));
   }
-  CPKV_CUDA_CHECK(cudaDeviceSynchronize());
-  host_barrier(boot, rank, cp, host_phase);
+  {
+    const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+    CPKV_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  host_barrier(boot, progress, rank, cp, host_phase);
 
   // Map every peer once (never the own handles), then agree on the capability (MIN).
-  set_stage(boot, rank, "ipc");
+  progress.step("ipc");
   mem.peer_pool.assign(cp, nullptr);
   mem.peer_staging.assign(cp, nullptr);
   mem.peer_dense.assign(cp, nullptr);
@@ -395,7 +400,7 @@ int cuda_rank(const RankContext& ctx) {
   }
   if (ctx.options.ipc_missing_rank == rank) capable = 0;  // fault injection: this rank's probe fails
   boot->probe[rank].store(capable);
-  host_barrier(boot, rank, cp, host_phase);
+  host_barrier(boot, progress, rank, cp, host_phase);
   std::int32_t agreed = capable;
   for (std::int32_t p = 0; p < cp; ++p) agreed = std::min(agreed, boot->probe[p].load());
   const model::Variant variant = needs_ipc(ctx.options.variant) && agreed == 0 ? model::Variant::v2_fallback : ctx.options.variant;
@@ -409,11 +414,15 @@ int cuda_rank(const RankContext& ctx) {
   const bool use_nccl = ctx.gpus >= cp;
   ncclComm_t comm = nullptr;
   if (use_nccl) {
-    set_stage(boot, rank, "nccl");
+    progress.step("nccl");
     if (rank == 0) CPKV_NCCL_CHECK(ncclGetUniqueId(&boot->nccl_id));
-    host_barrier(boot, rank, cp, host_phase);
-    CPKV_NCCL_CHECK(ncclCommInitRank(&comm, cp, boot->nccl_id, rank));
-    host_barrier(boot, rank, cp, host_phase);
+    host_barrier(boot, progress, rank, cp, host_phase);
+    {
+      const harness::Waiting waiting(progress, harness::kWaitingOnPeers);  // init returns when every rank has joined
+      const harness::Quiet quiet(progress.record(), kHostWaitMsMax);      // a first init can take tens of seconds
+      CPKV_NCCL_CHECK(ncclCommInitRank(&comm, cp, boot->nccl_id, rank));
+    }
+    host_barrier(boot, progress, rank, cp, host_phase);
   }
 
   sim::SharedTotals& totals = boot->totals[rank];
@@ -438,7 +447,7 @@ int cuda_rank(const RankContext& ctx) {
   std::int64_t host_syncs = 0;
   const auto sync_stream = [&] {
     ++host_syncs;
-    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    wait_device(progress, stream);
   };
   if (ctx.cuda.measure_ceilings) measure_ceilings(ctx, mem, stream, bench_buffer, host_phase, barrier_phase, bench);
   // Times `reps` layers (after `warmup`) of the batch just run, CUDA events around each layer.
@@ -449,8 +458,8 @@ int cuda_rank(const RankContext& ctx) {
     const auto time_loop = [&](const auto& body) {
       std::vector<cudaEvent_t> events(2 * total);
       for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventCreate(&e));
-      CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-      host_barrier(boot, rank, cp, host_phase);
+      wait_device(progress, stream);
+      host_barrier(boot, progress, rank, cp, host_phase);
       // Consecutive timed layers must alternate parity halves (PROTOCOL.md section 6): cycle over an
       // even number of layers (the CLI refuses --layers 1 for timing).
       const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
@@ -459,7 +468,7 @@ int cuda_rank(const RankContext& ctx) {
         body(i % cycle);
         CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
       }
-      CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+      wait_device(progress, stream);
       std::vector<double> us;
       for (std::int32_t i = warmup; i < total; ++i) {
         float ms = 0;
@@ -484,15 +493,15 @@ int cuda_rank(const RankContext& ctx) {
   std::vector<kernels::VerifyResult> verify_init(verify_slots, kernels::VerifyResult{0, ~0ULL});
   while (std::optional<model::Batch> batch = cursor.next()) {
     const std::int64_t batch_index = cursor.index();
-    boot->batch[rank].store(batch_index);
-    set_stage(boot, rank, "batch");
+    progress.at(batch_index, -1);
+    progress.step("batch");
     BatchPlan b = build_batch_plan(setting, *batch, variant, rank, staging_slots, populated);
     std::vector<void*> owned;
     ++totals.batches;
     if (b.overflow) {
       ++totals.overflows;
-      host_barrier(boot, rank, cp, host_phase);
-      host_barrier(boot, rank, cp, host_phase);
+      host_barrier(boot, progress, rank, cp, host_phase);
+      host_barrier(boot, progress, rank, cp, host_phase);
       continue;
     }
     const auto* d_local_prefix = upload(b.local_prefix, owned, stream);
@@ -521,7 +530,7 @@ int cuda_rank(const RankContext& ctx) {
     }
     CPKV_CUDA_CHECK(cudaMemsetAsync(mem.dense, 0x5A, dense_bytes, stream));
     sync_stream();
-    host_barrier(boot, rank, cp, host_phase);  // every pool is populated before anyone gathers
+    host_barrier(boot, progress, rank, cp, host_phase);  // every pool is populated before anyone gathers
 
     const bool symm = variant == model::Variant::symm_dense;
     std::uint64_t peer_bytes = 0;
@@ -611,7 +620,7 @@ int cuda_rank(const RankContext& ctx) {
     };
     const std::int64_t syncs_before = host_syncs;
     for (std::int32_t l = 0; l < layers; ++l) {
-      boot->layer[rank].store(l);
+      progress.at(batch_index, l);
       run_layer(l, true);
       ++totals.layers;
     }
@@ -679,7 +688,7 @@ int cuda_rank(const RankContext& ctx) {
       }
     }
     for (void* p : owned) CPKV_CUDA_CHECK(cudaFree(p));
-    host_barrier(boot, rank, cp, host_phase);  // nobody rewrites pools or dense buffers a peer still reads
+    host_barrier(boot, progress, rank, cp, host_phase);  // nobody rewrites pools or dense buffers a peer still reads
   }
   // Quiescence: every word of this rank's pad equals the number of barriers (drained).
   std::vector<std::uint64_t> pad(cp);
@@ -694,10 +703,13 @@ int cuda_rank(const RankContext& ctx) {
     record(boot, v);
     break;
   }
-  set_stage(boot, rank, "done");
-  host_barrier(boot, rank, cp, host_phase);  // peers may still read this rank's memory until here
-  if (comm != nullptr) CPKV_NCCL_CHECK(ncclCommDestroy(comm));
-  return sim::kRankExitOk;
+  progress.step("done");
+  host_barrier(boot, progress, rank, cp, host_phase);  // peers may still read this rank's memory until here
+  if (comm != nullptr) {
+    const harness::Quiet quiet(progress.record(), kHostWaitMsMax);
+    CPKV_NCCL_CHECK(ncclCommDestroy(comm));
+  }
+  return harness::kRankExitOk;
 }
 
 sim::RunReport run_group(const sim::BatchSource& source, const sim::SimOptions& options, const CudaOptions& cuda, BenchResult* bench) {
@@ -716,26 +728,16 @@ sim::RunReport run_group(const sim::BatchSource& source, const sim::SimOptions& 
   sim::SharedRegion region = sim::SharedRegion::create(sizeof(Bootstrap));
   auto* boot = new (region.base()) Bootstrap();
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-  std::fflush(nullptr);
-  std::vector<int> pids(cp, -1);
-  for (std::int32_t r = 0; r < cp; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) sim::abandon_ranks(pids, r, errno);
-    if (pid == 0) {
-      int code = sim::kRankExitError;
-      try {
-        code = cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus});
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "cpkv: cuda rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    pids[r] = pid;
-  }
-  const sim::ReapResult reaped = sim::reap_ranks(pids, cuda.run_ms_max, [&] { return positions(boot, cp); });
-  report.failure = reaped.failure;
-  report.deadlock = reaped.deadlock;
+  harness::LaunchOptions launch;
+  launch.ranks = cp;
+  launch.run_ms_max = cuda.run_ms_max;
+  launch.stuck_ms_max = cuda.stuck_ms_max;
+  launch.label = "cuda rank";
+  const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress});
+  });
+  report.failure = launched.failure;
+  report.deadlock = launched.deadlock;
   for (std::int32_t r = 0; r < cp; ++r) {
     report.ranks.push_back(boot->totals[r]);
     report.steps += boot->totals[r].layers;
@@ -805,9 +807,11 @@ class CudaBackend final : public sim::Backend {
 
 int gpu_count() {
   std::fflush(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return 0;
   if (pid == 0) {
+    if (!harness::prepare_child(parent)) ::_exit(0);  // dies with the caller, even one killed before prctl
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
     ::_exit(std::min(count, 100));
@@ -839,10 +843,10 @@ BenchResult run_bench(const sim::BatchSource& source, const sim::SimOptions& opt
 
 namespace {
 
-int barrier_stress_rank(Bootstrap* boot, const BarrierStressOptions& o, std::int32_t rank, int gpus) {
+int barrier_stress_rank(Bootstrap* boot, harness::RankProgress& progress, const BarrierStressOptions& o, std::int32_t rank, int gpus) {
   const std::int32_t cp = o.cp;
   std::uint64_t host_phase = 0;
-  set_stage(boot, rank, "setup");
+  progress.step("setup");
   CPKV_CUDA_CHECK(cudaSetDevice(rank % gpus));
   cudaStream_t stream = nullptr;
   CPKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -854,8 +858,11 @@ int barrier_stress_rank(Bootstrap* boot, const BarrierStressOptions& o, std::int
   CPKV_CUDA_CHECK(cudaMemset(stamps, 0, 256));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pad[rank], pad));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->staging[rank], stamps));
-  CPKV_CUDA_CHECK(cudaDeviceSynchronize());
-  host_barrier(boot, rank, cp, host_phase);
+  {
+    const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+    CPKV_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  host_barrier(boot, progress, rank, cp, host_phase);
   std::vector<std::uint64_t*> pads(cp), stamp0(cp), stamp1(cp);
   for (std::int32_t p = 0; p < cp; ++p) {
     void* a = pad;
@@ -885,8 +892,8 @@ int barrier_stress_rank(Bootstrap* boot, const BarrierStressOptions& o, std::int
   int clock_khz = 0;
   CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, rank % gpus));
   const long long delay_cycles = static_cast<long long>(o.slow_delay_us) * clock_khz / 1000;
-  host_barrier(boot, rank, cp, host_phase);
-  set_stage(boot, rank, "stress");
+  host_barrier(boot, progress, rank, cp, host_phase);
+  progress.step("stress");
   std::uint64_t phase = 0;
   for (std::int32_t i = 1; i <= o.iterations; ++i) {
     ++phase;
@@ -895,20 +902,23 @@ int barrier_stress_rank(Bootstrap* boot, const BarrierStressOptions& o, std::int
     CPKV_CUDA_CHECK(kernels::launch_barrier(d_pads, rank, cp, phase, status, stream));
     CPKV_CUDA_CHECK(kernels::launch_check_stamps(d_stamp[i % 2], cp, phase, errors, stream));
   }
-  CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-  set_stage(boot, rank, "timed");
+  wait_device(progress, stream);
+  progress.step("timed");
   if (o.timed_barriers > 0) {
     cudaEvent_t start = nullptr;
     cudaEvent_t stop = nullptr;
     CPKV_CUDA_CHECK(cudaEventCreate(&start));
     CPKV_CUDA_CHECK(cudaEventCreate(&stop));
     for (int warm = 0; warm < 20; ++warm) CPKV_CUDA_CHECK(kernels::launch_barrier(d_pads, rank, cp, ++phase, status, stream));
-    CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
-    host_barrier(boot, rank, cp, host_phase);  // everyone starts the timed run together
+    wait_device(progress, stream);
+    host_barrier(boot, progress, rank, cp, host_phase);  // everyone starts the timed run together
     CPKV_CUDA_CHECK(cudaEventRecord(start, stream));
     for (std::int32_t i = 0; i < o.timed_barriers; ++i) CPKV_CUDA_CHECK(kernels::launch_barrier(d_pads, rank, cp, ++phase, status, stream));
     CPKV_CUDA_CHECK(cudaEventRecord(stop, stream));
-    CPKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    {
+      const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+      CPKV_CUDA_CHECK(cudaEventSynchronize(stop));
+    }
     float ms = 0;
     CPKV_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     boot->us_per_barrier[rank] = 1000.0 * ms / o.timed_barriers;
@@ -919,13 +929,13 @@ int barrier_stress_rank(Bootstrap* boot, const BarrierStressOptions& o, std::int
   CPKV_CUDA_CHECK(cudaMemcpy(&host_errors, errors, sizeof(host_errors), cudaMemcpyDeviceToHost));
   boot->phase_errors[rank] = host_errors;
   boot->timeouts[rank] = host_status.timed_out_phase != 0 ? 1 : 0;
-  host_barrier(boot, rank, cp, host_phase);  // quiescence: every rank has finished every barrier
+  host_barrier(boot, progress, rank, cp, host_phase);  // quiescence: every rank has finished every barrier
   std::vector<std::uint64_t> words(cp);
   CPKV_CUDA_CHECK(cudaMemcpy(words.data(), pad, cp * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
   boot->drained[rank] = std::all_of(words.begin(), words.end(), [&](std::uint64_t w) { return w == phase; }) ? 1 : 0;
-  set_stage(boot, rank, "done");
-  host_barrier(boot, rank, cp, host_phase);
-  return sim::kRankExitOk;
+  progress.step("done");
+  host_barrier(boot, progress, rank, cp, host_phase);
+  return harness::kRankExitOk;
 }
 
 }  // namespace
@@ -940,25 +950,15 @@ BarrierStressReport barrier_stress(const BarrierStressOptions& o) {
   }
   sim::SharedRegion region = sim::SharedRegion::create(sizeof(Bootstrap));
   auto* boot = new (region.base()) Bootstrap();
-  std::fflush(nullptr);
-  std::vector<int> pids(o.cp, -1);
-  for (std::int32_t r = 0; r < o.cp; ++r) {
-    const pid_t pid = ::fork();
-    if (pid < 0) sim::abandon_ranks(pids, r, errno);
-    if (pid == 0) {
-      int code = sim::kRankExitError;
-      try {
-        code = barrier_stress_rank(boot, o, r, gpus);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "cpkv: barrier rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(code);
-    }
-    pids[r] = pid;
-  }
-  const sim::ReapResult reaped = sim::reap_ranks(pids, o.run_ms_max, [&] { return positions(boot, o.cp); });
-  report.failure = reaped.failure;
+  harness::LaunchOptions launch;
+  launch.ranks = o.cp;
+  launch.run_ms_max = o.run_ms_max;
+  launch.stuck_ms_max = o.stuck_ms_max;
+  launch.label = "barrier rank";
+  const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    return barrier_stress_rank(boot, progress, o, r, gpus);
+  });
+  report.failure = launched.failure;
   report.drained = true;
   for (std::int32_t r = 0; r < o.cp; ++r) {
     report.phase_errors += boot->phase_errors[r].load();

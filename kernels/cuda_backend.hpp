@@ -19,6 +19,11 @@ inline constexpr std::uint64_t kBenchBufferBytes = 512ULL << 20;  // ceilings: 2
 struct CudaOptions {
   bool verify = true;                 // recompute and compare every dense byte after every layer
   std::int64_t run_ms_max = 600000;   // the whole run, from the launcher
+  // No rank made progress this long (a stopped or hung rank the others wait for, in a device
+  // barrier, a collective or a host barrier): the launcher ends the run and names the rank. Longer
+  // than any healthy silence (NCCL init, a batch's device work: seconds), far shorter than the
+  // host barrier's 120 s.
+  std::int64_t stuck_ms_max = 30000;
   // Benchmark mode: time `timing_reps` layers of every batch (after a warm-up); 0 = functional only.
   std::int32_t timing_reps = 0;
   bool measure_ceilings = false;      // copy-engine peer pull, local copy, barrier, gather sweeps
@@ -67,6 +72,7 @@ struct BarrierStressOptions {
   std::int32_t slow_delay_us = 10000;
   std::int32_t timed_barriers = 0;
   std::int64_t run_ms_max = 300000;
+  std::int64_t stuck_ms_max = 30000;
 };
 struct BarrierStressReport {
   std::string failure;                  // empty when every rank finished

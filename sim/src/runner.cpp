@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -23,7 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
-  return geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
+  return world_geometry(source, options, shape);
 }
 
 void publish_totals(const World& world, const RankMachine& machine) {
@@ -78,6 +79,12 @@ void check_drained(const World& world) {
 
 }  // namespace
 
+WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
+  WorldGeometry geometry = geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
+  geometry.pool_pages_touched = shape.pool_pages_touched;
+  return geometry;
+}
+
 BatchCursor::BatchCursor(const BatchSource& source) : source_(source) {
   if (!source.trace_path.empty()) reader_ = std::make_unique<traces::TraceReader>(source.trace_path);
 }
@@ -128,7 +135,13 @@ SourceShape measure(const BatchSource& source) {
     const model::BatchLayout layout = model::layout_batch(source.setting, *batch);
     shape.slot_count_max = std::max(shape.slot_count_max, layout.slot_count);
     shape.current_pages_max = std::max(shape.current_pages_max, layout.current_pages_total);
+    for (const model::Request& request : batch->requests) {
+      shape.pool_pages_touched.insert(shape.pool_pages_touched.end(), request.prefix_pages.begin(), request.prefix_pages.end());
+    }
   }
+  std::vector<std::int64_t>& pages = shape.pool_pages_touched;
+  std::sort(pages.begin(), pages.end());
+  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   return shape;
 }
 
@@ -155,63 +168,6 @@ Schedule read_schedule_file(const std::string& path) {
   }
   if (schedule.choices.empty()) throw std::runtime_error(fmt::format("{}: no choices in the schedule file (use --schedule round-robin for none)", path));
   return schedule;
-}
-
-void abandon_ranks(std::vector<int>& pids, std::int32_t failed_rank, int error_number) {
-  for (int& pid : pids) {
-    if (pid <= 0) continue;
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-  throw std::runtime_error(fmt::format("fork for rank {} failed: {}", failed_rank, std::strerror(error_number)));
-}
-
-ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions,
-                      const std::function<void()>& on_tick) {
-  ReapResult result;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point last_tick = start;
-  auto alive = static_cast<std::int32_t>(std::count_if(pids.begin(), pids.end(), [](int pid) { return pid > 0; }));
-  const auto kill_all = [&] {
-    for (int other : pids) {
-      if (other > 0) ::kill(other, SIGKILL);
-    }
-  };
-  bool limit_reported = false;
-  while (alive > 0) {
-    int raw = 0;
-    const pid_t pid = ::waitpid(-1, &raw, WNOHANG);
-    if (pid > 0) {
-      const auto it = std::find(pids.begin(), pids.end(), pid);
-      if (it == pids.end()) continue;
-      const auto r = static_cast<std::int32_t>(it - pids.begin());
-      *it = -1;
-      --alive;
-      const bool clean = WIFEXITED(raw) && WEXITSTATUS(raw) == kRankExitOk;
-      if (!clean && result.failure.empty()) {
-        if (WIFSIGNALED(raw)) {
-          result.failure = fmt::format("rank {} (pid {}) died from signal {}: {}", r, pid, WTERMSIG(raw), positions());
-        } else {
-          result.deadlock = WEXITSTATUS(raw) == kRankExitDeadlock;
-          result.failure = fmt::format("rank {} (pid {}) exited with status {}: {}", r, pid, WEXITSTATUS(raw), positions());
-        }
-        kill_all();
-      }
-      continue;
-    }
-    if (!limit_reported && Clock::now() - start > std::chrono::milliseconds(run_ms_max)) {
-      limit_reported = true;
-      if (result.failure.empty()) result.failure = fmt::format("run limit {} ms reached: {}", run_ms_max, positions());
-      kill_all();
-    }
-    if (on_tick && Clock::now() - last_tick > std::chrono::milliseconds(100)) {
-      last_tick = Clock::now();
-      on_tick();
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  return result;
 }
 
 std::string describe_positions(const World& world) {
@@ -337,9 +293,25 @@ namespace {
 
 enum RankExit : int { kRankOk = kRankExitOk, kRankDeadlock = kRankExitDeadlock, kRankError = kRankExitError };
 
-// The body of one free-running rank. Returns its exit code.
+// The rank a waiting rank waits for: the first peer whose arrival counter of the kind it waits at
+// is behind its own (it has arrived; they have not), or kWaitingOnPeers if none is (yet).
+std::int32_t waited_on(const World& world, std::int32_t rank, Op op) {
+  Counter& (World::*counter)(std::int32_t) const = nullptr;
+  if (op == Op::wait) counter = &World::barrier_counter;
+  if (op == Op::coll_wait) counter = &World::collective_counter;
+  if (op == Op::batch_wait) counter = &World::batch_counter;
+  if (counter == nullptr) return harness::kWaitingOnPeers;
+  const std::uint64_t own = (world.*counter)(rank).value.load();
+  for (std::int32_t p = 0; p < world.geometry().cp; ++p) {
+    if ((world.*counter)(p).value.load() < own) return p;
+  }
+  return harness::kWaitingOnPeers;
+}
+
+// The body of one free-running rank. Returns its exit code. `progress` is the launcher's record of
+// this rank (processes only): every step beats it, every wait says on whom.
 int free_rank(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
-              const RunLimits& limits, std::int32_t rank) {
+              const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress) {
   RankMachine machine(world, source.setting, options, rank);
   std::mt19937_64 rng(model::mix64(faults.seed ^ (0x1000ULL + rank)));
   std::uniform_real_distribution<double> coin(0.0, 1.0);
@@ -351,12 +323,20 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
+      if (progress != nullptr && !machine.runnable()) {
+        const Step& waits_at = *machine.next_step();
+        progress->at(world.position(rank).batch.load(std::memory_order_relaxed), waits_at.layer);
+        progress->step(to_string(waits_at.op));
+        progress->wait_on(waited_on(world, rank, waits_at.op));
+      }
       while (!machine.runnable()) {
         if (++spins > 64) std::this_thread::yield();
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;
           v.rank = rank;
+          v.batch = world.position(rank).batch.load();
+          v.layer = machine.next_step()->layer;
           v.step = static_cast<std::int64_t>(machine.steps_taken());
           std::snprintf(v.detail, sizeof(v.detail), "waited %lld ms: %s", static_cast<long long>(limits.wait_ms_max),
                         machine.describe_position().c_str());
@@ -366,6 +346,11 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
         }
       }
       const Step& s = *machine.next_step();
+      if (progress != nullptr) {
+        if (progress->waiting_on() != harness::kNotWaiting) progress->done_waiting();
+        progress->at(world.position(rank).batch.load(std::memory_order_relaxed), s.layer);
+        progress->step(to_string(s.op));
+      }
       // Fault points: seeded delays that widen the windows a protocol bug needs.
       if ((s.op == Op::arrive || s.op == Op::coll_arrive) && coin(rng) < faults.flag_write_delay_probability) sleep_us(delay_us(rng));
       if (s.op == Op::gather && coin(rng) < faults.gather_delay_probability) sleep_us(delay_us(rng));
@@ -416,7 +401,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
     for (std::int32_t r = 0; r < cp; ++r) {
       threads.emplace_back([&, r] {
         try {
-          status[r] = free_rank(world, source, options, faults, limits, r);
+          status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
         } catch (const std::exception& e) {
           status[r] = kRankError;
           errors[r] = e.what();
@@ -438,28 +423,19 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
       }
     }
   } else {
-    std::fflush(nullptr);
-    std::vector<int> children(cp, -1);
-    for (std::int32_t r = 0; r < cp; ++r) {
-      const pid_t pid = ::fork();
-      if (pid < 0) abandon_ranks(children, r, errno);
-      if (pid == 0) {
-        int code = kRankError;
-        try {
-          code = free_rank(world, source, options, faults, limits, r);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "cpkv: rank %d: %s\n", r, e.what());
-        }
-        std::fflush(nullptr);
-        ::_exit(code);  // never run the parent's destructors (they own the shared region)
-      }
-      children[r] = pid;
-    }
-    const ReapResult reaped = reap_ranks(children, limits.run_ms_max, [&] { return describe_positions(world); }, [&] {
+    harness::LaunchOptions launch;
+    launch.ranks = cp;
+    launch.run_ms_max = limits.run_ms_max;
+    launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
+    launch.positions = [&] { return describe_positions(world); };
+    launch.on_tick = [&] {
       if (limits.on_progress) limits.on_progress(batches_done(world));
+    };
+    const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+      return free_rank(world, source, options, faults, limits, r, &progress);
     });
-    report.failure = reaped.failure;
-    report.deadlock = reaped.deadlock;
+    report.failure = launched.failure;
+    report.deadlock = launched.deadlock;
   }
   if (report.failure.empty()) check_drained(world);
   collect(world, report);

@@ -1,14 +1,20 @@
 #include "cpkv/sim/shared_region.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "cpkv/harness/interrupt.hpp"
 
 namespace cpkv::sim {
 
@@ -35,17 +41,54 @@ int creator_pid(const std::string& name) {
 }
 }  // namespace
 
-SharedRegion SharedRegion::create(std::size_t bytes) {
+namespace {
+// Reserves every page of the object now, so a full tmpfs is an error here and not a SIGBUS in
+// whichever rank first touches a page past the limit.
+void reserve_pages(bip::shared_memory_object& object, const std::string& name, std::size_t bytes,
+                   const std::vector<SharedRegion::ByteRange>& ranges) {
+  const int fd = object.get_mapping_handle().handle;
+  std::uint64_t reserved = 0;
+  for (const SharedRegion::ByteRange& range : ranges) reserved += range.bytes;
+  for (const SharedRegion::ByteRange& range : ranges) {
+    const int error = ::posix_fallocate(fd, static_cast<off_t>(range.offset), static_cast<off_t>(range.bytes));
+    if (error == 0) continue;
+    if (error == ENOSPC || error == EFBIG) {
+      throw SharedMemoryFull(fmt::format("shared memory region {} needs {} MiB ({} bytes of {}), /dev/shm has {} MiB free", name, reserved >> 20,
+                                         reserved, bytes, shm_free_bytes() >> 20));
+    }
+    throw std::runtime_error(fmt::format("cannot reserve {} bytes for shared memory region {}: {}", range.bytes, name, std::strerror(error)));
+  }
+}
+}  // namespace
+
+std::uint64_t shm_free_bytes() {
+  struct statvfs fs {};
+  if (::statvfs("/dev/shm", &fs) != 0) return UINT64_MAX;
+  return static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+SharedRegion SharedRegion::create(std::size_t bytes) { return create(bytes, {ByteRange{0, bytes}}); }
+
+SharedRegion SharedRegion::create(std::size_t bytes, const std::vector<ByteRange>& reserve) {
+  static std::once_flag swept;
+  std::call_once(swept, [] { sweep_stale_regions(); });
   const std::string name = fresh_name();
+  harness::track_region(name);  // before it exists: a signal from here on cannot leak it
   bip::shared_memory_object::remove(name.c_str());
   try {
     bip::shared_memory_object object(bip::create_only, name.c_str(), bip::read_write);
     object.truncate(static_cast<bip::offset_t>(bytes));  // tmpfs pages read as zero until written
+    reserve_pages(object, name, bytes, reserve);
     bip::mapped_region region(object, bip::read_write);
     return SharedRegion(name, std::move(region), ::getpid());
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());  // never leave the name behind
+    harness::untrack_region(name);
     throw std::runtime_error(fmt::format("cannot create shared memory region {} of {} bytes: {}", name, bytes, e.what()));
+  } catch (...) {
+    bip::shared_memory_object::remove(name.c_str());
+    harness::untrack_region(name);
+    throw;
   }
 }
 
@@ -59,7 +102,10 @@ SharedRegion::SharedRegion(SharedRegion&& other) noexcept
 }
 
 SharedRegion::~SharedRegion() {
-  if (owner_pid_ == ::getpid() && !name_.empty()) bip::shared_memory_object::remove(name_.c_str());
+  if (owner_pid_ == ::getpid() && !name_.empty()) {
+    bip::shared_memory_object::remove(name_.c_str());
+    harness::untrack_region(name_);
+  }
 }
 
 int sweep_stale_regions() {

@@ -1,7 +1,5 @@
 #include "cpkv/sim/world.hpp"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <stdexcept>
 
@@ -92,8 +90,9 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   off.totals = bump.take(cp * sizeof(SharedTotals));
   off.fillers = bump.take(2 * off.stamps_per_half * sizeof(PageFillers));
   off.violations = bump.take(kViolationsMax * sizeof(Violation));
-  // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. The region is sparse: only
-  // the pages a batch references are ever written, so only those take memory.
+  // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. Only the pages a batch
+  // references are ever written, but every page is reserved up front (a full /dev/shm must fail
+  // at the start, not as a SIGBUS mid-run).
   std::uint64_t pool_layer = 0;
   for (std::size_t k = 0; k < kinds; ++k) {
     off.pool_kind.push_back(pool_layer);
@@ -124,29 +123,73 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   return off;
 }
 
-namespace {
-// The bytes a run will really touch (staging is poisoned whole; dense, compact and scratch are
-// written per batch; pools are sparse and only the batches' pages are written, so they are left
-// out): refuse up front rather than die of SIGBUS when tmpfs fills.
-std::uint64_t checked_size(std::uint64_t total, std::uint64_t touched) {
-  struct statvfs fs {};
-  if (::statvfs("/dev/shm", &fs) == 0) {
-    const std::uint64_t free_bytes = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
-    if (touched > free_bytes) {
-      throw std::runtime_error(fmt::format("the simulated group needs {} MiB of shared memory, /dev/shm has {} MiB free "
-                                           "(lower the staging size, the batch or cp)", touched >> 20, free_bytes >> 20));
+// What the run will write, reserved up front (SharedRegion::create): everything but the pool slabs,
+// and of those only the pages some batch references, on every layer and kind.
+std::vector<SharedRegion::ByteRange> World::reserved_ranges(const WorldGeometry& g, const Offsets& off) {
+  const std::uint64_t pool_end = off.pool + g.cp * off.pool_rank;
+  std::vector<SharedRegion::ByteRange> ranges = {{0, off.pool}, {pool_end, off.total - pool_end}};
+  if (!g.pool_pages_touched) {
+    ranges.push_back({off.pool, pool_end - off.pool});
+    return ranges;
+  }
+  const std::uint64_t per_layer = off.pool_rank / static_cast<std::uint64_t>(g.layers);
+  std::vector<SharedRegion::ByteRange> pages;
+  for (std::int64_t logical : *g.pool_pages_touched) {
+    const std::uint64_t rank = static_cast<std::uint64_t>(logical % g.cp);
+    const std::uint64_t local = static_cast<std::uint64_t>(logical / g.cp);
+    for (std::int32_t layer = 0; layer < g.layers; ++layer) {
+      for (std::size_t k = 0; k < g.row_bytes.size(); ++k) {
+        pages.push_back({off.pool + rank * off.pool_rank + layer * per_layer + off.pool_kind[k] + local * g.page_bytes(k), g.page_bytes(k)});
+      }
     }
   }
-  return total;
+  std::sort(pages.begin(), pages.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  for (const SharedRegion::ByteRange& page : pages) {  // adjacent pages in one call
+    if (ranges.size() > 2 && ranges.back().offset + ranges.back().bytes == page.offset) {
+      ranges.back().bytes += page.bytes;
+    } else {
+      ranges.push_back(page);
+    }
+  }
+  return ranges;
+}
+
+namespace {
+std::uint64_t sum_bytes(const std::vector<SharedRegion::ByteRange>& ranges) {
+  std::uint64_t sum = 0;
+  for (const SharedRegion::ByteRange& range : ranges) sum += range.bytes;
+  return sum;
+}
+
+void check_needed(std::uint64_t needed) {
+  const std::uint64_t free_bytes = shm_free_bytes();
+  if (needed > free_bytes) {
+    throw SharedMemoryFull(fmt::format("the simulated group needs {} MiB of shared memory ({} bytes, pools included), /dev/shm has {} MiB free "
+                                       "(lower the staging size, the batch, the layers or cp)", needed >> 20, needed, free_bytes >> 20));
+  }
+}
+
+// Refuse before the region is made, naming what is needed and what is free; the reservation
+// itself (posix_fallocate) still catches a /dev/shm that fills between this check and then.
+std::vector<SharedRegion::ByteRange> checked(std::vector<SharedRegion::ByteRange> ranges) {
+  check_needed(sum_bytes(ranges));
+  return ranges;
 }
 }  // namespace
+
+std::uint64_t World::reserved_bytes(const WorldGeometry& g) {
+  const model::ArenaCarve carve = carve_for(g);
+  return sum_bytes(reserved_ranges(g, carve_world(g, carve)));
+}
+
+void World::check_space(const WorldGeometry& g) { check_needed(reserved_bytes(g)); }
 
 World::World(const WorldGeometry& g, std::uint64_t seed)
     : geometry_(g),
       seed_(seed),
       carve_(carve_for(g)),
       off_(carve_world(g, carve_)),
-      region_(SharedRegion::create(checked_size(off_.total, off_.total - g.cp * off_.pool_rank))) {
+      region_(SharedRegion::create(off_.total, checked(reserved_ranges(g, off_)))) {
   const std::uint64_t cp = g.cp;
   std::uint8_t* base = region_.base();
   new (base + off_.header) Header();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/harness/launch.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/sim/machine.hpp"
@@ -54,8 +55,12 @@ struct SourceShape {
   std::int64_t batches = 0;
   std::int64_t slot_count_max = 1;
   std::int64_t current_pages_max = 1;
+  std::vector<std::int64_t> pool_pages_touched;  // logical pool pages any batch references, sorted
 };
 SourceShape measure(const BatchSource& source);
+
+// The geometry of the world a run of `source` with `options` carves (every sim mode).
+WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape);
 
 enum class ScheduleKind : std::uint8_t { random, round_robin, list };
 struct Schedule {
@@ -82,6 +87,10 @@ struct FaultOptions {
 struct RunLimits {
   std::int64_t wait_ms_max = 20000;         // any single wait (free-running)
   std::int64_t run_ms_max = 300000;         // the whole run (free-running, from the launcher)
+  // Processes: the launcher's watchdog ends a run in which no rank made progress this long; 0 means
+  // twice wait_ms_max, so the ranks' own wait bound reports first and the watchdog is the backstop
+  // for a rank stuck outside a wait.
+  std::int64_t stuck_ms_max = 0;
   std::uint64_t steps_max = 200'000'000;    // scheduled: total steps
   // Called on the launching thread with the batches every rank has finished (about every 100 ms
   // while ranks run free, after every batch when scheduled); for a progress bar. May be empty.
@@ -110,22 +119,10 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
 RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as,
                    const FaultOptions& faults, const RunLimits& limits);
 
-// Reaps forked rank processes with a bound. The first rank to die or exit non-zero stops the rest
-// (they would wait for it forever). Returns an empty string when every rank exited 0, else what
-// went wrong, naming the rank, its pid and `positions()` (where every rank was).
-struct ReapResult {
-  std::string failure;
-  bool deadlock = false;  // a rank exited with kRankExitDeadlock
-};
-inline constexpr int kRankExitOk = 0;
-inline constexpr int kRankExitDeadlock = 3;
-inline constexpr int kRankExitError = 4;
-ReapResult reap_ranks(std::vector<int>& pids, std::int64_t run_ms_max, const std::function<std::string()>& positions,
-                      const std::function<void()>& on_tick = {});
-
-// A fork that failed after some ranks started: kill and reap those (they would wait for the
-// missing rank), then throw one line naming the rank.
-[[noreturn]] void abandon_ranks(std::vector<int>& pids, std::int32_t failed_rank, int error_number);
+// Exit codes of a free-running rank process (the harness's).
+inline constexpr int kRankExitOk = harness::kRankExitOk;
+inline constexpr int kRankExitDeadlock = harness::kRankExitDeadlock;
+inline constexpr int kRankExitError = harness::kRankExitError;
 
 // One line per rank from the shared positions: where everyone is, for deadlock reports.
 std::string describe_positions(const World& world);

@@ -6,17 +6,35 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 
 namespace cpkv::sim {
 
+// /dev/shm cannot hold a region: bad input for the run as asked (exit 2), never a SIGBUS later.
+class SharedMemoryFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class SharedRegion {
  public:
-  // Creates a new zero-filled region of `bytes` bytes, owned by this process.
+  // Creates a new zero-filled region of `bytes` bytes, owned by this process, its pages reserved up
+  // front (posix_fallocate): a /dev/shm too small for it throws SharedMemoryFull naming the bytes
+  // needed and free, instead of a SIGBUS when a page is first touched. The first region a process
+  // creates also sweeps the stale regions of dead processes (every subcommand that makes one).
+  // The name is tracked for removal on SIGINT/SIGTERM (cpkv/harness/interrupt.hpp).
   static SharedRegion create(std::size_t bytes);
+  // The same, reserving only these ranges (a sparse region: the rest is never written).
+  struct ByteRange {
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+  };
+  static SharedRegion create(std::size_t bytes, const std::vector<ByteRange>& reserve);
   SharedRegion(SharedRegion&&) noexcept;
   SharedRegion& operator=(SharedRegion&&) = delete;
   SharedRegion(const SharedRegion&) = delete;
@@ -37,6 +55,9 @@ class SharedRegion {
   boost::interprocess::mapped_region region_;
   int owner_pid_;
 };
+
+// Bytes free in /dev/shm now (UINT64_MAX if it cannot be asked).
+std::uint64_t shm_free_bytes();
 
 // Removes every cpkv region whose creator process no longer exists. Returns how many it removed.
 int sweep_stale_regions();

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct WorldGeometry {
   std::int64_t pool_pages_per_rank = 0;    // local pages of each rank's slab
   std::int64_t slot_count_max = 0;         // dense slots of the largest batch
   std::int64_t current_pages_max = 0;      // current pages of the largest batch
+  // Logical pool pages some batch references (sorted): only their pages of the pool slabs are ever
+  // written, so only they are reserved. Unknown (nullopt): the whole pool is reserved.
+  std::optional<std::vector<std::int64_t>> pool_pages_touched;
 
   std::uint64_t page_bytes(std::size_t kind) const { return std::uint64_t{row_bytes[kind]} * page_size; }
   std::uint64_t page_bytes_all_kinds() const;
@@ -116,6 +120,11 @@ class World {
  public:
   World(const WorldGeometry& geometry, std::uint64_t seed);
 
+  // Bytes of shared memory a world of this geometry reserves (pools: only the pages touched).
+  static std::uint64_t reserved_bytes(const WorldGeometry& geometry);
+  // Throws SharedMemoryFull (needed and free, one line) if /dev/shm cannot hold that now.
+  static void check_space(const WorldGeometry& geometry);
+
   const WorldGeometry& geometry() const { return geometry_; }
   const SharedRegion& region() const { return region_; }
   std::uint64_t seed() const { return seed_; }
@@ -166,6 +175,7 @@ class World {
   };
   static model::ArenaCarve carve_for(const WorldGeometry& geometry);
   static Offsets carve_world(const WorldGeometry& geometry, const model::ArenaCarve& carve);
+  static std::vector<SharedRegion::ByteRange> reserved_ranges(const WorldGeometry& geometry, const Offsets& off);
   Header* header() const;
 
   WorldGeometry geometry_;

@@ -1,0 +1,35 @@
+// Interruption of a process that owns rank processes and shared-memory regions (SIGINT, SIGTERM,
+// SIGHUP: Ctrl-C signals the whole process group, a scheduler or `timeout` signals the parent only).
+//
+// The handler does nothing but record the signal and write its number to a pipe (both
+// async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
+// promise "no name left in /dev/shm within 1 s" even when a rank is slow to die: it removes every
+// tracked region name first (ranks keep their mappings), forwards the signal to every tracked rank,
+// kills with SIGKILL those alive after kForwardGraceMs, reaps them within kReapMsMax, prints one
+// line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
+// poll for the signal; loops that would otherwise report the dying ranks as failures ask
+// interrupted() and stay quiet.
+#pragma once
+
+#include <string>
+
+namespace cpkv::harness {
+
+// Installs the handlers and starts the watcher (once per process; later calls do nothing).
+// Forked rank children must not keep the handlers: launch_ranks and prepare_child() reset them.
+void install_interrupt_handling();
+
+// What the process is doing now, for the one line ("replay tiny.jsonl variant v2, sim/processes").
+void set_activity(const std::string& what);
+
+// The signal that interrupted this process, or 0.
+int interrupted();
+
+// Shared-memory names (shm_open names) and rank pids the watcher cleans up on interruption.
+// Tracking a name before creating it closes the window where a signal would leak it.
+void track_region(const std::string& name);
+void untrack_region(const std::string& name);
+void track_rank(int pid);
+void untrack_rank(int pid);
+
+}  // namespace cpkv::harness

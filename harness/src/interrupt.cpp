@@ -1,0 +1,206 @@
+#include "cpkv/harness/interrupt.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/launch.hpp"
+#include "registry.hpp"
+
+namespace cpkv::harness {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Limits of the cleanup, each with its reason.
+constexpr std::int64_t kForwardGraceMs = 300;  // ranks that die of the forwarded signal on their own
+constexpr std::int64_t kReapMsMax = 5000;      // SIGKILLed ranks; a GPU context's teardown can take seconds
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+std::atomic<int> g_signal{0};
+std::atomic<int> g_pipe_write{-1};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler stores into it");
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::string> regions;
+  std::vector<int> ranks;
+  std::string activity = "cpkv";
+};
+
+Registry& registry() {
+  static Registry* instance = new Registry();  // never destroyed: the watcher may use it during exit
+  return *instance;
+}
+
+extern "C" void on_signal(int signal_number) {
+  const int saved_errno = errno;
+  int expected = 0;
+  g_signal.compare_exchange_strong(expected, signal_number);
+  const int fd = g_pipe_write.load();
+  if (fd >= 0) {
+    const char byte = static_cast<char>(signal_number);
+    (void)!::write(fd, &byte, 1);
+  }
+  errno = saved_errno;
+}
+
+bool reaped_within(int pid, Clock::time_point deadline) {
+  while (true) {
+    const pid_t done = ::waitpid(pid, nullptr, WNOHANG);
+    if (done == pid || (done < 0 && errno == ECHILD)) return true;
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Ends every tracked rank: the signal first (a rank may clean up), SIGKILL after the grace.
+std::int32_t end_ranks(const std::vector<int>& ranks, int signal_number) {
+  for (int pid : ranks) ::kill(pid, signal_number);
+  const Clock::time_point grace_end = Clock::now() + std::chrono::milliseconds(kForwardGraceMs);
+  std::vector<int> left;
+  for (int pid : ranks) {
+    if (!reaped_within(pid, grace_end)) left.push_back(pid);
+  }
+  for (int pid : left) ::kill(pid, SIGKILL);
+  const Clock::time_point reap_end = Clock::now() + std::chrono::milliseconds(kReapMsMax);
+  std::int32_t unreaped = 0;
+  for (int pid : left) unreaped += reaped_within(pid, reap_end) ? 0 : 1;
+  return unreaped;
+}
+
+[[noreturn]] void clean_up_and_exit(int signal_number) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);  // held until _exit: nothing new is created or forked
+  std::string removed;
+  std::int32_t removed_count = 0;
+  for (const std::string& name : r.regions) {  // names first: the 1 s promise must not wait for ranks
+    if (::shm_unlink(name.c_str()) == 0) {
+      removed += (removed.empty() ? "" : ", ") + name;
+      ++removed_count;
+    }
+  }
+  const auto ranks = static_cast<std::int32_t>(r.ranks.size());
+  const std::int32_t unreaped = end_ranks(r.ranks, signal_number);
+  std::string line = fmt::format("cpkv: interrupted by {} during {}", detail::signal_name(signal_number), r.activity);
+  if (ranks > 0) line += fmt::format("; ended {} rank process{}", ranks, ranks == 1 ? "" : "es");
+  if (unreaped > 0) line += fmt::format(" ({} could not be reaped within {} ms)", unreaped, kReapMsMax);
+  if (removed_count > 0) line += fmt::format("; removed shared memory {}", removed);
+  line += "\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+  ::_exit(128 + signal_number);
+}
+
+void watch(int read_fd) {
+  char byte = 0;
+  while (true) {
+    const ssize_t got = ::read(read_fd, &byte, 1);
+    if (got == 1) break;
+    if (got < 0 && errno == EINTR) continue;
+    return;  // the pipe is gone: nothing will ever arrive
+  }
+  clean_up_and_exit(g_signal.load() != 0 ? g_signal.load() : static_cast<unsigned char>(byte));
+}
+
+}  // namespace
+
+namespace detail {
+
+pid_t reap_tracked(pid_t pid, int* raw, int flags) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  const pid_t done = ::waitpid(pid, raw, flags);
+  if (done == pid && (WIFEXITED(*raw) || WIFSIGNALED(*raw))) std::erase(r.ranks, static_cast<int>(pid));
+  return done;
+}
+
+const char* signal_name(int signal_number) {
+  switch (signal_number) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGKILL: return "SIGKILL";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGABRT: return "SIGABRT";
+    default: return "a signal";
+  }
+}
+
+}  // namespace detail
+
+void install_interrupt_handling() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int fds[2] = {-1, -1};
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("cannot create the signal pipe: {}", std::strerror(errno)));
+    g_pipe_write.store(fds[1]);
+    std::thread(watch, fds[0]).detach();
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    for (int s : kHandledSignals) ::sigaction(s, &action, nullptr);
+  });
+}
+
+void set_activity(const std::string& what) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().activity = what;
+}
+
+int interrupted() { return g_signal.load(); }
+
+void track_region(const std::string& name) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().regions.push_back(name);
+}
+
+void untrack_region(const std::string& name) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  std::erase(registry().regions, name);
+}
+
+void track_rank(int pid) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  registry().ranks.push_back(pid);
+}
+
+void untrack_rank(int pid) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  std::erase(registry().ranks, pid);
+}
+
+bool prepare_child(pid_t parent) {
+  g_pipe_write.store(-1);  // a signal to this child is its own, never the parent's
+  struct sigaction action {};
+  action.sa_handler = SIG_DFL;
+  sigemptyset(&action.sa_mask);
+  for (int s : kHandledSignals) ::sigaction(s, &action, nullptr);
+  sigset_t all;
+  sigemptyset(&all);
+  for (int s : kHandledSignals) sigaddset(&all, s);
+  ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return false;
+  return ::getppid() == parent;  // the parent died before prctl: the death signal will never come
+}
+
+}  // namespace cpkv::harness

@@ -1,0 +1,345 @@
+#include "cpkv/harness/launch.hpp"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/interrupt.hpp"
+#include "registry.hpp"
+
+namespace cpkv::harness {
+
+void RankProgress::at(std::int64_t batch, std::int32_t layer) {
+  record_->batch.store(batch, std::memory_order_relaxed);
+  record_->layer.store(layer, std::memory_order_relaxed);
+  beat();
+}
+
+void RankProgress::step(std::string_view name) {
+  const std::size_t n = std::min(name.size(), record_->step.size() - 1);
+  for (std::size_t i = 0; i < n; ++i) record_->step[i].store(name[i], std::memory_order_relaxed);
+  record_->step[n].store('\0', std::memory_order_relaxed);
+  beat();
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A pause of the watching loop itself longer than this means the parent was stopped (Ctrl-Z) or
+// starved; nobody's silence during it counts against them.
+constexpr std::int64_t kParentPauseMs = 1000;
+// A rank that is not waiting but has not beaten for this long is silent (a working rank beats at
+// every step, layer or stage, far more often).
+constexpr std::int64_t kSilentMsMin = 100;
+
+std::int64_t ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+}
+
+// The progress records, in an anonymous shared mapping the children inherit.
+class ProgressArea {
+ public:
+  explicit ProgressArea(std::int32_t ranks) : bytes_(sizeof(Progress) * static_cast<std::size_t>(ranks)) {
+    void* at = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) throw std::runtime_error(fmt::format("cannot map {} progress records: {}", ranks, std::strerror(errno)));
+    records_ = static_cast<Progress*>(at);
+    for (std::int32_t r = 0; r < ranks; ++r) new (records_ + r) Progress();
+  }
+  ~ProgressArea() { ::munmap(records_, bytes_); }
+  ProgressArea(const ProgressArea&) = delete;
+  ProgressArea& operator=(const ProgressArea&) = delete;
+  Progress& operator[](std::int32_t rank) const { return records_[rank]; }
+
+ private:
+  std::size_t bytes_;
+  Progress* records_ = nullptr;
+};
+
+// What the parent knows of one rank.
+struct RankWatch {
+  pid_t pid = -1;
+  bool reaped = false;
+  int stop_signal = 0;  // stopped by this signal now (waitpid WUNTRACED), 0 if not
+  std::string end;      // how it ended: "exited 0", "died from SIGKILL"
+  std::uint64_t heartbeat = 0;
+  Clock::time_point last_progress;
+};
+
+[[noreturn]] void run_child(const RankBody& body, const LaunchOptions& o, Progress& record, std::int32_t rank, pid_t parent) {
+  if (!prepare_child(parent)) ::_exit(kRankExitError);
+  int code = kRankExitError;
+  try {
+    record.started.store(1);
+    RankProgress progress(record);
+    code = body(rank, progress);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cpkv: %s %d: %s\n", o.label.c_str(), rank, e.what());
+  }
+  record.started.store(2);
+  std::fflush(nullptr);
+  ::_exit(code);  // never the parent's destructors: they own its shared memory
+}
+
+std::string step_of(const Progress& p) {
+  std::string out;
+  for (const auto& c : p.step) {
+    const char ch = c.load(std::memory_order_relaxed);
+    if (ch == '\0') break;
+    out += ch;
+  }
+  return out.empty() ? "start" : out;
+}
+
+std::string waiting_text(std::int32_t who) {
+  if (who == kNotWaiting) return "working";
+  if (who == kWaitingOnPeers) return "waiting for its peers";
+  if (who == kWaitingOnDevice) return "waiting for its GPU work (barriers, collectives)";
+  return fmt::format("waiting for rank {}", who);
+}
+
+class Watcher {
+ public:
+  Watcher(const LaunchOptions& o, const ProgressArea& area) : o_(o), area_(area), ranks_(o.ranks) {}
+  std::vector<RankWatch>& ranks() { return ranks_; }
+  LaunchResult watch();
+
+ private:
+  void reap(Clock::time_point now);
+  void ended(std::int32_t r, int raw);
+  void observe_heartbeats(Clock::time_point now);
+  std::int32_t culprit(Clock::time_point now) const;
+  std::string positions(Clock::time_point now) const;
+  std::string blame(std::int32_t r, Clock::time_point now) const;
+  void fail(std::string headline, std::int32_t culprit);
+  std::int64_t window() const;
+  void kill_all();
+
+  const LaunchOptions& o_;
+  const ProgressArea& area_;
+  std::vector<RankWatch> ranks_;
+  LaunchResult result_;
+  std::int32_t alive_ = 0;
+  Clock::time_point group_progress_;
+};
+
+// The no-progress window: stuck_ms_max, or longer while a live rank declared a quiet step.
+std::int64_t Watcher::window() const {
+  std::int64_t ms = o_.stuck_ms_max;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    if (!ranks_[r].reaped) ms = std::max(ms, area_[r].quiet_ms_max.load());
+  }
+  return ms;
+}
+
+void Watcher::kill_all() {
+  for (const RankWatch& w : ranks_) {
+    if (!w.reaped) ::kill(w.pid, SIGKILL);
+  }
+}
+
+void Watcher::fail(std::string headline, std::int32_t culprit) {
+  if (!result_.failure.empty()) return;
+  const Clock::time_point now = Clock::now();
+  result_.failure = fmt::format("{}: {}", headline, positions(now));
+  if (o_.positions) result_.failure += "; " + o_.positions();
+  result_.culprit = culprit;
+  kill_all();
+}
+
+void Watcher::observe_heartbeats(Clock::time_point now) {
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    RankWatch& w = ranks_[r];
+    const std::uint64_t beat = area_[r].heartbeat.load(std::memory_order_relaxed);
+    if (beat == w.heartbeat) continue;
+    w.heartbeat = beat;
+    w.last_progress = now;
+    group_progress_ = now;
+  }
+}
+
+// The rank that made no progress: one stopped by a signal, else the live rank that is not waiting
+// and has been silent longest, else the one furthest behind if it is alone there; -1 when every
+// rank waits at the same place (a deadlock among them).
+std::int32_t Watcher::culprit(Clock::time_point now) const {
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    if (!ranks_[r].reaped && ranks_[r].stop_signal != 0) return r;
+  }
+  std::int32_t silent = -1;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    const Progress& p = area_[r];
+    if (ranks_[r].reaped || p.started.load() == 2 || p.waiting_on.load() != kNotWaiting) continue;
+    if (silent < 0 || ranks_[r].last_progress < ranks_[silent].last_progress) silent = r;
+  }
+  if (silent >= 0 && ms_between(ranks_[silent].last_progress, now) > kSilentMsMin) return silent;
+  std::int32_t behind = -1;
+  bool alone = false;
+  const auto key = [&](std::int32_t r) { return std::pair(area_[r].batch.load(), area_[r].layer.load()); };
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    if (ranks_[r].reaped) continue;
+    if (behind < 0 || key(r) < key(behind)) {
+      behind = r;
+      alone = true;
+    } else if (key(r) == key(behind)) {
+      alone = false;
+    }
+  }
+  return alone ? behind : -1;
+}
+
+std::string Watcher::blame(std::int32_t r, Clock::time_point now) const {
+  const Progress& p = area_[r];
+  const RankWatch& w = ranks_[r];
+  std::string why = w.stop_signal != 0 ? fmt::format(", stopped by {}", detail::signal_name(w.stop_signal)) : "";
+  return fmt::format("rank {} (pid {}) made no progress for {} ms{} (at batch {} layer {} step '{}', {})", r, w.pid,
+                     ms_between(w.last_progress, now), why, p.batch.load(), p.layer.load(), step_of(p), waiting_text(p.waiting_on.load()));
+}
+
+std::string Watcher::positions(Clock::time_point now) const {
+  std::string out;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    const Progress& p = area_[r];
+    const RankWatch& w = ranks_[r];
+    std::string state = w.reaped ? w.end : waiting_text(p.waiting_on.load());
+    if (!w.reaped && w.stop_signal != 0) state = fmt::format("stopped by {}", detail::signal_name(w.stop_signal));
+    out += fmt::format("{}rank {} (pid {}) {} at batch {} layer {} step '{}', heartbeat {}, last progress {} ms ago", out.empty() ? "" : "; ", r,
+                       w.pid, state, p.batch.load(), p.layer.load(), step_of(p), w.heartbeat, ms_between(w.last_progress, now));
+  }
+  return out;
+}
+
+void Watcher::ended(std::int32_t r, int raw) {
+  RankWatch& w = ranks_[r];
+  w.reaped = true;
+  --alive_;
+  if (WIFSIGNALED(raw)) {
+    w.end = fmt::format("died from {}", detail::signal_name(WTERMSIG(raw)));
+    const int sig = WTERMSIG(raw);
+    // Ctrl-C reaches every rank with the parent: wait for the parent's own interruption before
+    // calling this rank's death a failure (the watcher then ends the process quietly).
+    const Clock::time_point settle = Clock::now() + std::chrono::milliseconds(kSignalSettleMs);
+    while ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && interrupted() == 0 && Clock::now() < settle) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (interrupted() == 0) fail(fmt::format("rank {} (pid {}) died from signal {}", r, w.pid, sig), r);
+    return;
+  }
+  const int status = WEXITSTATUS(raw);
+  w.end = fmt::format("exited {}", status);
+  if (status == kRankExitOk) return;
+  if (status != kRankExitDeadlock) return fail(fmt::format("rank {} (pid {}) exited with status {}", r, w.pid, status), r);
+  result_.deadlock = true;
+  const Clock::time_point now = Clock::now();
+  const std::int32_t c = culprit(now);
+  if (c >= 0 && c != r) {
+    return fail(fmt::format("{}; rank {} gave up waiting (exit status {})", blame(c, now), r, status), c);
+  }
+  fail(fmt::format("rank {} (pid {}) exited with status {} (gave up waiting; no other rank stands out: a deadlock)", r, w.pid, status), -1);
+}
+
+void Watcher::reap(Clock::time_point now) {
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    RankWatch& w = ranks_[r];
+    if (w.reaped) continue;
+    int raw = 0;
+    if (detail::reap_tracked(w.pid, &raw, WNOHANG | WUNTRACED | WCONTINUED) != w.pid) continue;
+    if (WIFSTOPPED(raw)) {
+      w.stop_signal = WSTOPSIG(raw);
+    } else if (WIFCONTINUED(raw)) {
+      w.stop_signal = 0;
+      w.last_progress = now;  // its silence while stopped was someone's decision, not a hang
+    } else {
+      ended(r, raw);
+    }
+  }
+}
+
+LaunchResult Watcher::watch() {
+  const Clock::time_point start = Clock::now();
+  Clock::time_point last_tick = start;
+  Clock::time_point last_loop = start;
+  group_progress_ = start;
+  for (RankWatch& w : ranks_) w.last_progress = start;
+  alive_ = o_.ranks;
+  bool limit_reported = false;
+  bool parked = false;
+  while (alive_ > 0) {
+    const Clock::time_point now = Clock::now();
+    if (interrupted() != 0 && !parked) {
+      // The interrupt watcher ends every rank and then the process; report nothing meanwhile. If
+      // it has not done so within its own bounds, end the ranks here and say why.
+      parked = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * kKillReapMsMax));
+      fail(fmt::format("interrupted by {}, and the process did not end", detail::signal_name(interrupted())), -1);
+    }
+    if (ms_between(last_loop, now) > kParentPauseMs) {  // the parent itself was stopped: restart the clocks
+      for (RankWatch& w : ranks_) w.last_progress = now;
+      group_progress_ = now;
+    }
+    last_loop = now;
+    reap(now);
+    observe_heartbeats(now);
+    if (result_.failure.empty() && ms_between(group_progress_, now) > window()) {
+      result_.deadlock = true;
+      result_.stuck = true;
+      const std::int32_t c = culprit(now);
+      fail(c >= 0 ? fmt::format("{}; no rank made progress for {} ms", blame(c, now), window())
+                  : fmt::format("no rank made progress for {} ms and every rank is waiting (a deadlock)", window()),
+           c);
+    }
+    if (!limit_reported && ms_between(start, now) > o_.run_ms_max) {
+      limit_reported = true;
+      fail(fmt::format("run limit {} ms reached", o_.run_ms_max), -1);
+    }
+    if (o_.on_tick && ms_between(last_tick, now) > kTickMs) {
+      last_tick = now;
+      o_.on_tick();
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(kPollUs));
+  }
+  return result_;
+}
+
+// A fork that failed after some ranks started: kill and reap those, then throw one line.
+[[noreturn]] void abandon(std::vector<RankWatch>& ranks, std::int32_t failed_rank, int error_number) {
+  for (RankWatch& w : ranks) {
+    if (w.pid <= 0) continue;
+    ::kill(w.pid, SIGKILL);
+    int raw = 0;
+    detail::reap_tracked(w.pid, &raw, 0);
+  }
+  throw std::runtime_error(fmt::format("fork for rank {} failed: {}", failed_rank, std::strerror(error_number)));
+}
+
+}  // namespace
+
+LaunchResult launch_ranks(const LaunchOptions& o, const RankBody& body) {
+  if (o.ranks < 1 || o.ranks > kRanksMax) throw std::invalid_argument(fmt::format("{} ranks is outside 1..{}", o.ranks, kRanksMax));
+  ProgressArea area(o.ranks);
+  Watcher watcher(o, area);
+  const pid_t parent = ::getpid();
+  std::fflush(nullptr);  // a child must not flush the parent's buffered output a second time
+  for (std::int32_t r = 0; r < o.ranks; ++r) {
+    const pid_t pid = ::fork();
+    if (pid < 0) abandon(watcher.ranks(), r, errno);
+    if (pid == 0) run_child(body, o, area[r], r, parent);
+    watcher.ranks()[r].pid = pid;
+    track_rank(pid);
+  }
+  return watcher.watch();
+}
+
+}  // namespace cpkv::harness
