@@ -268,7 +268,8 @@ TEST(ImportReader, MalformedLinesAreRefusedWithFileLineAndReason) {
   const std::string good = log_line(0, 10, {1, 2});
   EXPECT_EQ(error_of(good + "{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n"),
             "log.jsonl:2: hash_ids: 1 ids for input_length 10 (expected ceil(10 / 8) = 2)");
-  EXPECT_EQ(error_of(good + "{not json\n"), "log.jsonl:2: json: not valid JSON");
+  EXPECT_EQ(error_of(good + "{not json\n"),
+            "log.jsonl:2: json: invalid JSON at byte 2: syntax error while parsing object key - invalid literal; last read: '{n'; expected string literal");
   EXPECT_EQ(error_of(good + "\n"), "log.jsonl:2: json: blank line (every line must hold one request object)");
   EXPECT_EQ(error_of("[1, 2]\n"), "log.jsonl:1: json: expected one JSON object per line");
   EXPECT_EQ(error_of("{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": []}\n"), "log.jsonl:1: input_length: missing");
