@@ -6,7 +6,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$root/build}"
 
 packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev librapidcheck-dev libboost-dev
-          nlohmann-json3-dev libcli11-dev libfmt-dev libbenchmark-dev)
+          nlohmann-json3-dev libcli11-dev libfmt-dev libbenchmark-dev
+          clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz targets (scripts/fuzz.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
