@@ -11,7 +11,7 @@
 # Builds the targets first with clang in BUILD (default build-fuzz; CPKV_FUZZ_BUILD_DIR overrides).
 # Prints, per target, executions, new inputs and crashes; exits 1 if any target crashed, leaked or
 # hit undefined behaviour, 2 on a usage or build problem. The libFuzzer seed is printed; set
-# CPKV_FUZZ_SEED to repeat a run's choices.
+# CPKV_FUZZ_SEED to repeat a run's choices. CPKV_FUZZ_OPT overrides the optimization level.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 targets=(trace_file trace_batches mooncake)
@@ -33,15 +33,15 @@ seed="${CPKV_FUZZ_SEED:-$(( $(date +%s) % 1000000007 ))}"
 build="${CPKV_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 opt=-O1
 [[ $mode == smoke ]] && opt=-O0
+opt="${CPKV_FUZZ_OPT:-$opt}"
 command -v clang++ >/dev/null || { echo "cpkv fuzz: clang++ not found (scripts/setup.sh installs clang and libclang-rt-14-dev)" >&2; exit 2; }
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-if [[ ! -f $build/CMakeCache.txt ]]; then
-  cmake -S "$root/fuzz" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_CXX_COMPILER=clang++ \
-    -DCPKV_FUZZ_OPT="$opt" >"$build.configure.log" 2>&1 || { cat "$build.configure.log" >&2; exit 2; }
-fi
+[[ -f $build/CMakeCache.txt ]] && generator=()  # the generator is fixed at the first configure
+cmake -S "$root/fuzz" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_CXX_COMPILER=clang++ \
+  -DCPKV_FUZZ_OPT="$opt" >"$build.configure.log" 2>&1 || { cat "$build.configure.log" >&2; exit 2; }
 cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >"$build.build.log" 2>&1 || { tail -40 "$build.build.log" >&2; exit 2; }
 
 # --- Seeds: the samples and the first lines of the Mooncake log (the whole 1.1 MB log is too big
@@ -68,7 +68,7 @@ run_target() {
 }
 
 echo "cpkv fuzz: seed $seed, $seconds_per_target s per target ($mode, $opt)"
-declare -A status
+declare -A status pids
 if [[ $mode == smoke ]]; then
   for t in "${targets[@]}"; do
     run_target "$t" "$work/corpus/$t" "$work/artifacts/$t" "$work/$t.log" & pids[$t]=$!
