@@ -7,7 +7,8 @@ BUILD_DIR="${BUILD_DIR:-$root/build}"
 
 packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev librapidcheck-dev libboost-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libbenchmark-dev
-          python3-dev pybind11-dev python3-pytest python3-numpy python3-hypothesis)
+          python3-dev pybind11-dev python3-pytest python3-numpy python3-hypothesis  # the Python package (python/)
+          clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz targets (scripts/fuzz.sh)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -268,7 +268,8 @@ TEST(ImportReader, MalformedLinesAreRefusedWithFileLineAndReason) {
   const std::string good = log_line(0, 10, {1, 2});
   EXPECT_EQ(error_of(good + "{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n"),
             "log.jsonl:2: hash_ids: 1 ids for input_length 10 (expected ceil(10 / 8) = 2)");
-  EXPECT_EQ(error_of(good + "{not json\n"), "log.jsonl:2: json: not valid JSON");
+  EXPECT_EQ(error_of(good + "{not json\n"),
+            "log.jsonl:2: json: invalid JSON at byte 3: syntax error while parsing object key - invalid literal; last read: '{no'; expected string literal");
   EXPECT_EQ(error_of(good + "\n"), "log.jsonl:2: json: blank line (every line must hold one request object)");
   EXPECT_EQ(error_of("[1, 2]\n"), "log.jsonl:1: json: expected one JSON object per line");
   EXPECT_EQ(error_of("{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": []}\n"), "log.jsonl:1: input_length: missing");
@@ -282,6 +283,28 @@ TEST(ImportReader, MalformedLinesAreRefusedWithFileLineAndReason) {
             "log.jsonl:2: timestamp: 5 is earlier than the previous request's 7 (requests must be in arrival order)");
 }
 
+// The reader's limits (issue items 4a and 10) hold for Mooncake logs too, ignored keys included:
+// nesting is capped with a located error, a key given twice is refused by name, and a huge key or
+// value is cut in the error line.
+TEST(ImportReader, DeepDuplicateAndHugeInputIsRefusedInOneShortLine) {
+  const std::string fields = R"("timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1])";
+  const std::string deep = "{" + fields + R"(, "note": )" + std::string(70000, '[') + std::string(70000, ']') + "}\n";
+  const std::string deep_error = error_of(deep);
+  EXPECT_EQ(deep_error.rfind("log.jsonl:1: note[0][0][0]", 0), 0u) << deep_error.substr(0, 300);
+  EXPECT_NE(deep_error.find(": nesting deeper than 64 levels (the reader's limit)"), std::string::npos) << deep_error.substr(0, 300);
+  EXPECT_EQ(error_of("{" + fields + R"(, "input_length": 4})" + "\n"), "log.jsonl:1: input_length: duplicate key");
+  EXPECT_EQ(error_of("{" + fields + R"(, "meta": {"a": [{"b": 1, "b": 2}]}})" + "\n"), "log.jsonl:1: meta.a[0].b: duplicate key");
+  const std::string big(10'000'000, 'x');
+  EXPECT_EQ(error_of(R"({"timestamp": ")" + big + R"(", "input_length": 3, "output_length": 1, "hash_ids": [1]})" "\n"),
+            "log.jsonl:1: timestamp: expected an integer, got \"" + std::string(39, 'x') + "... (10000002 bytes)");
+  EXPECT_EQ(error_of("{" + fields + ", \"" + big + "\": 1, \"" + big + "\": 2}\n"),
+            "log.jsonl:1: " + std::string(64, 'x') + "... (10000000 bytes): duplicate key");
+  EXPECT_LT(error_of("{\"timestamp\": \"" + big + "\n").size(), 320u);
+  EXPECT_EQ(error_of("{" + fields + R"(, "hash_ids": {"a": 1}})" + "\n"), "log.jsonl:1: hash_ids: duplicate key");
+  EXPECT_EQ(error_of(R"({"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": {"a": [1, 2]}})" "\n"),
+            "log.jsonl:1: hash_ids: expected an array, got an object");
+}
+
 // --skip-bad never skips silently: every skipped line is counted and the first reason kept.
 TEST(ImportReader, SkipBadCountsEverySkippedLine) {
   const std::string log = log_line(0, 10, {1, 2}) + "{oops\n" + log_line(1, 3, {1, 2}) + "\n" + log_line(2, 3, {5});
@@ -291,7 +314,8 @@ TEST(ImportReader, SkipBadCountsEverySkippedLine) {
   EXPECT_EQ(lines, (std::vector<std::int64_t>{1, 5}));
   EXPECT_EQ(reader.lines_read(), 5);
   EXPECT_EQ(reader.lines_skipped(), 3);
-  EXPECT_EQ(reader.first_skip_reason(), "log.jsonl:2: json: not valid JSON");
+  EXPECT_EQ(reader.first_skip_reason(),
+            "log.jsonl:2: json: invalid JSON at byte 2: syntax error while parsing object key - invalid literal; last read: '{o'; expected string literal");
 }
 
 TEST(ImportCli, MalformedLogExitsTwoWithOneLineAndWritesNothing) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -72,8 +73,8 @@ std::string with_batch_change(const std::function<void(json&)>& change) {
 }
 
 // Reads every batch of `text` and returns the error it must raise, after checking the parts every
-// error shares: the file name, the line, the field, and one line of text that starts with them.
-TraceError refusal(const std::string& text, std::int64_t line, const std::string& field) {
+// error shares: the file name, the line, and one line of text that starts with them.
+TraceError refusal_at(const std::string& text, std::int64_t line) {
   try {
     TraceReader reader(stream_of(text), "bad.jsonl");
     while (reader.next()) {
@@ -82,14 +83,24 @@ TraceError refusal(const std::string& text, std::int64_t line, const std::string
     const std::string message = error.what();
     EXPECT_EQ(error.file(), "bad.jsonl");
     EXPECT_EQ(error.line(), line) << message;
-    EXPECT_EQ(error.field(), field) << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
     EXPECT_EQ(message.find('\r'), std::string::npos) << message;
     EXPECT_EQ(message, "bad.jsonl:" + std::to_string(line) + ": " + error.field() + ": " + error.reason());
+    // The issue's cap: about 300 characters of field and reason, whatever the line holds (each
+    // part at most its limit plus the "... (N bytes)" that says it was cut).
+    EXPECT_LE(error.field().size(), limits::error_field_bytes + 22) << message.substr(0, 400);
+    EXPECT_LE(error.reason().size(), limits::error_reason_bytes + 22) << message.substr(0, 400);
     return error;
   }
-  ADD_FAILURE() << "the trace was accepted:\n" << text;
+  ADD_FAILURE() << "the trace was accepted:\n" << text.substr(0, 1000);
   return TraceError("", 0, "", "");
+}
+
+// refusal_at(), and the error names `field`.
+TraceError refusal(const std::string& text, std::int64_t line, const std::string& field) {
+  TraceError error = refusal_at(text, line);
+  EXPECT_EQ(error.field(), field) << error.what();
+  return error;
 }
 
 // --- The samples -----------------------------------------------------------------------------
@@ -553,10 +564,13 @@ TEST(TraceBatchPaths, GeneratedBatchesReadTheSameOnBothPaths) {
       const std::int64_t page_count = b % 7 == 3 && b % 10 != 0 ? pick(2000, 5000) : pick(0, 60);  // some big page lists
       request.prefix_len = 4 * page_count;
       request.extend_len = pick(1, 50000);
+      std::set<std::int64_t> used;  // a request names each page once (traces/README.md)
       for (std::int64_t k = 0; k < page_count; ++k) {
         // Ids of every size the pool allows, the largest and 0 among them.
         const std::int64_t digits_cap = std::int64_t{1} << pick(0, 31);
-        request.prefix_pages.push_back(std::min(pick(0, digits_cap - 1), model::limits::pool_pages_max - 1));
+        std::int64_t id = std::min(pick(0, digits_cap - 1), model::limits::pool_pages_max - 1);
+        while (!used.insert(id).second) id = pick(0, model::limits::pool_pages_max - 1);
+        request.prefix_pages.push_back(id);
       }
       batches[b].requests.push_back(std::move(request));
     }
@@ -635,9 +649,9 @@ const std::vector<Refused>& refused_batch_lines() {
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"requests\":[]}",
        "bad.jsonl:2: requests: duplicate key"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
-       "bad.jsonl:2: prefix_len: duplicate key"},
+       "bad.jsonl:2: requests[0].prefix_len: duplicate key"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2],\"prefix_pages\":[5,2]}]}",
-       "bad.jsonl:2: prefix_pages: duplicate key"},
+       "bad.jsonl:2: requests[0].prefix_pages: duplicate key"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":1.5,\"prefix_pages\":[5,2]}]}",
        "bad.jsonl:2: requests[0].extend_len: expected an integer, got a non-integer number (1.5)"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8.0,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
@@ -731,7 +745,7 @@ const std::vector<Refused>& refused_batch_lines() {
       {"{\"batch\":{},\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
        "bad.jsonl:2: batch: expected an integer, got an object"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"time_ms\":{\"a\":1,\"a\":2}}",
-       "bad.jsonl:2: a: duplicate key"},
+       "bad.jsonl:2: time_ms.a: duplicate key"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":18446744073709551615,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
        "bad.jsonl:2: requests[0].prefix_len: 18446744073709551615 does not fit in 64 bits"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":9223372036854775808,\"extend_len\":6,\"prefix_pages\":[5,2]}]}",
@@ -801,9 +815,9 @@ const std::vector<Refused>& refused_batch_lines() {
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\x01""\":1}",
        "bad.jsonl:2: json: invalid JSON at byte 79: syntax error while parsing object key - invalid string: control character U+0001 (SOH) must be escaped to \\u0001; last read: '\"<U+0001>'; expected string literal"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk\":1}",
-       "bad.jsonl:2: kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk: unknown key (expected one of: batch, requests)"},
+       "bad.jsonl:2: kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk... (100 bytes): unknown key (expected one of: batch, requests)"},
       {"{\"batch\":0,\"requests\":[{\"prefix_len\":8,\"extend_len\":6,\"prefix_pages\":[5,2]}],\"\\u0000\":1}",
-       "bad.jsonl:2: "},
+       "bad.jsonl:2: ?: unknown key (expected one of: batch, requests)"},
   };
   return cases;
 }
@@ -827,6 +841,193 @@ TEST(TraceBatchPaths, MalformedBatchLinesAreRefusedWithTheSameMessageAsBefore) {
       expect_same_batch(fast->batch, dom.batch, context);
     }
   }
+}
+
+// --- Reliability: nesting depth, error length, full paths, time, repeated pages ---------------
+
+// `depth` arrays inside each other: "[[[...]]]".
+std::string nested_arrays(std::size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+// `depth` objects inside each other: {"a":{"a":...{}...}}.
+std::string nested_objects(std::size_t depth) {
+  std::string text;
+  for (std::size_t i = 1; i < depth; ++i) text += "{\"a\":";
+  return text + "{}" + std::string(depth - 1, '}');
+}
+
+// good_header() with `source` replaced by the JSON text `source`.
+std::string header_with_source(const std::string& source) {
+  std::string header = good_header().dump();
+  const std::string old_source = "\"source\":" + good_header()["source"].dump();
+  header.replace(header.find(old_source), old_source.size(), "\"source\":" + source);
+  return header;
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+// Issue item 4a: a header `source` nested 70,000 deep crashed plan and replay with SIGSEGV (the DOM
+// was copied recursively). Nesting is capped while parsing, with a located error.
+TEST(TraceLimits, DeepSourceIsRefusedWithItsPathInsteadOfCrashing) {
+  for (const std::string& deep : {nested_arrays(70000), nested_objects(70000), "{\"k\":" + nested_arrays(70000) + "}"}) {
+    const std::string text = header_with_source(deep) + "\n" + good_batch(0).dump() + "\n";
+    const TraceError error = refusal_at(text, 1);
+    EXPECT_TRUE(starts_with(error.field(), "source")) << error.field();
+    EXPECT_EQ(error.reason(), "nesting deeper than 64 levels (the reader's limit)");
+  }
+}
+
+TEST(TraceLimits, NestingUpToTheLimitIsAcceptedAndOneMoreIsRefused) {
+  // The header object is level 1 and `source` level 2: source's value may hold depth_max - 2 more.
+  const std::size_t inner = limits::json_depth_max - 2;
+  TraceReader reader(stream_of(header_with_source("{\"k\":" + nested_arrays(inner) + "}") + "\n"), "ok.jsonl");
+  EXPECT_EQ(reader.header().source.at("k").size(), 1u);
+  const TraceError error = refusal_at(header_with_source("{\"k\":" + nested_arrays(inner + 1) + "}") + "\n", 1);
+  // The path of the 65th container: source.k and then [0] for every array level but the last.
+  std::string path = "source.k";
+  for (std::size_t i = 0; i + 1 < inner + 1; ++i) path += "[0]";
+  EXPECT_EQ(error.field(), path.substr(0, limits::error_field_bytes) + "... (" + std::to_string(path.size()) + " bytes)");
+}
+
+TEST(TraceLimits, DeepBatchLineIsRefusedWithItsPath) {
+  const std::string batch = R"({"batch":0,"requests":[{"prefix_len":0,"extend_len":1,"prefix_pages":)" + nested_arrays(70000) + "}]}";
+  const TraceError error = refusal_at(lines({good_header()}) + batch + "\n", 2);
+  EXPECT_TRUE(starts_with(error.field(), "requests[0].prefix_pages[0][0][0]")) << error.field();
+  EXPECT_EQ(error.reason(), "nesting deeper than 64 levels (the reader's limit)");
+  // Deep under an unknown key too: the depth is checked before any key is looked at.
+  const std::string unknown = R"({"batch":0,"extra":)" + nested_objects(70000) + "}";
+  const TraceError deep_unknown = refusal_at(lines({good_header()}) + unknown + "\n", 2);
+  EXPECT_TRUE(starts_with(deep_unknown.field(), "extra.a.a.a")) << deep_unknown.field();
+}
+
+// Issue item 10: a 100 MB key was echoed whole. Keys and values quoted from the input are cut, with
+// their length, so the error stays about 300 characters (refusal() checks the length of each).
+TEST(TraceLimits, HugeKeysAndValuesAreCutInTheErrorLine) {
+  const std::string big(10'000'000, 'x');
+  const std::string cut_key = std::string(limits::quoted_key_bytes, 'x') + "... (10000000 bytes)";
+  const std::string cut_value = std::string(limits::quoted_value_bytes, 'x') + "... (10000000 bytes)";
+  EXPECT_EQ(refusal(with_header_change([&](json& h) { h[big] = 1; }), 1, cut_key).reason(),
+            "unknown key (expected one of: format, version, cp, page_size, buffer_kinds, layers, pool_pages, split, caps, source)");
+  EXPECT_EQ(refusal(with_header_change([&](json& h) { h["caps"][big] = 1; }), 1, "caps." + cut_key).field(), "caps." + cut_key);
+  EXPECT_EQ(refusal(with_header_change([&](json& h) { h["split"] = big; }), 1, "split").reason(),
+            "unknown split policy \"" + cut_value + "\" (known: zigzag, contiguous, round_robin)");
+  EXPECT_EQ(refusal(with_header_change([&](json& h) { h["format"] = big; }), 1, "format").reason(),
+            "unknown format \"" + cut_value + "\" (expected \"cpkv-batch-trace\")");
+  refusal(with_header_change([&](json& h) { h["buffer_kinds"][1] = big; }), 1, "buffer_kinds[1]");
+  refusal(with_batch_change([&](json& b) { b["requests"][0]["extend_len"] = big; }), 3, "requests[0].extend_len");
+  // A duplicate huge key, and an unterminated huge string that nlohmann's message would echo.
+  refusal(lines({good_header()}) + "{\"" + big + "\":1,\"" + big + "\":2}\n", 2, cut_key);
+  const TraceError unterminated = refusal(lines({good_header()}) + "{\"batch\":\"" + big + "\n", 2, "json");
+  EXPECT_NE(unterminated.reason().find("... (10000001 bytes)"), std::string::npos) << unterminated.reason();
+  // A path of 60 levels of 60-byte keys (3,600 bytes) is cut as a whole: a duplicate at the bottom.
+  std::string source = "{\"d\":0,\"d\":0}";
+  for (int i = 0; i < 60; ++i) source = "{\"" + std::string(60, 'k') + "\":" + source + "}";
+  const TraceError long_path = refusal_at(header_with_source(source) + "\n", 1);
+  std::string path = "source";
+  for (int i = 0; i < 60; ++i) path += "." + std::string(60, 'k');
+  path += ".d";
+  EXPECT_EQ(long_path.field(), path.substr(0, limits::error_field_bytes) + "... (" + std::to_string(path.size()) + " bytes)");
+  EXPECT_EQ(long_path.reason(), "duplicate key");
+}
+
+// Issue item 10: a duplicate key is named by its full field path, as the README promises.
+TEST(TraceLimits, DuplicateKeyIsNamedByItsFullPath) {
+  const auto batch_line = [](const std::string& request) {
+    return lines({good_header()}) + R"({"batch":0,"requests":[{"prefix_len":0,"extend_len":1,"prefix_pages":[]},)" + request + "]}\n";
+  };
+  refusal(batch_line(R"({"prefix_len":0,"extend_len":1,"extend_len":1,"prefix_pages":[]})"), 2, "requests[1].extend_len");
+  refusal(batch_line(R"({"prefix_len":0,"prefix_pages":[],"extend_len":1,"prefix_pages":[]})"), 2, "requests[1].prefix_pages");
+  const std::string header = good_header().dump();
+  const auto header_with = [&](const std::string& from, const std::string& to) {
+    std::string text = header;
+    text.replace(text.find(from), from.size(), to);
+    return text + "\n";
+  };
+  refusal(header_with("\"staging_mib\":null", "\"staging_mib\":null,\"staging_mib\":1"), 1, "caps.staging_mib");
+  refusal(header_with("\"count\":2", "\"count\":2,\"count\":2"), 1, "layers.count");
+  refusal(header_with("\"cp\":2", "\"cp\":2,\"cp\":2"), 1, "cp");
+  refusal(header_with("\"kind\":\"test\"", "\"kind\":\"test\",\"list\":[0,{\"x\":1},{\"y\":{\"z\":1,\"z\":2}}]"), 1, "source.list[2].y.z");
+}
+
+// Seconds of this thread's CPU time to read `text` as a trace to its end or its first error; the
+// least of three runs. CPU time, not wall time, so other work on the machine matters little.
+double cpu_seconds_to_read(const std::string& text) {
+  double best = 1e9;
+  for (int run = 0; run < 3; ++run) {
+    timespec start{};
+    timespec stop{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    try {
+      TraceReader reader(stream_of(text), "time.jsonl");
+      while (reader.next()) {
+      }
+    } catch (const TraceError&) {
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &stop);
+    best = std::min(best, static_cast<double>(stop.tv_sec - start.tv_sec) + 1e-9 * static_cast<double>(stop.tv_nsec - start.tv_nsec));
+  }
+  return best;
+}
+
+// Issue item 5: a `source` of 80,000 keys took 29.5 s (10,000 keys 0.6 s): the duplicate-key check
+// compared every key with every key before it. Reading must be linear in the line. This is not a
+// speed test: it compares the CPU time for n and 8n keys. Linear reading gives a ratio near 8
+// (n log n, nlohmann's std::map, a little more), quadratic near 64; the bound 24 sits far from
+// both, so neither a slow machine nor a busy one (CPU time, best of three) moves a result across
+// it. This machine has no hardware counters (perf_event_open fails in the VM), or the test would
+// count instructions instead.
+TEST(TraceLimits, ReadingIsLinearInTheNumberOfKeys) {
+  const auto header_with_keys = [](std::size_t n) {
+    std::string source = "{";
+    for (std::size_t i = 0; i < n; ++i) source += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\":0";
+    return header_with_source(source + "}") + "\n";
+  };
+  const auto batch_with_keys = [](std::size_t n) {  // unknown keys, then a duplicate at the end
+    std::string line = R"({"batch":0,"requests":[{"prefix_len":0,"extend_len":1,"prefix_pages":[]}])";
+    for (std::size_t i = 0; i < n; ++i) line += ",\"k" + std::to_string(i) + "\":0";
+    return lines({good_header()}) + line + ",\"k0\":0}\n";
+  };
+  constexpr std::size_t n = 5000;
+  for (const auto& make : {std::function<std::string(std::size_t)>(header_with_keys), std::function<std::string(std::size_t)>(batch_with_keys)}) {
+    const double small = cpu_seconds_to_read(make(n));
+    const double large = cpu_seconds_to_read(make(8 * n));
+    EXPECT_LT(large, 24 * small + 0.005) << "n keys: " << small << " s, 8n keys: " << large << " s";
+  }
+}
+
+// Issue item 11: one request naming the same pool page twice is refused (a page holds the KV of
+// one run of page_size tokens; a request's page table cannot map two positions to it). Requests
+// sharing a page is the prefix cache and stays valid.
+TEST(TracePrefixPages, APageRepeatedInOneRequestIsRefused) {
+  const TraceError error = refusal(with_batch_change([](json& b) {
+                                     b["requests"][0]["prefix_len"] = 12;
+                                     b["requests"][0]["prefix_pages"] = {5, 2, 5};
+                                   }),
+                                   3, "requests[0].prefix_pages[2]");
+  EXPECT_EQ(error.reason(), "page id 5 is also at prefix_pages[0] of this request (a request's prefix maps each position to its own page)");
+  // The same line through the DOM path (a "-0" makes the fast path give up): the same refusal.
+  const std::string dom_line = R"({"batch":-0,"requests":[{"prefix_len":8,"extend_len":1,"prefix_pages":[7,7]}]})";
+  ASSERT_FALSE(detail::read_batch_line_fast(dom_line).has_value());
+  refusal(lines({good_header()}) + dom_line + "\n", 2, "requests[0].prefix_pages[1]");
+}
+
+TEST(TracePrefixPages, RequestsSharingAPageAreAccepted) {
+  json batch = good_batch(0);
+  batch["requests"][1]["prefix_len"] = 8;
+  batch["requests"][1]["prefix_pages"] = {2, 5};  // request 0's pages, the other way round
+  TraceReader reader(stream_of(lines({good_header(), batch})), "shared.jsonl");
+  const std::optional<model::Batch> read = reader.next();
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->requests[1].prefix_pages, pages({2, 5}));
+}
+
+TEST(TracePrefixPages, WriterRefusesARepeatedPage) {
+  TraceHeader header;
+  header.setting = TraceReader(stream_of(lines({good_header()})), "h.jsonl").header().setting;
+  std::ostringstream out;
+  TraceWriter writer(out, header);
+  model::Batch batch;
+  batch.requests.push_back(model::Request{.prefix_len = 8, .extend_len = 1, .prefix_pages = {3, 3}});
+  EXPECT_THROW(writer.write(batch), std::invalid_argument);
 }
 
 }  // namespace

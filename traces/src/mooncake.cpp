@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/model/staging.hpp"
+#include "json_line.hpp"
 
 namespace cpkv::traces::mooncake {
 
@@ -19,13 +20,12 @@ namespace {
 
 using nlohmann::json;
 
-// Quoted input values are cut so one bad line cannot make a huge message.
-constexpr std::size_t kQuotedValueChars = 40;
-
+// Quoted input values are cut so one bad line cannot make a huge message. A container is named,
+// not dumped: its dump would be as long as the line (and nlohmann's dump recurses per level).
 std::string quote(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kQuotedValueChars) text = text.substr(0, kQuotedValueChars) + "...";
-  return text;
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  return detail::clip(value.dump(-1, ' ', false, json::error_handler_t::replace), limits::quoted_value_bytes);
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -69,8 +69,12 @@ MooncakeRequest MooncakeReader::parse(const std::string& text) const {
   };
   if (!text.empty() && text.back() == '\r') return parse(text.substr(0, text.size() - 1));
   if (text.find_first_not_of(" \t") == std::string::npos) fail("json", "blank line (every line must hold one request object)");
-  const json object = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (object.is_discarded()) fail("json", "not valid JSON");
+  // Other keys are ignored, but the whole line must still be JSON within the reader's limits: no
+  // duplicate key (which of two input_length would count?), no nesting deeper than json_depth_max.
+  detail::LineProblem problem;
+  const std::optional<json> parsed = detail::parse_line(text, problem);
+  if (!parsed) fail(problem.field, problem.reason);
+  const json& object = *parsed;
   if (!object.is_object()) fail("json", "expected one JSON object per line");
   const auto integer = [&](const char* key, std::int64_t minimum) -> std::int64_t {
     const auto it = object.find(key);

@@ -2,10 +2,11 @@
 // line (keys, types, non-negative integers, order of batches) and leaves the meaning (cp range,
 // page size, page ids inside the pool, ...) to model::validate, whose Problem fields already use
 // the trace's field names. Every refusal is one TraceError: `FILE:LINE: FIELD: REASON`.
-#include <cstdint>
 #include "cpkv/traces/trace.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <istream>
@@ -18,28 +19,38 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "json_line.hpp"
+
 namespace cpkv::traces {
 
 namespace {
 
 using nlohmann::json;
+using detail::clip;
+using detail::index_path;
+using detail::join_path;
 
-// An error message must stay one line whatever the input holds (a JSON key may decode to a newline).
+// An error message must stay one line of plain text whatever the input holds: a JSON key may
+// decode to a newline, a NUL (which would end what() early) or a terminal escape.
 std::string one_line(std::string text) {
   for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
+    if (c == '\n' || c == '\r' || c == '\t') {
+      c = ' ';
+    } else if ((c >= 0 && c < 0x20) || c == 0x7f) {
+      c = '?';
+    }
   }
   return text;
 }
 
-// Values quoted in reasons are cut here so one bad line cannot make a huge message.
-constexpr std::size_t kQuotedValueChars = 40;
-
+// Values quoted in reasons are cut (limits::quoted_value_bytes) so one bad line cannot make a huge
+// message; only scalars are quoted, so the dump is as long as the value's text.
 std::string quote_value(const json& value) {
-  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > kQuotedValueChars) text = text.substr(0, kQuotedValueChars) + "...";
-  return text;
+  return clip(value.dump(-1, ' ', false, json::error_handler_t::replace), limits::quoted_value_bytes);
 }
+
+// A string from the input, quoted in a reason.
+std::string quote_name(const std::string& name) { return clip(name, limits::quoted_value_bytes); }
 
 std::string describe_type(const json& value) {
   if (value.is_null()) return "null";
@@ -49,14 +60,6 @@ std::string describe_type(const json& value) {
   if (value.is_string()) return fmt::format("a string ({})", quote_value(value));
   if (value.is_array()) return "an array";
   return "an object";
-}
-
-std::string join_path(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : fmt::format("{}.{}", path, key);
-}
-
-std::string index_path(const std::string& path, std::size_t index) {
-  return fmt::format("{}[{}]", path, index);
 }
 
 std::string known_list(std::initializer_list<std::string_view> keys) {
@@ -72,35 +75,17 @@ class LineChecker {
     throw TraceError(file_, line_, std::move(field), std::move(reason));
   }
 
-  // The line as a JSON object: no blank lines, no duplicate keys, nothing after the object.
+  // The line as a JSON object: no blank lines, no duplicate keys, no nesting deeper than
+  // limits::json_depth_max, nothing after the object (detail::parse_line).
   json parse_object(const std::string& text) const {
     if (text.find_first_not_of(" \t\r") == std::string::npos) {
       fail("json", "blank line (every line must hold one JSON object)");
     }
-    std::vector<std::vector<std::string>> keys_by_depth;
-    const auto reject_duplicate_keys = [&](int, json::parse_event_t event, json& parsed) {
-      if (event == json::parse_event_t::object_start) keys_by_depth.emplace_back();
-      if (event == json::parse_event_t::object_end) keys_by_depth.pop_back();
-      if (event == json::parse_event_t::key) {
-        std::vector<std::string>& seen = keys_by_depth.back();
-        const std::string& key = parsed.get_ref<const std::string&>();
-        for (const std::string& other : seen) {
-          if (other == key) fail(key, "duplicate key");
-        }
-        seen.push_back(key);
-      }
-      return true;
-    };
-    json value;
-    try {
-      value = json::parse(text, reject_duplicate_keys);
-    } catch (const json::parse_error& error) {
-      fail("json", parse_error_reason(error));
-    } catch (const json::out_of_range& error) {
-      fail("json", "a number is out of range (larger than a double can hold)");
-    }
-    if (!value.is_object()) fail("json", fmt::format("expected an object, got {}", describe_type(value)));
-    return value;
+    detail::LineProblem problem;
+    std::optional<json> value = detail::parse_line(text, problem);
+    if (!value) fail(std::move(problem.field), std::move(problem.reason));
+    if (!value->is_object()) fail("json", fmt::format("expected an object, got {}", describe_type(*value)));
+    return std::move(*value);
   }
 
   void refuse_unknown_keys(const json& object, const std::string& path,
@@ -167,16 +152,6 @@ class LineChecker {
   }
 
  private:
-  // nlohmann's message without its "[json.exception.parse_error.101] " tag; the line is ours.
-  static std::string parse_error_reason(const json::parse_error& error) {
-    std::string_view text = error.what();
-    const std::size_t tag_end = text.find("] ");
-    if (tag_end != std::string_view::npos) text.remove_prefix(tag_end + 2);
-    const std::size_t detail = text.find(": ");
-    const std::string_view detail_text = detail == std::string_view::npos ? text : text.substr(detail + 2);
-    return fmt::format("invalid JSON at byte {}: {}", error.byte, detail_text);
-  }
-
   const std::string& file_;
   std::int64_t line_;
 };
@@ -206,7 +181,7 @@ std::vector<model::BufferKind> parse_buffer_kinds(const LineChecker& checker, co
     if (!kind) {
       std::vector<std::string_view> known;
       for (const model::BufferKind& k : model::kBufferKinds) known.push_back(k.name);
-      checker.fail(field, fmt::format("unknown buffer kind \"{}\" (known: {})", name, fmt::join(known, ", ")));
+      checker.fail(field, fmt::format("unknown buffer kind \"{}\" (known: {})", quote_name(name), fmt::join(known, ", ")));
     }
     kinds.push_back(*kind);
   }
@@ -229,7 +204,7 @@ void check_format_and_version(const LineChecker& checker, const json& header_jso
   const json* format = LineChecker::optional(header_json, "format");
   if (format == nullptr) checker.fail("format", "missing required field (the first line must be the trace header)");
   const std::string& name = checker.string(*format, "format");
-  if (name != kFormatName) checker.fail("format", fmt::format("unknown format \"{}\" (expected \"{}\")", name, kFormatName));
+  if (name != kFormatName) checker.fail("format", fmt::format("unknown format \"{}\" (expected \"{}\")", quote_name(name), kFormatName));
   const std::int64_t version = checker.non_negative(checker.required(header_json, "", "version"), "version");
   if (version != kFormatVersion) {
     checker.fail("version", fmt::format("unsupported version {} (this reader reads version {})", version, kFormatVersion));
@@ -250,7 +225,7 @@ TraceHeader parse_header(const LineChecker& checker, const json& header_json) {
   if (const json* split = LineChecker::optional(header_json, "split")) {
     const std::string& name = checker.string(*split, "split");
     const std::optional<model::SplitPolicy> policy = model::parse_split_policy(name);
-    if (!policy) checker.fail("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin)", name));
+    if (!policy) checker.fail("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin)", quote_name(name)));
     setting.split = *policy;
   }
   if (const json* caps = LineChecker::optional(header_json, "caps")) setting.caps = parse_caps(checker, *caps);
@@ -279,6 +254,30 @@ model::Request parse_request(const LineChecker& checker, const json& request_jso
     }
   }
   return request;
+}
+
+// A request's page table maps each position of its prefix to its own page: a page holds the KV of
+// page_size particular tokens, so one page at two positions of one request is a corrupt trace
+// (traces/README.md). Several requests naming one page is the prefix cache, and fine. This is a
+// rule of the trace format, not of model::validate: the protocol itself reads such a batch fine
+// (the property generators draw pages with replacement). `sorted` is scratch space reused across
+// calls; the sort makes the check O(n log n) in the request's pages with no allocation per batch.
+std::optional<model::Problem> repeated_prefix_page(const model::Batch& batch, std::vector<std::int64_t>& sorted) {
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const std::vector<std::int64_t>& pages = batch.requests[r].prefix_pages;
+    if (pages.size() < 2) continue;
+    sorted.assign(pages.begin(), pages.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto repeat = std::adjacent_find(sorted.begin(), sorted.end());
+    if (repeat == sorted.end()) continue;
+    const auto first = std::find(pages.begin(), pages.end(), *repeat);
+    const auto second = std::find(first + 1, pages.end(), *repeat);
+    return model::Problem{fmt::format("requests[{}].prefix_pages[{}]", r, second - pages.begin()),
+                          fmt::format("page id {} is also at prefix_pages[{}] of this request (a request's prefix "
+                                      "maps each position to its own page)",
+                                      *repeat, first - pages.begin())};
+  }
+  return std::nullopt;
 }
 
 void check_batch_number(const LineChecker& checker, std::int64_t index, std::int64_t expected_index) {
@@ -459,12 +458,17 @@ detail::BatchLine parse_batch_shape(const LineChecker& checker, const json& batc
 
 }  // namespace
 
+// FIELD and REASON are cut to their limits here, whoever raised the error, so the line stays short.
 TraceError::TraceError(std::string file, std::int64_t line, std::string field, std::string reason)
+    : TraceError(std::move(file), line, one_line(clip(field, limits::error_field_bytes)),
+                 one_line(clip(reason, limits::error_reason_bytes)), Clipped{}) {}
+
+TraceError::TraceError(std::string file, std::int64_t line, std::string field, std::string reason, Clipped)
     : std::runtime_error(one_line(fmt::format("{}:{}: {}: {}", file, line, field, reason))),
       file_(std::move(file)),
       line_(line),
-      field_(one_line(std::move(field))),
-      reason_(one_line(std::move(reason))) {}
+      field_(std::move(field)),
+      reason_(std::move(reason)) {}
 
 TraceReader::TraceReader(const std::string& path) : name_(path) {
   auto file = std::make_unique<std::ifstream>(path);
@@ -505,6 +509,7 @@ std::optional<model::Batch> TraceReader::next() {
   if (!line) line = parse_batch_shape(checker, checker.parse_object(text), expected_index);
   check_batch_number(checker, line->index, expected_index);
   checker.check(model::validate(header_.setting, line->batch));
+  checker.check(repeated_prefix_page(line->batch, page_scratch_));
   ++batch_index_;
   return std::move(line->batch);
 }
@@ -564,6 +569,10 @@ TraceWriter::TraceWriter(std::ostream& out, const TraceHeader& header) : out_(ou
 
 void TraceWriter::write(const model::Batch& batch) {
   if (const std::optional<model::Problem> problem = model::validate(setting_, batch)) {
+    throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+  }
+  std::vector<std::int64_t> sorted;
+  if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, sorted)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
   }
   out_ << batch_to_json(batch, next_index_).dump() << '\n';

@@ -2,6 +2,7 @@
 // header object then one object per batch. The reader streams: it holds one batch at a time.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <fstream>
 #include <iosfwd>
@@ -9,6 +10,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +22,22 @@ namespace cpkv::traces {
 
 inline constexpr std::string_view kFormatName = "cpkv-batch-trace";
 inline constexpr std::int64_t kFormatVersion = 1;
+
+// Limits of the readers of untrusted lines (this reader and the Mooncake log reader), with reasons.
+namespace limits {
+// Nesting of objects and arrays in one line. A batch line needs 4 levels and the importer's
+// `source` 3; a hand-written `source` has no business going deeper than this, and nlohmann's DOM
+// copy and dump recurse per level (70,000 levels overflowed an 8 MiB stack).
+inline constexpr std::size_t json_depth_max = 64;
+// Error lines stay short (at most about 320 bytes beside the file name) whatever the input holds: a
+// key or a value quoted from the input is cut to these many bytes, with its length appended ...
+inline constexpr std::size_t quoted_key_bytes = 64;
+inline constexpr std::size_t quoted_value_bytes = 40;
+// ... and so are the FIELD and REASON of a TraceError as a whole (a path of 64 levels of keys; the
+// longest of nlohmann's syntax messages, with its echo of the input already cut, is about 230).
+inline constexpr std::size_t error_field_bytes = 100;
+inline constexpr std::size_t error_reason_bytes = 220;
+}  // namespace limits
 
 struct TraceHeader {
   model::Setting setting;
@@ -35,6 +54,8 @@ class TraceError : public std::runtime_error {
   const std::string& reason() const { return reason_; }
 
  private:
+  struct Clipped {};
+  TraceError(std::string file, std::int64_t line, std::string field, std::string reason, Clipped);
   std::string file_;
   std::int64_t line_;
   std::string field_;
@@ -63,6 +84,7 @@ class TraceReader {
   TraceHeader header_;
   std::int64_t line_ = 0;
   std::int64_t batch_index_ = -1;
+  std::vector<std::int64_t> page_scratch_;  // reused by the check for repeated prefix pages
 };
 
 namespace detail {
