@@ -1,4 +1,5 @@
 #include "files.hpp"
+#include "cpkv/traces/trace.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -101,15 +102,22 @@ bool is_terminal(const std::string& path) {
 
 }  // namespace
 
+// A trace that cannot be opened is reported as the trace reader reports it (file, line 0, field
+// "file"), so the CLI and the Python package say the same; any other input names its option.
+void InputFile::throw_unreadable(int error_number) const {
+  if (option_ == "trace") throw traces::TraceError(path_, 0, "file", fmt::format("cannot open: {}", std::strerror(error_number)));
+  throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(error_number)));
+}
+
 InputFile::InputFile(std::string option, std::string path, bool spool_pipes)
     : option_(std::move(option)), path_(std::move(path)), read_path_(path_) {
   if (path_.empty()) throw OptionError(fmt::format("{}: an empty file name", option_));
   struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(errno)));
+  if (::stat(path_.c_str(), &st) != 0) throw_unreadable(errno);
   if (S_ISDIR(st.st_mode)) throw OptionError(fmt::format("{}: {} is a directory, not a file", option_, path_));
   id_ = FileId{st.st_dev, st.st_ino};
   if (S_ISREG(st.st_mode)) {
-    if (::access(path_.c_str(), R_OK) != 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(errno)));
+    if (::access(path_.c_str(), R_OK) != 0) throw_unreadable(errno);
     return;
   }
   // A device other than a terminal is never a trace (/dev/zero would spool forever).

@@ -47,6 +47,7 @@ class InputFile {
   const std::string& option() const { return option_; }
 
  private:
+  [[noreturn]] void throw_unreadable(int error_number) const;
   std::string option_;
   std::string path_;
   std::string read_path_;

@@ -167,15 +167,10 @@ struct TraceScan {
 TraceScan scan(const sim::BatchSource& source) {
   TraceScan out;
   const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
-  sim::BatchCursor cursor(source);
-  while (auto batch = cursor.next()) {
-    ++out.shape.batches;
-    const model::BatchLayout layout = model::layout_batch(source.setting, *batch);
-    out.shape.slot_count_max = std::max(out.shape.slot_count_max, layout.slot_count);
-    out.shape.current_pages_max = std::max(out.shape.current_pages_max, layout.current_pages_total);
+  out.shape = sim::measure(source, [&](std::int64_t batch_index, const model::BatchLayout& layout) {
     const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
-    if (verdict.overflow) out.rejected.push_back({cursor.index(), verdict});
-  }
+    if (verdict.overflow) out.rejected.push_back({batch_index, verdict});
+  });
   return out;
 }
 

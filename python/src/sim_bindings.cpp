@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/model/staging.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -108,7 +109,16 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayArgs& a, const ReplayPlan
 
 py::dict run_source(const sim::BatchSource& source, const py::object& trace_label, const ReplayArgs& a) {
   ReplayPlan plan = check_options(a);
-  const sim::SourceShape shape = sim::measure(source);  // validates every batch before any rank starts
+  // Validates every batch before any rank starts; the batches the overflow verdict rejects are
+  // listed as the CLI's report lists them (PROTOCOL.md section 4: a rejected batch is named).
+  const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
+  py::list rejected;
+  const sim::SourceShape shape = sim::measure(source, [&](std::int64_t batch_index, const model::BatchLayout& layout) {
+    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
+    if (!verdict.overflow) return;
+    rejected.append(py::dict(py::arg("batch") = batch_index, py::arg("current_pages_total") = verdict.current_pages_total,
+                             py::arg("staging_slots") = verdict.staging_slots, py::arg("verdict") = verdict.describe()));
+  });
   if (a.batch && shape.batches == 0) throw InputError("batch", fmt::format("{} is not in {}", *a.batch, py::str(trace_label).cast<std::string>()));
   plan.layers = checked_layers(a.layers, source.setting.layer_count());
   if (a.ipc_missing_rank >= source.setting.cp) {
@@ -134,7 +144,7 @@ py::dict run_source(const sim::BatchSource& source, const py::object& trace_labe
     runs.append(run_dict(report, variant, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
   }
   return py::dict(py::arg("trace") = trace_label, py::arg("seed") = a.seed, py::arg("layers") = plan.layers, py::arg("mode") = backend->name(),
-                  py::arg("mutant") = a.mutant, py::arg("runs") = runs);
+                  py::arg("mutant") = a.mutant, py::arg("rejected_batches") = rejected, py::arg("runs") = runs);
 }
 
 ReplayArgs args_of(std::string backend, std::string variant, std::string ranks_as, std::optional<std::string> schedule, std::uint64_t seed,

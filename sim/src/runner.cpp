@@ -127,7 +127,8 @@ BatchSource BatchSource::from_batches(model::Setting setting, std::vector<model:
   return source;
 }
 
-SourceShape measure(const BatchSource& source) {
+SourceShape measure(const BatchSource& source,
+                    const std::function<void(std::int64_t batch_index, const model::BatchLayout& layout)>& on_batch) {
   SourceShape shape;
   BatchCursor cursor(source);
   while (auto batch = cursor.next()) {
@@ -135,6 +136,7 @@ SourceShape measure(const BatchSource& source) {
     const model::BatchLayout layout = model::layout_batch(source.setting, *batch);
     shape.slot_count_max = std::max(shape.slot_count_max, layout.slot_count);
     shape.current_pages_max = std::max(shape.current_pages_max, layout.current_pages_total);
+    if (on_batch) on_batch(cursor.index(), layout);
     for (const model::Request& request : batch->requests) {
       shape.pool_pages_touched.insert(shape.pool_pages_touched.end(), request.prefix_pages.begin(), request.prefix_pages.end());
     }

@@ -57,7 +57,9 @@ struct SourceShape {
   std::int64_t current_pages_max = 1;
   std::vector<std::int64_t> pool_pages_touched;  // logical pool pages any batch references, sorted
 };
-SourceShape measure(const BatchSource& source);
+// One pass over the source; `on_batch` (optional) sees every batch's index and layout on the way.
+SourceShape measure(const BatchSource& source,
+                    const std::function<void(std::int64_t batch_index, const model::BatchLayout& layout)>& on_batch = {});
 
 // The geometry of the world a run of `source` with `options` carves (every sim mode).
 WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape);
