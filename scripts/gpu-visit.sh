@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify]
+# (verify: the gpu tests and `cpkv mutants --backend cuda`)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,13 @@ grep "cpkv:" "$OUT/configure.log"
 cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
+if [[ "$what" == verify ]]; then
+  # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed" "$OUT/gpu-tests.log" | tail -30
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"
+fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; tail -25 "$OUT/gpu-tests.log"
