@@ -24,7 +24,7 @@ seeds="$root/traces/samples/seeds_batch.jsonl"   # cp 8: on 2 GPUs, 4 ranks a GP
 report="$OUT/gpu-reliability.md"
 nvidia-smi --query-gpu=index,name --format=csv,noheader > "$OUT/gpu-reliability-gpus.txt" 2>&1 || true
 
-# A cp-2 trace that runs long (the tiny sample, 64 layers, 300 batches): one rank a GPU, NCCL
+# A cp-2 trace that runs long (the tiny sample, 64 layers, 3000 batches: about 30 s): one rank a GPU, NCCL
 # all-reduces for v2 (a collective), device barriers for staging_direct.
 long2="$OUT/long-cp2.jsonl"
 python3 - "$root/traces/samples/tiny.jsonl" "$long2" <<'EOF' || long2=""
@@ -34,7 +34,7 @@ header = json.loads(lines[0]); header["layers"] = {"count": 64, "pattern": "F" *
 batches = [json.loads(l) for l in lines[1:]]
 with open(sys.argv[2], "w") as out:
     out.write(json.dumps(header) + "\n")
-    for b in range(300):
+    for b in range(3000):
         batch = dict(batches[b % len(batches)]); batch["batch"] = b; out.write(json.dumps(batch) + "\n")
 EOF
 

@@ -121,6 +121,7 @@ class Watcher {
   void reap(Clock::time_point now);
   void ended(std::int32_t r, int raw);
   void observe_heartbeats(Clock::time_point now);
+  void end_on_stopped_rank(Clock::time_point now);
   std::int32_t culprit(Clock::time_point now) const;
   std::string positions(Clock::time_point now) const;
   std::string blame(std::int32_t r, Clock::time_point now) const;
@@ -158,6 +159,22 @@ void Watcher::fail(std::string headline, std::int32_t culprit) {
   if (o_.positions) result_.failure += "; " + o_.positions();
   result_.culprit = culprit;
   kill_all();
+}
+
+// A rank stopped by a signal that has made no progress for the window ends the run, whatever the
+// others do meanwhile: they may keep the group's clock moving for a while (a device barrier that
+// times out, a rank giving up on a host barrier), which must not stretch the bound on the report.
+void Watcher::end_on_stopped_rank(Clock::time_point now) {
+  if (!result_.failure.empty()) return;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    const RankWatch& w = ranks_[r];
+    if (w.reaped || w.stop_signal == 0 || ms_between(w.last_progress, now) <= window()) continue;
+    result_.deadlock = true;
+    result_.stuck = true;
+    const bool group_silent = ms_between(group_progress_, now) > window();
+    const char* since = group_silent ? "no rank made progress" : "it made no progress, while others did,";
+    return fail(fmt::format("{}; {} for {} ms", blame(r, now), since, window()), r);
+  }
 }
 
 void Watcher::observe_heartbeats(Clock::time_point now) {
@@ -292,6 +309,7 @@ LaunchResult Watcher::watch() {
     last_loop = now;
     reap(now);
     observe_heartbeats(now);
+    end_on_stopped_rank(now);
     if (result_.failure.empty() && ms_between(group_progress_, now) > window()) {
       result_.deadlock = true;
       result_.stuck = true;
