@@ -63,120 +63,92 @@ ModelBytes mean_bytes(const model::Setting& setting, const model::Batch& batch, 
   return {sum.peer / layers, sum.local / layers, sum.allreduce / layers};
 }
 
-void run_bench(const BenchOptions& o) {
-  if (o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}': benchmarks run on cuda only", o.backend));
-  std::vector<model::Variant> variants;
-  if (o.variant == "all") {
-    variants.assign(model::kAllVariants.begin(), model::kAllVariants.end());
-  } else if (auto v = model::parse_variant(o.variant)) {
-    variants.push_back(*v);
-  } else {
-    throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
-  }
-  // Inputs, then outputs, before any work: nothing is opened for writing until the results exist.
-  const InputFile trace("trace", o.trace_path, /*spool=*/true);
-  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
-  std::unique_ptr<OutputFile> markdown = o.markdown_path ? std::make_unique<OutputFile>("--markdown", *o.markdown_path) : nullptr;
-  refuse_same_files({&trace}, {json.get(), markdown.get()});
-  sim::BatchSource source = sim::BatchSource::from_trace(trace.path());
-  if (o.cp) {
-    if (*o.cp < 1 || *o.cp > 8) throw OptionError(fmt::format("--cp: {} is outside 1..8", *o.cp));
-    source.setting.cp = *o.cp;
-  }
-  const std::int32_t gpus = cuda::gpu_count();
-  if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
-  if (gpus < source.setting.cp) {
-    throw OptionError(fmt::format("--cp: {} ranks on {} GPUs would time-slice; benchmarks need one GPU per rank", source.setting.cp, gpus));
-  }
-  const std::int32_t layers = std::min(o.layers, source.setting.layer_count());
-  if (layers < 2) throw OptionError("--layers: timing needs at least 2 layers (consecutive layers must alternate staging halves)");
-  const std::int32_t timed_cycle = layers % 2 == 0 ? layers : layers - 1;  // the backend's timing cycle
-  // The batches, for the model's bytes (benchmark traces are small: a handful of batches), and the
-  // ones the overflow verdict rejects (nothing of them is timed).
+std::vector<model::Variant> bench_variants(const std::string& name) {
+  if (name == "all") return {model::kAllVariants.begin(), model::kAllVariants.end()};
+  if (auto v = model::parse_variant(name)) return {*v};
+  throw OptionError(fmt::format("--variant: unknown variant '{}'", name));
+}
+
+// The trace, the ranks on the GPUs, the layers timed, and every batch (for the model's bytes:
+// benchmark traces are small, a handful of batches) with the ones the overflow verdict rejects
+// (nothing of them is timed).
+struct BenchSetup {
+  sim::BatchSource source;
+  std::int32_t gpus = 0;
+  std::int32_t layers = 0;
+  std::int32_t timed_cycle = 0;  // the backend's timing cycle
   std::vector<model::Batch> batches;
   std::vector<RejectedBatch> rejected;
-  {
-    const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
-    sim::BatchCursor cursor(source);
-    while (auto b = cursor.next()) {
-      const model::Verdict verdict = model::overflow_verdict(model::layout_batch(source.setting, *b).current_pages_total, staging_slots);
-      if (verdict.overflow) rejected.push_back({cursor.index(), verdict});
-      batches.push_back(*b);
-    }
-  }
-  fmt::print("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)\n", o.trace_path, source.setting.cp, gpus,
-             batches.size(), layers, o.reps, source.setting.layer_count());
-  std::fflush(stdout);
-  print_rejected("cpkv bench", rejected);
+};
 
-  nlohmann::json out;
-  out["trace"] = o.trace_path;
-  out["rejected_batches"] = rejected_json(rejected);
-  out["cp"] = source.setting.cp;
-  out["layers_timed"] = layers;
-  out["layers_model"] = source.setting.layer_count();
-  out["reps"] = o.reps;
-  nlohmann::json rows = nlohmann::json::array();
-  cuda::Ceilings ceilings;
-  bool first = true;
-  bool all_exact = true;
-  for (model::Variant variant : variants) {
-    sim::SimOptions options;
-    options.variant = variant;
-    options.layers = layers;
-    cuda::CudaOptions cuda_options;
-    cuda_options.timing_reps = o.reps;
-    cuda_options.measure_ceilings = first;
-    const cuda::BenchResult result = cuda::run_bench(source, options, cuda_options);
-    if (!result.report.passed()) {
-      all_exact = false;
-      fmt::print("{}: FAILED: {} {}\n", model::to_string(variant), result.report.failure,
-                 result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch);
-    }
-    if (first) {
-      ceilings = result.ceilings;
-      first = false;
-    }
-    for (std::size_t b = 0; b < result.layer_us_median.size() && b < batches.size(); ++b) {
-      // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
-      const ModelBytes bytes = mean_bytes(source.setting, batches[b], variant, timed_cycle);
-      const ModelBytes ideal_bytes = mean_bytes(source.setting, batches[b], model::Variant::staging_direct, timed_cycle);
-      const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
-      const double us = result.layer_us_median[b];
-      if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
-      // The isolated current-page exchange exists where current pages move on their own: barrier +
-      // gather (staging and symmetric variants) or the compact all-reduce (v2).
-      const bool isolated_applies = variant == model::Variant::v2 || variant == model::Variant::symm_dense ||
-                                    variant == model::Variant::staging_publish || variant == model::Variant::staging_direct;
-      rows.push_back({{"batch", b},
-                      {"variant", model::to_string(variant)},
-                      {"byte_exact", result.report.passed()},
-                      {"us_per_layer_median", us},
-                      {"us_per_layer_min", result.layer_us_min[b]},
-                      {"us_per_layer_max", result.layer_us_max[b]},
-                      {"ms_per_batch", us * source.setting.layer_count() / 1000.0},
-                      {"isolated_current_us", isolated_applies ? nlohmann::json(result.isolated_us_median[b]) : nlohmann::json(nullptr)},
-                      {"peer_bytes_per_rank_layer", bytes.peer},
-                      {"local_bytes_per_rank_layer", bytes.local},
-                      {"allreduce_bytes_per_layer", bytes.allreduce},
-                      {"achieved_peer_gbps", bytes.peer / (us * 1e3)},
-                      {"ideal_us_per_layer", ideal_us},
-                      {"ratio_to_ideal", us / ideal_us},
-                      {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
-    }
+BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
+  BenchSetup s{sim::BatchSource::from_trace(trace.path())};
+  if (o.cp) {
+    if (*o.cp < 1 || *o.cp > model::limits::cp_max) throw OptionError(fmt::format("--cp: {} is outside 1..{}", *o.cp, model::limits::cp_max));
+    s.source.setting.cp = *o.cp;
   }
+  s.gpus = cuda::gpu_count();
+  if (s.gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+  if (s.gpus < s.source.setting.cp) {
+    throw OptionError(fmt::format("--cp: {} ranks on {} GPUs would time-slice; benchmarks need one GPU per rank", s.source.setting.cp, s.gpus));
+  }
+  s.layers = std::min(o.layers, s.source.setting.layer_count());
+  if (s.layers < 2) throw OptionError("--layers: timing needs at least 2 layers (consecutive layers must alternate staging halves)");
+  s.timed_cycle = s.layers % 2 == 0 ? s.layers : s.layers - 1;
+  const std::int64_t staging_slots = model::staging_capacity(s.source.setting).staging_slots;
+  sim::BatchCursor cursor(s.source);
+  while (auto b = cursor.next()) {
+    const model::Verdict verdict = model::overflow_verdict(model::layout_batch(s.source.setting, *b).current_pages_total, staging_slots);
+    if (verdict.overflow) s.rejected.push_back({cursor.index(), verdict});
+    s.batches.push_back(*b);
+  }
+  return s;
+}
+
+// One row per timed batch of one variant's run.
+void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
+  for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
+    // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
+    const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
+    const ModelBytes ideal_bytes = mean_bytes(s.source.setting, s.batches[b], model::Variant::staging_direct, s.timed_cycle);
+    const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
+    const double us = result.layer_us_median[b];
+    if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
+    // The isolated current-page exchange exists where current pages move on their own: barrier +
+    // gather (staging and symmetric variants) or the compact all-reduce (v2).
+    const bool isolated_applies = model::info(variant).isolated != model::IsolatedExchange::none;
+    rows.push_back({{"batch", b},
+                    {"variant", model::to_string(variant)},
+                    {"byte_exact", result.report.passed()},
+                    {"us_per_layer_median", us},
+                    {"us_per_layer_min", result.layer_us_min[b]},
+                    {"us_per_layer_max", result.layer_us_max[b]},
+                    {"ms_per_batch", us * s.source.setting.layer_count() / 1000.0},
+                    {"isolated_current_us", isolated_applies ? nlohmann::json(result.isolated_us_median[b]) : nlohmann::json(nullptr)},
+                    {"peer_bytes_per_rank_layer", bytes.peer},
+                    {"local_bytes_per_rank_layer", bytes.local},
+                    {"allreduce_bytes_per_layer", bytes.allreduce},
+                    {"achieved_peer_gbps", bytes.peer / (us * 1e3)},
+                    {"ideal_us_per_layer", ideal_us},
+                    {"ratio_to_ideal", us / ideal_us},
+                    {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
+  }
+}
+
+// The ceilings, in the bench's own shape and in the one `cpkv replay --backend model --ceilings FILE` reads.
+void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
   for (const auto& g : ceilings.gather) gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}});
   out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps}, {"local_copy_gbps", ceilings.local_copy_gbps}, {"barrier_us", ceilings.barrier_us},
                      {"barrier_us_launch_free", ceilings.barrier_us_launch_free}, {"gather", gathers}};
-  // The shape `cpkv replay --backend model --ceilings FILE` reads.
   out["peer_gbps"] = ceilings.ce_peer_gbps;
   out["local_gbps"] = ceilings.local_copy_gbps;
   out["barrier_us"] = ceilings.barrier_us;
-  out["rows"] = rows;
+}
 
+std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& ceilings, std::int32_t layer_count) {
   std::string md = fmt::format("| batch | variant | us/layer (median) | min | max | ms/batch ({} layers) | isolated current us | peer MB/rank/layer | GB/s | x ideal | exact |\n",
-                               source.setting.layer_count());
+                               layer_count);
   md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     const std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
@@ -191,6 +163,56 @@ void run_bench(const BenchOptions& o) {
                     ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_launch_free);
   md += "\n| gather page bytes | pages | GB/s | of CE ceiling |\n|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) md += fmt::format("| {} | {} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps);
+  return md;
+}
+
+void run_bench(const BenchOptions& o) {
+  if (o.backend != "cuda") throw OptionError(fmt::format("--backend: '{}': benchmarks run on cuda only", o.backend));
+  const std::vector<model::Variant> variants = bench_variants(o.variant);
+  // Inputs, then outputs, before any work: nothing is opened for writing until the results exist.
+  const InputFile trace("trace", o.trace_path, /*spool=*/true);
+  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
+  std::unique_ptr<OutputFile> markdown = o.markdown_path ? std::make_unique<OutputFile>("--markdown", *o.markdown_path) : nullptr;
+  refuse_same_files({&trace}, {json.get(), markdown.get()});
+  const BenchSetup s = bench_setup(o, trace);
+  fmt::print("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)\n", o.trace_path, s.source.setting.cp,
+             s.gpus, s.batches.size(), s.layers, o.reps, s.source.setting.layer_count());
+  std::fflush(stdout);
+  print_rejected("cpkv bench", s.rejected);
+
+  nlohmann::json out;
+  out["trace"] = o.trace_path;
+  out["rejected_batches"] = rejected_json(s.rejected);
+  out["cp"] = s.source.setting.cp;
+  out["layers_timed"] = s.layers;
+  out["layers_model"] = s.source.setting.layer_count();
+  out["reps"] = o.reps;
+  nlohmann::json rows = nlohmann::json::array();
+  cuda::Ceilings ceilings;
+  bool first = true;
+  bool all_exact = true;
+  for (model::Variant variant : variants) {
+    sim::SimOptions options;
+    options.variant = variant;
+    options.layers = s.layers;
+    cuda::CudaOptions cuda_options;
+    cuda_options.timing_reps = o.reps;
+    cuda_options.measure_ceilings = first;
+    const cuda::BenchResult result = cuda::run_bench(s.source, options, cuda_options);
+    if (!result.report.passed()) {
+      all_exact = false;
+      fmt::print("{}: FAILED: {} {}\n", model::to_string(variant), result.report.failure,
+                 result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch);
+    }
+    if (first) {
+      ceilings = result.ceilings;
+      first = false;
+    }
+    add_rows(s, variant, result, ceilings, rows);
+  }
+  add_ceilings(ceilings, out);
+  out["rows"] = rows;
+  const std::string md = markdown_table(rows, ceilings, s.source.setting.layer_count());
   fmt::print("{}", md);
   if (json) json->write(out.dump(2) + "\n");
   if (markdown) markdown->write(md);

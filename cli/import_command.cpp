@@ -189,7 +189,7 @@ void register_import(CLI::App& app) {
       "prefill. Defaults: DeepSeek-V3.2 on 8xH200. Prints a summary (hit rate, batches, overflows). See traces/README.md.");
   cmd->add_option("file", c->input_path, "Mooncake request log (JSON Lines)")->required();
   cmd->add_option("-o,--output", c->output_path, "batch trace to write (a regular file, not the input; replaced only when the import succeeds)")->required();
-  cmd->add_option("--cp", c->cp, "ranks in the CP group (1..8)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::cp_max));
+  cmd->add_option("--cp", c->cp, fmt::format("ranks in the CP group (1..{})", model::limits::cp_max))->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::cp_max));
   cmd->add_option("--page-size", c->page_size, "tokens per KV page (power of two, 1..256, dividing --block-tokens)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::page_size_max));
   cmd->add_option("--buffer-kinds", c->buffer_kinds, "comma-separated KV buffer kinds: kv_fp8, kv_bf16, indexer_k")->capture_default_str();
   cmd->add_option("--layers", c->layers, "model layers (DeepSeek-V3.2: 61)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::layer_count_max));

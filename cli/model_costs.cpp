@@ -30,7 +30,8 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
 
 model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& c, model::Variant variant,
                                           std::int32_t rank, std::int32_t layer) {
-  using model::Variant;
+  using model::AllReduceFamily;
+  using model::PeerPages;
   const std::int32_t cp = setting.cp;
   model::LayerBytes bytes;
   bytes.own_rank = rank;
@@ -46,37 +47,40 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
       if (w != rank || own_too) bytes.pulled_from[w] += static_cast<std::uint64_t>(c.current_pages_by_writer[w]) * page_bytes;
     }
   };
+  const model::VariantInfo& row = model::info(variant);
   std::uint64_t allreduce_pages = 0;
   std::int32_t allreduce_calls = 0;
-  std::int32_t gather_count = 0;
-  switch (variant) {
-    case Variant::legacy_span_ar:
-    case Variant::fused_ar:
-    case Variant::v2_fallback:
-      bytes.local_copy_bytes = static_cast<std::uint64_t>(c.prefix_pages_by_owner[rank]) * page_bytes;
-      allreduce_pages = static_cast<std::uint64_t>(c.slot_count);  // the spans tile the buffer
-      allreduce_calls = variant == Variant::legacy_span_ar ? static_cast<std::int32_t>(2 * c.requests) : 1;
+  switch (row.allreduce) {
+    case AllReduceFamily::none:
       break;
-    case Variant::v2:
-      prefix_gather();
-      gather_count = 1;
+    case AllReduceFamily::per_span:
+    case AllReduceFamily::dense:
+      bytes.local_copy_bytes = static_cast<std::uint64_t>(c.prefix_pages_by_owner[rank]) * page_bytes;  // local materialize
+      allreduce_pages = static_cast<std::uint64_t>(c.slot_count);  // the spans tile the buffer
+      allreduce_calls = row.allreduce == AllReduceFamily::per_span ? static_cast<std::int32_t>(2 * c.requests) : 1;
+      break;
+    case AllReduceFamily::compact:  // pack own pages, unpack every current page
       allreduce_pages = static_cast<std::uint64_t>(c.current_pages_total);
       allreduce_calls = 1;
       bytes.local_copy_bytes = (own_pages + static_cast<std::uint64_t>(c.current_pages_total)) * page_bytes;
       break;
-    case Variant::symm_dense:
-    case Variant::staging_publish:
-      prefix_gather();
-      current_gather(/*own_too=*/false);
-      gather_count = 2;
-      bytes.barriers = 1;
-      if (variant == Variant::staging_publish) bytes.local_copy_bytes = own_pages * page_bytes;
+  }
+  // Without the dense all-reduce, prefix pages are gathered from their owners' pools.
+  std::int32_t gather_count = 0;
+  if (!model::zeroes_dense(variant)) {
+    prefix_gather();
+    gather_count = 1;
+  }
+  switch (row.peer_pages) {
+    case PeerPages::all_reduced:
       break;
-    case Variant::staging_direct:
-      prefix_gather();
-      current_gather(/*own_too=*/true);
-      gather_count = 1;
+    case PeerPages::dense:
+    case PeerPages::staging:
+      // Filled straight into staging: the one gather after the barrier reads own pages too.
+      current_gather(/*own_too=*/row.fill_to_staging);
       bytes.barriers = 1;
+      if (!row.fill_to_staging) ++gather_count;  // a second gather, after the barrier
+      if (row.peer_pages == PeerPages::staging && !row.fill_to_staging) bytes.local_copy_bytes += own_pages * page_bytes;  // publish
       break;
   }
   bytes.gathers = gather_count * kinds_active;
@@ -88,17 +92,13 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
 
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
                      const Ceilings& ceilings, std::uint64_t page_bytes) {
-  using model::Variant;
   const std::int32_t cp = setting.cp;
   const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp : 0;
   const std::uint64_t peer_gather_bytes = bytes.pulled_from_peers() - ring_bytes;
   const std::uint64_t own_gather_bytes = bytes.pulled_from[bytes.own_rank];
-  std::uint64_t zero_bytes = 0;
-  if (variant == Variant::legacy_span_ar || variant == Variant::fused_ar || variant == Variant::v2_fallback) {
-    zero_bytes = static_cast<std::uint64_t>(c.slot_count) * page_bytes;
-  } else {
-    zero_bytes = static_cast<std::uint64_t>(c.current_pages_by_writer[bytes.own_rank]) * page_bytes;
-  }
+  // The dense all-reduce zeroes every slot first; the others zero the pages the fill writes.
+  const std::uint64_t zero_bytes =
+      static_cast<std::uint64_t>(model::zeroes_dense(variant) ? c.slot_count : c.current_pages_by_writer[bytes.own_rank]) * page_bytes;
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
   const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;

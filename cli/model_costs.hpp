@@ -17,7 +17,7 @@
 
 namespace cpkv::cli {
 
-inline constexpr std::size_t kVariantCount = model::kAllVariants.size();
+using model::kVariantCount;
 
 // The batch-logical counts every byte count depends on.
 struct BatchCounts {

@@ -133,9 +133,7 @@ void register_plan(CLI::App& app) {
   cmd->add_option("trace", options->trace_path, "batch trace (JSON Lines, format cpkv-batch-trace v1)")->required();
   cmd->add_option("--batch", options->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--rank", options->rank, "only this rank's bytes")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
-  cmd->add_option("--variant", options->variant_name,
-                  "exchange variant whose bytes are counted: legacy_span_ar, fused_ar, v2, v2_fallback, symm_dense, "
-                  "staging_publish, staging_direct")
+  cmd->add_option("--variant", options->variant_name, fmt::format("exchange variant whose bytes are counted: {}", model::variant_names()))
       ->capture_default_str();
   cmd->add_flag("--json", options->json, "one JSON object per batch, for scripts");
   cmd->callback([options] { run_plan(*options); });

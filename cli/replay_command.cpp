@@ -218,20 +218,46 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const Checked
   return sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
 }
 
-void run_backend(const ReplayOptions& o, CheckedReplay& c) {
+// The source and its scan, validated before any rank starts.
+struct ReplaySource {
+  sim::BatchSource source;
+  TraceScan trace;
+  std::int32_t layer_count = 0;
+  std::int32_t layers = 0;  // simulated per batch
+  int stale = 0;            // stale shared-memory regions removed
+};
+
+ReplaySource replay_source(const ReplayOptions& o, const CheckedReplay& c) {
   // Validate the whole trace before any rank starts.
-  sim::BatchSource source = sim::BatchSource::from_trace(c.trace->path(), o.batch);
-  const TraceScan trace = scan(source);
-  if (o.batch && trace.shape.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *o.batch, o.trace_path));
-  const std::int32_t layer_count = source.setting.layer_count();
-  const std::int32_t layers = std::min(c.layers.value_or(layer_count), layer_count);
-  if (o.ipc_missing_rank >= source.setting.cp) throw OptionError(fmt::format("--ipc-missing-rank: {} is not a rank of cp = {}", o.ipc_missing_rank, source.setting.cp));
-  const int stale = sim::sweep_stale_regions();
+  ReplaySource r{sim::BatchSource::from_trace(c.trace->path(), o.batch)};
+  r.trace = scan(r.source);
+  if (o.batch && r.trace.shape.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *o.batch, o.trace_path));
+  r.layer_count = r.source.setting.layer_count();
+  r.layers = std::min(c.layers.value_or(r.layer_count), r.layer_count);
+  if (o.ipc_missing_rank >= r.source.setting.cp) {
+    throw OptionError(fmt::format("--ipc-missing-rank: {} is not a rank of cp = {}", o.ipc_missing_rank, r.source.setting.cp));
+  }
+  r.stale = sim::sweep_stale_regions();
   if (o.backend == "sim") {  // a /dev/shm too small is one line before any output, not a SIGBUS mid-run
     sim::SimOptions sized;
-    sized.layers = layers;
-    sim::World::check_space(sim::world_geometry(source, sized, trace.shape));
+    sized.layers = r.layers;
+    sim::World::check_space(sim::world_geometry(r.source, sized, r.trace.shape));
   }
+  return r;
+}
+
+void write_event_log(const CheckedReplay& c, const sim::RunReport& report) {
+  if (!c.event_log) return;
+  std::string text;
+  for (const std::string& e : report.event_log) text += e + "\n";
+  c.event_log->write(text);
+}
+
+void run_backend(const ReplayOptions& o, CheckedReplay& c) {
+  const ReplaySource rs = replay_source(o, c);
+  const sim::BatchSource& source = rs.source;
+  const TraceScan& trace = rs.trace;
+  const std::int32_t layers = rs.layers;
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
   if (o.stuck_ms_max) limits.stuck_ms_max = *o.stuck_ms_max;
@@ -249,8 +275,8 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
   std::unique_ptr<sim::Backend> backend = make_backend(o, c, limits);
   const std::string mode = backend->name();
   fmt::print("cpkv replay: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}\n", o.trace_path, source.setting.cp,
-             source.setting.page_size, trace.shape.batches, layers, layer_count, mode, o.seed,
-             stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", stale) : "");
+             source.setting.page_size, trace.shape.batches, layers, rs.layer_count, mode, o.seed,
+             rs.stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", rs.stale) : "");
   if (c.mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(c.mutant));
   std::fflush(stdout);
   print_rejected("cpkv replay", trace.rejected);
@@ -281,11 +307,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
       failures.push_back(replay_line(o, variant, layers));
       print_failure(report, failures.back());
     }
-    if (c.event_log) {
-      std::string text;
-      for (const std::string& e : report.event_log) text += e + "\n";
-      c.event_log->write(text);
-    }
+    write_event_log(c, report);
     json_runs.push_back(run_json(report, variant, seconds));
   }
   if (c.json) {

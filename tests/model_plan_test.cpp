@@ -4,7 +4,9 @@
 // byte count makes every benchmark comparison meaningless.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cpkv/model/plan.hpp"
@@ -252,6 +254,39 @@ TEST(ModelPlan, VariantNamesRoundTrip) {
   EXPECT_EQ(to_string(Variant::staging_direct), "staging_direct");
   EXPECT_EQ(to_string(Variant::legacy_span_ar), "legacy_span_ar");
   EXPECT_FALSE(parse_variant("staging").has_value());
+}
+
+TEST(ModelVariants, EveryTableRowAgreesWithThePlanItBuilds) {
+  // The row's facts (PROTOCOL.md sections 5 and 7) against the steps of the plan function beside them.
+  const BatchLayout layout = layout_batch(tiny_setting(), tiny_batch());
+  for (const VariantInfo& row : kVariantTable) {
+    for (std::int32_t rank = 0; rank < 2; ++rank) {
+      const VariantPlan plan = variant_plan(layout, row.variant, rank);
+      const std::string where = std::string(row.name) + " rank " + std::to_string(rank);
+      EXPECT_EQ(plan.variant, row.variant) << where;
+      // IPC is needed exactly where a rank gathers from another rank's memory.
+      EXPECT_EQ(row.needs_ipc, !plan.gather1.empty() || !plan.gather2.empty()) << where;
+      EXPECT_EQ(plan.barrier, row.peer_pages != PeerPages::all_reduced) << where;
+      EXPECT_EQ(plan.fill_to_staging, row.fill_to_staging) << where;
+      EXPECT_EQ(plan.publish, row.peer_pages == PeerPages::staging && !row.fill_to_staging) << where;
+      EXPECT_EQ(plan.zero_dense, zeroes_dense(row.variant)) << where;
+      EXPECT_EQ(plan.compact_allreduce, row.allreduce == AllReduceFamily::compact) << where;
+      const bool dense_ranges = row.allreduce == AllReduceFamily::per_span || row.allreduce == AllReduceFamily::dense;
+      EXPECT_EQ(!plan.allreduce_ranges.empty(), dense_ranges) << where;
+      EXPECT_EQ(row.isolated == IsolatedExchange::none, !row.needs_ipc) << where;
+    }
+  }
+}
+
+TEST(ModelVariants, NamesPathsAndBarrierVariantsComeFromTheTable) {
+  EXPECT_EQ(variant_names(), "legacy_span_ar, fused_ar, v2, v2_fallback, symm_dense, staging_publish, staging_direct");
+  for (Variant v : kAllVariants) {
+    EXPECT_EQ(path_variant(v, /*ipc_on_every_rank=*/true), v) << to_string(v);
+    EXPECT_EQ(path_variant(v, /*ipc_on_every_rank=*/false), info(v).needs_ipc ? Variant::v2_fallback : v) << to_string(v);
+  }
+  EXPECT_FALSE(info(Variant::v2_fallback).needs_ipc);  // the fallback must not need what it replaces
+  const std::array<Variant, 3> expected = {Variant::staging_direct, Variant::staging_publish, Variant::symm_dense};
+  EXPECT_EQ(barrier_variants(), expected);
 }
 
 TEST(ModelPlan, DensePageInverseMapsEachOwnTokenToSlotTimesPagePlusOffset) {

@@ -4,27 +4,24 @@
 #include <cassert>
 #include <cstddef>
 #include <iterator>
+#include <string>
 
 namespace cpkv::model {
 
-std::string_view to_string(Variant variant) {
-  switch (variant) {
-    case Variant::legacy_span_ar: return "legacy_span_ar";
-    case Variant::fused_ar: return "fused_ar";
-    case Variant::v2: return "v2";
-    case Variant::v2_fallback: return "v2_fallback";
-    case Variant::symm_dense: return "symm_dense";
-    case Variant::staging_publish: return "staging_publish";
-    case Variant::staging_direct: return "staging_direct";
-  }
-  return "?";
-}
-
 std::optional<Variant> parse_variant(std::string_view text) {
-  for (Variant v : kAllVariants) {
-    if (to_string(v) == text) return v;
+  for (const VariantInfo& row : kVariantTable) {
+    if (row.name == text) return row.variant;
   }
   return std::nullopt;
+}
+
+std::string_view variant_names() {
+  static const std::string names = [] {
+    std::string joined;
+    for (const VariantInfo& row : kVariantTable) joined += (joined.empty() ? "" : ", ") + std::string(row.name);
+    return joined;
+  }();
+  return names;
 }
 
 namespace {
@@ -115,6 +112,57 @@ std::vector<SlotDescriptor> staging_direct_plan(const BatchLayout& layout) {
   return plan;
 }
 
+namespace plans {
+
+void span_allreduce(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  plan.zero_dense = true;
+  plan.local_prefix_slots = owned_prefix_slots(layout, rank);
+  // One all-reduce per span, empty spans included: every rank must issue the same collectives.
+  const std::size_t bs = layout.request_first_slot.size();
+  for (std::size_t r = 0; r < bs; ++r) {
+    const std::int64_t end = r + 1 < bs ? layout.request_first_slot[r + 1] : layout.slot_count;
+    plan.allreduce_ranges.push_back({layout.request_first_slot[r], layout.request_first_current_slot[r]});
+    plan.allreduce_ranges.push_back({layout.request_first_current_slot[r], end});
+  }
+}
+
+void dense_allreduce(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  plan.zero_dense = true;
+  plan.local_prefix_slots = owned_prefix_slots(layout, rank);
+  plan.allreduce_ranges.push_back({0, layout.slot_count});
+}
+
+void compact_allreduce(const BatchLayout& layout, std::int32_t /*rank*/, VariantPlan& plan) {
+  plan.zero_own_current = true;
+  plan.gather1 = prefix_gather(layout, SlotDescriptor::kZeroFill);
+  plan.compact_allreduce = true;
+  plan.compact_pages = layout.current_pages_total;
+}
+
+void symmetric_dense(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  plan.zero_own_current = true;
+  plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+  plan.barrier = true;
+  plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/true);
+}
+
+void staging_publish(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  plan.zero_own_current = true;
+  plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+  plan.publish = true;
+  plan.barrier = true;
+  plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/false);
+}
+
+void staging_direct(const BatchLayout& layout, std::int32_t /*rank*/, VariantPlan& plan) {
+  plan.zero_own_current = true;
+  plan.fill_to_staging = true;
+  plan.barrier = true;
+  plan.gather2 = staging_direct_plan(layout);  // after the barrier: it reads peers' staging
+}
+
+}  // namespace plans
+
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
   assert(rank >= 0 && rank < layout.cp);
   VariantPlan plan;
@@ -123,51 +171,7 @@ VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_
   for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
     if (layout.current[i].writer == rank) plan.own_current.push_back(i);
   }
-  switch (variant) {
-    case Variant::legacy_span_ar: {
-      plan.zero_dense = true;
-      plan.local_prefix_slots = owned_prefix_slots(layout, rank);
-      // One all-reduce per span, empty spans included: every rank must issue the same collectives.
-      const std::size_t bs = layout.request_first_slot.size();
-      for (std::size_t r = 0; r < bs; ++r) {
-        const std::int64_t end = r + 1 < bs ? layout.request_first_slot[r + 1] : layout.slot_count;
-        plan.allreduce_ranges.push_back({layout.request_first_slot[r], layout.request_first_current_slot[r]});
-        plan.allreduce_ranges.push_back({layout.request_first_current_slot[r], end});
-      }
-      break;
-    }
-    case Variant::fused_ar:
-    case Variant::v2_fallback:
-      plan.zero_dense = true;
-      plan.local_prefix_slots = owned_prefix_slots(layout, rank);
-      plan.allreduce_ranges.push_back({0, layout.slot_count});
-      break;
-    case Variant::v2:
-      plan.zero_own_current = true;
-      plan.gather1 = prefix_gather(layout, SlotDescriptor::kZeroFill);
-      plan.compact_allreduce = true;
-      plan.compact_pages = layout.current_pages_total;
-      break;
-    case Variant::symm_dense:
-      plan.zero_own_current = true;
-      plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
-      plan.barrier = true;
-      plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/true);
-      break;
-    case Variant::staging_publish:
-      plan.zero_own_current = true;
-      plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
-      plan.publish = true;
-      plan.barrier = true;
-      plan.gather2 = peer_current_gather(layout, rank, /*same_slot=*/false);
-      break;
-    case Variant::staging_direct:
-      plan.zero_own_current = true;
-      plan.fill_to_staging = true;
-      plan.barrier = true;
-      plan.gather2 = staging_direct_plan(layout);  // after the barrier: it reads peers' staging
-      break;
-  }
+  info(variant).plan(layout, rank, plan);
   return plan;
 }
 

@@ -210,7 +210,7 @@ std::string ExploreShape::describe() const {
 
 std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   std::vector<ExploreShape> shapes;
-  for (model::Variant v : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
+  for (model::Variant v : model::barrier_variants()) {
     shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
   }
   // One current page: rank 0 writes it, every other rank has nothing to write but must still take

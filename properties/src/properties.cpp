@@ -286,7 +286,7 @@ void page_writer_exclusivity(sim::Mutant mutant) {
 
 void parity_half_reuse_safety(sim::Mutant mutant) {
   Case c = *gen_case(sim_bounds(), false, false);
-  c.variant = *rc::gen::element(model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense);
+  c.variant = *rc::gen::elementOf(model::barrier_variants());
   expect_no_violation(c, mutant, run_case(c, mutant), 2, "2_parity_half_reuse_safety");
 }
 
@@ -313,7 +313,7 @@ void overflow_determinism(sim::Mutant mutant) {
 
 void barrier_phase_safety(sim::Mutant mutant) {
   Case c = *gen_case(sim_bounds(), false, false);
-  c.variant = *rc::gen::element(model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense);
+  c.variant = *rc::gen::elementOf(model::barrier_variants());
   expect_no_violation(c, mutant, run_case(c, mutant), 4, "4_barrier_phase_safety");
 }
 

@@ -4,33 +4,15 @@
 // batch, reuse on every layer.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <optional>
-#include <string_view>
 #include <vector>
 
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/setting.hpp"
+#include "cpkv/model/variants.hpp"
 
 namespace cpkv::model {
 
-enum class Variant : std::uint8_t {
-  legacy_span_ar,
-  fused_ar,
-  v2,
-  v2_fallback,
-  symm_dense,
-  staging_publish,
-  staging_direct,
-};
-inline constexpr std::array<Variant, 7> kAllVariants = {
-    Variant::legacy_span_ar, Variant::fused_ar,        Variant::v2,
-    Variant::v2_fallback,    Variant::symm_dense,      Variant::staging_publish,
-    Variant::staging_direct,
-};
-std::string_view to_string(Variant variant);
-std::optional<Variant> parse_variant(std::string_view text);
 
 // One dense slot's source in a slot-dense gather over the 2*cp pointer table: entries 0..cp-1 are
 // the pool bases of ranks 0..cp-1, entries cp..2cp-1 the staging (or symmetric dense) bases.
