@@ -52,12 +52,20 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   report.batches = shape.batches;
   harness::SharedRegion region = harness::SharedRegion::create(sizeof(Bootstrap));
   auto* boot = new (region.base()) Bootstrap();
+  boot->wait_ms_max = cuda.wait_ms_max;
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
   harness::LaunchOptions launch;
   launch.ranks = cp;
   launch.run_ms_max = cuda.run_ms_max;
   launch.stuck_ms_max = cuda.stuck_ms_max;
   launch.label = "cuda rank";
+  if (cuda.on_progress) {
+    launch.on_tick = [&] {
+      std::int64_t done = boot->batches_done[0].load();
+      for (std::int32_t r = 1; r < cp; ++r) done = std::min(done, boot->batches_done[r].load());
+      cuda.on_progress(done);
+    };
+  }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
     return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress});
   });

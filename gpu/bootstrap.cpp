@@ -32,8 +32,8 @@ void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t
     if (boot->arrivals[p].load(std::memory_order_acquire) >= phase) continue;
     const harness::Waiting waiting(progress, p);
     while (boot->arrivals[p].load(std::memory_order_acquire) < phase) {
-      if (Clock::now() - start > std::chrono::milliseconds(kHostWaitMsMax)) {
-        throw std::runtime_error(fmt::format("rank {} waited {} ms at host barrier {} for rank {}", rank, kHostWaitMsMax, phase, p));
+      if (Clock::now() - start > std::chrono::milliseconds(boot->wait_ms_max)) {
+        throw std::runtime_error(fmt::format("rank {} waited {} ms at host barrier {} for rank {}", rank, boot->wait_ms_max, phase, p));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }

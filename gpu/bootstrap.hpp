@@ -22,7 +22,7 @@ namespace cpkv::cuda {
 using Clock = std::chrono::steady_clock;
 inline constexpr int kRanksMax = kernels::kCpMax;   // one node's GPUs
 inline constexpr int kBenchBatchesMax = kBenchBatchesLimit;
-inline constexpr std::int64_t kHostWaitMsMax = 120000;  // setup and batch-boundary waits (first NCCL init is slow)
+inline constexpr std::int64_t kHostWaitMsMax = 120000;  // the declared silence of an NCCL init or destroy (a first init is slow)
 static_assert(kRanksMax <= harness::kRanksMax, "the launcher carves a progress record for every rank");
 static_assert(kernels::kTableEntriesMax == 2 * kRanksMax + 2, "the pointer table holds 2*cp_max gather entries and the two own bases");
 
@@ -56,6 +56,8 @@ struct Bootstrap {
   std::atomic<std::int32_t> probe[kRanksMax];
   std::atomic<std::int32_t> path[kRanksMax];
   ncclUniqueId nccl_id;
+  std::int64_t wait_ms_max;                          // every host wait (CudaOptions::wait_ms_max)
+  std::atomic<std::int64_t> batches_done[kRanksMax];  // for the progress callback
   harness::Totals totals[kRanksMax];
   std::atomic<std::int64_t> violation_count;
   std::atomic<std::int64_t> violations_by_invariant[harness::kInvariants + 1];  // every violation, kept or not

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,13 @@ struct CudaOptions {
   // Benchmark mode: time `timing_reps` layers of every batch (after a warm-up); 0 = functional only.
   std::int32_t timing_reps = 0;
   bool measure_ceilings = false;      // copy-engine peer pull, local copy, barrier, gather sweeps
+  // Any single host-side wait of a rank (setup and batch-boundary barriers). Longer than the
+  // simulator's default: a first NCCL init on a peer can take tens of seconds. `replay` passes
+  // --wait-ms-max when it is given.
+  std::int64_t wait_ms_max = 120000;
+  // Called on the launching thread with the batches every rank has finished (about every 100 ms);
+  // for a progress bar. May be empty.
+  std::function<void(std::int64_t batches_done)> on_progress;
 };
 
 // Ceilings measured in the same run (all ranks at once), worst rank.

@@ -296,6 +296,7 @@ int cuda_rank(const RankContext& ctx) {
     ctx.progress.at(cursor.index(), -1);
     ctx.progress.step("batch");
     run_batch(r, *batch, cursor.index(), populated, verify);
+    ctx.boot->batches_done[ctx.rank].fetch_add(1);
   }
   check_drained(r);
   leave_group(r);
