@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "cpkv/sim/mutant.hpp"
+#include "cpkv/sim/runner.hpp"
 #include "cuda_backend.hpp"
 
 namespace cpkv::cli {

@@ -43,6 +43,7 @@ struct ReplayOptions {
   std::string layers = "4";
   std::optional<std::int64_t> batch;
   std::int64_t wait_ms_max = 20000;
+  bool wait_ms_max_given = false;  // the GPU backend keeps its own longer default unless asked
   std::optional<std::int64_t> stuck_ms_max;
   std::int32_t ipc_missing_rank = -1;
   std::optional<std::string> json_path;
@@ -209,6 +210,8 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const Checked
     if (cuda::gpu_count() == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
     cuda::CudaOptions cuda_options;
     if (o.stuck_ms_max) cuda_options.stuck_ms_max = *o.stuck_ms_max;
+    if (o.wait_ms_max_given) cuda_options.wait_ms_max = o.wait_ms_max;
+    cuda_options.on_progress = limits.on_progress;
     return cuda::make_cuda_backend(cuda_options);
 #endif
   }
@@ -346,7 +349,7 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--mutant", o->mutant, "switch on a planted bug (none, single_half, no_barrier, ...)")->capture_default_str();
   cmd->add_option("--layers", o->layers, "layers simulated per batch: a number or 'all'")->capture_default_str();
   cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
-  cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
+  cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->each([o](const std::string&) { o->wait_ms_max_given = true; })->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
   cmd->add_option("--stuck-ms-max", o->stuck_ms_max,
                   "rank processes (sim and cuda): end the run when no rank made progress this long, naming the rank that did not "
                   "(default: cuda 30000, sim twice --wait-ms-max)")

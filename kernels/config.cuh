@@ -1,19 +1,20 @@
-// Limits of the kernels, each with its reason.
+// Limits and launch shapes of the kernels, each with its reason.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstdlib>
-
 namespace cpkv::kernels {
 
-// 2*cp gather entries plus the own dense and compact bases, for cp up to 8.
-inline constexpr int kTableEntriesMax = 18;
-inline constexpr int kTableOwnDense = 16;
-inline constexpr int kTableOwnCompact = 17;
+// Ranks of one group: one node's GPUs.
+inline constexpr int kCpMax = 8;
+// The pointer table: 2*cp gather entries (pools, then staging or symmetric dense) plus the own
+// dense and compact bases, for cp up to kCpMax.
+inline constexpr int kTableEntriesMax = 2 * kCpMax + 2;
+inline constexpr int kTableOwnDense = 2 * kCpMax;
+inline constexpr int kTableOwnCompact = 2 * kCpMax + 1;
+static_assert(kTableOwnCompact < kTableEntriesMax, "the own bases sit past the 2*cp gather entries, inside the table");
 // Threads of a gather block: 256 x 16 B = 4 KiB per pass; a 64-row fp8 page (41,984 B) takes 11.
 inline constexpr int kGatherThreads = 256;
 // Blocks in flight for gathers: enough to keep every H200 SM (132) busy several times over.
@@ -27,13 +28,3 @@ inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;
 inline constexpr long long kMutantWindowCycles = 1LL << 23;
 
 }  // namespace cpkv::kernels
-
-// Every CUDA call is checked: file, line, the call and the error, then abort (a rank process).
-#define CPKV_CUDA_CHECK(call)                                                                             \
-  do {                                                                                                    \
-    const cudaError_t cpkv_err_ = (call);                                                                 \
-    if (cpkv_err_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "cpkv: %s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(cpkv_err_)); \
-      std::abort();                                                                                       \
-    }                                                                                                     \
-  } while (0)

@@ -23,6 +23,8 @@ __global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page
       }
       continue;
     }
+    // The host checked the same before upload (gpu/device_plan.cpp): a bad entry is a plan bug.
+    CPKV_DEVICE_ASSERT(entry.table_index < kTableEntriesMax && table.base[entry.table_index] != nullptr && entry.src_page >= 0);
     const std::uint8_t* in = table.base[entry.table_index] + entry.src_page * page_bytes;
     if (vector_ok) {
       // Four independent 16-byte loads in flight per thread before any store: remote (NVLink) loads

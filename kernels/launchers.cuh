@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "checks.cuh"
 #include "config.cuh"
 
 namespace cpkv::kernels {

@@ -19,6 +19,8 @@
 
 namespace cpkv::sim {
 
+static_assert(World::kViolationsMax == harness::kViolationsMax, "the world keeps as many violations as a report holds");
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -85,68 +87,6 @@ WorldGeometry world_geometry(const BatchSource& source, const SimOptions& option
   return geometry;
 }
 
-BatchCursor::BatchCursor(const BatchSource& source) : source_(source) {
-  if (!source.trace_path.empty()) reader_ = std::make_unique<traces::TraceReader>(source.trace_path);
-}
-BatchCursor::~BatchCursor() = default;
-
-std::optional<model::Batch> BatchCursor::next() {
-  while (true) {
-    std::optional<model::Batch> batch;
-    if (reader_) {
-      batch = reader_->next();
-      index_ = reader_->batch_index();
-    } else if (static_cast<std::size_t>(index_ + 1) < source_.batches.size()) {
-      ++index_;
-      batch = source_.batches[index_];
-    }
-    if (!batch) return std::nullopt;
-    if (!source_.only_batch || *source_.only_batch == index_) return batch;
-  }
-}
-
-std::int64_t RunReport::mismatches() const {
-  std::int64_t sum = 0;
-  for (const SharedTotals& t : ranks) sum += t.mismatches;
-  return sum;
-}
-
-BatchSource BatchSource::from_trace(const std::string& path, std::optional<std::int64_t> only_batch) {
-  BatchSource source;
-  source.trace_path = path;
-  source.only_batch = only_batch;
-  traces::TraceReader reader(path);
-  source.setting = reader.header().setting;
-  return source;
-}
-
-BatchSource BatchSource::from_batches(model::Setting setting, std::vector<model::Batch> batches) {
-  BatchSource source;
-  source.setting = std::move(setting);
-  source.batches = std::move(batches);
-  return source;
-}
-
-SourceShape measure(const BatchSource& source,
-                    const std::function<void(std::int64_t batch_index, const model::BatchLayout& layout)>& on_batch) {
-  SourceShape shape;
-  BatchCursor cursor(source);
-  while (auto batch = cursor.next()) {
-    ++shape.batches;
-    const model::BatchLayout layout = model::layout_batch(source.setting, *batch);
-    shape.slot_count_max = std::max(shape.slot_count_max, layout.slot_count);
-    shape.current_pages_max = std::max(shape.current_pages_max, layout.current_pages_total);
-    if (on_batch) on_batch(cursor.index(), layout);
-    for (const model::Request& request : batch->requests) {
-      shape.pool_pages_touched.insert(shape.pool_pages_touched.end(), request.prefix_pages.begin(), request.prefix_pages.end());
-    }
-  }
-  std::vector<std::int64_t>& pages = shape.pool_pages_touched;
-  std::sort(pages.begin(), pages.end());
-  pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
-  return shape;
-}
-
 Schedule read_schedule_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open the schedule file", path));
@@ -183,20 +123,6 @@ std::string describe_positions(const World& world) {
                        to_string(static_cast<Op>(pos.op.load())), pos.phase.load());
   }
   return out;
-}
-
-std::string describe(const Violation& v) {
-  static constexpr const char* kNames[] = {"?",
-                                           "page-writer exclusivity",
-                                           "parity-half reuse safety",
-                                           "overflow determinism",
-                                           "barrier phase safety",
-                                           "plan invariance",
-                                           "byte exactness",
-                                           "capability agreement",
-                                           "liveness"};
-  return fmt::format("invariant {} ({}): rank {} batch {} layer {} slot {} step {}: {}", v.invariant,
-                     kNames[std::clamp(v.invariant, 0, 8)], v.rank, v.batch, v.layer, v.slot, v.step, v.detail);
 }
 
 // ---------------------------------------------------------------------------------------------

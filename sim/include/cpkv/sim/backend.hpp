@@ -1,7 +1,5 @@
-// The one backend interface: run every batch of a source through one exchange variant and report
-// what happened (bytes, barriers, verdicts, mismatches against the model, invariant violations).
-// The rank simulator (free-running processes or threads, or scheduled step machines) and the CUDA
-// backend (kernels/cuda_backend.hpp) fill it; `cpkv replay` and the tests drive any of them.
+// The simulator's backends (free-running processes or threads, or scheduled step machines) behind
+// the harness's one Backend interface (harness/run.hpp), which the GPU backend (gpu/) fills too.
 #pragma once
 
 #include <memory>
@@ -11,12 +9,7 @@
 
 namespace cpkv::sim {
 
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual std::string name() const = 0;
-  virtual RunReport run(const BatchSource& source, const SimOptions& options) = 0;
-};
+using harness::Backend;  // the one interface (harness/run.hpp)
 
 std::unique_ptr<Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits);
 std::unique_ptr<Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events);

@@ -53,20 +53,9 @@ struct Step {
   std::int32_t c = 0;
 };
 
-enum class ExpectedBytesFrom : std::uint8_t { spec_oracle, batch_layout };
-
-struct SimOptions {
-  model::Variant variant = model::Variant::staging_direct;
-  std::int32_t layers = 1;                 // layers simulated per batch (<= the setting's)
-  std::uint64_t seed = 1;
-  Mutant mutant = Mutant::none;
-  std::int32_t ipc_missing_rank = -1;      // fault: this rank's IPC probe fails (-1: none)
-  bool check_bytes = true;                 // compare dense buffers with the model after every layer
-  // Where the end-of-layer byte check takes its expected bytes: the plain oracle written from the
-  // specification (model/oracle.hpp, the default), or the BatchLayout the gather itself runs on
-  // (kept to show what the plain oracle adds: a self-consistent layout bug passes it).
-  ExpectedBytesFrom expected_from = ExpectedBytesFrom::spec_oracle;
-};
+// The run options are the harness's (harness/run.hpp), shared with the GPU backend.
+using harness::ExpectedBytesFrom;
+using SimOptions = harness::RunOptions;
 
 // What one rank did, summed over the run.
 struct RankTotals {

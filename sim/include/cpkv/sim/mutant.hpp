@@ -8,24 +8,11 @@
 #include <optional>
 #include <string_view>
 
+#include "cpkv/harness/run.hpp"
+
 namespace cpkv::sim {
 
-enum class Mutant : std::uint8_t {
-  none,
-  single_half,               // every layer uses staging half 0 (invariant 2)
-  no_barrier,                // the counting barrier is skipped (invariant 2)
-  arrive_before_fill,        // arrive at the barrier before the fill, wait after it (invariant 2)
-  rank_local_overflow,       // overflow judged on this rank's own pages (invariant 3)
-  address_keyed_plan_cache,  // plan cache keyed on the dense buffer address (invariant 5)
-  token_split,               // in-seq split at token granularity: a page can get two writers (invariant 1)
-  skip_zero,                 // the zero step is skipped: stale tails survive (invariant 6)
-  unagreed_capability,       // each rank takes its own IPC probe, not the group's MIN (invariant 7)
-  barrier_reset_race,        // one shared count reset by the first leaver (invariants 4 and 8)
-  skip_idle_barrier,         // a rank with no page to write skips the barrier (invariants 4 and 8)
-  barrier_passes_early,      // the barrier waits for the previous phase only: a rank passes one phase early (invariant 4)
-  plan_rebuilt_per_layer,    // the compose plan is rebuilt on every layer instead of once per batch (invariant 5)
-  reversed_request_order,    // the layout itself puts requests in reverse order: self-consistent, only a plain oracle sees it (invariant 6)
-};
+using Mutant = harness::Mutant;  // harness/run.hpp: the switch travels in the run options
 
 inline constexpr std::array<Mutant, 13> kAllMutants = {
     Mutant::single_half,          Mutant::no_barrier,             Mutant::arrive_before_fill,

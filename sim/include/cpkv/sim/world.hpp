@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/harness/run.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/shared_region.hpp"
@@ -74,15 +75,7 @@ struct StagingStamp {
 };
 enum class StampState : std::int32_t { poisoned = 0, zeroed = 1, filled = 2, published = 3 };
 
-struct Violation {
-  std::int32_t invariant = 0;  // 1..8, PROTOCOL.md section 9
-  std::int32_t rank = -1;
-  std::int64_t batch = -1;
-  std::int32_t layer = -1;
-  std::int64_t slot = -1;
-  std::int64_t step = -1;
-  char detail[160] = {};
-};
+using Violation = harness::Violation;  // harness/run.hpp, shared with the GPU backend
 
 // A record of one collective call, to prove every rank issued the same sequence (invariant 7).
 // history[k % 4] is the running signature after call k: a rank can be at most one call ahead of a
@@ -109,12 +102,8 @@ struct alignas(8) PageFillers {
   std::atomic<std::uint64_t> value{~std::uint64_t{0}};
 };
 
-// What a rank reports back to whoever launched it (a forked child cannot return a value).
-struct SharedTotals {
-  std::int64_t batches = 0, layers = 0, barriers = 0, collectives = 0, overflows = 0, mismatches = 0;
-  std::uint64_t bytes_gathered_from_peers = 0, bytes_reduced = 0, steps = 0;
-  char first_mismatch[240] = {};
-};
+// What a rank reports back to whoever launched it (harness/run.hpp, shared with the GPU backend).
+using SharedTotals = harness::Totals;
 
 class World {
  public:

@@ -1,5 +1,5 @@
 // The GPU side of the planted bugs: which switches the CUDA backend has (the switches themselves sit
-// in cuda_backend.cpp's layer loop) and the verify kernel's self-test.
+// in gpu/executor.cpp's layer loop) and the verify kernel's self-test.
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -13,24 +13,25 @@
 #include <fmt/format.h>
 
 #include "cuda_backend.hpp"
+#include "cpkv/model/setting.hpp"
 #include "launchers.cuh"
 
 namespace cpkv::cuda {
 
-bool gpu_supports_mutant(sim::Mutant mutant) {
+bool gpu_supports_mutant(harness::Mutant mutant) {
   switch (mutant) {
-    case sim::Mutant::none:
-    case sim::Mutant::single_half:
-    case sim::Mutant::no_barrier:
-    case sim::Mutant::skip_zero:
-    case sim::Mutant::barrier_passes_early:
+    case harness::Mutant::none:
+    case harness::Mutant::single_half:
+    case harness::Mutant::no_barrier:
+    case harness::Mutant::skip_zero:
+    case harness::Mutant::barrier_passes_early:
       return true;
     default:
       return false;
   }
 }
 
-sim::BatchSource gpu_mutant_source(std::int32_t cp) {
+harness::BatchSource gpu_mutant_source(std::int32_t cp) {
   model::Setting s;
   s.cp = cp;
   s.page_size = 16;
@@ -43,14 +44,14 @@ sim::BatchSource gpu_mutant_source(std::int32_t cp) {
   b.requests.push_back({32, 40, {3, 10}});           // 2 prefix pages, 3 current pages (the last 8 rows)
   b.requests.push_back({0, 16 * 2 * cp + 5, {}});    // 2cp full pages and a 5-row tail: every rank writes
   b.requests.push_back({16, 1, {21}});               // one token after a cached page
-  return sim::BatchSource::from_batches(s, {b});
+  return harness::BatchSource::from_batches(s, {b});
 }
 
-std::string first_finding(const sim::RunReport& report) {
-  for (const sim::SharedTotals& t : report.ranks) {
+std::string first_finding(const harness::RunReport& report) {
+  for (const harness::Totals& t : report.ranks) {
     if (t.mismatches > 0) return t.first_mismatch;
   }
-  if (!report.violations.empty()) return sim::describe(report.violations.front());
+  if (!report.violations.empty()) return harness::describe(report.violations.front());
   return report.failure;
 }
 

@@ -5,11 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "cpkv/sim/backend.hpp"
+#include "cpkv/harness/run.hpp"
 
 namespace cpkv::cuda {
 
@@ -27,6 +28,13 @@ struct CudaOptions {
   // Benchmark mode: time `timing_reps` layers of every batch (after a warm-up); 0 = functional only.
   std::int32_t timing_reps = 0;
   bool measure_ceilings = false;      // copy-engine peer pull, local copy, barrier, gather sweeps
+  // Any single host-side wait of a rank (setup and batch-boundary barriers). Longer than the
+  // simulator's default: a first NCCL init on a peer can take tens of seconds. `replay` passes
+  // --wait-ms-max when it is given.
+  std::int64_t wait_ms_max = 120000;
+  // Called on the launching thread with the batches every rank has finished (about every 100 ms);
+  // for a progress bar. May be empty.
+  std::function<void(std::int64_t batches_done)> on_progress;
 };
 
 // Ceilings measured in the same run (all ranks at once), worst rank.
@@ -44,7 +52,7 @@ struct Ceilings {
 };
 
 struct BenchResult {
-  sim::RunReport report;
+  harness::RunReport report;
   std::vector<double> layer_us_median;     // per batch: max over ranks of each rank's median
   std::vector<double> layer_us_min;
   std::vector<double> layer_us_max;
@@ -54,13 +62,13 @@ struct BenchResult {
 };
 
 // A functional run that also times every batch (and measures the ceilings if asked).
-BenchResult run_bench(const sim::BatchSource& source, const sim::SimOptions& options, const CudaOptions& cuda);
+BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda);
 
 // GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
 // 0 where there is no driver or no device.
 int gpu_count();
 
-std::unique_ptr<sim::Backend> make_cuda_backend(CudaOptions options);
+std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
 // The counting barrier on its own, one process per rank: `iterations` barriers with a slow
 // producer rotating over the ranks (rank i % cp spins `slow_delay_us` before stamping), each rank
@@ -83,18 +91,18 @@ struct BarrierStressReport {
 };
 BarrierStressReport barrier_stress(const BarrierStressOptions& options);
 
-// Planted bugs the GPU backend can switch on (kernels/gpu_mutants.cpp): single_half, no_barrier,
+// Planted bugs the GPU backend can switch on (gpu/mutants.cpp): single_half, no_barrier,
 // skip_zero, barrier_passes_early. Any other is refused: the simulator holds the rest.
-bool gpu_supports_mutant(sim::Mutant mutant);
-inline constexpr sim::Mutant kGpuMutants[] = {sim::Mutant::single_half, sim::Mutant::no_barrier, sim::Mutant::skip_zero,
-                                              sim::Mutant::barrier_passes_early};
+bool gpu_supports_mutant(harness::Mutant mutant);
+inline constexpr harness::Mutant kGpuMutants[] = {harness::Mutant::single_half, harness::Mutant::no_barrier, harness::Mutant::skip_zero,
+                                              harness::Mutant::barrier_passes_early};
 // The workload the GPU planted bugs run on: cp ranks, page 16, kv_fp8 + indexer_k, layers FSFS, one
 // batch with a cached prefix, partial last pages (zero tails) and a page for every rank to write.
-sim::BatchSource gpu_mutant_source(std::int32_t cp);
+harness::BatchSource gpu_mutant_source(std::int32_t cp);
 inline constexpr std::int32_t kGpuMutantLayers = 4;
 // The report's first finding in one line (the first wrong byte, located, or the first violation, or
 // the failure); empty when the run was clean.
-std::string first_finding(const sim::RunReport& report);
+std::string first_finding(const harness::RunReport& report);
 
 // The verify kernel checked against itself, in a forked child (this process never touches CUDA):
 // content written to a few pages verifies clean; then one byte is flipped and the kernel must find

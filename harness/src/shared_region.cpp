@@ -1,4 +1,4 @@
-#include "cpkv/sim/shared_region.hpp"
+#include "cpkv/harness/shared_region.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,7 +16,7 @@
 
 #include "cpkv/harness/interrupt.hpp"
 
-namespace cpkv::sim {
+namespace cpkv::harness {
 
 namespace bip = boost::interprocess;
 
@@ -126,4 +126,4 @@ bool region_exists(const std::string& name) {
   return std::filesystem::exists(std::filesystem::path("/dev/shm") / name);
 }
 
-}  // namespace cpkv::sim
+}  // namespace cpkv::harness

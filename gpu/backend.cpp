@@ -1,0 +1,101 @@
+// The GPU backend's driver: the bootstrap segment, one process per rank through the harness's
+// launcher, and the report every backend fills.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/shared_region.hpp"
+#include "rank.hpp"
+
+namespace cpkv::cuda {
+
+namespace {
+
+// What the ranks left in the bootstrap segment, as the report every backend fills.
+void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& report) {
+  for (std::int32_t r = 0; r < cp; ++r) {
+    report.ranks.push_back(boot.totals[r]);
+    report.steps += boot.totals[r].layers;
+  }
+  report.violation_count = boot.violation_count.load();
+  for (std::int32_t i = 0; i <= harness::kInvariants; ++i) report.violations_by_invariant[i] = boot.violations_by_invariant[i].load();
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(report.violation_count, harness::kViolationsMax); ++i) report.violations.push_back(boot.violations[i]);
+  for (std::int32_t r = 1; r < cp && report.failure.empty(); ++r) {
+    if (boot.path[r].load() != boot.path[0].load()) {
+      harness::Violation v;
+      v.invariant = 7;
+      v.rank = r;
+      std::snprintf(v.detail, sizeof(v.detail), "rank %d took path %d, rank 0 path %d", r, boot.path[r].load(), boot.path[0].load());
+      report.violations.push_back(v);
+      ++report.violation_count;
+      ++report.violations_by_invariant[7];
+    }
+  }
+}
+
+harness::RunReport run_group(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, BenchResult* bench) {
+  harness::RunReport report;
+  report.variant = options.variant;
+  report.mode = "cuda";
+  const std::int32_t cp = source.setting.cp;
+  if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the {} ranks of one node", cp, kRanksMax));
+  const int gpus = gpu_count();
+  if (gpus == 0) {
+    report.failure = "no CUDA device";
+    return report;
+  }
+  const harness::SourceShape shape = harness::measure(source);
+  report.batches = shape.batches;
+  harness::SharedRegion region = harness::SharedRegion::create(sizeof(Bootstrap));
+  auto* boot = new (region.base()) Bootstrap();
+  boot->wait_ms_max = cuda.wait_ms_max;
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  harness::LaunchOptions launch;
+  launch.ranks = cp;
+  launch.run_ms_max = cuda.run_ms_max;
+  launch.stuck_ms_max = cuda.stuck_ms_max;
+  launch.label = "cuda rank";
+  if (cuda.on_progress) {
+    launch.on_tick = [&] {
+      std::int64_t done = boot->batches_done[0].load();
+      for (std::int32_t r = 1; r < cp; ++r) done = std::min(done, boot->batches_done[r].load());
+      cuda.on_progress(done);
+    };
+  }
+  const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress});
+  });
+  report.failure = launched.failure;
+  report.deadlock = launched.deadlock;
+  fill_report(*boot, cp, report);
+  if (bench != nullptr) fold_bench(*boot, cp, shape.batches, *bench);
+  return report;
+}
+
+class CudaBackend final : public harness::Backend {
+ public:
+  explicit CudaBackend(CudaOptions options) : options_(options) {}
+  std::string name() const override { return "cuda"; }
+  harness::RunReport run(const harness::BatchSource& source, const harness::RunOptions& options) override {
+    return run_group(source, options, options_, nullptr);
+  }
+
+ private:
+  CudaOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) { return std::make_unique<CudaBackend>(options); }
+
+BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda) {
+  BenchResult result;
+  result.report = run_group(source, options, cuda, &result);
+  return result;
+}
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,71 @@
+#include "bootstrap.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace cpkv::cuda {
+
+void record(Bootstrap* boot, const harness::Violation& v) {
+  boot->violations_by_invariant[std::clamp(v.invariant, 0, harness::kInvariants)].fetch_add(1);
+  const std::int64_t index = boot->violation_count.fetch_add(1);
+  if (index < harness::kViolationsMax) boot->violations[index] = v;
+}
+
+void wait_device(harness::RankProgress& progress, cudaStream_t stream) {
+  const harness::Waiting waiting(progress, harness::kWaitingOnDevice);
+  CPKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t rank, std::int32_t cp, std::uint64_t& phase) {
+  ++phase;
+  boot->arrivals[rank].store(phase, std::memory_order_release);
+  const Clock::time_point start = Clock::now();
+  for (std::int32_t p = 0; p < cp; ++p) {
+    if (boot->arrivals[p].load(std::memory_order_acquire) >= phase) continue;
+    const harness::Waiting waiting(progress, p);
+    while (boot->arrivals[p].load(std::memory_order_acquire) < phase) {
+      if (Clock::now() - start > std::chrono::milliseconds(boot->wait_ms_max)) {
+        throw std::runtime_error(fmt::format("rank {} waited {} ms at host barrier {} for rank {}", rank, boot->wait_ms_max, phase, p));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+int gpu_count() {
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return 0;
+  if (pid == 0) {
+    if (!harness::prepare_child(parent)) ::_exit(0);  // dies with the caller, even one killed before prctl
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    ::_exit(std::min(count, 100));
+  }
+  // A hung driver must not hang the caller: poll for 60 s, then give up on the probe.
+  int raw = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (true) {
+    const pid_t done = ::waitpid(pid, &raw, WNOHANG);
+    if (done == pid) break;
+    if (done < 0 || Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &raw, 0);
+      return 0;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!WIFEXITED(raw)) return 0;
+  return WEXITSTATUS(raw);
+}
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,85 @@
+// The bootstrap segment: what the rank processes of one GPU run exchange once (IPC handles, the
+// NCCL id, the capability probe) and what they report back (totals, violations, benchmark figures),
+// in one shared-memory region created before the ranks fork. Where each rank is lives in the
+// harness's progress records. Also the host-side waits every GPU rank uses.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "checks.cuh"
+#include "config.cuh"
+#include "cpkv/harness/launch.hpp"
+#include "cpkv/harness/run.hpp"
+#include "cuda_backend.hpp"
+
+namespace cpkv::cuda {
+
+using Clock = std::chrono::steady_clock;
+inline constexpr int kRanksMax = kernels::kCpMax;   // one node's GPUs
+inline constexpr int kBenchBatchesMax = kBenchBatchesLimit;
+inline constexpr std::int64_t kHostWaitMsMax = 120000;  // the declared silence of an NCCL init or destroy (a first init is slow)
+static_assert(kRanksMax <= harness::kRanksMax, "the launcher carves a progress record for every rank");
+static_assert(kernels::kTableEntriesMax == 2 * kRanksMax + 2, "the pointer table holds 2*cp_max gather entries and the two own bases");
+
+// The ceilings' gather sweep: two page sizes (fp8 KV, indexer K at 64 rows) by four page counts.
+inline constexpr int kCeilingPageSizes = 2;
+inline constexpr int kCeilingCounts = 4;
+inline constexpr std::uint64_t kCeilingPageBytes[kCeilingPageSizes] = {656ULL * 64, 132ULL * 64};
+inline constexpr std::int64_t kCeilingPageCounts[kCeilingCounts] = {64, 256, 1024, 4096};
+
+// What one rank measured in benchmark mode.
+struct BenchRank {
+  double layer_us_median[kBenchBatchesMax];
+  double layer_us_min[kBenchBatchesMax];
+  double layer_us_max[kBenchBatchesMax];
+  double isolated_us_median[kBenchBatchesMax];
+  double ce_peer_gbps;
+  double local_copy_gbps;
+  double barrier_us;
+  double barrier_us_launch_free;
+  double gather_gbps[kCeilingPageSizes][kCeilingCounts];
+  std::int64_t host_syncs_in_layer_loop;
+};
+
+struct Bootstrap {
+  std::atomic<std::uint64_t> arrivals[kRanksMax];
+  cudaIpcMemHandle_t pool[kRanksMax];
+  cudaIpcMemHandle_t staging[kRanksMax];
+  cudaIpcMemHandle_t dense[kRanksMax];
+  cudaIpcMemHandle_t pad[kRanksMax];
+  cudaIpcMemHandle_t compact[kRanksMax];
+  std::atomic<std::int32_t> probe[kRanksMax];
+  std::atomic<std::int32_t> path[kRanksMax];
+  ncclUniqueId nccl_id;
+  std::int64_t wait_ms_max;                          // every host wait (CudaOptions::wait_ms_max)
+  std::atomic<std::int64_t> batches_done[kRanksMax];  // for the progress callback
+  harness::Totals totals[kRanksMax];
+  std::atomic<std::int64_t> violation_count;
+  std::atomic<std::int64_t> violations_by_invariant[harness::kInvariants + 1];  // every violation, kept or not
+  harness::Violation violations[harness::kViolationsMax];
+  cudaIpcMemHandle_t bench[kRanksMax];
+  BenchRank bench_results[kRanksMax];
+  // barrier_stress results
+  std::atomic<std::uint64_t> phase_errors[kRanksMax];
+  std::atomic<std::uint64_t> timeouts[kRanksMax];
+  std::atomic<std::int32_t> drained[kRanksMax];
+  double us_per_barrier[kRanksMax];
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// Keeps the first kViolationsMax violations and counts every one, by invariant.
+void record(Bootstrap* boot, const harness::Violation& v);
+
+// Waits for the rank's queued GPU work, marked as a wait so that the launcher's watchdog blames a
+// silent peer and not this rank.
+void wait_device(harness::RankProgress& progress, cudaStream_t stream);
+
+// Host-side barrier among the rank processes (setup and batch boundaries only, never per layer).
+void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t rank, std::int32_t cp, std::uint64_t& phase);
+
+}  // namespace cpkv::cuda

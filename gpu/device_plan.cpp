@@ -1,0 +1,113 @@
+#include "device_plan.hpp"
+
+#include "cpkv/model/expected.hpp"
+#include "cpkv/model/oracle.hpp"
+#include "cpkv/model/staging.hpp"
+
+namespace cpkv::cuda {
+
+namespace {
+
+using Entries = std::vector<kernels::GatherEntry>;
+
+void append_gathers(const std::vector<model::SlotDescriptor>& descriptors, Entries& out) {
+  for (std::size_t s = 0; s < descriptors.size(); ++s) {
+    if (descriptors[s].table_index != model::SlotDescriptor::kSkip) {
+      out.push_back({static_cast<std::int64_t>(s), descriptors[s].source_page, descriptors[s].table_index, 0});
+    }
+  }
+}
+
+// The copies, zeros and gathers of the plan as gather entries over the pointer table.
+void plan_entries(BatchPlan& b, std::int32_t cp, std::int32_t rank) {
+  const model::VariantPlan& p = b.plan;
+  const auto slot_of = [&](std::int64_t i) { return b.layout.current[i].slot; };
+  for (std::int64_t slot : p.local_prefix_slots) b.local_prefix.push_back({slot, b.layout.slots[slot].page_or_index / cp, rank, 0});
+  if (p.zero_own_current) {
+    for (std::int64_t i : p.own_current) b.zero_own.push_back({p.fill_to_staging ? i : slot_of(i), 0, -1, 0});
+  }
+  for (std::int64_t i = 0; i < p.compact_pages; ++i) {
+    const bool own = b.layout.current[i].writer == rank;
+    b.pack.push_back({i, slot_of(i), own ? kernels::kTableOwnDense : -1, 0});
+    b.unpack.push_back({slot_of(i), i, kernels::kTableOwnCompact, 0});
+  }
+  append_gathers(p.gather1, b.gather1);
+  append_gathers(p.gather2, b.gather2);
+  if (p.publish) {
+    for (std::int64_t i : p.own_current) b.publish.push_back({i, slot_of(i), kernels::kTableOwnDense, 0});
+  }
+}
+
+}  // namespace
+
+BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
+                           std::int64_t staging_slots, std::vector<bool>& populated) {
+  BatchPlan b;
+  b.layout = model::layout_batch(setting, batch);
+  b.overflow = model::overflow_verdict(b.layout.current_pages_total, staging_slots).overflow;
+  // A rejected batch moves nothing, so it must not claim pool pages as populated either (a later
+  // batch reading them would find them never written: found by the GPU property test).
+  if (b.overflow) return b;
+  b.plan = model::variant_plan(b.layout, variant, rank);
+  const std::int32_t cp = setting.cp;
+  plan_entries(b, cp, rank);
+  const model::PageInverse inverse =
+      model::page_inverse(b.layout, batch, rank, b.plan.fill_to_staging ? model::InverseTarget::staging : model::InverseTarget::dense);
+  for (std::size_t t = 0; t < inverse.tokens.size(); ++t) {
+    b.inv_request.push_back(inverse.tokens[t].request);
+    b.inv_token.push_back(inverse.tokens[t].token);
+    b.inv_dest.push_back(inverse.dest_row[t]);
+  }
+  for (const model::Slot& slot : b.layout.slots) {
+    if (slot.kind != model::SlotKind::prefix || slot.page_or_index % cp != rank || populated[slot.page_or_index / cp]) continue;
+    populated[slot.page_or_index / cp] = true;
+    b.populate_logical.push_back(slot.page_or_index);
+    b.populate_local.push_back(slot.page_or_index / cp);
+  }
+  // What the verify kernel expects comes from the plain oracle (model/oracle.hpp), which walks the
+  // requests itself, not from the layout the gathers were planned on.
+  const model::spec::ByteOracle oracle(setting.page_size, batch);
+  for (std::int64_t s = 0; s < oracle.slot_count(); ++s) {
+    const model::spec::DenseSlot& slot = oracle.slot(s);
+    b.slots.push_back({slot.prefix ? slot.logical_page : -1, slot.first_token, slot.request, slot.rows_valid});
+  }
+  return b;
+}
+
+void check_entries(const Entries& entries, const TableBounds& bounds) {
+  for (const kernels::GatherEntry& e : entries) {
+    if (e.table_index < 0) continue;  // zeros
+    const bool own = e.table_index == kernels::kTableOwnDense || e.table_index == kernels::kTableOwnCompact;
+    CPKV_HOST_ASSERT(own || e.table_index < 2 * bounds.cp);
+    CPKV_HOST_ASSERT(e.src_page >= 0 && e.dst_page >= 0);
+    if (e.table_index < bounds.cp) CPKV_HOST_ASSERT(e.src_page < bounds.pool_pages);
+    if (e.table_index >= bounds.cp && !own) CPKV_HOST_ASSERT(e.src_page < bounds.shared_pages);
+  }
+}
+
+DeviceUploads::~DeviceUploads() {
+  for (void* p : owned_) CPKV_CUDA_CHECK(cudaFree(p));
+}
+
+DevicePlan upload_plan(const BatchPlan& b, const TableBounds& bounds, DeviceUploads& uploads) {
+  for (const Entries* list : {&b.local_prefix, &b.zero_own, &b.pack, &b.gather1, &b.publish, &b.gather2, &b.unpack}) {
+    check_entries(*list, bounds);
+  }
+  DevicePlan d{};
+  d.local_prefix = uploads.upload(b.local_prefix);
+  d.zero_own = uploads.upload(b.zero_own);
+  d.pack = uploads.upload(b.pack);
+  d.gather1 = uploads.upload(b.gather1);
+  d.publish = uploads.upload(b.publish);
+  d.gather2 = uploads.upload(b.gather2);
+  d.unpack = uploads.upload(b.unpack);
+  d.inv_request = uploads.upload(b.inv_request);
+  d.inv_token = uploads.upload(b.inv_token);
+  d.inv_dest = uploads.upload(b.inv_dest);
+  d.slots = uploads.upload(b.slots);
+  d.populate_logical = uploads.upload(b.populate_logical);
+  d.populate_local = uploads.upload(b.populate_local);
+  return d;
+}
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,76 @@
+// The per-batch plan of one GPU rank: built on the host from the model's VariantPlan (gather
+// entries, page inverse, pool pages to populate, the oracle's slot sources), checked against the
+// pointer table it will be read through, then uploaded once per batch and freed with it (RAII).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "checks.cuh"
+#include "cpkv/model/batch.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/model/setting.hpp"
+#include "launchers.cuh"
+
+namespace cpkv::cuda {
+
+// Everything a batch needs on the device, on the host.
+struct BatchPlan {
+  model::BatchLayout layout;
+  model::VariantPlan plan;
+  bool overflow = false;
+  std::vector<kernels::GatherEntry> local_prefix, zero_own, pack, gather1, publish, gather2, unpack;
+  std::vector<std::int32_t> inv_request;
+  std::vector<std::int64_t> inv_token, inv_dest;
+  std::vector<kernels::SlotSource> slots;
+  std::vector<std::int64_t> populate_logical, populate_local;
+};
+
+// `populated` (per local pool page) is updated with the pages this batch writes; an overflowing
+// batch moves nothing and claims nothing.
+BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
+                           std::int64_t staging_slots, std::vector<bool>& populated);
+
+// The bounds a gather entry read through the pointer table must keep: entries 0..cp-1 address pool
+// pages, cp..2cp-1 staging slots (or symmetric dense slots), the own bases this rank's buffers.
+struct TableBounds {
+  std::int32_t cp = 1;
+  std::int64_t pool_pages = 0;        // local pool pages per rank
+  std::int64_t shared_pages = 0;      // staging slots or dense slots, whichever the variant reads
+};
+// The host half of the paired assertion (the gather kernel asserts the same where it reads).
+void check_entries(const std::vector<kernels::GatherEntry>& entries, const TableBounds& bounds);
+
+// Device copies of host vectors, freed when the owner goes (after the batch's last synchronization).
+class DeviceUploads {
+ public:
+  explicit DeviceUploads(cudaStream_t stream) : stream_(stream) {}
+  DeviceUploads(const DeviceUploads&) = delete;
+  DeviceUploads& operator=(const DeviceUploads&) = delete;
+  ~DeviceUploads();
+  template <typename T>
+  T* upload(const std::vector<T>& host) {
+    if (host.empty()) return nullptr;
+    void* device = nullptr;
+    CPKV_CUDA_CHECK(cudaMalloc(&device, host.size() * sizeof(T)));
+    CPKV_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    owned_.push_back(device);
+    return static_cast<T*>(device);
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> owned_;
+};
+
+// The batch plan on the device: the 13 uploads.
+struct DevicePlan {
+  const kernels::GatherEntry *local_prefix, *zero_own, *pack, *gather1, *publish, *gather2, *unpack;
+  const std::int32_t* inv_request;
+  const std::int64_t *inv_token, *inv_dest;
+  const kernels::SlotSource* slots;
+  const std::int64_t *populate_logical, *populate_local;
+};
+DevicePlan upload_plan(const BatchPlan& b, const TableBounds& bounds, DeviceUploads& uploads);
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,306 @@
+// The layer executor: one GPU rank's life (set-up, the batches, quiescence) and, per batch, the
+// plan's uploads, pool population, the layers (no host synchronization inside), one synchronization
+// after them, and the checks of what the device found (barrier timeouts, wrong bytes).
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cpkv/model/expected.hpp"
+#include "device_plan.hpp"
+#include "rank.hpp"
+
+namespace cpkv::cuda {
+
+namespace {
+
+// One batch in flight on one rank: its plan on host and device, the pointer tables of every
+// (layer, kind), and the planted bug's switches (harness::Mutant; off unless asked for). Each switch
+// changes one step, and a spin on one rank opens the race window so the bug shows on every run.
+struct BatchRun {
+  Rank& r;
+  const BatchPlan& b;
+  const DevicePlan& d;
+  kernels::VerifyResult* verify;
+  std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
+  std::uint64_t peer_pages_per_kind = 0;                   // pages gathered from peers, per kind and layer
+  std::uint64_t peer_bytes = 0;
+  harness::Mutant mutant = harness::Mutant::none;
+  bool skip_zero = false, slow_producer = false, slow_reader = false;
+
+  std::int32_t half_of(std::int32_t l) const { return mutant == harness::Mutant::single_half ? 0 : model::parity_half(l); }
+};
+
+// The 2*cp pointer tables of every (layer, kind) and the pages gathered from peers: batch values,
+// built once, not on every layer.
+void build_tables(BatchRun& run) {
+  const RankMemory& mem = run.r.mem;
+  const std::int32_t cp = run.r.cp();
+  const std::size_t kinds = run.r.ctx.source.setting.kinds.size();
+  const std::int32_t layers = run.r.ctx.options.layers;
+  const bool symm = run.r.variant == model::Variant::symm_dense;
+  run.tables.assign(layers, std::vector<kernels::PointerTable>(kinds));
+  for (std::int32_t l = 0; l < layers; ++l) {
+    const std::int32_t h = run.half_of(l);
+    for (std::size_t k = 0; k < kinds; ++k) {
+      kernels::PointerTable& t = run.tables[l][k];
+      for (std::int32_t p = 0; p < cp; ++p) {
+        t.base[p] = mem.peer_pool[p] ? mem.peer_pool[p] + mem.pool_offset[l][k] : nullptr;
+        t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
+                              : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
+      }
+      t.base[kernels::kTableOwnDense] = mem.dense + mem.dense_offset[h][k];
+      t.base[kernels::kTableOwnCompact] = mem.compact + mem.compact_offset[k];
+    }
+  }
+  for (const std::vector<kernels::GatherEntry>* list : {&run.b.gather1, &run.b.gather2}) {
+    for (const kernels::GatherEntry& e : *list) run.peer_pages_per_kind += e.table_index >= 0 && e.table_index % cp != run.r.ctx.rank ? 1 : 0;
+  }
+}
+
+// Before the barrier: own prefix pages, zeros, the fill, the pack, the first gather, the publish.
+void layer_before_barrier(BatchRun& run, std::int32_t l, std::size_t k) {
+  Rank& r = run.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::int32_t h = run.half_of(l);
+  const kernels::PointerTable& t = run.tables[l][k];
+  std::uint8_t* dense_k = r.mem.dense + r.mem.dense_offset[h][k];
+  std::uint8_t* staging_k = r.mem.staging + r.mem.carve.slot_offset(h, k, 0);
+  std::uint8_t* fill_dest = run.b.plan.fill_to_staging ? staging_k : dense_k;
+  const std::uint64_t pb = r.page_bytes(k);
+  const auto count = [](const std::vector<kernels::GatherEntry>& v) { return static_cast<std::int64_t>(v.size()); };
+  CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, t, run.d.local_prefix, count(run.b.local_prefix), r.stream));
+  if (!run.skip_zero) CPKV_CUDA_CHECK(kernels::launch_gather(fill_dest, pb, t, run.d.zero_own, count(run.b.zero_own), r.stream));
+  if (run.slow_producer) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, r.stream));
+  CPKV_CUDA_CHECK(kernels::launch_fill_current(fill_dest, setting.kinds[k].row_bytes, run.d.inv_request, run.d.inv_token, run.d.inv_dest,
+                                               static_cast<std::int64_t>(run.b.inv_dest.size()), r.ctx.options.seed,
+                                               static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
+  CPKV_CUDA_CHECK(kernels::launch_gather(r.mem.compact + r.mem.compact_offset[k], pb, t, run.d.pack, count(run.b.pack), r.stream));
+  CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, t, run.d.gather1, count(run.b.gather1), r.stream));
+  CPKV_CUDA_CHECK(kernels::launch_gather(staging_k, pb, t, run.d.publish, count(run.b.publish), r.stream));
+}
+
+// After the barrier: the second gather, the all-reduces, the unpack, and the verify kernel.
+void layer_after_barrier(BatchRun& run, std::int32_t l, std::size_t k, bool check) {
+  Rank& r = run.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  const std::int32_t h = run.half_of(l);
+  const std::uint64_t pb = r.page_bytes(k);
+  std::uint8_t* dense_k = r.mem.dense + r.mem.dense_offset[h][k];
+  CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, run.tables[l][k], run.d.gather2, static_cast<std::int64_t>(run.b.gather2.size()), r.stream));
+  for (const model::SlotRange& range : run.b.plan.allreduce_ranges) {
+    const std::uint64_t offset = r.mem.dense_offset[h][k] + range.slot_begin * pb;
+    r.all_reduce(r.mem.dense + offset, r.mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
+    if (check) ++totals.collectives;
+    if (check) totals.bytes_reduced += (range.slot_end - range.slot_begin) * pb;
+  }
+  if (run.b.plan.compact_allreduce) {
+    r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * pb);
+    if (check) ++totals.collectives;
+    if (check) totals.bytes_reduced += run.b.plan.compact_pages * pb;
+    CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, run.tables[l][k], run.d.unpack, static_cast<std::int64_t>(run.b.unpack.size()), r.stream));
+  }
+  if (check) run.peer_bytes += run.peer_pages_per_kind * pb;
+  if (check && r.ctx.cuda.verify) {
+    const std::size_t kinds = setting.kinds.size();
+    CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, run.d.slots, static_cast<std::int64_t>(run.b.slots.size()),
+                                           r.ctx.options.seed, static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), run.verify + l * kinds + k, r.stream));
+  }
+}
+
+// One layer of the exchange, as the plan says; no host synchronization inside.
+void run_layer(BatchRun& run, std::int32_t l, bool check) {
+  Rank& r = run.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::size_t kinds = setting.kinds.size();
+  const std::int32_t h = run.half_of(l);
+  if (run.b.plan.zero_dense && !run.skip_zero) {
+    const std::uint64_t half_bytes = r.mem.dense_offset[h][kinds - 1] - r.mem.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
+    CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
+  }
+  for (std::size_t k = 0; k < kinds; ++k) {
+    if (setting.kind_active(k, l)) layer_before_barrier(run, l, k);
+  }
+  if (run.b.plan.barrier && run.mutant != harness::Mutant::no_barrier) {
+    ++r.barrier_phase;
+    if (check) ++r.ctx.boot->totals[r.ctx.rank].barriers;
+    // barrier_passes_early signals and waits for the previous phase: a rank passes phase k once
+    // every peer reached k - 1 (and the pads end one short of drained).
+    const std::uint64_t phase = run.mutant == harness::Mutant::barrier_passes_early ? r.barrier_phase - 1 : r.barrier_phase;
+    CPKV_CUDA_CHECK(kernels::launch_barrier(r.mem.pad_table, r.ctx.rank, r.cp(), phase, r.mem.barrier_status, r.stream));
+  }
+  if (run.slow_reader) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, r.stream));
+  for (std::size_t k = 0; k < kinds; ++k) {
+    if (setting.kind_active(k, l)) layer_after_barrier(run, l, k, check);
+  }
+}
+
+// The isolated current-page exchange, for the benchmark: barrier + gather of the current pages
+// (staging_direct, staging_publish, symm_dense), or the compact all-reduce of the same pages (v2).
+void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* current_only, std::int64_t current_count) {
+  Rank& r = run.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::int32_t h = model::parity_half(l);
+  if (run.b.plan.barrier) CPKV_CUDA_CHECK(kernels::launch_barrier(r.mem.pad_table, r.ctx.rank, r.cp(), ++r.barrier_phase, r.mem.barrier_status, r.stream));
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+    if (!setting.kind_active(k, l)) continue;
+    const std::uint64_t pb = r.page_bytes(k);
+    if (run.b.plan.barrier) {
+      CPKV_CUDA_CHECK(kernels::launch_gather(r.mem.dense + r.mem.dense_offset[h][k], pb, run.tables[l][k], current_only, current_count, r.stream));
+    }
+    if (run.b.plan.compact_allreduce) r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * pb);
+  }
+}
+
+// Pool content for the pages this rank owns (written once: it never changes), and garbage in the
+// dense buffers, as a fresh allocation would hold; then every pool is populated before anyone gathers.
+void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
+  const model::Setting& setting = r.ctx.source.setting;
+  for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
+    for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+      CPKV_CUDA_CHECK(kernels::launch_populate_pool(r.mem.pool + r.mem.pool_offset[l][k], setting.kinds[k].row_bytes, setting.page_size, d.populate_logical,
+                                                    d.populate_local, static_cast<std::int64_t>(b.populate_logical.size()), r.ctx.options.seed,
+                                                    static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
+    }
+  }
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense, 0x5A, r.mem.dense_bytes, r.stream));
+  r.sync_stream();
+  r.barrier();
+}
+
+harness::Violation violation(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, const std::string& detail) {
+  harness::Violation v;
+  v.invariant = invariant;
+  v.rank = rank;
+  v.batch = batch;
+  v.layer = layer;
+  std::snprintf(v.detail, sizeof(v.detail), "%s", detail.c_str());
+  return v;
+}
+
+// What the device found in the batch: a barrier timeout (invariant 8), wrong bytes (invariant 6).
+void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* verify) {
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::size_t kinds = setting.kinds.size();
+  const std::int32_t rank = r.ctx.rank;
+  harness::Totals& totals = r.ctx.boot->totals[rank];
+  kernels::BarrierStatus status{};
+  CPKV_CUDA_CHECK(cudaMemcpy(&status, r.mem.barrier_status, sizeof(status), cudaMemcpyDeviceToHost));
+  if (status.timed_out_phase != 0) {
+    record(r.ctx.boot, violation(8, rank, batch_index, -1, fmt::format("barrier phase {} timed out on rank {} waiting for rank {}",
+                                                                       status.timed_out_phase, status.rank, status.missing_peer)));
+  }
+  std::vector<kernels::VerifyResult> results(static_cast<std::size_t>(r.ctx.options.layers) * kinds);
+  CPKV_CUDA_CHECK(cudaMemcpy(results.data(), verify, results.size() * sizeof(kernels::VerifyResult), cudaMemcpyDeviceToHost));
+  for (std::int32_t l = 0; l < r.ctx.options.layers && r.ctx.cuda.verify; ++l) {
+    for (std::size_t k = 0; k < kinds; ++k) {
+      const kernels::VerifyResult& found = results[l * kinds + k];
+      if (found.wrong_bytes == 0) continue;
+      ++totals.mismatches;
+      const std::uint64_t first = found.first_wrong >> 16;  // (byte index << 16) | (expected << 8) | actual
+      const std::uint64_t row_global = first / setting.kinds[k].row_bytes;
+      model::Mismatch mismatch;
+      mismatch.wrong_bytes = static_cast<std::int64_t>(found.wrong_bytes);
+      mismatch.slot = static_cast<std::int64_t>(row_global / setting.page_size);
+      mismatch.row = static_cast<std::int32_t>(row_global % setting.page_size);
+      mismatch.byte = static_cast<std::uint32_t>(first % setting.kinds[k].row_bytes);
+      mismatch.expected = static_cast<std::uint8_t>((found.first_wrong >> 8) & 0xff);
+      mismatch.actual = static_cast<std::uint8_t>(found.first_wrong & 0xff);
+      const std::string text = mismatch.describe(rank, batch_index, l, setting.kinds[k].name);
+      if (totals.first_mismatch[0] == '\0') std::snprintf(totals.first_mismatch, sizeof(totals.first_mismatch), "%s", text.c_str());
+      record(r.ctx.boot, violation(6, rank, batch_index, l, text));
+    }
+  }
+}
+
+// One batch: plan, upload, populate, the layers, the benchmark's timing, one synchronization, findings.
+void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::int32_t layers = r.ctx.options.layers;
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  const BatchPlan b = build_batch_plan(setting, batch, r.variant, r.ctx.rank, r.staging_slots, populated);
+  ++totals.batches;
+  if (b.overflow) {
+    ++totals.overflows;
+    r.barrier();
+    r.barrier();
+    return;
+  }
+  const TableBounds bounds{r.cp(), setting.pool_pages_per_rank(), r.variant == model::Variant::symm_dense ? r.ctx.shape.slot_count_max : r.staging_slots};
+  DeviceUploads uploads(r.stream);
+  const DevicePlan d = upload_plan(b, bounds, uploads);
+  const std::vector<kernels::VerifyResult> verify_init(static_cast<std::size_t>(layers) * setting.kinds.size(), kernels::VerifyResult{0, ~0ULL});
+  CPKV_CUDA_CHECK(cudaMemcpyAsync(verify, verify_init.data(), verify_init.size() * sizeof(kernels::VerifyResult), cudaMemcpyHostToDevice, r.stream));
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.barrier_status, 0, sizeof(kernels::BarrierStatus), r.stream));  // a timeout is reported once
+  populate(r, b, d);
+  const harness::Mutant mutant = r.ctx.options.mutant;
+  BatchRun run{r, b, d, verify, {}, 0, 0, mutant, mutant == harness::Mutant::skip_zero,
+               (mutant == harness::Mutant::no_barrier || mutant == harness::Mutant::barrier_passes_early) && r.ctx.rank == r.cp() - 1,
+               mutant == harness::Mutant::single_half && r.ctx.rank == 0};
+  build_tables(run);
+  const std::int64_t syncs_before = r.host_syncs;
+  for (std::int32_t l = 0; l < layers; ++l) {
+    r.ctx.progress.at(batch_index, l);
+    run_layer(run, l, true);
+    ++totals.layers;
+  }
+  BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
+  bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / layers);
+  std::vector<kernels::GatherEntry> current_only;
+  for (const kernels::GatherEntry& e : b.gather2) {
+    if (e.table_index >= r.cp()) current_only.push_back(e);
+  }
+  const kernels::GatherEntry* d_current_only = uploads.upload(current_only);
+  if (r.ctx.cuda.timing_reps > 0) {
+    time_batch(r, batch_index, [&](std::int32_t l) { run_layer(run, l, false); },
+               [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size())); }, bench);
+  }
+  r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status
+  totals.bytes_gathered_from_peers += run.peer_bytes;
+  collect_findings(r, batch_index, verify);
+  r.barrier();  // nobody rewrites pools or dense buffers a peer still reads (uploads are freed after it)
+}
+
+// Quiescence: every word of this rank's pad equals the number of barriers (drained).
+void check_drained(Rank& r) {
+  std::vector<std::uint64_t> pad(r.cp());
+  CPKV_CUDA_CHECK(cudaMemcpy(pad.data(), r.mem.pad, r.cp() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+  for (std::int32_t p = 0; p < r.cp(); ++p) {
+    if (pad[p] == r.barrier_phase) continue;
+    record(r.ctx.boot, violation(4, r.ctx.rank, -1, -1, fmt::format("flags not drained: rank {}'s pad word for rank {} is {}, expected {}",
+                                                                    r.ctx.rank, p, pad[p], r.barrier_phase)));
+    return;
+  }
+}
+
+}  // namespace
+
+int cuda_rank(const RankContext& ctx) {
+  Rank r{ctx};
+  ctx.progress.step("setup");
+  CPKV_CUDA_CHECK(cudaSetDevice(ctx.rank % ctx.gpus));
+  CPKV_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  allocate_memory(r);
+  map_peers_and_agree(r);
+  join_nccl(r);
+  if (ctx.cuda.measure_ceilings) measure_ceilings(r, ctx.boot->bench_results[ctx.rank]);
+  const std::size_t verify_slots = static_cast<std::size_t>(ctx.options.layers) * ctx.source.setting.kinds.size();
+  kernels::VerifyResult* verify = nullptr;
+  CPKV_CUDA_CHECK(cudaMalloc(&verify, verify_slots * sizeof(kernels::VerifyResult)));
+  std::vector<bool> populated(ctx.source.setting.pool_pages_per_rank(), false);
+  harness::BatchCursor cursor(ctx.source);
+  while (std::optional<model::Batch> batch = cursor.next()) {
+    ctx.progress.at(cursor.index(), -1);
+    ctx.progress.step("batch");
+    run_batch(r, *batch, cursor.index(), populated, verify);
+    ctx.boot->batches_done[ctx.rank].fetch_add(1);
+  }
+  check_drained(r);
+  leave_group(r);
+  return harness::kRankExitOk;
+}
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,96 @@
+// One GPU rank process: what it was asked (RankContext), its device memory and the peers' mappings
+// (RankMemory), and its running state (Rank: stream, phases, the NCCL communicator). rank_memory.cpp
+// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs the
+// batches on it; bench.cpp times them.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "bootstrap.hpp"
+#include "cpkv/harness/source.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/model/staging.hpp"
+#include "launchers.cuh"
+
+namespace cpkv::cuda {
+
+struct RankContext {
+  Bootstrap* boot;
+  const harness::BatchSource& source;
+  const harness::RunOptions& options;
+  const CudaOptions& cuda;
+  harness::SourceShape shape;
+  std::int32_t rank;
+  std::int32_t gpus;
+  harness::RankProgress& progress;
+};
+
+// Device memory of one rank and the peers' mappings of theirs.
+struct RankMemory {
+  std::uint8_t* pool = nullptr;
+  std::uint8_t* staging = nullptr;
+  std::uint8_t* dense = nullptr;
+  std::uint8_t* compact = nullptr;
+  std::uint64_t* pad = nullptr;
+  std::vector<std::uint8_t*> peer_pool, peer_staging, peer_dense, peer_compact;
+  std::uint8_t* scratch = nullptr;  // the IPC all-reduce's receive buffer
+  std::vector<std::uint64_t*> peer_pad;
+  std::uint64_t** pad_table = nullptr;  // device array of every rank's pad
+  kernels::BarrierStatus* barrier_status = nullptr;
+  std::vector<std::vector<std::uint64_t>> pool_offset;   // [layer][kind]
+  std::vector<std::vector<std::uint64_t>> dense_offset;  // [half][kind]
+  std::vector<std::uint64_t> compact_offset;             // [kind]
+  std::uint64_t pool_bytes = 0, dense_bytes = 0, compact_bytes = 0;
+  std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
+  model::ArenaCarve carve;
+};
+
+struct Rank {
+  const RankContext& ctx;
+  RankMemory mem;
+  cudaStream_t stream = nullptr;
+  std::int64_t staging_slots = 0;
+  std::uint64_t host_phase = 0;     // host barriers passed
+  std::uint64_t barrier_phase = 0;  // device counting barriers issued
+  bool use_nccl = false;
+  ncclComm_t comm = nullptr;
+  model::Variant variant = model::Variant::staging_direct;  // the path agreed by the group
+  // Every host-device synchronization of the batch path goes through sync_stream and is counted, so
+  // the benchmark reports how many fall inside the layer loop (the seeds found 642 per forward).
+  std::int64_t host_syncs = 0;
+
+  std::int32_t cp() const { return ctx.source.setting.cp; }
+  std::uint64_t page_bytes(std::size_t kind) const {
+    return std::uint64_t{ctx.source.setting.kinds[kind].row_bytes} * ctx.source.setting.page_size;
+  }
+  void barrier() { host_barrier(ctx.boot, ctx.progress, ctx.rank, cp(), host_phase); }
+  void sync_stream() {
+    ++host_syncs;
+    wait_device(ctx.progress, stream);
+  }
+  // A sum all-reduce of `bytes` at byte offset `offset` of every rank's dense (or compact) buffer.
+  void all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint64_t bytes);
+};
+
+// rank_memory.cpp: the set-up steps, in order, and the tear-down.
+void allocate_memory(Rank& r);
+void map_peers_and_agree(Rank& r);
+void join_nccl(Rank& r);
+void leave_group(Rank& r);
+
+// bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
+void measure_ceilings(Rank& r, BenchRank& out);
+void time_batch(Rank& r, std::int64_t batch_index, const std::function<void(std::int32_t)>& run_layer,
+                const std::function<void(std::int32_t)>& run_isolated, BenchRank& out);
+
+// The whole life of one rank process (executor.cpp).
+int cuda_rank(const RankContext& ctx);
+
+}  // namespace cpkv::cuda
+
+namespace cpkv::cuda {
+// bench.cpp: the worst rank's figures of every batch and ceiling, into `out`.
+void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches, BenchResult& out);
+}  // namespace cpkv::cuda

@@ -1,0 +1,103 @@
+// What every backend shares: the run options, the report (per-rank totals, invariant violations),
+// and the one Backend interface. The rank simulator (sim/) and the GPU backend (gpu/) both fill it;
+// `cpkv replay`, the property tests and the benchmark drive either through it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cpkv/harness/source.hpp"
+#include "cpkv/model/plan.hpp"
+
+namespace cpkv::harness {
+
+// Planted bugs (PROTOCOL.md section 9). Each is a run-time switch, off by default; the only way to
+// turn one on is to pass it explicitly in RunOptions (the CLI's --mutant). The names and which
+// backend holds which live with the backends (sim/mutant.hpp, gpu/cuda_backend.hpp).
+enum class Mutant : std::uint8_t {
+  none,
+  single_half,               // every layer uses staging half 0 (invariant 2)
+  no_barrier,                // the counting barrier is skipped (invariant 2)
+  arrive_before_fill,        // arrive at the barrier before the fill, wait after it (invariant 2)
+  rank_local_overflow,       // overflow judged on this rank's own pages (invariant 3)
+  address_keyed_plan_cache,  // plan cache keyed on the dense buffer address (invariant 5)
+  token_split,               // in-seq split at token granularity: a page can get two writers (invariant 1)
+  skip_zero,                 // the zero step is skipped: stale tails survive (invariant 6)
+  unagreed_capability,       // each rank takes its own IPC probe, not the group's MIN (invariant 7)
+  barrier_reset_race,        // one shared count reset by the first leaver (invariants 4 and 8)
+  skip_idle_barrier,         // a rank with no page to write skips the barrier (invariants 4 and 8)
+  barrier_passes_early,      // the barrier waits for the previous phase only: a rank passes one phase early (invariant 4)
+  plan_rebuilt_per_layer,    // the compose plan is rebuilt on every layer instead of once per batch (invariant 5)
+  reversed_request_order,    // the layout itself puts requests in reverse order: self-consistent, only a plain oracle sees it (invariant 6)
+};
+
+enum class ExpectedBytesFrom : std::uint8_t { spec_oracle, batch_layout };
+
+struct RunOptions {
+  model::Variant variant = model::Variant::staging_direct;
+  std::int32_t layers = 1;                 // layers run per batch (<= the setting's)
+  std::uint64_t seed = 1;
+  Mutant mutant = Mutant::none;
+  std::int32_t ipc_missing_rank = -1;      // fault: this rank's IPC probe fails (-1: none)
+  bool check_bytes = true;                 // compare dense buffers with the model after every layer
+  // Where the end-of-layer byte check takes its expected bytes: the plain oracle written from the
+  // specification (model/oracle.hpp, the default), or the BatchLayout the gather itself runs on
+  // (kept to show what the plain oracle adds: a self-consistent layout bug passes it). Simulator only.
+  ExpectedBytesFrom expected_from = ExpectedBytesFrom::spec_oracle;
+};
+
+// One invariant violation (PROTOCOL.md section 9), a plain struct so that rank processes can write
+// it into shared memory.
+struct Violation {
+  std::int32_t invariant = 0;  // 1..8, PROTOCOL.md section 9
+  std::int32_t rank = -1;
+  std::int64_t batch = -1;
+  std::int32_t layer = -1;
+  std::int64_t slot = -1;
+  std::int64_t step = -1;
+  char detail[160] = {};
+};
+// Violations a run keeps (the count covers all of them); shared-memory reports hold this many.
+inline constexpr std::int32_t kViolationsMax = 64;
+inline constexpr std::int32_t kInvariants = 8;
+
+// What a rank reports back to whoever launched it (a forked child cannot return a value): plain
+// data, written into shared memory by rank processes.
+struct Totals {
+  std::int64_t batches = 0, layers = 0, barriers = 0, collectives = 0, overflows = 0, mismatches = 0;
+  std::uint64_t bytes_gathered_from_peers = 0, bytes_reduced = 0, steps = 0;
+  char first_mismatch[240] = {};
+};
+
+struct RunReport {
+  model::Variant variant = model::Variant::staging_direct;
+  std::string mode;                       // "scheduled", "processes", "threads", "cuda"
+  std::int64_t batches = 0;
+  std::vector<Totals> ranks;
+  std::vector<Violation> violations;      // first kViolationsMax
+  std::int64_t violation_count = 0;
+  std::array<std::int64_t, kInvariants + 1> violations_by_invariant = {};  // [1..8]: every violation, kept or not
+  bool deadlock = false;
+  std::string failure;                    // deadlock report, dead rank, limit: empty when the run ended normally
+  std::uint64_t steps = 0;
+  std::vector<std::string> event_log;     // scheduled runs with record_events
+  bool passed() const { return failure.empty() && violation_count == 0 && mismatches() == 0; }
+  std::int64_t mismatches() const;
+};
+
+// One line: invariant number and name, where, and the detail.
+std::string describe(const Violation& violation);
+
+// The one backend interface: run every batch of a source through one exchange variant and report
+// what happened (bytes, barriers, verdicts, mismatches against the model, invariant violations).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual RunReport run(const BatchSource& source, const RunOptions& options) = 0;
+};
+
+}  // namespace cpkv::harness
