@@ -76,7 +76,7 @@ def test_the_capture_example_writes_a_trace_the_cli_plans(cli, tmp_path):
 
 
 def test_the_readme_example_runs(tmp_path):
-    text = (SOURCE_DIR / "python" / "README.md").read_text()
+    text = (SOURCE_DIR / "README.md").read_text()  # the project README's Python section
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(cpkv.__file__).resolve().parents[1]))
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
