@@ -38,6 +38,7 @@ struct ReplayOptions {
   std::optional<std::int64_t> batch;
   std::int64_t wait_ms_max = 20000;
   std::int32_t ipc_missing_rank = -1;
+  bool swarm = false;  // free-running: draw every fault knob from --seed instead of the fixed defaults
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
   ModelReplayOptions model;  // --backend model
@@ -58,6 +59,7 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
     line += fmt::format(" --schedule {}", *o.schedule);
   } else {
     line += fmt::format(" --ranks-as {}", o.ranks_as);
+    if (o.swarm) line += " --swarm";
   }
   if (o.mutant != "none") line += fmt::format(" --mutant {}", o.mutant);
   if (o.batch) line += fmt::format(" --batch {}", *o.batch);
@@ -92,6 +94,7 @@ void run_replay(const ReplayOptions& o) {
   check_writable(o.event_log_path, "--event-log");
   if (o.event_log_path && !o.schedule) throw OptionError("--event-log: only scheduled runs (--schedule) have an event log");
   if (o.event_log_path && variants.size() != 1) throw OptionError("--event-log: give one --variant (the log is one run's)");
+  if (o.swarm && (o.schedule || o.backend == "cuda")) throw OptionError("--swarm: fault knobs exist only for free-running simulator ranks (no --schedule, --backend sim)");
   if (o.ranks_as != "processes" && o.ranks_as != "threads") throw OptionError(fmt::format("--ranks-as: '{}' is not processes or threads", o.ranks_as));
 
   // Validate the whole trace before any rank starts (a bad line late in the file is bad input).
@@ -126,6 +129,7 @@ void run_replay(const ReplayOptions& o) {
   const int stale = sim::sweep_stale_regions();
   // The one backend interface: the simulator (free-running or scheduled) or the GPUs.
   std::unique_ptr<sim::Backend> backend;
+  std::string fault_knobs;  // free-running: the knobs in force, printed in the header
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
   // A progress bar on a terminal (stderr), never in a pipe or a log.
@@ -148,12 +152,15 @@ void run_replay(const ReplayOptions& o) {
   } else {
     sim::FaultOptions faults;
     faults.seed = o.seed;
+    if (o.swarm) faults = sim::swarm_faults(o.seed);
+    fault_knobs = sim::describe(faults);
     backend = sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
   }
   const std::string mode = backend->name();
   fmt::print("cpkv replay: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}\n", o.trace_path, source.setting.cp,
              source.setting.page_size, shape.batches, layers, layer_count, mode, o.seed,
              stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", stale) : "");
+  if (!fault_knobs.empty()) fmt::print("{}: {}\n", o.swarm ? "swarm knobs" : "fault knobs", fault_knobs);
   if (*mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(*mutant));
   std::fflush(stdout);
 
@@ -215,7 +222,8 @@ void run_replay(const ReplayOptions& o) {
   if (o.json_path) {
     std::FILE* f = std::fopen(o.json_path->c_str(), "w");
     if (f == nullptr) throw OptionError(fmt::format("--json: cannot write {}", *o.json_path));
-    const nlohmann::json out = {{"trace", o.trace_path}, {"seed", o.seed}, {"layers", layers}, {"mode", mode}, {"mutant", o.mutant}, {"runs", json_runs}};
+    nlohmann::json out = {{"trace", o.trace_path}, {"seed", o.seed}, {"layers", layers}, {"mode", mode}, {"mutant", o.mutant}, {"runs", json_runs}};
+    if (!fault_knobs.empty()) out["faults"] = fault_knobs;
     std::fprintf(f, "%s\n", out.dump(2).c_str());
     std::fclose(f);
   }
@@ -241,6 +249,9 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--batch", o->batch, "only this batch (0-based)")->check(CLI::NonNegativeNumber);
   cmd->add_option("--wait-ms-max", o->wait_ms_max, "bound on any single wait of a free-running rank")->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--swarm", o->swarm,
+                "free-running: draw every fault knob (delay probabilities and lengths, the slow rank, where it is slow and how it rotates, "
+                "where ranks yield) from --seed and print them, instead of the fixed defaults");
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file");
   add_model_replay_options(cmd, o->model);

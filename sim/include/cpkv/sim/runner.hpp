@@ -69,15 +69,39 @@ Schedule read_schedule_file(const std::string& path);
 
 enum class RanksAs : std::uint8_t { processes, threads };
 
+// Where the slow rank of a layer sleeps: before its first fill (a slow producer: peers wait at the
+// barrier), before its second gather (a slow reader in the middle of its reads), before it closes its
+// read epoch (a slow reader at the end of the gather), or before its barrier arrival.
+enum class SlowAt : std::uint8_t { fill, gather, read_end, arrive };
+// Which rank is slow: none, always the same rank, a rank that rotates every layer, or every batch.
+enum class SlowRotation : std::uint8_t { none, fixed, per_layer, per_batch };
+// Steps before which a rank may yield its core (std::this_thread::yield), letting a peer run into a
+// window: writes (zero, fill, publish), reads (gather), flags (arrive, wait), or every step.
+enum class YieldAt : std::uint8_t { nowhere, writes, reads, flags, every_step };
+
+// Seeded delays at named fault points of the free-running simulator. The defaults are the fixed
+// knobs of a plain run; swarm_faults(seed) draws every knob from the seed instead (TigerBeetle's
+// VOPR swarm: each run stresses a different mix), and describe() prints them.
 struct FaultOptions {
   std::uint64_t seed = 1;
-  std::int32_t delay_us_max = 200;        // longest injected delay
+  std::int32_t delay_us_max = 200;              // longest random delay at a fault point
   double flag_write_delay_probability = 0.05;   // before a flag write (arrive)
   double gather_delay_probability = 0.002;      // inside the gather
-  std::int32_t slow_producer_delay_us = 2000;   // the rotating slow producer's delay before its fill
+  double write_delay_probability = 0.0;         // before a zero or fill of staging or dense
+  std::int32_t slow_producer_delay_us = 2000;   // the slow rank's delay, once per layer at slow_at
+  SlowAt slow_at = SlowAt::fill;
+  SlowRotation slow_rotation = SlowRotation::per_layer;
+  std::int32_t slow_rank = 0;                   // fixed: the slow rank; rotations start from it
+  YieldAt yield_at = YieldAt::nowhere;
+  double yield_probability = 0.0;               // at each step of the yield_at kind
   std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (processes only: a crash) ...
   std::uint64_t kill_after_steps = 0;           // ... after this many steps
 };
+
+// Every knob of FaultOptions drawn from `seed` (kill_rank stays off): the same seed, the same knobs.
+FaultOptions swarm_faults(std::uint64_t seed);
+// The knobs in one line: "delay_us_max 200 | flag 0.05 | gather 0.002 | write 0 | slow fill ..."
+std::string describe(const FaultOptions& faults);
 
 struct RunLimits {
   std::int64_t wait_ms_max = 20000;         // any single wait (free-running)
