@@ -15,19 +15,8 @@ namespace cpkv::sim {
 
 namespace {
 
-std::string_view to_string(SlowAt at) {
-  switch (at) {
-    case SlowAt::fill: return "fill";
-    case SlowAt::gather: return "gather";
-    case SlowAt::read_end: return "read_end";
-    case SlowAt::arrive: return "arrive";
-  }
-  return "?";
-}
-
 std::string_view to_string(SlowRotation rotation) {
   switch (rotation) {
-    case SlowRotation::none: return "none";
     case SlowRotation::fixed: return "fixed";
     case SlowRotation::per_layer: return "per_layer";
     case SlowRotation::per_batch: return "per_batch";
@@ -55,9 +44,9 @@ T pick(std::mt19937_64& rng, const std::vector<T>& values) {
 }  // namespace
 
 FaultOptions swarm_faults(std::uint64_t seed) {
-  // Knob values span "off" to "heavy": each run stresses a different mix, as VOPR's swarm does.
-  // The largest values keep a layer's injected delay in the milliseconds, so a process-mode replay
-  // of the bundled traces stays within seconds.
+  // Knob values span "off" to "heavy": each run stresses a different mix, as VOPR's swarm does. The
+  // holds are always on (every bug class needs one of them); their bounds differ. The largest bound
+  // keeps a correct run of a bundled trace within a second of holds.
   std::mt19937_64 rng(model::mix64(seed ^ 0x5357'4152'4dULL));  // "SWARM": apart from content and rank streams
   FaultOptions f;
   f.seed = seed;
@@ -65,71 +54,96 @@ FaultOptions swarm_faults(std::uint64_t seed) {
   f.flag_write_delay_probability = pick<double>(rng, {0.0, 0.01, 0.05, 0.2});
   f.gather_delay_probability = pick<double>(rng, {0.0, 0.002, 0.01, 0.05});
   f.write_delay_probability = pick<double>(rng, {0.0, 0.01, 0.05});
-  f.slow_producer_delay_us = pick<std::int32_t>(rng, {500, 2000, 5000});
-  f.slow_at = pick<SlowAt>(rng, {SlowAt::fill, SlowAt::gather, SlowAt::read_end, SlowAt::arrive});
-  f.slow_rotation = pick<SlowRotation>(rng, {SlowRotation::none, SlowRotation::fixed, SlowRotation::per_layer, SlowRotation::per_batch});
+  // A correct run holds the slow producer for its whole bound on every layer (no peer can pass the
+  // barrier without it), so that bound stays in tens of milliseconds. The slow reader's hold ends in
+  // a correct run as soon as a peer waits at the next barrier, so its bound can be long enough for a
+  // loaded machine, where a peer may wait a hundred milliseconds for a core.
+  f.slow_producer_delay_us = pick<std::int32_t>(rng, {5000, 20000, 50000});
+  f.slow_reader_delay_us = pick<std::int32_t>(rng, {100000, 300000, 1000000});
+  f.slow_rotation = pick<SlowRotation>(rng, {SlowRotation::fixed, SlowRotation::per_layer, SlowRotation::per_batch});
   f.slow_rank = std::uniform_int_distribution<std::int32_t>(0, model::limits::cp_max - 1)(rng);  // taken modulo cp
+  f.slow_reader_offset = std::uniform_int_distribution<std::int32_t>(1, model::limits::cp_max - 1)(rng);
   f.yield_at = pick<YieldAt>(rng, {YieldAt::nowhere, YieldAt::writes, YieldAt::reads, YieldAt::flags, YieldAt::every_step});
   f.yield_probability = pick<double>(rng, {0.05, 0.25, 1.0});
   return f;
 }
 
 std::string describe(const FaultOptions& f) {
-  return fmt::format("fault seed {} | delay_us_max {} | delay p: flag {} gather {} write {} | slow {} us at {} rank {} rotation {} | yield {} p {}",
-                     f.seed, f.delay_us_max, f.flag_write_delay_probability, f.gather_delay_probability, f.write_delay_probability,
-                     f.slow_producer_delay_us, to_string(f.slow_at), f.slow_rank, to_string(f.slow_rotation), to_string(f.yield_at),
-                     f.yield_probability);
+  return fmt::format(
+      "fault seed {} | delay_us_max {} | delay p: flag {} gather {} write {} | slow producer hold {} us, reader hold {} us, "
+      "rank {} reader +{} rotation {} | yield {} p {}",
+      f.seed, f.delay_us_max, f.flag_write_delay_probability, f.gather_delay_probability, f.write_delay_probability, f.slow_producer_delay_us,
+      f.slow_reader_delay_us, f.slow_rank, f.slow_reader_offset, to_string(f.slow_rotation), to_string(f.yield_at), f.yield_probability);
 }
 
 // ---------------------------------------------------------------------------------------------
 
-FaultInjector::FaultInjector(const FaultOptions& faults, std::int32_t rank, std::int32_t cp, std::int32_t layers)
-    : faults_(faults),
+namespace {
+// How often a hold looks at the peers' positions: fine next to the millisecond bounds.
+constexpr std::int64_t kHoldPollUs = 100;
+
+bool writes_shared_data(Op op) { return op == Op::zero_own || op == Op::zero_dense || op == Op::fill || op == Op::publish; }
+}  // namespace
+
+FaultInjector::FaultInjector(const World& world, const FaultOptions& faults, std::int32_t rank, std::int32_t cp, std::int32_t layers)
+    : world_(world),
+      faults_(faults),
       rank_(rank),
       cp_(cp),
       layers_(layers),
       rng_(model::mix64(faults.seed ^ (0x1000ULL + rank))),
       delay_us_(1, std::max(1, faults.delay_us_max)) {}
 
-void FaultInjector::sleep_us(std::int64_t us) const { std::this_thread::sleep_for(std::chrono::microseconds(us)); }
-
-std::int32_t FaultInjector::slow_rank_of(std::int64_t batch_index, std::int32_t layer) const {
+std::int32_t FaultInjector::slow_rank_of(Role role, std::int64_t batch_index, std::int32_t layer) const {
   const std::int64_t batch = std::max<std::int64_t>(batch_index, 0);
-  switch (faults_.slow_rotation) {
-    case SlowRotation::none: return -1;
-    case SlowRotation::fixed: return faults_.slow_rank % cp_;
-    case SlowRotation::per_layer: return static_cast<std::int32_t>((batch * layers_ + layer + faults_.slow_rank) % cp_);
-    case SlowRotation::per_batch: return static_cast<std::int32_t>((batch + faults_.slow_rank) % cp_);
-  }
-  return -1;
+  std::int64_t producer = faults_.slow_rank;
+  if (faults_.slow_rotation == SlowRotation::per_layer) producer += batch * layers_ + layer;
+  if (faults_.slow_rotation == SlowRotation::per_batch) producer += batch;
+  const std::int64_t rank = role == Role::producer ? producer : producer + faults_.slow_reader_offset;
+  return static_cast<std::int32_t>(rank % cp_);
 }
 
-// True once per (batch, layer), at the step slow_at names, on the layer's slow rank.
-bool FaultInjector::slow_here(const Step& step, std::int64_t batch_index) {
-  if (step.layer < 0) return false;
-  if (step.layer != layer_ || batch_index != layer_batch_) {
-    layer_ = step.layer;
-    layer_batch_ = batch_index;
-    gathers_in_layer_ = 0;
-    slow_done_in_layer_ = false;
+void FaultInjector::enter_layer(const Step& step, std::int64_t batch_index) {
+  if (step.layer == layer_ && batch_index == batch_) return;
+  batch_ = batch_index;
+  layer_ = step.layer;
+  produced_slowly_ = false;
+  read_slowly_ = false;
+}
+
+template <typename Predicate>
+void FaultInjector::hold(std::int32_t bound_us, Predicate peer_moved_on) const {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(bound_us);
+  while (std::chrono::steady_clock::now() < until) {
+    for (std::int32_t p = 0; p < cp_; ++p) {
+      if (p != rank_ && peer_moved_on(p)) return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(kHoldPollUs));
   }
-  if (step.op == Op::gather) ++gathers_in_layer_;
-  if (slow_done_in_layer_ || slow_rank_of(batch_index, step.layer) != rank_) return false;
-  bool here = false;
-  switch (faults_.slow_at) {
-    case SlowAt::fill: here = step.op == Op::fill; break;
-    case SlowAt::gather: here = step.op == Op::gather && gathers_in_layer_ == 2; break;  // after one read: the epoch is open
-    case SlowAt::read_end: here = step.op == Op::layer_end; break;
-    case SlowAt::arrive: here = step.op == Op::arrive; break;
-  }
-  slow_done_in_layer_ = here;
-  return here;
+}
+
+// The peer is at the end of this layer or past it: it has done every read of the layer.
+bool FaultInjector::peer_finished_reading(std::int32_t peer) const {
+  const RankPosition& pos = world_.position(peer);
+  const std::int64_t batch = pos.batch.load(std::memory_order_relaxed);
+  const std::int32_t layer = pos.layer.load(std::memory_order_relaxed);
+  if (batch != batch_) return batch > batch_;
+  return layer > layer_ || (layer == layer_ && static_cast<Op>(pos.op.load(std::memory_order_relaxed)) == Op::layer_end);
+}
+
+// The peer is in a later layer of this batch (or a later batch), past its zero and fill there.
+bool FaultInjector::peer_wrote_later_layer(std::int32_t peer) const {
+  const RankPosition& pos = world_.position(peer);
+  const std::int64_t batch = pos.batch.load(std::memory_order_relaxed);
+  if (batch != batch_) return batch > batch_;
+  const Op op = static_cast<Op>(pos.op.load(std::memory_order_relaxed));
+  return pos.layer.load(std::memory_order_relaxed) > layer_ && op != Op::layer_begin && op != Op::local_prefix && !writes_shared_data(op);
 }
 
 bool FaultInjector::yields_before(Op op) const {
   switch (faults_.yield_at) {
     case YieldAt::nowhere: return false;
-    case YieldAt::writes: return op == Op::zero_own || op == Op::zero_dense || op == Op::fill || op == Op::publish;
+    case YieldAt::writes: return writes_shared_data(op);
     case YieldAt::reads: return op == Op::gather;
     case YieldAt::flags: return op == Op::arrive || op == Op::wait || op == Op::coll_arrive || op == Op::coll_wait;
     case YieldAt::every_step: return true;
@@ -141,11 +155,24 @@ void FaultInjector::before(const Step& step, std::int64_t batch_index) {
   const Op op = step.op;
   // A coin is drawn only where its probability is non-zero, so a knob that is off draws nothing.
   const auto chance = [this](double probability) { return probability > 0.0 && coin_(rng_) < probability; };
-  const bool write = op == Op::zero_own || op == Op::zero_dense || op == Op::fill || op == Op::publish;
+  const auto sleep_us = [](std::int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); };
   if ((op == Op::arrive || op == Op::coll_arrive) && chance(faults_.flag_write_delay_probability)) sleep_us(delay_us_(rng_));
   if (op == Op::gather && chance(faults_.gather_delay_probability)) sleep_us(delay_us_(rng_));
-  if (write && chance(faults_.write_delay_probability)) sleep_us(delay_us_(rng_));
-  if (slow_here(step, batch_index) && faults_.slow_producer_delay_us > 0) sleep_us(faults_.slow_producer_delay_us);
+  if (writes_shared_data(op) && chance(faults_.write_delay_probability)) sleep_us(delay_us_(rng_));
+  if (step.layer >= 0) {
+    enter_layer(step, batch_index);
+    if (op == Op::fill && !produced_slowly_ && faults_.slow_producer_delay_us > 0 && slow_rank_of(Role::producer, batch_index, step.layer) == rank_) {
+      produced_slowly_ = true;
+      hold(faults_.slow_producer_delay_us, [this](std::int32_t p) { return peer_finished_reading(p); });
+    }
+    // Only a rank that read a peer's page this layer has a read epoch to hold open, and only a
+    // later layer of the same batch can race with it (a batch barrier ends every batch).
+    if (op == Op::layer_end && step.layer + 1 < layers_ && !read_slowly_ && faults_.slow_reader_delay_us > 0 && slow_rank_of(Role::reader, batch_index, step.layer) == rank_ &&
+        world_.reading_layer(rank_).load(std::memory_order_acquire) == step.layer) {
+      read_slowly_ = true;
+      hold(faults_.slow_reader_delay_us, [this](std::int32_t p) { return peer_wrote_later_layer(p); });
+    }
+  }
   if (yields_before(op) && chance(faults_.yield_probability)) std::this_thread::yield();
 }
 

@@ -342,7 +342,7 @@ enum RankExit : int { kRankOk = kRankExitOk, kRankDeadlock = kRankExitDeadlock, 
 int free_rank(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
               const RunLimits& limits, std::int32_t rank) {
   RankMachine machine(world, source.setting, options, rank);
-  FaultInjector injector(faults, rank, source.setting.cp, options.layers);
+  FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
   const auto run_program = [&]() -> int {
     while (!machine.finished()) {
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);

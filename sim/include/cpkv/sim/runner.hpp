@@ -69,12 +69,9 @@ Schedule read_schedule_file(const std::string& path);
 
 enum class RanksAs : std::uint8_t { processes, threads };
 
-// Where the slow rank of a layer sleeps: before its first fill (a slow producer: peers wait at the
-// barrier), before its second gather (a slow reader in the middle of its reads), before it closes its
-// read epoch (a slow reader at the end of the gather), or before its barrier arrival.
-enum class SlowAt : std::uint8_t { fill, gather, read_end, arrive };
-// Which rank is slow: none, always the same rank, a rank that rotates every layer, or every batch.
-enum class SlowRotation : std::uint8_t { none, fixed, per_layer, per_batch };
+// Which rank plays a slow role on a layer: always the same rank, a rank that moves every layer, or
+// every batch.
+enum class SlowRotation : std::uint8_t { fixed, per_layer, per_batch };
 // Steps before which a rank may yield its core (std::this_thread::yield), letting a peer run into a
 // window: writes (zero, fill, publish), reads (gather), flags (arrive, wait), or every step.
 enum class YieldAt : std::uint8_t { nowhere, writes, reads, flags, every_step };
@@ -82,16 +79,25 @@ enum class YieldAt : std::uint8_t { nowhere, writes, reads, flags, every_step };
 // Seeded delays at named fault points of the free-running simulator. The defaults are the fixed
 // knobs of a plain run; swarm_faults(seed) draws every knob from the seed instead (TigerBeetle's
 // VOPR swarm: each run stresses a different mix), and describe() prints them.
+//
+// Two slow roles per layer, on different ranks. They hold rather than sleep a fixed time: a hold
+// ends when a peer has moved past the window the role opens (or at its bound), so a window stays
+// open however the ranks are scheduled on a loaded machine, and a correct run pays little.
+//  - the slow producer holds before its first fill of the layer until a peer has finished the
+//    layer's reads (a peer that read its pages unfilled was not held back by the barrier);
+//  - the slow reader holds its read epoch open (before it ends the layer) until a peer is past a
+//    later layer's zero and fill (a peer that rewrote a half it still reads ignored the parity).
 struct FaultOptions {
   std::uint64_t seed = 1;
   std::int32_t delay_us_max = 200;              // longest random delay at a fault point
   double flag_write_delay_probability = 0.05;   // before a flag write (arrive)
   double gather_delay_probability = 0.002;      // inside the gather
-  double write_delay_probability = 0.0;         // before a zero or fill of staging or dense
-  std::int32_t slow_producer_delay_us = 2000;   // the slow rank's delay, once per layer at slow_at
-  SlowAt slow_at = SlowAt::fill;
+  double write_delay_probability = 0.0;         // before a zero, fill or publish
+  std::int32_t slow_producer_delay_us = 2000;   // bound on the slow producer's hold (0: no slow producer)
+  std::int32_t slow_reader_delay_us = 0;        // bound on the slow reader's hold (0: no slow reader)
   SlowRotation slow_rotation = SlowRotation::per_layer;
-  std::int32_t slow_rank = 0;                   // fixed: the slow rank; rotations start from it
+  std::int32_t slow_rank = 0;                   // the slow producer on batch 0 layer 0 (modulo cp)
+  std::int32_t slow_reader_offset = 1;          // the slow reader: the producer + this (modulo cp)
   YieldAt yield_at = YieldAt::nowhere;
   double yield_probability = 0.0;               // at each step of the yield_at kind
   std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (processes only: a crash) ...
