@@ -33,6 +33,11 @@ done
 [[ -f "$trace" ]] || { echo "swarm-catch.sh: no trace at $trace" >&2; exit 2; }
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || { echo "swarm-catch.sh: --seeds '$seeds' is not a positive number" >&2; exit 2; }
 
+# A copy of the binary: a rebuild during the minutes this takes must not change or break the runs.
+binary="$(mktemp /tmp/cpkv-swarm-catch.XXXXXX)"
+trap 'rm -f "$binary"' EXIT
+cp "$cpkv" "$binary"
+
 # A deadlocked rank gives up after 2 s (the property suite's bound); a whole replay after 120 s.
 wait_ms_max=2000
 replay_s_max=120
@@ -46,7 +51,7 @@ for mutant in none $mutants; do
   start=$(date +%s)
   for seed in $(seq 1 "$seeds"); do
     set +e
-    timeout "$replay_s_max" "$cpkv" replay "$trace" --backend sim --ranks-as processes --variant "$variant" --seed "$seed" \
+    timeout "$replay_s_max" "$binary" replay "$trace" --backend sim --ranks-as processes --variant "$variant" --seed "$seed" \
       --mutant "$mutant" --wait-ms-max "$wait_ms_max" $knobs >/dev/null 2>&1
     rc=$?
     set -e

@@ -25,7 +25,10 @@ class FaultInjector {
   // Hold up to `bound_us`, until `peer_moved_on` holds for some peer.
   template <typename Predicate>
   void hold(std::int32_t bound_us, Predicate peer_moved_on) const;
+  int peer_layer_order(const RankPosition& pos) const;
   bool peer_finished_reading(std::int32_t peer) const;
+  bool peer_waits_for_this_rank(std::int32_t peer) const;
+  void hold_producer() const;
   bool peer_wrote_later_layer(std::int32_t peer) const;
   bool yields_before(Op op) const;
 
@@ -42,6 +45,7 @@ class FaultInjector {
   std::int32_t layer_ = -2;
   bool produced_slowly_ = false;
   bool read_slowly_ = false;
+  bool arrived_in_layer_ = false;  // a barrier or collective arrival of this rank in this layer
 };
 
 }  // namespace cpkv::sim

@@ -54,11 +54,9 @@ FaultOptions swarm_faults(std::uint64_t seed) {
   f.flag_write_delay_probability = pick<double>(rng, {0.0, 0.01, 0.05, 0.2});
   f.gather_delay_probability = pick<double>(rng, {0.0, 0.002, 0.01, 0.05});
   f.write_delay_probability = pick<double>(rng, {0.0, 0.01, 0.05});
-  // A correct run holds the slow producer for its whole bound on every layer (no peer can pass the
-  // barrier without it), so that bound stays in tens of milliseconds. The slow reader's hold ends in
-  // a correct run as soon as a peer waits at the next barrier, so its bound can be long enough for a
-  // loaded machine, where a peer may wait a hundred milliseconds for a core.
-  f.slow_producer_delay_us = pick<std::int32_t>(rng, {5000, 20000, 50000});
+  // In a correct run both holds end as soon as the peers wait at a barrier, so the bounds can be long
+  // enough for a loaded machine, where a peer may wait a hundred milliseconds for a core.
+  f.slow_producer_delay_us = pick<std::int32_t>(rng, {50000, 200000, 500000});
   f.slow_reader_delay_us = pick<std::int32_t>(rng, {100000, 300000, 1000000});
   f.slow_rotation = pick<SlowRotation>(rng, {SlowRotation::fixed, SlowRotation::per_layer, SlowRotation::per_batch});
   f.slow_rank = std::uniform_int_distribution<std::int32_t>(0, model::limits::cp_max - 1)(rng);  // taken modulo cp
@@ -109,6 +107,23 @@ void FaultInjector::enter_layer(const Step& step, std::int64_t batch_index) {
   layer_ = step.layer;
   produced_slowly_ = false;
   read_slowly_ = false;
+  arrived_in_layer_ = false;
+}
+
+// Until a peer has finished the layer's reads (it read this rank's pages unfilled: the window a
+// broken barrier opens), or every peer waits for this rank (a correct barrier: nothing to open).
+void FaultInjector::hold_producer() const {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(faults_.slow_producer_delay_us);
+  while (std::chrono::steady_clock::now() < until) {
+    bool every_peer_waits = true;
+    for (std::int32_t p = 0; p < cp_; ++p) {
+      if (p == rank_) continue;
+      if (peer_finished_reading(p)) return;
+      every_peer_waits = every_peer_waits && peer_waits_for_this_rank(p);
+    }
+    if (every_peer_waits) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(kHoldPollUs));
+  }
 }
 
 template <typename Predicate>
@@ -122,22 +137,40 @@ void FaultInjector::hold(std::int32_t bound_us, Predicate peer_moved_on) const {
   }
 }
 
+// Where a peer is relative to this rank's (batch, layer): -1 behind or in an earlier layer, 0 in
+// this layer, 1 in a later layer of this batch, at this batch's closing batch barrier, or in a
+// later batch. A batch's program opens with batch_begin, batch_arrive, batch_wait (steps 0..2), so
+// a batch step past those is the closing barrier: the peer has finished every layer.
+int FaultInjector::peer_layer_order(const RankPosition& pos) const {
+  constexpr std::int64_t kOpeningBatchSteps = 3;
+  const std::int64_t batch = pos.batch.load(std::memory_order_relaxed);
+  if (batch != batch_) return batch > batch_ ? 1 : -1;
+  const std::int32_t layer = pos.layer.load(std::memory_order_relaxed);
+  if (layer >= 0) return layer > layer_ ? 1 : layer == layer_ ? 0 : -1;
+  return pos.step.load(std::memory_order_relaxed) >= kOpeningBatchSteps ? 1 : -1;
+}
+
 // The peer is at the end of this layer or past it: it has done every read of the layer.
 bool FaultInjector::peer_finished_reading(std::int32_t peer) const {
   const RankPosition& pos = world_.position(peer);
-  const std::int64_t batch = pos.batch.load(std::memory_order_relaxed);
-  const std::int32_t layer = pos.layer.load(std::memory_order_relaxed);
-  if (batch != batch_) return batch > batch_;
-  return layer > layer_ || (layer == layer_ && static_cast<Op>(pos.op.load(std::memory_order_relaxed)) == Op::layer_end);
+  const int order = peer_layer_order(pos);
+  return order > 0 || (order == 0 && static_cast<Op>(pos.op.load(std::memory_order_relaxed)) == Op::layer_end);
 }
 
-// The peer is in a later layer of this batch (or a later batch), past its zero and fill there.
+// The peer waits in this layer at a barrier or collective that cannot open before this rank,
+// which has not arrived at one yet this layer, arrives after its fill: holding longer opens no window.
+bool FaultInjector::peer_waits_for_this_rank(std::int32_t peer) const {
+  if (arrived_in_layer_) return false;
+  const RankPosition& pos = world_.position(peer);
+  const Op op = static_cast<Op>(pos.op.load(std::memory_order_relaxed));
+  return peer_layer_order(pos) == 0 && (op == Op::wait || op == Op::coll_wait);
+}
+
+// The peer is past a later layer's zero and fill (or past every layer of this batch).
 bool FaultInjector::peer_wrote_later_layer(std::int32_t peer) const {
   const RankPosition& pos = world_.position(peer);
-  const std::int64_t batch = pos.batch.load(std::memory_order_relaxed);
-  if (batch != batch_) return batch > batch_;
   const Op op = static_cast<Op>(pos.op.load(std::memory_order_relaxed));
-  return pos.layer.load(std::memory_order_relaxed) > layer_ && op != Op::layer_begin && op != Op::local_prefix && !writes_shared_data(op);
+  return peer_layer_order(pos) > 0 && op != Op::layer_begin && op != Op::local_prefix && !writes_shared_data(op);
 }
 
 bool FaultInjector::yields_before(Op op) const {
@@ -161,9 +194,10 @@ void FaultInjector::before(const Step& step, std::int64_t batch_index) {
   if (writes_shared_data(op) && chance(faults_.write_delay_probability)) sleep_us(delay_us_(rng_));
   if (step.layer >= 0) {
     enter_layer(step, batch_index);
+    if (op == Op::arrive || op == Op::coll_arrive) arrived_in_layer_ = true;
     if (op == Op::fill && !produced_slowly_ && faults_.slow_producer_delay_us > 0 && slow_rank_of(Role::producer, batch_index, step.layer) == rank_) {
       produced_slowly_ = true;
-      hold(faults_.slow_producer_delay_us, [this](std::int32_t p) { return peer_finished_reading(p); });
+      hold_producer();
     }
     // Only a rank that read a peer's page this layer has a read epoch to hold open, and only a
     // later layer of the same batch can race with it (a batch barrier ends every batch).

@@ -84,7 +84,8 @@ enum class YieldAt : std::uint8_t { nowhere, writes, reads, flags, every_step };
 // ends when a peer has moved past the window the role opens (or at its bound), so a window stays
 // open however the ranks are scheduled on a loaded machine, and a correct run pays little.
 //  - the slow producer holds before its first fill of the layer until a peer has finished the
-//    layer's reads (a peer that read its pages unfilled was not held back by the barrier);
+//    layer's reads (a peer that read its pages unfilled was not held back by the barrier), or
+//    until every peer waits at a barrier that cannot open without it (nothing left to open);
 //  - the slow reader holds its read epoch open (before it ends the layer) until a peer is past a
 //    later layer's zero and fill (a peer that rewrote a half it still reads ignored the parity).
 struct FaultOptions {
