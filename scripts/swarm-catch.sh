@@ -37,6 +37,7 @@ done
 binary="$(mktemp /tmp/cpkv-swarm-catch.XXXXXX)"
 trap 'rm -f "$binary"' EXIT
 cp "$cpkv" "$binary"
+chmod +x "$binary"
 
 # A deadlocked rank gives up after 2 s (the property suite's bound); a whole replay after 120 s.
 wait_ms_max=2000
