@@ -35,6 +35,38 @@ void check_rc_params() {
   }
 }
 
+// The invariant column: the one that fired in the catching property ("-" when not caught).
+std::string invariant_cell(const properties::MutantRow& row) {
+  return row.caught && row.invariant > 0 ? std::to_string(row.invariant) : "-";
+}
+
+void print_row(const properties::MutantRow& row) {
+  const bool none = row.mutant == sim::Mutant::none;
+  const std::string name = none ? "none (correct protocol)" : std::string(sim::to_string(row.mutant));
+  const std::string verdict = none ? (row.caught ? "FAILED" : "passes") : (row.caught ? "yes" : "NO");
+  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9.2f}\n", name, verdict, row.caught ? row.caught_by : "-", invariant_cell(row),
+             row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
+  if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
+  if (row.caught) fmt::print("    replay: {}\n", row.replay);
+}
+
+// The coverage of the correct protocol's runs (every property, every case) and the targets missed.
+std::vector<std::string> print_coverage(const properties::MutantRow& row, const rc::detail::TestParams& params) {
+  fmt::print("\n{}", properties::coverage_table(row.coverage));
+  std::vector<std::string> misses;
+  for (const auto& [name, coverage] : row.coverage) {
+    for (const properties::Property& property : properties::all_properties()) {
+      if (property.name != name) continue;
+      properties::PropertyOutcome outcome;
+      outcome.coverage = coverage;
+      for (const std::string& miss : properties::coverage_misses(property, outcome, params)) misses.push_back(miss);
+    }
+  }
+  for (const std::string& miss : misses) fmt::print("COVERAGE TARGET MISSED: {}\n", miss);
+  fmt::print("\n");
+  return misses;
+}
+
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
   if (o.backend == "cuda") {
@@ -50,32 +82,27 @@ void run_mutants(const MutantsOptions& o) {
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
   fmt::print("cpkv mutants: property suite against every planted bug | seed {} | {} cases per property\n", params.seed, params.maxSuccess);
-  fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9}\n", "mutant", "caught", "first by property", "fired", "cex size", "s to catch");
+  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9}\n", "mutant", "caught", "first by property", "invariant", "cex size", "s to catch");
   std::fflush(stdout);
   std::int32_t caught = 0;
   std::int32_t planted = 0;
   bool clean_passes = true;
+  bool coverage_met = true;
   properties::mutation_table(params, o.every_property, [&](const properties::MutantRow& row) {
-    const bool none = row.mutant == sim::Mutant::none;
-    if (none) {
+    print_row(row);
+    if (row.mutant == sim::Mutant::none) {
       clean_passes = !row.caught;
-      fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9.2f}\n", "none (correct protocol)", row.caught ? "FAILED" : "passes",
-                 row.caught_by.empty() ? "-" : row.caught_by, row.caught ? std::to_string(row.first_invariant) : "-",
-                 row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
+      coverage_met = print_coverage(row, params).empty();
     } else {
       ++planted;
       caught += row.caught ? 1 : 0;
-      fmt::print("{:<26} {:<8} {:<28} {:>6} {:>9} {:>9.2f}\n", sim::to_string(row.mutant), row.caught ? "yes" : "NO", row.caught ? row.caught_by : "-",
-                 row.caught ? std::to_string(row.first_invariant) : "-", row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
     }
-    if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
-    if (row.caught) fmt::print("    replay: {}\n", row.replay);
     std::fflush(stdout);
   });
-  fmt::print("'fired': the invariant whose checker fired first in the run of that counterexample (8: a deadlock with nothing before it)\n");
-  fmt::print("caught {} of {} planted bugs ({:.0f}%); correct protocol {}\n", caught, planted, planted ? 100.0 * caught / planted : 0.0,
-             clean_passes ? "passes every property" : "FAILS a property");
-  exit_status() = caught == planted && clean_passes ? kExitOk : kExitFailure;
+  fmt::print("caught {} of {} planted bugs ({:.0f}%); correct protocol {}; coverage targets {}\n", caught, planted,
+             planted ? 100.0 * caught / planted : 0.0, clean_passes ? "passes every property" : "FAILS a property",
+             coverage_met ? "met" : "MISSED");
+  exit_status() = caught == planted && clean_passes && coverage_met ? kExitOk : kExitFailure;
 }
 
 }  // namespace

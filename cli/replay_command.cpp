@@ -46,6 +46,7 @@ struct ReplayOptions {
   bool wait_ms_max_given = false;  // the GPU backend keeps its own longer default unless asked
   std::optional<std::int64_t> stuck_ms_max;
   std::int32_t ipc_missing_rank = -1;
+  bool swarm = false;  // free-running: draw every fault knob from --seed instead of the fixed defaults
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
   ModelReplayOptions model;  // --backend model
@@ -113,6 +114,7 @@ void check_options(const ReplayOptions& o, CheckedReplay& c) {
   }
   c.layers = parse_layers(o.layers);
   if (o.ranks_as != "processes" && o.ranks_as != "threads") throw OptionError(fmt::format("--ranks-as: '{}' is not processes or threads", o.ranks_as));
+  if (o.swarm && (o.schedule || o.backend != "sim")) throw OptionError("--swarm: fault knobs exist only for free-running simulator ranks (no --schedule, --backend sim)");
   if (o.event_log_path && !o.schedule) throw OptionError("--event-log: only scheduled runs (--schedule) have an event log");
   if (o.event_log_path && c.variants.size() != 1) throw OptionError("--event-log: give one --variant (the log is one run's)");
 }
@@ -151,6 +153,7 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
     line += fmt::format(" --schedule {}", *o.schedule);
   } else {
     line += fmt::format(" --ranks-as {}", o.ranks_as);
+    if (o.swarm) line += " --swarm";
   }
   if (o.mutant != "none") line += fmt::format(" --mutant {}", o.mutant);
   if (o.batch) line += fmt::format(" --batch {}", *o.batch);
@@ -204,6 +207,14 @@ void print_failure(const sim::RunReport& report, const std::string& line) {
   fmt::print("  replay: {}\n", line);
 }
 
+// Free-running ranks: the fixed default fault knobs, or (--swarm) every knob drawn from --seed.
+sim::FaultOptions fault_options(const ReplayOptions& o) {
+  if (o.swarm) return sim::swarm_faults(o.seed);
+  sim::FaultOptions faults;
+  faults.seed = o.seed;
+  return faults;
+}
+
 std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const CheckedReplay& c, const sim::RunLimits& limits) {
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
@@ -216,8 +227,7 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const Checked
 #endif
   }
   if (c.schedule) return sim::make_scheduled_backend(*c.schedule, limits, c.event_log != nullptr);
-  sim::FaultOptions faults;
-  faults.seed = o.seed;
+  const sim::FaultOptions faults = fault_options(o);
   return sim::make_free_backend(o.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
 }
 
@@ -280,6 +290,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
   fmt::print("cpkv replay: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}\n", o.trace_path, source.setting.cp,
              source.setting.page_size, trace.shape.batches, layers, rs.layer_count, mode, o.seed,
              rs.stale > 0 ? fmt::format(" | removed {} stale shared-memory regions", rs.stale) : "");
+  if (o.backend == "sim" && !c.schedule) fmt::print("{}: {}\n", o.swarm ? "swarm knobs" : "fault knobs", sim::describe(fault_options(o)));
   if (c.mutant != sim::Mutant::none) fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", sim::to_string(c.mutant));
   std::fflush(stdout);
   print_rejected("cpkv replay", trace.rejected);
@@ -355,6 +366,9 @@ void register_replay(CLI::App& app) {
                   "(default: cuda 30000, sim twice --wait-ms-max)")
       ->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
   cmd->add_option("--ipc-missing-rank", o->ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
+  cmd->add_flag("--swarm", o->swarm,
+                "free-running: draw every fault knob (delay probabilities and lengths, the slow rank, where it is slow and how it rotates, "
+                "where ranks yield) from --seed and print them, instead of the fixed defaults");
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file (a regular file)");
   add_model_replay_options(cmd, o->model);

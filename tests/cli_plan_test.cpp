@@ -191,3 +191,36 @@ TEST(CliPlan, HelpExplainsEverySubcommand) {
 }
 
 }  // namespace
+
+namespace {
+
+// cpkv replay --swarm: the knobs are drawn from --seed and printed before the run, the same for the
+// same seed; a failing run's replay line carries --swarm so it draws them again.
+TEST(CliReplay, SwarmPrintsTheKnobsItDrewFromTheSeed) {
+  const std::string args = fmt::format("replay '{}' --backend sim --variant staging_direct --swarm", sample("tiny.jsonl"));
+  const CliRun first = run_cpkv(args + " --seed 7");
+  const CliRun again = run_cpkv(args + " --seed 7");
+  const CliRun other = run_cpkv(args + " --seed 8");
+  ASSERT_EQ(first.status, 0) << first.out << first.err;
+  const auto knobs = [](const std::string& out) {
+    const std::size_t at = out.find("swarm knobs: fault seed");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_NE(knobs(first.out), "") << first.out;
+  EXPECT_EQ(knobs(first.out), knobs(again.out));
+  EXPECT_NE(knobs(first.out), knobs(other.out));
+}
+
+TEST(CliReplay, FailingSwarmRunPrintsAReplayLineWithSwarm) {
+  const CliRun run = run_cpkv(fmt::format("replay '{}' --backend sim --variant staging_direct --seed 3 --swarm --mutant single_half", sample("tiny.jsonl")));
+  EXPECT_EQ(run.status, 1) << run.out << run.err;
+  const std::size_t at = run.out.find("replay: cpkv replay");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("--swarm", at), std::string::npos) << run.out;
+}
+
+TEST(CliReplay, SwarmWithAScheduleIsBadInput) {
+  expect_bad_input(run_cpkv(fmt::format("replay '{}' --backend sim --schedule random --swarm", sample("tiny.jsonl"))), "--swarm");
+}
+
+}  // namespace

@@ -7,6 +7,8 @@
 
 #include <rapidcheck/detail/Configuration.h>
 
+#include "cpkv/model/content.hpp"
+
 namespace cpkv::properties {
 
 rc::detail::TestParams suite_params() {
@@ -17,16 +19,36 @@ rc::detail::TestParams suite_params() {
   return params;
 }
 
+std::uint64_t property_seed(std::uint64_t seed, const Property& property) {
+  std::uint64_t name_hash = 0xcbf29ce484222325ULL;  // FNV-1a: the same on every platform, unlike std::hash
+  for (char ch : property.name) name_hash = (name_hash ^ static_cast<unsigned char>(ch)) * 0x100000001b3ULL;
+  return model::mix64(seed ^ name_hash);
+}
+
 PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params) {
   rc::detail::TestMetadata metadata;
   metadata.id = property.name;
   metadata.description = property.name;
   rc::detail::TestParams effective = params;
+  // Each property its own stream from the one seed: the same seed would give properties that share
+  // a generator the same cases.
+  effective.seed = property_seed(params.seed, property);
   // Free-running processes are costlier: a tenth of the cases (at least 5).
   if (property.invariant == 0) effective.maxSuccess = std::max(5, params.maxSuccess / 10);
   const auto body = property.body;
-  const rc::detail::TestResult result = rc::detail::checkTestable([body, mutant] { body(mutant); }, metadata, effective);
+  reset_coverage();
+  const rc::detail::TestResult result = rc::detail::checkTestable(
+      [body, mutant] {
+        try {
+          body(mutant);
+        } catch (...) {
+          stop_counting();  // shrinking re-runs the body on smaller cases: not part of the sample
+          throw;
+        }
+      },
+      metadata, effective);
   PropertyOutcome outcome;
+  outcome.coverage = current_coverage();
   std::ostringstream text;
   rc::detail::printResultMessage(result, text);
   outcome.message = text.str();
@@ -35,8 +57,14 @@ PropertyOutcome check_property(const Property& property, sim::Mutant mutant, con
     outcome.cases = result.template get<rc::detail::SuccessResult>().numSuccess;
   } else if (result.template is<rc::detail::FailureResult>()) {
     outcome.cases = result.template get<rc::detail::FailureResult>().numSuccess;
+    outcome.invariant = last_counterexample_invariant();
   }
   return outcome;
+}
+
+std::vector<std::string> coverage_misses(const Property& property, const PropertyOutcome& outcome, const rc::detail::TestParams& params) {
+  if (params.seed != kSuiteSeed || outcome.coverage.cases < kCoverageCasesMin) return {};
+  return missed_targets(property.name, property.targets, outcome.coverage);
 }
 
 std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
@@ -55,6 +83,7 @@ std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool
       // when nothing caught the bug yet.
       if (row.caught && (!every_property || property.invariant == 0)) break;
       const PropertyOutcome outcome = check_property(property, mutant, params);
+      row.coverage.emplace_back(property.name, outcome.coverage);
       if (outcome.passed) continue;
       if (row.caught) {
         row.also_caught_by.push_back(property.name);
@@ -62,8 +91,8 @@ std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool
       }
       row.caught = true;
       row.caught_by = property.name;
+      row.invariant = outcome.invariant;
       row.counterexample_size = last_counterexample_size();
-      row.first_invariant = last_counterexample_first_invariant();
       row.replay = last_counterexample_replay();
       row.message = outcome.message;
       row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

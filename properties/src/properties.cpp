@@ -16,20 +16,14 @@ namespace cpkv::properties {
 namespace {
 std::int64_t g_last_size = 0;
 std::string g_last_replay;
-std::int32_t g_last_run_first = 0;  // the invariant that fired first in the last simulated run
-std::int32_t g_last_first = 0;      // ... in the last recorded counterexample's run
-
-const sim::RunReport& noted(const sim::RunReport& report) {
-  g_last_run_first = sim::first_invariant_fired(report);
-  return report;
-}
+std::int32_t g_last_invariant = 0;
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
 
 std::int64_t last_counterexample_size() { return g_last_size; }
 std::string last_counterexample_replay() { return g_last_replay; }
-std::int32_t last_counterexample_first_invariant() { return g_last_first; }
+std::int32_t last_counterexample_invariant() { return g_last_invariant; }
 
 void showValue(const Case& c, std::ostream& os) {
   const model::Setting& s = c.setting;
@@ -49,94 +43,22 @@ void showValue(const Case& c, std::ostream& os) {
     }
     os << "\n";
   }
-  os << fmt::format("schedule [{}]", fmt::join(c.schedule, " "));
-}
-
-rc::Gen<model::Setting> gen_setting(const Bounds& bounds) {
-  return rc::gen::exec([bounds] {
-    model::Setting s;
-    s.cp = *rc::gen::inRange<std::int32_t>(1, bounds.cp_max + 1);
-    s.page_size = 1 << *rc::gen::inRange<std::int32_t>(0, bounds.page_size_log2_max + 1);
-    static const std::vector<std::vector<std::string_view>> kind_sets = {
-        {"kv_fp8", "indexer_k"}, {"kv_fp8"}, {"kv_bf16", "indexer_k"}, {"kv_bf16"}, {"indexer_k"}};
-    for (std::string_view name : *rc::gen::elementOf(kind_sets)) s.kinds.push_back(*model::find_buffer_kind(name));
-    const auto layers = *rc::gen::inRange<std::int32_t>(1, bounds.layers_max + 1);
-    for (std::int32_t l = 0; l < layers; ++l) s.layer_pattern += *rc::gen::element('F', 'S');
-    s.split = *rc::gen::element(model::SplitPolicy::zigzag, model::SplitPolicy::contiguous, model::SplitPolicy::round_robin);
-    s.pool_pages = *rc::gen::inRange<std::int64_t>(1, 129);
-    return s;
-  });
-}
-
-rc::Gen<model::Batch> gen_batch(const model::Setting& setting, const Bounds& bounds) {
-  return rc::gen::exec([setting, bounds] {
-    model::Batch batch;
-    const std::int64_t P = setting.page_size;
-    const auto requests = *rc::gen::inRange<std::int32_t>(1, bounds.requests_max + 1);
-    std::int64_t tokens = 0;
-    for (std::int32_t r = 0; r < requests; ++r) {
-      model::Request req;
-      // Extends: one token, page-exact, or partial last page.
-      const auto shape = *rc::gen::inRange(0, 3);
-      const auto pages = *rc::gen::inRange<std::int64_t>(1, 5);
-      req.extend_len = shape == 0 ? 1 : shape == 1 ? pages * P : (pages - 1) * P + *rc::gen::inRange<std::int64_t>(1, P + 1);
-      const auto prefix_pages = *rc::gen::inRange<std::int64_t>(0, 5);
-      req.prefix_len = prefix_pages * P;
-      if (r > 0 && tokens + req.extend_len + req.prefix_len > bounds.tokens_max) break;
-      // Scattered page ids, as an allocator leaves them; shared pages across requests are allowed.
-      for (std::int64_t k = 0; k < prefix_pages; ++k) req.prefix_pages.push_back(*rc::gen::inRange<std::int64_t>(0, setting.pool_pages));
-      tokens += req.extend_len + req.prefix_len;
-      batch.requests.push_back(std::move(req));
-    }
-    return batch;
-  });
-}
-
-rc::Gen<Case> gen_case(const Bounds& bounds, bool tight_caps, bool ipc_faults) {
-  return rc::gen::exec([bounds, tight_caps, ipc_faults] {
-    Case c;
-    c.setting = *gen_setting(bounds);
-    const auto batch_count = *rc::gen::inRange<std::int32_t>(1, bounds.batches_max + 1);
-    for (std::int32_t b = 0; b < batch_count; ++b) c.batches.push_back(*gen_batch(c.setting, bounds));
-    std::int64_t extend_max = 1;
-    std::int64_t requests_max = 1;
-    for (const model::Batch& batch : c.batches) {
-      std::int64_t extend = 0;
-      for (const model::Request& r : batch.requests) extend += r.extend_len;
-      extend_max = std::max(extend_max, extend);
-      requests_max = std::max<std::int64_t>(requests_max, static_cast<std::int64_t>(batch.requests.size()));
-    }
-    const CapsShape caps = tight_caps ? CapsShape::tight
-                                      : *rc::gen::element(CapsShape::tight, CapsShape::loose, CapsShape::absent, CapsShape::mib_override);
-    const std::int64_t P = c.setting.page_size;
-    switch (caps) {
-      case CapsShape::tight:
-        // Around the edge: the largest batch needs about ceil(extend / P) + requests slots.
-        c.setting.caps.max_total_extend_tokens = std::max<std::int64_t>(1, extend_max + *rc::gen::inRange<std::int64_t>(-2 * P, P + 1));
-        c.setting.caps.max_batch_requests = *rc::gen::inRange<std::int64_t>(1, requests_max + 1);
-        break;
-      case CapsShape::loose:
-        c.setting.caps.max_total_extend_tokens = extend_max * 4;
-        c.setting.caps.max_batch_requests = requests_max * 4;
-        break;
-      case CapsShape::absent:
-        break;
-      case CapsShape::mib_override:
-        c.setting.caps.staging_mib_override = *rc::gen::inRange<std::int64_t>(1, 4);
-        break;
-    }
-    c.variant = *rc::gen::elementOf(model::kAllVariants);
-    c.layers = c.setting.layer_count();
-    c.schedule = *rc::gen::container<std::vector<std::uint32_t>>(rc::gen::inRange<std::uint32_t>(0, 8));
-    c.ipc_missing_rank = ipc_faults ? *rc::gen::inRange<std::int32_t>(-1, c.setting.cp) : -1;
-    c.seed = *rc::gen::inRange<std::uint64_t>(1, 1000);
-    return c;
-  });
+  // Run-length encoded (choice x repeats): burst schedules run to thousands of choices.
+  os << fmt::format("schedule{} [", c.schedule_bursts ? " (bursts)" : "");
+  for (std::size_t i = 0; i < c.schedule.size();) {
+    std::size_t run = 1;
+    while (i + run < c.schedule.size() && c.schedule[i + run] == c.schedule[i]) ++run;
+    os << (i ? " " : "") << c.schedule[i];
+    if (run > 1) os << "x" << run;
+    i += run;
+  }
+  os << "]";
 }
 
 namespace {
-sim::SimOptions options_of(const Case& c, sim::Mutant mutant) {
+sim::SimOptions options_of(const Case& c, sim::Mutant mutant, bool check_bytes = true) {
   sim::SimOptions options;
+  options.check_bytes = check_bytes;
   options.variant = c.variant;
   options.layers = c.layers;
   options.seed = c.seed;
@@ -146,27 +68,30 @@ sim::SimOptions options_of(const Case& c, sim::Mutant mutant) {
 }
 }  // namespace
 
-sim::RunReport run_case(const Case& c, sim::Mutant mutant) {
+sim::RunReport run_case(const Case& c, sim::Mutant mutant, bool check_bytes) {
   const sim::BatchSource source = sim::BatchSource::from_batches(c.setting, c.batches);
   sim::Schedule schedule{sim::ScheduleKind::list, c.schedule, c.seed};
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
-  return noted(sim::run_scheduled(source, options_of(c, mutant), schedule, limits));
+  return sim::run_scheduled(source, options_of(c, mutant, check_bytes), schedule, limits);
 }
+
+namespace {
+// The free-running property's bounds on a wait and a run: long enough that a loaded 2-core machine
+// does not trip them on a healthy rank, short enough that a planted deadlock costs seconds.
+constexpr std::int64_t kFreeWaitMsMax = 2000;
+constexpr std::int64_t kFreeRunMsMax = 30000;
+}  // namespace
 
 sim::RunReport run_case_free(const Case& c, sim::Mutant mutant) {
   const sim::BatchSource source = sim::BatchSource::from_batches(c.setting, c.batches);
-  sim::FaultOptions faults;
-  faults.seed = c.seed;
-  faults.delay_us_max = 100;
-  faults.slow_producer_delay_us = 300;
   sim::RunLimits limits;
-  limits.wait_ms_max = 2000;
-  limits.run_ms_max = 30000;
-  return noted(sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, faults, limits));
+  limits.wait_ms_max = kFreeWaitMsMax;
+  limits.run_ms_max = kFreeRunMsMax;
+  return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, sim::swarm_faults(c.seed), limits);
 }
 
-std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem) {
+std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   const fs::path trace = fs::path(dir) / (stem + ".jsonl");
@@ -179,20 +104,42 @@ std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& d
     traces::TraceWriter writer(out, header);
     for (const model::Batch& b : c.batches) writer.write(b);
   }
-  {
+  std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {}", trace.string(), variant_name(c.variant), c.seed, c.layers);
+  if (free_running) {
+    // The knobs are drawn from the seed again; the interleaving itself is not replayable.
+    line += fmt::format(" --ranks-as processes --swarm --wait-ms-max {}", kFreeWaitMsMax);
+  } else {
     std::ofstream out(schedule);
     out << fmt::format("{}\n", fmt::join(c.schedule, " "));
+    // An empty choice list runs round-robin, which is what --schedule round-robin does.
+    line += fmt::format(" --schedule {}", c.schedule.empty() ? "round-robin" : schedule.string());
   }
-  // An empty choice list runs round-robin, which is what --schedule round-robin does.
-  std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {} --schedule {}", trace.string(),
-                                 variant_name(c.variant), c.seed, c.layers, c.schedule.empty() ? "round-robin" : schedule.string());
   if (mutant != sim::Mutant::none) line += fmt::format(" --mutant {}", sim::to_string(mutant));
   if (c.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", c.ipc_missing_rank);
   return line;
 }
 
 namespace {
-[[noreturn]] void fail(const Case& c, sim::Mutant mutant, const std::string& property, const std::string& why);
+
+std::int64_t case_size(const Case& c) {
+  std::int64_t requests = 0;
+  for (const model::Batch& b : c.batches) requests += static_cast<std::int64_t>(b.requests.size());
+  return requests + static_cast<std::int64_t>(c.schedule.size());
+}
+
+// Records the failing case (the last one recorded is the shrunk counterexample) and the invariant
+// that fired, then fails.
+[[noreturn]] void fail(const Case& c, sim::Mutant mutant, const std::string& property, std::int32_t invariant, const std::string& why,
+                       bool free_running = false) {
+  stop_counting();
+  g_last_size = case_size(c);
+  g_last_invariant = invariant;
+  const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
+  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, sim::to_string(mutant)), free_running);
+  const std::string knobs = free_running ? "\n  " + sim::describe(sim::swarm_faults(c.seed)) : "";
+  RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, g_last_replay));
+}
+
 }  // namespace
 
 std::unique_ptr<sim::Backend> scheduled_backend(const Case& c) {
@@ -202,19 +149,17 @@ std::unique_ptr<sim::Backend> scheduled_backend(const Case& c) {
 }
 
 void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, sim::Mutant mutant, bool require_no_violation) {
-  const Case c = *gen_case(bounds, false, false);
-  sim::SimOptions options;
-  options.variant = c.variant;
-  options.layers = c.layers;
-  options.seed = c.seed;
-  options.mutant = mutant;
-  g_last_run_first = 0;
-  const sim::RunReport& report = noted(backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options));
+  const Case c = *gen_case(bounds, Emphasis{});
+  note_case(c);
+  const sim::RunReport report = backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options_of(c, mutant));
   for (const sim::SharedTotals& t : report.ranks) {
-    if (t.mismatches > 0) fail(c, mutant, "6_byte_exactness", t.first_mismatch);
+    if (t.mismatches > 0) fail(c, mutant, "6_byte_exactness", 6, t.first_mismatch);
   }
-  if (!report.failure.empty()) fail(c, mutant, "6_byte_exactness", "the run did not complete: " + report.failure);
-  if (require_no_violation && report.violation_count > 0) fail(c, mutant, "6_byte_exactness", sim::describe(report.violations.front()));
+  // Every layer that ran was compared. A run that did not end is invariant 8's finding in the
+  // simulator suite (property 8); on the GPUs (require_no_violation) it fails here.
+  if (!require_no_violation) return;
+  if (!report.failure.empty()) fail(c, mutant, "6_byte_exactness", 8, "the run did not complete: " + report.failure);
+  if (report.violation_count > 0) fail(c, mutant, "6_byte_exactness", report.violations.front().invariant, sim::describe(report.violations.front()));
 }
 
 namespace {
@@ -225,25 +170,16 @@ Bounds sim_bounds() {
   b.page_size_log2_max = 8;
   b.requests_max = 64;
   b.layers_max = 4;
-  b.tokens_max = 384;
+  b.tokens_max = 256;
   b.batches_max = 3;
   return b;
 }
 
-std::int64_t case_size(const Case& c) {
-  std::int64_t requests = 0;
-  for (const model::Batch& b : c.batches) requests += static_cast<std::int64_t>(b.requests.size());
-  return requests + static_cast<std::int64_t>(c.schedule.size());
-}
-
-// Records the failing case (the last one recorded is the shrunk counterexample), then fails.
-[[noreturn]] void fail(const Case& c, sim::Mutant mutant, const std::string& property, const std::string& why) {
-  g_last_size = case_size(c);
-  g_last_first = g_last_run_first;
-  const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
-  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, sim::to_string(mutant)));
-  RC_FAIL(fmt::format("{}\n  replay: {}", why, g_last_replay));
-}
+// Variants whose staging or symmetric dense halves peers read across a counting barrier.
+const std::vector<model::Variant> kBarrierVariants = {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense};
+// Variants that need every peer mapped (PROTOCOL.md section 7): a missing IPC rank makes the group fall back.
+const std::vector<model::Variant> kIpcVariants = {model::Variant::v2, model::Variant::symm_dense, model::Variant::staging_publish,
+                                                  model::Variant::staging_direct};
 
 std::string first_violation(const sim::RunReport& report, std::int32_t invariant) {
   for (const sim::Violation& v : report.violations) {
@@ -260,112 +196,207 @@ std::string first_violation(const sim::RunReport& report, std::int32_t invariant
 // The sim-backed part of a property: no violation of `invariant`.
 void expect_no_violation(const Case& c, sim::Mutant mutant, const sim::RunReport& report, std::int32_t invariant, const std::string& name) {
   const std::string found = first_violation(report, invariant);
-  if (!found.empty()) fail(c, mutant, name, found);
+  if (!found.empty()) fail(c, mutant, name, invariant, found);
+}
+
+// Smaller batches for properties whose invariant is about verdicts, plans and paths, not bytes:
+// dense rows cost the simulator (the all-reduce variants sum every byte on every rank).
+Bounds bounds_with_rows(std::int64_t rows_max) {
+  Bounds b = sim_bounds();
+  b.tokens_max = rows_max;
+  return b;
+}
+
+Case draw(const Emphasis& emphasis, const Bounds& bounds = sim_bounds()) {
+  Case c = *gen_case(bounds, emphasis);
+  note_case(c);
+  return c;
+}
+
+// PROTOCOL.md section 2, written out: the writer of page j (0-based) of a request with `pages`
+// current pages, whose page has batch current index `current_index`.
+std::int32_t protocol_writer(model::SplitPolicy policy, std::int64_t j, std::int64_t pages, std::int64_t current_index, std::int32_t cp) {
+  if (policy == model::SplitPolicy::round_robin) return static_cast<std::int32_t>(current_index % cp);
+  if (policy == model::SplitPolicy::contiguous) {
+    for (std::int32_t k = 0; k < cp; ++k) {
+      if (pages * k / cp <= j && j < pages * (k + 1) / cp) return k;
+    }
+    return -1;
+  }
+  // zigzag: 2*cp blocks, block b holds pages / (2cp) pages plus one if b < pages % (2cp); rank k
+  // takes blocks k and 2cp-1-k.
+  const std::int64_t blocks = 2 * static_cast<std::int64_t>(cp);
+  std::int64_t begin = 0;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    begin += pages / blocks + (b < pages % blocks ? 1 : 0);
+    if (j < begin) return static_cast<std::int32_t>(b < cp ? b : blocks - 1 - b);
+  }
+  return -1;
 }
 
 void page_writer_exclusivity(sim::Mutant mutant) {
-  const Case c = *gen_case(sim_bounds(), false, false);
-  // Model: every current page has exactly one writer, a rank of the group, and the staging_direct
-  // plan reads it from that writer's staging at its current index.
+  const std::string name = "1_page_writer_exclusivity";
+  const Case c = draw(Emphasis{});
+  // Model: every current page has the writer section 2 gives it, and the staging_direct plan reads
+  // it from that writer's staging at its current index.
   for (const model::Batch& batch : c.batches) {
     const model::BatchLayout layout = model::layout_batch(c.setting, batch);
     const auto plan = model::staging_direct_plan(layout);
-    std::int64_t owned = 0;
-    for (std::int32_t rank = 0; rank < c.setting.cp; ++rank) owned += static_cast<std::int64_t>(model::variant_plan(layout, c.variant, rank).own_current.size());
-    RC_ASSERT(owned == layout.current_pages_total);
-    for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
-      const model::CurrentPage& page = layout.current[i];
-      RC_ASSERT(page.writer >= 0);
-      RC_ASSERT(page.writer < c.setting.cp);
-      RC_ASSERT(plan[page.slot].table_index == c.setting.cp + page.writer);
-      RC_ASSERT(plan[page.slot].source_page == i);
+    std::int64_t i = 0;
+    for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+      const std::int64_t P = c.setting.page_size;
+      const std::int64_t pages = (batch.requests[r].extend_len + P - 1) / P;
+      for (std::int64_t j = 0; j < pages; ++j, ++i) {
+        const std::int32_t writer = protocol_writer(c.setting.split, j, pages, i, c.setting.cp);
+        if (i >= layout.current_pages_total || layout.current[i].writer != writer) {
+          fail(c, mutant, name, 1, fmt::format("current page {} (request {} page {}): section 2 gives writer {}, the model another", i, r, j, writer));
+        }
+        if (plan[layout.current[i].slot].table_index != c.setting.cp + writer || plan[layout.current[i].slot].source_page != i) {
+          fail(c, mutant, name, 1, fmt::format("current page {}: the plan does not read it from writer {}'s staging page {}", i, writer, i));
+        }
+      }
     }
+    if (i != layout.current_pages_total) fail(c, mutant, name, 1, fmt::format("{} current pages by section 2, the model has {}", i, layout.current_pages_total));
   }
-  expect_no_violation(c, mutant, run_case(c, mutant), 1, "1_page_writer_exclusivity");
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 1, name);
 }
 
 void parity_half_reuse_safety(sim::Mutant mutant) {
-  Case c = *gen_case(sim_bounds(), false, false);
-  c.variant = *rc::gen::elementOf(model::barrier_variants());
-  expect_no_violation(c, mutant, run_case(c, mutant), 2, "2_parity_half_reuse_safety");
+  Emphasis e;
+  e.many_layers = true;
+  e.adversarial_schedule = true;
+  e.variants = kBarrierVariants;
+  const Case c = draw(e);
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 2, "2_parity_half_reuse_safety");
+}
+
+// PROTOCOL.md section 4, written out: staging slots from the caps (an explicit MiB override wins;
+// else ceil(tokens / P) + requests; else the pool size).
+std::int64_t protocol_staging_slots(const model::Setting& s) {
+  const std::int64_t P = s.page_size;
+  if (s.caps.staging_mib_override) {
+    std::int64_t row_bytes = 0;
+    for (const model::BufferKind& k : s.kinds) row_bytes += k.row_bytes;
+    return (*s.caps.staging_mib_override * 1024 * 1024) / (2 * P * row_bytes);
+  }
+  if (s.caps.max_total_extend_tokens && s.caps.max_batch_requests) return (*s.caps.max_total_extend_tokens + P - 1) / P + *s.caps.max_batch_requests;
+  return s.pool_pages;
 }
 
 void overflow_determinism(sim::Mutant mutant) {
-  const Case c = *gen_case(sim_bounds(), true, false);
-  const std::int64_t slots = model::staging_capacity(c.setting).staging_slots;
+  const std::string name = "3_overflow_determinism";
+  Emphasis e;
+  e.caps = CapsDraw::edge;
+  const Case c = draw(e, bounds_with_rows(192));
+  const std::int64_t slots = protocol_staging_slots(c.setting);
+  if (model::staging_capacity(c.setting).staging_slots != slots) fail(c, mutant, name, 3, fmt::format("the model's staging slots differ from section 4's {}", slots));
   std::int64_t overflows = 0;
-  for (const model::Batch& batch : c.batches) {
-    const model::BatchLayout layout = model::layout_batch(c.setting, batch);
-    // The verdict is a function of batch-logical values: the same from every rank's layout.
-    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, slots);
-    RC_ASSERT(verdict.overflow == (layout.current_pages_total > slots));
-    overflows += verdict.overflow ? 1 : 0;
+  for (std::size_t b = 0; b < c.batches.size(); ++b) {
+    // The expected verdict from the requests alone: current pages = sum of ceil(extend / P).
+    std::int64_t pages = 0;
+    for (const model::Request& r : c.batches[b].requests) pages += (r.extend_len + c.setting.page_size - 1) / c.setting.page_size;
+    const bool overflow = pages > slots;
+    overflows += overflow ? 1 : 0;
+    const model::BatchLayout layout = model::layout_batch(c.setting, c.batches[b]);
+    if (model::overflow_verdict(layout.current_pages_total, model::staging_capacity(c.setting).staging_slots).overflow != overflow) {
+      fail(c, mutant, name, 3, fmt::format("batch {}: {} current pages, {} slots: the model's verdict is not {}", b, pages, slots, overflow ? "overflow" : "ok"));
+    }
   }
-  const sim::RunReport report = run_case(c, mutant);
-  expect_no_violation(c, mutant, report, 3, "3_overflow_determinism");
-  // A rejected batch leaves no rank waiting or writing: the run ends, and every rank skipped exactly
-  // those batches.
-  if (!report.failure.empty()) fail(c, mutant, "3_overflow_determinism", fmt::format("the run did not end normally: {}", report.failure));
-  for (const sim::SharedTotals& t : report.ranks) {
-    if (t.overflows != overflows) fail(c, mutant, "3_overflow_determinism", fmt::format("a rank rejected {} batches, the model {}", t.overflows, overflows));
+  const sim::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
+  expect_no_violation(c, mutant, report, 3, name);
+  // Every rank rejected exactly the batches section 4 rejects. A run that did not end is invariant
+  // 8's finding (its ranks' counts stop where they stopped).
+  if (!report.failure.empty()) return;
+  for (std::size_t r = 0; r < report.ranks.size(); ++r) {
+    if (report.ranks[r].overflows != overflows) fail(c, mutant, name, 3, fmt::format("rank {} rejected {} batches, section 4 rejects {}", r, report.ranks[r].overflows, overflows));
   }
 }
 
 void barrier_phase_safety(sim::Mutant mutant) {
-  Case c = *gen_case(sim_bounds(), false, false);
-  c.variant = *rc::gen::elementOf(model::barrier_variants());
-  expect_no_violation(c, mutant, run_case(c, mutant), 4, "4_barrier_phase_safety");
+  Emphasis e;
+  e.idle_ranks = true;
+  e.many_layers = true;
+  e.adversarial_schedule = true;
+  e.variants = kBarrierVariants;
+  const Case c = draw(e);
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 4, "4_barrier_phase_safety");
 }
 
 void plan_invariance(sim::Mutant mutant) {
-  // The simulator's checker rebuilds each batch's plan and compares it with the one the rank uses on
-  // every layer (built once per batch, cached): a stale or layer-dependent plan is a violation.
-  const Case c = *gen_case(sim_bounds(), false, false);
-  expect_no_violation(c, mutant, run_case(c, mutant), 5, "5_plan_invariance");
+  // Several batches of one shape: a plan cached on anything but the batch is served stale. The
+  // simulator's checker rebuilds each batch's plan and compares it with the one the rank uses.
+  Emphasis e;
+  e.repeated_shape = true;
+  const Case c = draw(e, bounds_with_rows(192));
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 5, "5_plan_invariance");
 }
 
 void byte_exactness(sim::Mutant mutant) {
-  // Only invariant 6 here: the other checkers' findings belong to their own properties.
   byte_exactness_on([](const Case& c) { return scheduled_backend(c); }, sim_bounds(), mutant, /*require_no_violation=*/false);
 }
 
 void capability_agreement(sim::Mutant mutant) {
-  const Case c = *gen_case(sim_bounds(), false, true);
-  expect_no_violation(c, mutant, run_case(c, mutant), 7, "7_capability_agreement");
+  Emphasis e;
+  e.ipc_faults = true;
+  e.variants = kIpcVariants;
+  const Case c = draw(e, bounds_with_rows(128));
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 7, "7_capability_agreement");
 }
 
 void liveness(sim::Mutant mutant) {
-  const Case c = *gen_case(sim_bounds(), false, false);
-  const sim::RunReport report = run_case(c, mutant);
-  if (!report.failure.empty()) fail(c, mutant, "8_liveness", report.failure);
+  Emphasis e;
+  e.idle_ranks = true;
+  e.many_layers = true;
+  e.adversarial_schedule = true;
+  const Case c = draw(e);
+  const sim::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
+  if (!report.failure.empty()) fail(c, mutant, "8_liveness", 8, report.failure);
 }
 
+// Free-running ranks with swarm fault knobs drawn from the case seed: every invariant, credited to
+// the one the run's report names first (checkers, then bytes, then a run that did not end).
 void free_running_byte_exactness(sim::Mutant mutant) {
+  const std::string name = "free_running_processes";
   Bounds bounds = sim_bounds();
-  bounds.cp_max = 4;
   bounds.tokens_max = 128;
-  const Case c = *gen_case(bounds, false, false);
+  Emphasis e;
+  e.variants = kBarrierVariants;
+  const Case c = draw(e, bounds);
   const sim::RunReport report = run_case_free(c, mutant);
-  if (!report.failure.empty()) fail(c, mutant, "free_running_processes", report.failure);
+  if (report.violation_count > 0) fail(c, mutant, name, report.violations.front().invariant, sim::describe(report.violations.front()), true);
   for (const sim::SharedTotals& t : report.ranks) {
-    if (t.mismatches > 0) fail(c, mutant, "free_running_processes", t.first_mismatch);
+    if (t.mismatches > 0) fail(c, mutant, name, 6, t.first_mismatch, true);
   }
-  if (report.violation_count > 0) fail(c, mutant, "free_running_processes", sim::describe(report.violations.front()));
+  if (!report.failure.empty()) fail(c, mutant, name, 8, report.failure, true);
+}
+
+std::vector<CoverageTarget> with(std::vector<CoverageTarget> targets, std::vector<CoverageTarget> more) {
+  targets.insert(targets.end(), more.begin(), more.end());
+  return targets;
 }
 
 }  // namespace
 
 const std::vector<Property>& all_properties() {
+  const CoverageTarget idle{"an idle rank", [](const Coverage& c) { return c.share(c.idle_rank); }, 0.30, 1.0};
+  const CoverageTarget bursts{"burst schedules", [](const Coverage& c) { return c.share(c.adversarial_schedule); }, 0.50, 1.0};
+  const CoverageTarget several{"more than one batch", [](const Coverage& c) { return c.share(c.several_batches); }, 0.90, 1.0};
+  const CoverageTarget fallback{"capability fallback", [](const Coverage& c) { return c.share(c.capability_fallback); }, 0.50, 1.0};
+  // Property 3 lives at the edge: both verdicts must be common, and vacuous cases are its point.
+  const CoverageTarget edge{"batches overflowing (of batches)", [](const Coverage& c) { return c.overflow_share(); }, 0.20, 0.80};
+  std::vector<CoverageTarget> overflow_targets = common_targets();
+  overflow_targets.pop_back();  // "nothing exchanged": every batch rejected is a case property 3 wants
   static const std::vector<Property> properties = {
-      {"1_page_writer_exclusivity", 1, page_writer_exclusivity},
-      {"2_parity_half_reuse_safety", 2, parity_half_reuse_safety},
-      {"3_overflow_determinism", 3, overflow_determinism},
-      {"4_barrier_phase_safety", 4, barrier_phase_safety},
-      {"5_plan_invariance", 5, plan_invariance},
-      {"6_byte_exactness", 6, byte_exactness},
-      {"7_capability_agreement", 7, capability_agreement},
-      {"8_liveness", 8, liveness},
-      {"free_running_processes", 0, free_running_byte_exactness},
+      {"1_page_writer_exclusivity", 1, page_writer_exclusivity, common_targets()},
+      {"2_parity_half_reuse_safety", 2, parity_half_reuse_safety, with(common_targets(), {bursts})},
+      {"3_overflow_determinism", 3, overflow_determinism, with(overflow_targets, {edge})},
+      {"4_barrier_phase_safety", 4, barrier_phase_safety, with(common_targets(), {idle, bursts})},
+      {"5_plan_invariance", 5, plan_invariance, with(common_targets(), {several})},
+      {"6_byte_exactness", 6, byte_exactness, common_targets()},
+      {"7_capability_agreement", 7, capability_agreement, with(common_targets(), {fallback})},
+      {"8_liveness", 8, liveness, with(common_targets(), {idle, bursts})},
+      // Ten cases (check_property): too few for share targets; its coverage is printed.
+      {"free_running_processes", 0, free_running_byte_exactness, {}},
   };
   return properties;
 }

@@ -16,6 +16,7 @@
 
 #include "cpkv/model/content.hpp"
 #include "cpkv/traces/trace.hpp"
+#include "fault_injector.hpp"
 
 namespace cpkv::sim {
 
@@ -241,11 +242,7 @@ std::int32_t waited_on(const World& world, std::int32_t rank, Op op) {
 int free_rank(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
               const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress) {
   RankMachine machine(world, source.setting, options, rank);
-  std::mt19937_64 rng(model::mix64(faults.seed ^ (0x1000ULL + rank)));
-  std::uniform_real_distribution<double> coin(0.0, 1.0);
-  std::uniform_int_distribution<std::int32_t> delay_us(1, std::max(1, faults.delay_us_max));
-  const auto sleep_us = [](std::int64_t us) { std::this_thread::sleep_for(std::chrono::microseconds(us)); };
-  std::int32_t last_slow_layer = -2;
+  FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
   const auto run_program = [&]() -> int {
     while (!machine.finished()) {
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
@@ -279,14 +276,8 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
         progress->at(world.position(rank).batch.load(std::memory_order_relaxed), s.layer);
         progress->step(to_string(s.op));
       }
-      // Fault points: seeded delays that widen the windows a protocol bug needs.
-      if ((s.op == Op::arrive || s.op == Op::coll_arrive) && coin(rng) < faults.flag_write_delay_probability) sleep_us(delay_us(rng));
-      if (s.op == Op::gather && coin(rng) < faults.gather_delay_probability) sleep_us(delay_us(rng));
-      if (s.op == Op::fill && s.layer != last_slow_layer) {
-        last_slow_layer = s.layer;
-        const std::int64_t slow_rank = (world.position(rank).batch.load() * options.layers + s.layer) % source.setting.cp;
-        if (slow_rank == rank && faults.slow_producer_delay_us > 0) sleep_us(faults.slow_producer_delay_us);
-      }
+      // Fault points: seeded delays and yields that widen the windows a protocol bug needs.
+      injector.before(s, world.position(rank).batch.load());
       machine.step();
     }
     return kRankOk;

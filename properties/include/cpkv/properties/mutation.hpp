@@ -16,10 +16,21 @@ struct PropertyOutcome {
   bool passed = false;
   std::int32_t cases = 0;     // successful cases before the failure (or all of them)
   std::string message;        // RapidCheck's result text (counterexample and reason on failure)
+  std::int32_t invariant = 0; // on failure: the invariant that fired (the property's own, or, free-running, the report's)
+  Coverage coverage;          // the cases drawn until the first failure
 };
+
+// The seed a property runs under: `seed` mixed with its name, so properties that share a generator
+// draw different cases from the one suite seed (RC_PARAMS="seed=S" reproduces every property).
+std::uint64_t property_seed(std::uint64_t seed, const Property& property);
 
 // Runs one property with `mutant` under `params` (seed, case count, size). Prints nothing.
 PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params);
+
+// The property's coverage targets it missed in `outcome`, one line each; empty unless the run used
+// the suite's fixed seed and at least kCoverageCasesMin cases (targets are shares of that sample).
+inline constexpr int kCoverageCasesMin = 100;
+std::vector<std::string> coverage_misses(const Property& property, const PropertyOutcome& outcome, const rc::detail::TestParams& params);
 
 // The suite's fixed seed (the session date the suite was written), used unless RC_PARAMS has one.
 inline constexpr std::uint64_t kSuiteSeed = 20261130;
@@ -31,12 +42,13 @@ struct MutantRow {
   sim::Mutant mutant = sim::Mutant::none;
   bool caught = false;
   std::string caught_by;          // the first property that failed
-  std::int32_t first_invariant = 0;  // the invariant that fired first in that property's counterexample run
+  std::int32_t invariant = 0;     // the invariant that fired in it
   std::vector<std::string> also_caught_by;  // every later property that failed too
   std::int64_t counterexample_size = 0;  // requests + schedule choices of the shrunk case
   double seconds = 0.0;           // time until caught
   std::string replay;             // the cpkv replay line of the shrunk counterexample
   std::string message;
+  std::vector<std::pair<std::string, Coverage>> coverage;  // per property run, in order
 };
 
 // Hunts every mutant of kAllMutants (and `none`, which must pass every property).

@@ -15,6 +15,7 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
+#include "cpkv/properties/coverage.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -28,8 +29,9 @@ struct Case {
   model::Variant variant = model::Variant::staging_direct;
   std::int32_t layers = 1;               // layers simulated
   std::vector<std::uint32_t> schedule;   // choices among runnable ranks; then round-robin
+  bool schedule_bursts = false;          // drawn as bursts that let one rank run ahead (adversarial)
   std::int32_t ipc_missing_rank = -1;
-  std::uint64_t seed = 1;                // content seed
+  std::uint64_t seed = 1;                // content seed; free-running: also the fault knobs' seed
 };
 void showValue(const Case& c, std::ostream& os);
 
@@ -39,25 +41,41 @@ struct Bounds {
   std::int32_t page_size_log2_max = 8;   // P up to 256
   std::int32_t requests_max = 64;
   std::int32_t layers_max = 8;
-  std::int64_t tokens_max = 4096;        // extend + prefix tokens over the whole batch
+  std::int64_t tokens_max = 4096;        // dense rows (slots x P: prefix and current pages) over the whole batch
   std::int32_t batches_max = 3;
 };
 
-enum class CapsShape : std::uint8_t { tight, loose, absent, mib_override };
+// How a case's caps relate to its batches. fitting: every batch fits, or (mixed) some overflow and
+// at least one fits, so something is always exchanged. edge: the staging slots land within two of
+// some batch's current pages, on either side (property 3).
+enum class CapsDraw : std::uint8_t { fitting, edge };
 
-rc::Gen<model::Setting> gen_setting(const Bounds& bounds);
-rc::Gen<model::Batch> gen_batch(const model::Setting& setting, const Bounds& bounds);
-// A whole case; `tight_caps` biases caps toward the overflow edge, `ipc_faults` draws a rank whose
-// IPC probe fails.
-rc::Gen<Case> gen_case(const Bounds& bounds, bool tight_caps, bool ipc_faults);
+// What a property stresses. Every property draws cp, P, split and variant so that each value is
+// reached at every RapidCheck size; the emphasis moves weight toward the inputs its invariant needs.
+struct Emphasis {
+  CapsDraw caps = CapsDraw::fitting;
+  bool many_layers = false;            // 2..layers_max layers, back to back (parity, barrier)
+  bool adversarial_schedule = false;   // mostly burst schedules: one rank runs ahead of the others
+  bool idle_ranks = false;             // few, short requests: some rank often has no page to write
+  bool repeated_shape = false;         // 2..4 batches of one shape with different page tables (plan)
+  bool ipc_faults = false;             // a rank whose IPC probe fails in most cases (capability)
+  std::vector<model::Variant> variants{model::kAllVariants.begin(), model::kAllVariants.end()};
+};
 
-// Runs a case on the scheduled simulator with `mutant`.
-sim::RunReport run_case(const Case& c, sim::Mutant mutant);
-// Runs a case free-running (processes) with seeded fault delays.
+rc::Gen<model::Setting> gen_setting(const Bounds& bounds, const Emphasis& emphasis);
+rc::Gen<model::Batch> gen_batch(const model::Setting& setting, const Bounds& bounds, const Emphasis& emphasis);
+rc::Gen<Case> gen_case(const Bounds& bounds, const Emphasis& emphasis);
+
+// Runs a case on the scheduled simulator with `mutant`. Without check_bytes the dense buffers are not
+// compared with the model (properties of other invariants than 6 do not look at mismatches).
+sim::RunReport run_case(const Case& c, sim::Mutant mutant, bool check_bytes = true);
+// Runs a case free-running (processes) with swarm fault knobs drawn from the case seed
+// (sim::swarm_faults(c.seed)).
 sim::RunReport run_case_free(const Case& c, sim::Mutant mutant);
 
-// Writes the case as a trace and a schedule file under `dir` and returns the `cpkv replay` line.
-std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem);
+// Writes the case as a trace (and, scheduled, a schedule file) under `dir` and returns the
+// `cpkv replay` line: scheduled, or free-running with `--swarm` and the seed of the knobs.
+std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running = false);
 
 // Byte exactness (invariant 6) as one property body over any backend: draws a case, runs it on the
 // backend `backend_for(case)` returns, and fails if any dense byte differs from the model or the run
@@ -69,17 +87,19 @@ std::unique_ptr<sim::Backend> scheduled_backend(const Case& c);  // the case's s
 
 struct Property {
   std::string name;       // e.g. "1_page_writer_exclusivity"
-  std::int32_t invariant; // 1..8 (0: not tied to one)
-  // The body draws its inputs with *gen and asserts with RC_ASSERT; `mutant` is the planted bug.
+  std::int32_t invariant; // 1..8 (0: every invariant, free-running)
+  // The body draws its inputs with *gen, notes them (note_case) and fails through RC_FAIL on its own
+  // invariant only; `mutant` is the planted bug.
   std::function<void(sim::Mutant)> body;
+  std::vector<CoverageTarget> targets;  // met under the fixed seed (coverage.hpp)
 };
 const std::vector<Property>& all_properties();
 
-// The size of the last counterexample a property recorded (requests + schedule choices), for the
-// mutation table: the final shrunk failure is the last one recorded.
+// The last counterexample a property recorded, for the mutation table: the final shrunk failure is
+// the last one recorded. Size: requests + schedule choices. Invariant: the one that fired (for the
+// free-running property, read from the run's report: 8 for a deadlock).
 std::int64_t last_counterexample_size();
 std::string last_counterexample_replay();
-// The invariant whose checker fired first in the last counterexample's run (sim::first_invariant_fired).
-std::int32_t last_counterexample_first_invariant();
+std::int32_t last_counterexample_invariant();
 
 }  // namespace cpkv::properties

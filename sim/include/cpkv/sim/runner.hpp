@@ -42,15 +42,46 @@ Schedule read_schedule_file(const std::string& path);
 
 enum class RanksAs : std::uint8_t { processes, threads };
 
+// Which rank plays a slow role on a layer: always the same rank, a rank that moves every layer, or
+// every batch.
+enum class SlowRotation : std::uint8_t { fixed, per_layer, per_batch };
+// Steps before which a rank may yield its core (std::this_thread::yield), letting a peer run into a
+// window: writes (zero, fill, publish), reads (gather), flags (arrive, wait), or every step.
+enum class YieldAt : std::uint8_t { nowhere, writes, reads, flags, every_step };
+
+// Seeded delays at named fault points of the free-running simulator. The defaults are the fixed
+// knobs of a plain run; swarm_faults(seed) draws every knob from the seed instead (TigerBeetle's
+// VOPR swarm: each run stresses a different mix), and describe() prints them.
+//
+// Two slow roles per layer, on different ranks. They hold rather than sleep a fixed time: a hold
+// ends when a peer has moved past the window the role opens (or at its bound), so a window stays
+// open however the ranks are scheduled on a loaded machine, and a correct run pays little.
+//  - the slow producer holds before its first fill of the layer until a peer has finished the
+//    layer's reads (a peer that read its pages unfilled was not held back by the barrier), or
+//    until every peer waits at a barrier that cannot open without it (nothing left to open);
+//  - the slow reader holds its read epoch open (before it ends the layer) until a peer is past a
+//    later layer's zero and fill (a peer that rewrote a half it still reads ignored the parity).
 struct FaultOptions {
   std::uint64_t seed = 1;
-  std::int32_t delay_us_max = 200;        // longest injected delay
+  std::int32_t delay_us_max = 200;              // longest random delay at a fault point
   double flag_write_delay_probability = 0.05;   // before a flag write (arrive)
   double gather_delay_probability = 0.002;      // inside the gather
-  std::int32_t slow_producer_delay_us = 2000;   // the rotating slow producer's delay before its fill
+  double write_delay_probability = 0.0;         // before a zero, fill or publish
+  std::int32_t slow_producer_delay_us = 2000;   // bound on the slow producer's hold (0: no slow producer)
+  std::int32_t slow_reader_delay_us = 0;        // bound on the slow reader's hold (0: no slow reader)
+  SlowRotation slow_rotation = SlowRotation::per_layer;
+  std::int32_t slow_rank = 0;                   // the slow producer on batch 0 layer 0 (modulo cp)
+  std::int32_t slow_reader_offset = 1;          // the slow reader: the producer + this (modulo cp)
+  YieldAt yield_at = YieldAt::nowhere;
+  double yield_probability = 0.0;               // at each step of the yield_at kind
   std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (processes only: a crash) ...
   std::uint64_t kill_after_steps = 0;           // ... after this many steps
 };
+
+// Every knob of FaultOptions drawn from `seed` (kill_rank stays off): the same seed, the same knobs.
+FaultOptions swarm_faults(std::uint64_t seed);
+// The knobs in one line: "delay_us_max 200 | flag 0.05 | gather 0.002 | write 0 | slow fill ..."
+std::string describe(const FaultOptions& faults);
 
 struct RunLimits {
   std::int64_t wait_ms_max = 20000;         // any single wait (free-running)
