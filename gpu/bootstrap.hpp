@@ -56,7 +56,7 @@ struct Bootstrap {
   std::atomic<std::int32_t> probe[kRanksMax];
   std::atomic<std::int32_t> path[kRanksMax];
   ncclUniqueId nccl_id;
-  std::int64_t wait_ms_max;                          // every host wait (CudaOptions::wait_ms_max)
+  std::int64_t wait_ms_max = 120000;                 // every host wait (CudaOptions::wait_ms_max; the barrier stress tool keeps this default)
   std::atomic<std::int64_t> batches_done[kRanksMax];  // for the progress callback
   harness::Totals totals[kRanksMax];
   std::atomic<std::int64_t> violation_count;
