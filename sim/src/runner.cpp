@@ -179,7 +179,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
     RankMachine& chosen = machines[runnable[scheduler.pick(runnable.size())]];
     if (record_events) {
       const Step& s = *chosen.next_step();
-      report.event_log.push_back(fmt::format("{} {} {} {} {} {}", chosen.rank(), to_string(s.op), s.layer, s.a, s.b, s.c));
+      report.event_log.push_back(fmt::format("{} {}", chosen.rank(), to_string(s)));
     }
     chosen.step();
     ++report.steps;

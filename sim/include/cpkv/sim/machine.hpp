@@ -6,7 +6,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cpkv/model/batch.hpp"
@@ -14,6 +16,7 @@
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/sim/checkers.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/world.hpp"
 
@@ -25,19 +28,19 @@ enum class Op : std::uint8_t {
   batch_begin,    // populate own pool pages, poison the dense buffers, judge overflow
   layer_begin,
   zero_dense,     // zero the whole dense half (all-reduce variants)
-  local_prefix,   // a = slot: copy the own pool page into the dense slot
-  zero_own,       // a = current index: zero the page the fill writes
-  fill,           // a = current index, b = first row, c = end row: compute rows, write them via the page inverse
-  pack,           // a = current index: compact[a] = own ? dense page : zeros
-  gather,         // a = slot, b = source page, c = table index
-  publish,        // a = current index: staging[a] = dense page
+  local_prefix,   // SlotStep: copy the own pool page into the dense slot
+  zero_own,       // PageStep: zero the page the fill writes
+  fill,           // FillStep: compute the page's rows this rank owns, write them via the page inverse
+  pack,           // PageStep: compact[i] = own ? dense page : zeros
+  gather,         // GatherStep: copy one source page into a dense slot
+  publish,        // PageStep: staging[i] = dense page
   arrive,         // protocol counting barrier: announce arrival
   wait,           // protocol counting barrier: pass once every rank arrived (blocks)
-  coll_arrive,    // collective (NCCL stand-in) barrier
+  coll_arrive,    // CollectiveStep: collective (NCCL stand-in) barrier
   coll_wait,      // (blocks)
-  reduce,         // a = slot begin, b = slot end (or -1: compact), c = kind: scratch = sum over ranks
-  store,          // a, b, c as reduce: own buffer = scratch
-  unpack,         // a = current index: dense slot = compact[a]
+  reduce,         // CollectiveStep: scratch = sum over ranks of the range
+  store,          // CollectiveStep: own buffer's range = scratch
+  unpack,         // PageStep: dense slot = compact[i]
   layer_end,      // check the dense half against the model; close the staging read epoch
   batch_arrive,   // harness barrier between batches (pool populated; not part of the protocol)
   batch_wait,     // (blocks)
@@ -45,13 +48,40 @@ enum class Op : std::uint8_t {
 };
 std::string_view to_string(Op op);
 
+// The operands of each op, by name. Ops not listed above take none.
+struct NoOperands {};
+struct SlotStep {  // local_prefix
+  std::int64_t slot = 0;
+};
+struct PageStep {  // zero_own, pack, publish, unpack
+  std::int64_t current_index = 0;
+};
+struct FillStep {
+  std::int64_t current_index = 0;
+  std::int64_t entry_begin = 0;  // the page's first entry in the page inverse
+  std::int32_t entry_count = 0;  // its entries (rows this rank writes)
+};
+struct GatherStep {
+  std::int64_t slot = 0;         // dense slot written
+  std::int64_t source_page = 0;  // pool local page (table index < cp) or the source's current index / dense slot
+  std::int32_t table_index = 0;  // the slot descriptor's table index (source rank = table_index % cp)
+};
+struct CollectiveStep {
+  // Dense slots [slot_begin, slot_end), or the compact buffer when slot_end == kCompact.
+  static constexpr std::int64_t kCompact = -1;
+  std::int64_t slot_begin = 0;
+  std::int64_t slot_end = 0;
+  std::int32_t kind = 0;  // buffer kind; -1 for the run's capability collective
+};
+
 struct Step {
   Op op = Op::batch_end;
   std::int32_t layer = -1;
-  std::int64_t a = 0;
-  std::int64_t b = 0;
-  std::int32_t c = 0;
+  std::variant<NoOperands, SlotStep, PageStep, FillStep, GatherStep, CollectiveStep> operands = NoOperands{};
 };
+// "op layer x y z": the op, its layer and its operands in declaration order (0 where it has fewer);
+// the scheduled runner's event log is written in this form.
+std::string to_string(const Step& step);
 
 // The run options are the harness's (harness/run.hpp), shared with the GPU backend.
 using harness::ExpectedBytesFrom;
@@ -93,31 +123,60 @@ class RankMachine {
   std::uint64_t steps_taken() const { return steps_taken_; }
 
  private:
+  // Program construction, once per batch.
   void build_batch_program();
+  void build_layout();
+  void serve_plan();
+  void build_page_inverse();
+  void build_token_split_inverse(model::InverseTarget target);
+  bool judge_overflow();
   void append_layer(const model::VariantPlan& plan, std::int32_t layer);
+  void append_fills(std::int32_t layer);
+  void append_gathers(const std::vector<model::SlotDescriptor>& gathers, std::int32_t layer);
   void append_barrier(std::int32_t layer);
-  void append_collective(std::int32_t layer, std::int64_t a, std::int64_t b, std::int32_t kind);
-  void run_step(const Step& s);
-  bool wait_satisfied(const Step& s) const;
+  void append_collective(std::int32_t layer, std::int64_t slot_begin, std::int64_t slot_end, std::int32_t kind);
 
+  // Execution: run_step dispatches to one function per op.
+  bool wait_satisfied(const Step& s) const;
+  bool all_ranks_reached(Counter& (World::*counter)(std::int32_t) const, std::uint64_t count) const;
+  void run_step(const Step& s);
+  void run_probe();
+  void run_choose_path();
+  void run_batch_begin();
+  void run_layer_begin(std::int32_t layer);
+  void run_zero_dense(std::int32_t layer);
+  void run_local_prefix(std::int32_t layer, const SlotStep& op);
+  void run_zero_own(std::int32_t layer, const PageStep& op);
+  void run_fill(std::int32_t layer, const FillStep& op);
+  void run_pack(std::int32_t layer, const PageStep& op);
+  void run_gather(std::int32_t layer, const GatherStep& op);
+  void run_gather_shared(std::int32_t layer, const GatherStep& op);
+  void run_publish(std::int32_t layer, const PageStep& op);
+  void run_arrive(std::int32_t layer);
+  void run_wait(std::int32_t layer);
+  void run_coll_arrive(const CollectiveStep& op);
+  void run_collective(Op op, std::int32_t layer, const CollectiveStep& op_range);
+  void run_unpack(std::int32_t layer, const PageStep& op);
+  void run_layer_end(std::int32_t layer);
+  void run_batch_arrive();
+  void run_batch_wait();
+
+  template <typename Body>
+  void for_active_kinds(std::int32_t layer, Body&& body) const;
+  bool in_batch(std::int32_t layer, std::int64_t index, std::int64_t bound, const char* what) const;
+  void stamp(StagingStamp& stamp, std::int32_t layer, StampState state) const;
   std::int32_t staging_half(std::int32_t layer) const;
   std::int32_t dense_half(std::int32_t layer) const;
-  std::uint8_t* fill_destination(std::int32_t layer, std::size_t kind, std::int64_t current_index) const;
-  void check_write_to_shared_half(std::int32_t layer, std::int32_t half, std::int64_t slot, std::int64_t step) const;
-  void check_read_stamp(const StagingStamp& stamp, std::int32_t writer, std::int32_t layer, std::int64_t slot) const;
-  void note_fill(std::int32_t layer, std::int64_t current_index) const;
-  void check_layer(std::int32_t layer);
-  void check_plan_built_once(std::int32_t layer);
-  void note_barrier_arrival(std::int32_t layer);
-  void check_barrier_pass(std::int32_t layer);
   void populate_pool();
-  void violation(std::int32_t invariant, std::int32_t layer, std::int64_t slot, const std::string& detail) const;
+  void populate_pool_page(std::int64_t logical_page);
   void set_position(const Step& s);
 
   const World* world_;  // pointers, not references: machines are copied and assigned (explorer snapshots)
   const model::Setting* setting_;
   SimOptions options_;
+  MutantPolicy mutant_;
   std::int32_t rank_;
+  StateChecker checker_;
   model::StagingCapacity capacity_;
 
   // The current batch and what is built once per batch from it.
@@ -143,13 +202,10 @@ class RankMachine {
   std::size_t pc_ = 0;
   std::uint64_t steps_taken_ = 0;
   std::uint64_t barriers_arrived_ = 0;
-  std::int32_t barrier_uses_arrived_ = 0;  // barriers arrived at / passed in the current layer (checker shadow)
-  std::int32_t barrier_uses_passed_ = 0;
   std::uint64_t collectives_arrived_ = 0;
   std::uint64_t batches_arrived_ = 0;
   std::vector<bool> pool_populated_;  // own local pages already written (content never changes)
   RankTotals totals_;
-  std::vector<std::uint8_t> row_buffer_;
 };
 
 }  // namespace cpkv::sim

@@ -56,8 +56,10 @@ struct alignas(64) RankPosition {
 
 enum class RankState : std::int32_t { idle = 0, running = 1, finished = 2, failed = 3, raised_overflow = 4 };
 
-// One counter per rank, monotonic: rank r's arrivals. Barrier k is passed when every counter >= k.
-// Reusable without reset and phase-safe by construction (see barrier.hpp).
+// One counter per rank, monotonic: rank r's arrivals. Barrier k is passed when every counter >= k
+// (RankMachine::wait_satisfied). Reusable without reset and phase-safe by construction: a counter
+// only grows, so a fast rank's next arrival cannot undo a slow rank's view of this one (PROTOCOL.md
+// section 5, step 3).
 struct alignas(64) Counter {
   std::atomic<std::uint64_t> value{0};
 };
@@ -144,7 +146,7 @@ class World {
   // Current indices the shadow arrays hold per half: max(staging_slots, current_pages_max).
   std::int64_t current_capacity() const { return static_cast<std::int64_t>(off_.stamps_per_half); }
 
-  // Violations, recorded by checkers from any rank; at most kViolationsMax are kept.
+  // Violations, recorded by the checkers (checkers.hpp) from any rank; at most kViolationsMax are kept.
   static constexpr std::int32_t kViolationsMax = 64;
   void record(const Violation& violation) const;
   std::vector<Violation> violations() const;

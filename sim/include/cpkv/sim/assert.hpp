@@ -1,0 +1,20 @@
+// Host assertions, on in every build (Release included): a broken invariant or argument stops the
+// process at once with the file, the line and the condition, instead of running on into a wrong
+// answer. One condition per assertion, so the message names the one that failed. Kept free of
+// every other cpkv header so any host library can include it (it belongs in a common place; sim/
+// holds it for now).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace cpkv::detail {
+[[noreturn]] inline void assertion_failed(const char* file, int line, const char* condition) {
+  std::fprintf(stderr, "%s:%d: assertion failed: %s\n", file, line, condition);
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace cpkv::detail
+
+#define CPKV_ASSERT(condition) \
+  ((condition) ? static_cast<void>(0) : ::cpkv::detail::assertion_failed(__FILE__, __LINE__, #condition))
