@@ -355,6 +355,15 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
     });
     report.failure = launched.failure;
     report.deadlock = launched.deadlock;
+    // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
+    // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
+    if (launched.stuck) {
+      Violation v;
+      v.invariant = 8;
+      v.rank = launched.culprit;
+      std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
+      world.record(v);
+    }
   }
   if (report.failure.empty()) check_drained(world);
   collect(world, report);
