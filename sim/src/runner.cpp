@@ -349,7 +349,7 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
       while (!machine.runnable()) {
-        if (++spins > 64) std::this_thread::yield();
+        if (++spins > 64) injector.between_polls();
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;
