@@ -55,7 +55,7 @@ FaultOptions one_hold(std::uint64_t seed, bool reader, std::int32_t slow, std::i
 TEST(SimSwarm, KnobsAreAFunctionOfTheSeedAndDifferBetweenSeeds) {
   std::set<std::string> lines;
   std::set<std::int32_t> producer_bounds, reader_bounds, slow_ranks;
-  std::set<int> rotations, yields;
+  std::set<int> rotations, yields, poll_sleeps;
   for (std::uint64_t seed = 1; seed <= 40; ++seed) {
     const FaultOptions f = swarm_faults(seed);
     EXPECT_EQ(describe(f), describe(swarm_faults(seed))) << "seed " << seed;
@@ -70,6 +70,7 @@ TEST(SimSwarm, KnobsAreAFunctionOfTheSeedAndDifferBetweenSeeds) {
     slow_ranks.insert(f.slow_rank);
     rotations.insert(static_cast<int>(f.slow_rotation));
     yields.insert(static_cast<int>(f.yield_at));
+    poll_sleeps.insert(f.wait_poll_sleep_us);
   }
   EXPECT_EQ(lines.size(), 40u) << "every seed draws its own mix";
   EXPECT_EQ(producer_bounds.size(), 3u);
@@ -77,11 +78,12 @@ TEST(SimSwarm, KnobsAreAFunctionOfTheSeedAndDifferBetweenSeeds) {
   EXPECT_GE(slow_ranks.size(), 6u);
   EXPECT_EQ(rotations.size(), 3u);
   EXPECT_EQ(yields.size(), 5u);
+  EXPECT_EQ(poll_sleeps.size(), 3u);
 }
 
 TEST(SimSwarm, DescribeNamesEveryKnob) {
   const std::string line = describe(swarm_faults(3));
-  for (const char* knob : {"fault seed 3", "delay_us_max", "flag", "gather", "write", "slow producer hold", "reader hold", "rotation", "yield"}) {
+  for (const char* knob : {"fault seed 3", "delay_us_max", "flag", "gather", "write", "slow producer hold", "reader hold", "rotation", "yield", "poll sleep"}) {
     EXPECT_NE(line.find(knob), std::string::npos) << knob << " missing from: " << line;
   }
 }

@@ -207,6 +207,14 @@ Bounds bounds_with_rows(std::int64_t rows_max) {
   return b;
 }
 
+// Up to 8 layers back to back for the parity and barrier properties: half h comes back on layers
+// l, l+2, l+4, ..., and every layer is another barrier phase. They compare no bytes, so a layer is cheap.
+Bounds many_layer_bounds() {
+  Bounds b = sim_bounds();
+  b.layers_max = 8;
+  return b;
+}
+
 Case draw(const Emphasis& emphasis, const Bounds& bounds = sim_bounds()) {
   Case c = *gen_case(bounds, emphasis);
   note_case(c);
@@ -266,7 +274,7 @@ void parity_half_reuse_safety(sim::Mutant mutant) {
   e.many_layers = true;
   e.adversarial_schedule = true;
   e.variants = kBarrierVariants;
-  const Case c = draw(e);
+  const Case c = draw(e, many_layer_bounds());
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 2, "2_parity_half_reuse_safety");
 }
 
@@ -318,7 +326,7 @@ void barrier_phase_safety(sim::Mutant mutant) {
   e.many_layers = true;
   e.adversarial_schedule = true;
   e.variants = kBarrierVariants;
-  const Case c = draw(e);
+  const Case c = draw(e, many_layer_bounds());
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 4, "4_barrier_phase_safety");
 }
 

@@ -17,6 +17,9 @@ class FaultInjector {
   FaultInjector(const World& world, const FaultOptions& faults, std::int32_t rank, std::int32_t cp, std::int32_t layers);
   // Ahead of `step` of batch `batch_index`: the seeded delays, holds and yields of this rank.
   void before(const Step& step, std::int64_t batch_index);
+  // Between two polls of a wait that is not yet satisfied: yield the core, or sleep (a waiter that
+  // looks only now and then, as a descheduled rank does, can miss a short-lived state).
+  void between_polls() const;
 
  private:
   enum class Role : std::uint8_t { producer, reader };

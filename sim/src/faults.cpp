@@ -63,15 +63,19 @@ FaultOptions swarm_faults(std::uint64_t seed) {
   f.slow_reader_offset = std::uniform_int_distribution<std::int32_t>(1, model::limits::cp_max - 1)(rng);
   f.yield_at = pick<YieldAt>(rng, {YieldAt::nowhere, YieldAt::writes, YieldAt::reads, YieldAt::flags, YieldAt::every_step});
   f.yield_probability = pick<double>(rng, {0.05, 0.25, 1.0});
+  // A waiter that sleeps between polls: busy waiters see every count a barrier passes through, real
+  // ranks (descheduled, or polling a flag across NVLink) do not.
+  f.wait_poll_sleep_us = pick<std::int32_t>(rng, {10, 50, 200});
   return f;
 }
 
 std::string describe(const FaultOptions& f) {
   return fmt::format(
       "fault seed {} | delay_us_max {} | delay p: flag {} gather {} write {} | slow producer hold {} us, reader hold {} us, "
-      "rank {} reader +{} rotation {} | yield {} p {}",
+      "rank {} reader +{} rotation {} | yield {} p {} | poll sleep {} us",
       f.seed, f.delay_us_max, f.flag_write_delay_probability, f.gather_delay_probability, f.write_delay_probability, f.slow_producer_delay_us,
-      f.slow_reader_delay_us, f.slow_rank, f.slow_reader_offset, to_string(f.slow_rotation), to_string(f.yield_at), f.yield_probability);
+      f.slow_reader_delay_us, f.slow_rank, f.slow_reader_offset, to_string(f.slow_rotation), to_string(f.yield_at), f.yield_probability,
+      f.wait_poll_sleep_us);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,6 +175,14 @@ bool FaultInjector::peer_wrote_later_layer(std::int32_t peer) const {
   const RankPosition& pos = world_.position(peer);
   const Op op = static_cast<Op>(pos.op.load(std::memory_order_relaxed));
   return peer_layer_order(pos) > 0 && op != Op::layer_begin && op != Op::local_prefix && !writes_shared_data(op);
+}
+
+void FaultInjector::between_polls() const {
+  if (faults_.wait_poll_sleep_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(faults_.wait_poll_sleep_us));
+  } else {
+    std::this_thread::yield();
+  }
 }
 
 bool FaultInjector::yields_before(Op op) const {

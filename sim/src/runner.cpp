@@ -255,7 +255,7 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
         progress->wait_on(waited_on(world, rank, waits_at.op));
       }
       while (!machine.runnable()) {
-        if (++spins > 64) std::this_thread::yield();
+        if (++spins > 64) injector.between_polls();
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;

@@ -51,9 +51,11 @@ struct MutantRow {
   std::vector<std::pair<std::string, Coverage>> coverage;  // per property run, in order
 };
 
-// Hunts every mutant of kAllMutants (and `none`, which must pass every property).
-// `every_property`: keep running the scheduled properties after the first catch, to show every
-// invariant that sees the bug (slower); otherwise stop at the first.
+// Hunts every mutant of kAllMutants (and `none`, which must pass every property, in full). A mutant
+// meets every property with a few cases first, then, if it survived, with params' count; the first
+// property to fail is the row's, with the invariant that fired in it. New mutants need only their
+// entry in kAllMutants. `every_property`: keep running the scheduled properties after the first
+// catch, in full, to show every invariant that sees the bug (slower).
 std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
                                       const std::function<void(const MutantRow&)>& on_row);
 

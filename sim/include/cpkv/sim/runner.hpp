@@ -74,6 +74,7 @@ struct FaultOptions {
   std::int32_t slow_reader_offset = 1;          // the slow reader: the producer + this (modulo cp)
   YieldAt yield_at = YieldAt::nowhere;
   double yield_probability = 0.0;               // at each step of the yield_at kind
+  std::int32_t wait_poll_sleep_us = 0;          // a blocked rank between polls: 0 yields, else sleeps this long
   std::int32_t kill_rank = -1;                  // this rank SIGKILLs itself (processes only: a crash) ...
   std::uint64_t kill_after_steps = 0;           // ... after this many steps
 };
