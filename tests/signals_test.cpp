@@ -346,7 +346,11 @@ TEST_F(Signals, TheWatchdogEndsARunWhoseRankIsStoppedWithinStuckMsMax) {
   EXPECT_EQ(run.exit_code(), 1);
   const std::string out = run.stdout_text();
   EXPECT_NE(out.find(fmt::format("(pid {}) made no progress", stopped)), std::string::npos) << out;
-  EXPECT_NE(out.find(fmt::format("no rank made progress for {} ms", kStuckMsMax)), std::string::npos) << out;
+  // The window is what ended it: the whole group silent, or the stopped rank silent while its
+  // peer still moved a moment before (which of the two wins is a race of a millisecond).
+  const bool group_window = out.find(fmt::format("no rank made progress for {} ms", kStuckMsMax)) != std::string::npos;
+  const bool rank_window = out.find(fmt::format("it made no progress, while others did, for {} ms", kStuckMsMax)) != std::string::npos;
+  EXPECT_TRUE(group_window || rank_window) << out;
   EXPECT_TRUE(regions_of(run.pid).empty());
 }
 
