@@ -175,11 +175,18 @@ Bounds sim_bounds() {
   return b;
 }
 
-// Variants whose staging or symmetric dense halves peers read across a counting barrier.
-const std::vector<model::Variant> kBarrierVariants = {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense};
-// Variants that need every peer mapped (PROTOCOL.md section 7): a missing IPC rank makes the group fall back.
-const std::vector<model::Variant> kIpcVariants = {model::Variant::v2, model::Variant::symm_dense, model::Variant::staging_publish,
-                                                  model::Variant::staging_direct};
+// Variants whose staging or symmetric dense halves peers read across a counting barrier, and the
+// variants that need every peer mapped (PROTOCOL.md section 7: a missing IPC rank makes the group
+// fall back): both from the variant table, in its order.
+const std::vector<model::Variant> kBarrierVariants = {model::barrier_variants().begin(), model::barrier_variants().end()};
+std::vector<model::Variant> ipc_variants() {
+  std::vector<model::Variant> out;
+  for (const model::VariantInfo& row : model::kVariantTable) {
+    if (row.needs_ipc) out.push_back(row.variant);
+  }
+  return out;
+}
+const std::vector<model::Variant> kIpcVariants = ipc_variants();
 
 std::string first_violation(const sim::RunReport& report, std::int32_t invariant) {
   for (const sim::Violation& v : report.violations) {
