@@ -178,7 +178,8 @@ Bounds sim_bounds() {
 // Variants whose staging or symmetric dense halves peers read across a counting barrier, and the
 // variants that need every peer mapped (PROTOCOL.md section 7: a missing IPC rank makes the group
 // fall back): both from the variant table, in its order.
-const std::vector<model::Variant> kBarrierVariants = {model::barrier_variants().begin(), model::barrier_variants().end()};
+constexpr auto kBarrierVariantArray = model::barrier_variants();
+const std::vector<model::Variant> kBarrierVariants = {kBarrierVariantArray.begin(), kBarrierVariantArray.end()};
 std::vector<model::Variant> ipc_variants() {
   std::vector<model::Variant> out;
   for (const model::VariantInfo& row : model::kVariantTable) {
