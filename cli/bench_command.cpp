@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "model_costs.hpp"
 #include "files.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
@@ -105,25 +106,61 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
   return s;
 }
 
-// One row per timed batch of one variant's run.
+// The cost model's compose time per layer (cpkv replay --backend model's layer_time_us) with the
+// ceilings measured in this run, averaged over the timed cycle like the measurement.
+double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings) {
+  BatchCounts counts;
+  count_batch(setting, batch, counts);
+  double sum = 0;
+  for (std::int32_t l = 0; l < cycle; ++l) {
+    const std::uint64_t page_bytes = setting.row_bytes_on_layer(l) * static_cast<std::uint32_t>(setting.page_size);
+    double slowest = 0;
+    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+      slowest = std::max(slowest, layer_time_us(setting, counts, variant, layer_bytes_from_counts(setting, counts, variant, rank, l), ceilings, page_bytes));
+    }
+    sum += slowest;
+  }
+  return sum / cycle;
+}
+
+Ceilings model_ceilings(const cuda::Ceilings& measured) {
+  Ceilings c;
+  c.peer_gbps = measured.ce_peer_gbps;
+  c.local_gbps = measured.local_copy_gbps;
+  c.barrier_us = measured.barrier_us;
+  if (measured.allreduce_busbw_gbps > 0) c.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
+  if (measured.allreduce_latency_us > 0) c.allreduce_latency_us = measured.allreduce_latency_us;
+  c.source = "measured in this run";
+  return c;
+}
+
+// One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
+// alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
+  const Ceilings model_c = model_ceilings(ceilings);
   for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
     const ModelBytes ideal_bytes = mean_bytes(s.source.setting, s.batches[b], model::Variant::staging_direct, s.timed_cycle);
     const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
-    const double us = result.layer_us_median[b];
+    const double us = result.compose_us_median[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
+    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c);
     // The isolated current-page exchange exists where current pages move on their own: barrier +
     // gather (staging and symmetric variants) or the compact all-reduce (v2).
     const bool isolated_applies = model::info(variant).isolated != model::IsolatedExchange::none;
     rows.push_back({{"batch", b},
                     {"variant", model::to_string(variant)},
                     {"byte_exact", result.report.passed()},
-                    {"us_per_layer_median", us},
-                    {"us_per_layer_min", result.layer_us_min[b]},
-                    {"us_per_layer_max", result.layer_us_max[b]},
-                    {"ms_per_batch", us * s.source.setting.layer_count() / 1000.0},
+                    {"compose_us_per_layer_median", us},
+                    {"compose_us_per_layer_min", result.compose_us_min[b]},
+                    {"compose_us_per_layer_max", result.compose_us_max[b]},
+                    {"with_fill_us_per_layer_median", result.layer_us_median[b]},
+                    {"with_fill_us_per_layer_min", result.layer_us_min[b]},
+                    {"with_fill_us_per_layer_max", result.layer_us_max[b]},
+                    {"launches_per_layer_compose", result.compose_nodes_per_layer[b]},
+                    {"launches_per_layer_with_fill", result.nodes_per_layer[b]},
+                    {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0},
                     {"isolated_current_us", isolated_applies ? nlohmann::json(result.isolated_us_median[b]) : nlohmann::json(nullptr)},
                     {"peer_bytes_per_rank_layer", bytes.peer},
                     {"local_bytes_per_rank_layer", bytes.local},
@@ -131,6 +168,8 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
                     {"achieved_peer_gbps", bytes.peer / (us * 1e3)},
                     {"ideal_us_per_layer", ideal_us},
                     {"ratio_to_ideal", us / ideal_us},
+                    {"model_us_per_layer", predicted},
+                    {"model_error", predicted / us - 1.0},
                     {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
   }
 }
@@ -138,31 +177,53 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
 // The ceilings, in the bench's own shape and in the one `cpkv replay --backend model --ceilings FILE` reads.
 void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
-  for (const auto& g : ceilings.gather) gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}});
-  out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps}, {"local_copy_gbps", ceilings.local_copy_gbps}, {"barrier_us", ceilings.barrier_us},
-                     {"barrier_us_launch_free", ceilings.barrier_us_launch_free}, {"gather", gathers}};
-  out["peer_gbps"] = ceilings.ce_peer_gbps;
-  out["local_gbps"] = ceilings.local_copy_gbps;
-  out["barrier_us"] = ceilings.barrier_us;
+  for (const auto& g : ceilings.gather) {
+    gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}, {"block_per_page_gbps", g.block_gbps}});
+  }
+  out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
+                     {"local_copy_gbps", ceilings.local_copy_gbps},
+                     {"barrier_us", ceilings.barrier_us},
+                     {"barrier_us_launch_free", ceilings.barrier_us_launch_free},
+                     {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps},
+                     {"allreduce_latency_us", ceilings.allreduce_latency_us},
+                     {"gather", gathers}};
+  const Ceilings model_c = model_ceilings(ceilings);
+  out["peer_gbps"] = model_c.peer_gbps;
+  out["local_gbps"] = model_c.local_gbps;
+  out["barrier_us"] = model_c.barrier_us;
+  out["allreduce_busbw_gbps"] = model_c.allreduce_busbw_gbps;
+  out["allreduce_latency_us"] = model_c.allreduce_latency_us;
 }
 
 std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& ceilings, std::int32_t layer_count) {
-  std::string md = fmt::format("| batch | variant | us/layer (median) | min | max | ms/batch ({} layers) | isolated current us | peer MB/rank/layer | GB/s | x ideal | exact |\n",
-                               layer_count);
-  md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::string md = fmt::format(
+      "Compose = the exchange alone (the fill done before the timed region); with fill = the layer including the producer step. "
+      "us per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
+      "ms/batch = compose x {} layers.\n\n"
+      "| batch | variant | compose us | min-max | with fill us | launches/layer (compose, with fill) | ms/batch | isolated current us | "
+      "peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
+      layer_count);
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     const std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
-    md += fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {} |\n", r["batch"].get<int>(),
-                      r["variant"].get<std::string>(), r["us_per_layer_median"].get<double>(), r["us_per_layer_min"].get<double>(),
-                      r["us_per_layer_max"].get<double>(), r["ms_per_batch"].get<double>(), isolated,
+    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.1f} | {:.0f}, {:.0f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
+                      r["batch"].get<int>(), r["variant"].get<std::string>(), r["compose_us_per_layer_median"].get<double>(),
+                      r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(),
+                      r["with_fill_us_per_layer_median"].get<double>(), r["launches_per_layer_compose"].get<double>(),
+                      r["launches_per_layer_with_fill"].get<double>(), r["ms_per_batch_compose"].get<double>(), isolated,
                       r["peer_bytes_per_rank_layer"].get<double>() / 1e6, r["achieved_peer_gbps"].get<double>(), r["ratio_to_ideal"].get<double>(),
-                      r["byte_exact"].get<bool>() ? "yes" : "NO");
+                      r["model_us_per_layer"].get<double>(), 100.0 * r["model_error"].get<double>(), r["byte_exact"].get<bool>() ? "yes" : "NO");
   }
   md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s, local copy {:.0f} GB/s, barrier {:.2f} us "
-                    "(launch included; {:.2f} us launch-free, looped in one kernel).\n",
-                    ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_launch_free);
-  md += "\n| gather page bytes | pages | GB/s | of CE ceiling |\n|---|---|---|---|\n";
-  for (const auto& g : ceilings.gather) md += fmt::format("| {} | {} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps);
+                    "(launch included; {:.2f} us launch-free, looped in one kernel), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, "
+                    "{:.1f} us at 4 KiB.\n",
+                    ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_launch_free,
+                    ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
+  md += "\n| gather page bytes | pages | warp-per-page GB/s | of CE ceiling | block-per-page GB/s | of CE ceiling |\n|---|---|---|---|---|---|\n";
+  for (const auto& g : ceilings.gather) {
+    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps, g.block_gbps,
+                      g.block_gbps / ceilings.ce_peer_gbps);
+  }
   return md;
 }
 
@@ -224,13 +285,15 @@ void run_bench(const BenchOptions& o) {
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench",
-                                     "Time every exchange variant per layer on the GPUs (CUDA events, median/min/max over reps after a "
-                                     "warm-up), byte-exact checked first, against ceilings measured in the same run.");
+                                     "Time every exchange variant per layer on the GPUs, byte-exact checked first: each batch's layer loop is "
+                                     "captured once into a CUDA graph and replayed (CUDA events, median/min/max over replays after a "
+                                     "warm-up), the compose exchange alone and with the fill, against ceilings measured in the same run "
+                                     "and the cost model's prediction with those ceilings.");
   cmd->add_option("trace", o->trace_path, "batch trace")->required();
   cmd->add_option("--backend", o->backend, "cuda")->capture_default_str();
   cmd->add_option("--variant", o->variant, "a variant or 'all'")->capture_default_str();
   cmd->add_option("--layers", o->layers, "layers run (the timing cycles through them)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::layer_count_max));
-  cmd->add_option("--reps", o->reps, "timed layers per batch and variant")->capture_default_str()
+  cmd->add_option("--reps", o->reps, "timed replays of the layer loop per batch and variant")->capture_default_str()
       ->check(whole_in<std::int32_t>(1, static_cast<std::int32_t>(option_limits::repetitions_max)));
   cmd->add_option("--cp", o->cp, "override the trace's cp (one GPU per rank)")->check(whole_in<std::int32_t>(1, model::limits::cp_max));
   cmd->add_option("--json", o->json_path, "write the results as JSON (a regular file, replaced only when the run completes)");

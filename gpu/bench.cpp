@@ -1,5 +1,6 @@
 // The benchmark: ceilings measured in the same run (every rank at once) and the timing of every
-// batch's layers (CUDA events around each), folded over the ranks (worst rank).
+// batch's layer loop, captured once into a CUDA graph and replayed (CUDA events around each
+// replay), folded over the ranks (worst rank).
 #include <algorithm>
 
 #include "device_plan.hpp"
@@ -28,7 +29,9 @@ double timed_ms(Rank& r, cudaEvent_t start, cudaEvent_t stop, const Body& body, 
   return static_cast<double>(ms) / reps;
 }
 
-// The gather kernel pulling scattered pages from the next rank, every page size and count.
+// Both copy kernels pulling scattered pages from the next rank, every page size and count: the
+// fused compose copy (one warp per page, the one the layers use) and the single-list gather (one
+// block per page, kept for the unpack).
 void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* own, std::uint8_t* peer, BenchRank& out) {
   const std::uint64_t half = kBenchBufferBytes / 2;
   DeviceUploads uploads(r.stream);
@@ -37,41 +40,83 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       std::vector<kernels::GatherEntry> entries;
       // Scattered sources, as a pool leaves them: a stride walk over the source half.
       const std::int64_t source_pages = static_cast<std::int64_t>(half / kCeilingPageBytes[ps]);
-      for (std::int64_t i = 0; i < kCeilingPageCounts[c]; ++i) entries.push_back({i, (i * 7919) % source_pages, 0, 0});
+      for (std::int64_t i = 0; i < kCeilingPageCounts[c]; ++i) entries.push_back({i, (i * 7919) % source_pages, 0, kernels::kToDense});
       const kernels::GatherEntry* d_entries = uploads.upload(entries);
-      kernels::PointerTable table{};
-      table.base[0] = peer;
-      const double ms = timed_ms(r, start, stop, [&] {
-        CPKV_CUDA_CHECK(kernels::launch_gather(own + half, kCeilingPageBytes[ps], table, d_entries, kCeilingPageCounts[c], r.stream));
+      kernels::ComposeArgs a{};
+      a.kinds = 1;
+      a.kind[0].dst[kernels::kToDense] = own + half;
+      a.kind[0].page_bytes = kCeilingPageBytes[ps];
+      a.kind[0].table.base[0] = peer;
+      a.entries = d_entries;
+      a.pre_count = a.count = kCeilingPageCounts[c];
+      a.cp = r.cp();
+      a.state = r.mem.barrier_state;
+      a.barrier = kernels::kNoBarrier;
+      const double bytes = static_cast<double>(kCeilingPageCounts[c] * kCeilingPageBytes[ps]);
+      const double ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(kernels::launch_compose(a, r.stream)); }, 10);
+      out.gather_gbps[ps][c] = bytes / (ms * 1e6);
+      const double block_ms = timed_ms(r, start, stop, [&] {
+        CPKV_CUDA_CHECK(kernels::launch_gather(own + half, kCeilingPageBytes[ps], a.kind[0].table, d_entries, kCeilingPageCounts[c], r.stream));
       }, 10);
-      out.gather_gbps[ps][c] = kCeilingPageCounts[c] * kCeilingPageBytes[ps] / (ms * 1e6);
+      out.gather_block_gbps[ps][c] = bytes / (block_ms * 1e6);
     }
   }
   wait_device(r.ctx.progress, r.stream);
 }
 
-std::vector<double> sorted_layer_us(Rank& r, std::int32_t total, std::int32_t warmup, const std::function<void(std::int32_t)>& body) {
-  const std::int32_t layers = r.ctx.options.layers;
-  std::vector<cudaEvent_t> events(2 * total);
+// NCCL's sum all-reduce over the benchmark buffer: bus bandwidth at 64 MiB, latency at 4 KiB.
+void allreduce_ceilings(Rank& r, cudaEvent_t start, cudaEvent_t stop, BenchRank& out) {
+  if (!r.use_nccl) return;
+  const std::vector<std::uint8_t*> none;
+  const std::uint64_t big = 64ULL << 20;
+  const double big_ms = timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, big); }, 10);
+  out.allreduce_busbw_gbps = big * 2.0 * (r.cp() - 1) / r.cp() / (big_ms * 1e6);
+  out.allreduce_latency_us = 1000.0 * timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, 4096); }, 100);
+}
+
+// Per-layer times of `cycle` layers of `body` captured once into a CUDA graph and replayed `reps`
+// times (after two warm-up replays), sorted; `nodes` gets the graph's nodes (launches) per layer.
+// The device counts barrier phases itself, so every replay is a fresh set of phases; the host's
+// count follows.
+std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t reps, const std::function<void(std::int32_t)>& body, double& nodes) {
+  const std::uint64_t phase_before = r.barrier_phase;
+  cudaGraph_t graph = nullptr;
+  CPKV_CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+  for (std::int32_t l = 0; l < cycle; ++l) body(l);
+  CPKV_CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
+  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
+  r.barrier_phase = phase_before;
+  std::size_t count = 0;
+  CPKV_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  nodes = static_cast<double>(count) / cycle;
+  if (count == 0) {  // nothing to time (no isolated exchange for this variant)
+    CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
+    return {0.0};
+  }
+  cudaGraphExec_t exec = nullptr;
+  CPKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<cudaEvent_t> events(2 * reps);
   for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventCreate(&e));
+  for (int warm = 0; warm < 2; ++warm) CPKV_CUDA_CHECK(cudaGraphLaunch(exec, r.stream));
+  r.barrier_phase += 2 * barriers_per_replay;
   wait_device(r.ctx.progress, r.stream);
   r.barrier();
-  // Consecutive timed layers must alternate parity halves (PROTOCOL.md section 6): cycle over an
-  // even number of layers (the CLI refuses --layers 1 for timing).
-  const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
-  for (std::int32_t i = 0; i < total; ++i) {
+  for (std::int32_t i = 0; i < reps; ++i) {
     CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i], r.stream));
-    body(i % cycle);
+    CPKV_CUDA_CHECK(cudaGraphLaunch(exec, r.stream));
     CPKV_CUDA_CHECK(cudaEventRecord(events[2 * i + 1], r.stream));
   }
+  r.barrier_phase += reps * barriers_per_replay;
   wait_device(r.ctx.progress, r.stream);
   std::vector<double> us;
-  for (std::int32_t i = warmup; i < total; ++i) {
+  for (std::int32_t i = 0; i < reps; ++i) {
     float ms = 0;
     CPKV_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
-    us.push_back(1000.0 * ms);
+    us.push_back(1000.0 * ms / cycle);
   }
   for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventDestroy(e));
+  CPKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
   std::sort(us.begin(), us.end());
   return us;
 }
@@ -79,7 +124,7 @@ std::vector<double> sorted_layer_us(Rank& r, std::int32_t total, std::int32_t wa
 }  // namespace
 
 // Ceilings, every rank at once: copy-engine pull from the next rank, local copy, back-to-back
-// barriers, and the gather kernel pulling pages from the next rank.
+// barriers, NCCL's all-reduce, and the copy kernels pulling pages from the next rank.
 void measure_ceilings(Rank& r, BenchRank& out) {
   const std::int32_t cp = r.cp();
   const std::int32_t rank = r.ctx.rank;
@@ -99,55 +144,73 @@ void measure_ceilings(Rank& r, BenchRank& out) {
   out.ce_peer_gbps = half / (pull_ms * 1e6);
   const double local_ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, own, half, cudaMemcpyDeviceToDevice, r.stream)); }, 5);
   out.local_copy_gbps = half / (local_ms * 1e6);
-  const double barrier_ms = timed_ms(r, start, stop, [&] {
-    CPKV_CUDA_CHECK(kernels::launch_barrier(r.mem.pad_table, rank, cp, ++r.barrier_phase, r.mem.barrier_status, r.stream));
-  }, 1000);
-  out.barrier_us = 1000.0 * barrier_ms;
+  out.barrier_us = 1000.0 * timed_ms(r, start, stop, [&] { r.device_barrier(); }, 1000);
   const std::int32_t looped = 1000;
   const double loop_ms = timed_ms(r, start, stop, [&] {
     CPKV_CUDA_CHECK(kernels::launch_barrier_loop(r.mem.pad_table, rank, cp, r.barrier_phase + 1, looped, r.mem.barrier_status, r.stream));
     r.barrier_phase += looped;
+    // The looped kernel takes explicit phases: the device's count follows the host's.
+    CPKV_CUDA_CHECK(cudaMemcpyAsync(&r.mem.barrier_state->phase, &r.barrier_phase, sizeof(r.barrier_phase), cudaMemcpyHostToDevice, r.stream));
   }, 3);
   out.barrier_us_launch_free = 1000.0 * loop_ms / looped;
+  allreduce_ceilings(r, start, stop, out);
   gather_sweep(r, start, stop, own, peer, out);
   r.barrier();
 }
 
-// Times `timing_reps` layers (after a warm-up) of the batch just run, and the isolated exchange.
-void time_batch(Rank& r, std::int64_t batch_index, const std::function<void(std::int32_t)>& run_layer,
-                const std::function<void(std::int32_t)>& run_isolated, BenchRank& out) {
+// Times the batch just run (its bytes were checked first): the layer loop with the fill, the
+// compose exchange alone (its fill done by the replays before it), the isolated exchange.
+void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out) {
   if (batch_index >= kBenchBatchesMax) return;
-  const std::int32_t warmup = 3;
-  const std::int32_t total = warmup + r.ctx.cuda.timing_reps;
-  const std::vector<double> layer = sorted_layer_us(r, total, warmup, run_layer);
+  const std::int32_t layers = r.ctx.options.layers;
+  // Consecutive timed layers must alternate parity halves (PROTOCOL.md section 6): cycle over an
+  // even number of layers (the CLI refuses --layers 1 for timing).
+  const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
+  const std::int32_t reps = r.ctx.cuda.timing_reps;
+  const std::vector<double> layer = graph_layer_us(r, cycle, reps, bodies.with_fill, out.nodes_per_layer[batch_index]);
   out.layer_us_median[batch_index] = layer[layer.size() / 2];
   out.layer_us_min[batch_index] = layer.front();
   out.layer_us_max[batch_index] = layer.back();
-  const std::vector<double> isolated = sorted_layer_us(r, total, warmup, run_isolated);
+  const std::vector<double> compose = graph_layer_us(r, cycle, reps, bodies.compose_only, out.compose_nodes_per_layer[batch_index]);
+  out.compose_us_median[batch_index] = compose[compose.size() / 2];
+  out.compose_us_min[batch_index] = compose.front();
+  out.compose_us_max[batch_index] = compose.back();
+  double isolated_nodes = 0;
+  const std::vector<double> isolated = graph_layer_us(r, cycle, reps, bodies.isolated, isolated_nodes);
   out.isolated_us_median[batch_index] = isolated[isolated.size() / 2];
 }
 
 void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
   const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
   for (std::int64_t b = 0; b < batches; ++b) {
-    double median = 0, low = 1e30, high = 0, isolated = 0;
+    double median = 0, low = 1e30, high = 0, compose = 0, compose_low = 1e30, compose_high = 0, isolated = 0, nodes = 0, compose_nodes = 0;
     for (std::int32_t r = 0; r < cp; ++r) {
       const BenchRank& br = boot.bench_results[r];
       median = std::max(median, br.layer_us_median[b]);
       low = std::min(low, br.layer_us_min[b]);
       high = std::max(high, br.layer_us_max[b]);
+      compose = std::max(compose, br.compose_us_median[b]);
+      compose_low = std::min(compose_low, br.compose_us_min[b]);
+      compose_high = std::max(compose_high, br.compose_us_max[b]);
       isolated = std::max(isolated, br.isolated_us_median[b]);
+      nodes = std::max(nodes, br.nodes_per_layer[b]);
+      compose_nodes = std::max(compose_nodes, br.compose_nodes_per_layer[b]);
     }
     out.layer_us_median.push_back(median);
     out.layer_us_min.push_back(low);
     out.layer_us_max.push_back(high);
+    out.compose_us_median.push_back(compose);
+    out.compose_us_min.push_back(compose_low);
+    out.compose_us_max.push_back(compose_high);
     out.isolated_us_median.push_back(isolated);
+    out.nodes_per_layer.push_back(nodes);
+    out.compose_nodes_per_layer.push_back(compose_nodes);
   }
   Ceilings& c = out.ceilings;
   c.ce_peer_gbps = 1e30;
   c.local_copy_gbps = 1e30;
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30});
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
@@ -155,8 +218,14 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
     c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
     c.barrier_us = std::max(c.barrier_us, br.barrier_us);
     c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
+    c.allreduce_busbw_gbps = r == 0 ? br.allreduce_busbw_gbps : std::min(c.allreduce_busbw_gbps, br.allreduce_busbw_gbps);
+    c.allreduce_latency_us = std::max(c.allreduce_latency_us, br.allreduce_latency_us);
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-      for (int k = 0; k < kCeilingCounts; ++k) c.gather[ps * kCeilingCounts + k].gbps = std::min(c.gather[ps * kCeilingCounts + k].gbps, br.gather_gbps[ps][k]);
+      for (int k = 0; k < kCeilingCounts; ++k) {
+        Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];
+        g.gbps = std::min(g.gbps, br.gather_gbps[ps][k]);
+        g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
+      }
     }
     out.host_syncs_in_layer_loop = std::max(out.host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);
   }

@@ -34,15 +34,26 @@ inline constexpr std::int64_t kCeilingPageCounts[kCeilingCounts] = {64, 256, 102
 
 // What one rank measured in benchmark mode.
 struct BenchRank {
+  // Per batch: the layer with the producer step (fill), the compose exchange alone (fill done
+  // before the timed region), the isolated current-page exchange; each a median over replays of
+  // the batch's captured layer loop (CUDA graph), per layer.
   double layer_us_median[kBenchBatchesMax];
   double layer_us_min[kBenchBatchesMax];
   double layer_us_max[kBenchBatchesMax];
+  double compose_us_median[kBenchBatchesMax];
+  double compose_us_min[kBenchBatchesMax];
+  double compose_us_max[kBenchBatchesMax];
   double isolated_us_median[kBenchBatchesMax];
+  double nodes_per_layer[kBenchBatchesMax];          // launches (graph nodes) per layer, with the fill
+  double compose_nodes_per_layer[kBenchBatchesMax];  // the same, compose only
   double ce_peer_gbps;
   double local_copy_gbps;
   double barrier_us;
   double barrier_us_launch_free;
-  double gather_gbps[kCeilingPageSizes][kCeilingCounts];
+  double allreduce_busbw_gbps;   // NCCL sum all-reduce of 64 MiB (0 where NCCL is not used)
+  double allreduce_latency_us;   // NCCL sum all-reduce of 4 KiB
+  double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (warp per page)
+  double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)
   std::int64_t host_syncs_in_layer_loop;
 };
 

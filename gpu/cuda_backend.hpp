@@ -43,20 +43,28 @@ struct Ceilings {
   double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
   double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
   double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
+  double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: no NCCL)
+  double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB
   struct Gather {
     std::uint64_t page_bytes;
     std::int64_t pages;
-    double gbps;                 // slot-dense gather kernel pulling from the peer, every rank at once
+    double gbps;                 // the fused compose copy (warp per page) pulling from the peer, every rank at once
+    double block_gbps;           // the single-list gather kernel (block per page), the same pages
   };
   std::vector<Gather> gather;
 };
 
 struct BenchResult {
   harness::RunReport report;
-  std::vector<double> layer_us_median;     // per batch: max over ranks of each rank's median
+  std::vector<double> layer_us_median;     // per batch, the layer with its fill: max over ranks of each rank's median
   std::vector<double> layer_us_min;
   std::vector<double> layer_us_max;
+  std::vector<double> compose_us_median;   // per batch: the compose exchange alone (fill before the timed region)
+  std::vector<double> compose_us_min;
+  std::vector<double> compose_us_max;
   std::vector<double> isolated_us_median;  // per batch: the isolated current-page exchange
+  std::vector<double> nodes_per_layer;     // per batch: launches per layer (CUDA graph nodes), with the fill
+  std::vector<double> compose_nodes_per_layer;
   Ceilings ceilings;
   std::int64_t host_syncs_in_layer_loop = 0;
 };

@@ -1,5 +1,8 @@
 #include "device_plan.hpp"
 
+#include <unordered_map>
+#include <utility>
+
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
 #include "cpkv/model/staging.hpp"
@@ -38,6 +41,44 @@ void plan_entries(BatchPlan& b, std::int32_t cp, std::int32_t rank) {
   }
 }
 
+// The fused compose list: every pre-signal list with its destination, then gather 2.
+void compose_entries(BatchPlan& b) {
+  const std::pair<const Entries*, kernels::ComposeDest> pre[] = {
+      {&b.local_prefix, kernels::kToDense}, {&b.gather1, kernels::kToDense}, {&b.pack, kernels::kToCompact}, {&b.publish, kernels::kToStaging}};
+  for (const auto& [list, dest] : pre) {
+    for (kernels::GatherEntry e : *list) {
+      e.dest = dest;
+      b.compose.push_back(e);
+    }
+  }
+  b.compose_pre = static_cast<std::int64_t>(b.compose.size());
+  for (kernels::GatherEntry e : b.gather2) {
+    e.dest = kernels::kToDense;
+    b.compose.push_back(e);
+  }
+}
+
+// The producer's pages: the pages the plan zeroes (zero_own) first, then any other page the fill
+// writes; per row, the token of the inverse that lands there.
+void produce_rows(BatchPlan& b, std::int32_t page_size) {
+  std::unordered_map<std::int64_t, std::size_t> index;
+  const auto page_index = [&](std::int64_t page, std::int32_t empty_row) {
+    const auto [it, added] = index.emplace(page, b.produce_pages.size());
+    if (added) {
+      b.produce_pages.push_back(page);
+      b.row_token.insert(b.row_token.end(), page_size, empty_row);
+    }
+    return it->second;
+  };
+  for (const kernels::GatherEntry& e : b.zero_own) page_index(e.dst_page, kernels::kRowZero);
+  for (std::size_t t = 0; t < b.inv_dest.size(); ++t) {
+    const std::size_t i = page_index(b.inv_dest[t] / page_size, kernels::kRowUntouched);
+    std::int32_t& row = b.row_token[i * page_size + b.inv_dest[t] % page_size];
+    CPKV_HOST_ASSERT(row < 0);  // one token per row
+    row = static_cast<std::int32_t>(t);
+  }
+}
+
 }  // namespace
 
 BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
@@ -58,6 +99,8 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
     b.inv_token.push_back(inverse.tokens[t].token);
     b.inv_dest.push_back(inverse.dest_row[t]);
   }
+  compose_entries(b);
+  produce_rows(b, setting.page_size);
   for (const model::Slot& slot : b.layout.slots) {
     if (slot.kind != model::SlotKind::prefix || slot.page_or_index % cp != rank || populated[slot.page_or_index / cp]) continue;
     populated[slot.page_or_index / cp] = true;
@@ -76,6 +119,7 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
 
 void check_entries(const Entries& entries, const TableBounds& bounds) {
   for (const kernels::GatherEntry& e : entries) {
+    CPKV_HOST_ASSERT(e.dest >= 0 && e.dest < kernels::kComposeDests);
     if (e.table_index < 0) continue;  // zeros
     const bool own = e.table_index == kernels::kTableOwnDense || e.table_index == kernels::kTableOwnCompact;
     CPKV_HOST_ASSERT(own || e.table_index < 2 * bounds.cp);
@@ -90,20 +134,14 @@ DeviceUploads::~DeviceUploads() {
 }
 
 DevicePlan upload_plan(const BatchPlan& b, const TableBounds& bounds, DeviceUploads& uploads) {
-  for (const Entries* list : {&b.local_prefix, &b.zero_own, &b.pack, &b.gather1, &b.publish, &b.gather2, &b.unpack}) {
-    check_entries(*list, bounds);
-  }
+  for (const Entries* list : {&b.compose, &b.unpack}) check_entries(*list, bounds);
   DevicePlan d{};
-  d.local_prefix = uploads.upload(b.local_prefix);
-  d.zero_own = uploads.upload(b.zero_own);
-  d.pack = uploads.upload(b.pack);
-  d.gather1 = uploads.upload(b.gather1);
-  d.publish = uploads.upload(b.publish);
-  d.gather2 = uploads.upload(b.gather2);
+  d.compose = uploads.upload(b.compose);
   d.unpack = uploads.upload(b.unpack);
+  d.produce_pages = uploads.upload(b.produce_pages);
+  d.row_token = uploads.upload(b.row_token);
   d.inv_request = uploads.upload(b.inv_request);
   d.inv_token = uploads.upload(b.inv_token);
-  d.inv_dest = uploads.upload(b.inv_dest);
   d.slots = uploads.upload(b.slots);
   d.populate_logical = uploads.upload(b.populate_logical);
   d.populate_local = uploads.upload(b.populate_local);

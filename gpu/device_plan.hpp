@@ -20,8 +20,16 @@ struct BatchPlan {
   model::VariantPlan plan;
   bool overflow = false;
   std::vector<kernels::GatherEntry> local_prefix, zero_own, pack, gather1, publish, gather2, unpack;
+  // The fused compose launch's entries: pre-signal (local prefix, gather 1, pack, publish: each
+  // with its destination buffer) then post-wait (gather 2).
+  std::vector<kernels::GatherEntry> compose;
+  std::int64_t compose_pre = 0;
   std::vector<std::int32_t> inv_request;
   std::vector<std::int64_t> inv_token, inv_dest;
+  // The producer launch: the fill destination pages and, per row of each, its token in the inverse
+  // (or kernels::kRowZero / kRowUntouched).
+  std::vector<std::int64_t> produce_pages;
+  std::vector<std::int32_t> row_token;
   std::vector<kernels::SlotSource> slots;
   std::vector<std::int64_t> populate_logical, populate_local;
 };
@@ -63,11 +71,13 @@ class DeviceUploads {
   std::vector<void*> owned_;
 };
 
-// The batch plan on the device: the 13 uploads.
+// The batch plan on the device: the 9 uploads.
 struct DevicePlan {
-  const kernels::GatherEntry *local_prefix, *zero_own, *pack, *gather1, *publish, *gather2, *unpack;
+  const kernels::GatherEntry *compose, *unpack;
+  const std::int64_t* produce_pages;
+  const std::int32_t* row_token;
   const std::int32_t* inv_request;
-  const std::int64_t *inv_token, *inv_dest;
+  const std::int64_t* inv_token;
   const kernels::SlotSource* slots;
   const std::int64_t *populate_logical, *populate_local;
 };

@@ -39,6 +39,7 @@ struct RankMemory {
   std::vector<std::uint64_t*> peer_pad;
   std::uint64_t** pad_table = nullptr;  // device array of every rank's pad
   kernels::BarrierStatus* barrier_status = nullptr;
+  kernels::BarrierState* barrier_state = nullptr;  // the device's phase count (equals Rank::barrier_phase between launches)
   std::vector<std::vector<std::uint64_t>> pool_offset;   // [layer][kind]
   std::vector<std::vector<std::uint64_t>> dense_offset;  // [half][kind]
   std::vector<std::uint64_t> compact_offset;             // [kind]
@@ -53,7 +54,7 @@ struct Rank {
   cudaStream_t stream = nullptr;
   std::int64_t staging_slots = 0;
   std::uint64_t host_phase = 0;     // host barriers passed
-  std::uint64_t barrier_phase = 0;  // device counting barriers issued
+  std::uint64_t barrier_phase = 0;  // device counting barriers issued (the device keeps the same count in mem.barrier_state)
   bool use_nccl = false;
   ncclComm_t comm = nullptr;
   model::Variant variant = model::Variant::staging_direct;  // the path agreed by the group
@@ -70,6 +71,11 @@ struct Rank {
     ++host_syncs;
     wait_device(ctx.progress, stream);
   }
+  // One counting barrier on the device, its phase taken from mem.barrier_state (graph-replayable).
+  void device_barrier(std::int32_t lag = 0) {
+    ++barrier_phase;
+    CPKV_CUDA_CHECK(kernels::launch_barrier_next(mem.pad_table, ctx.rank, cp(), mem.barrier_state, lag, mem.barrier_status, stream));
+  }
   // A sum all-reduce of `bytes` at byte offset `offset` of every rank's dense (or compact) buffer.
   void all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint64_t bytes);
 };
@@ -82,8 +88,12 @@ void leave_group(Rank& r);
 
 // bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
 void measure_ceilings(Rank& r, BenchRank& out);
-void time_batch(Rank& r, std::int64_t batch_index, const std::function<void(std::int32_t)>& run_layer,
-                const std::function<void(std::int32_t)>& run_isolated, BenchRank& out);
+struct LayerBodies {
+  std::function<void(std::int32_t)> with_fill;     // one layer: producer step + compose
+  std::function<void(std::int32_t)> compose_only;  // one layer without the producer step
+  std::function<void(std::int32_t)> isolated;      // the isolated current-page exchange
+};
+void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 
 // The whole life of one rank process (executor.cpp).
 int cuda_rank(const RankContext& ctx);

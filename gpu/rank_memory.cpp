@@ -61,6 +61,8 @@ void allocate_memory(Rank& r) {
   CPKV_CUDA_CHECK(cudaMemset(mem.staging, 0xA5, staging_bytes));  // garbage, as fresh memory
   CPKV_CUDA_CHECK(cudaMalloc(&mem.barrier_status, sizeof(kernels::BarrierStatus)));
   CPKV_CUDA_CHECK(cudaMemset(mem.barrier_status, 0, sizeof(kernels::BarrierStatus)));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.barrier_state, sizeof(kernels::BarrierState)));
+  CPKV_CUDA_CHECK(cudaMemset(mem.barrier_state, 0, sizeof(kernels::BarrierState)));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pool[rank], mem.pool));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->staging[rank], mem.staging));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->dense[rank], mem.dense));
@@ -169,9 +171,9 @@ void Rank::all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers
   }
   kernels::PointerTable sources{};
   for (std::int32_t p = 0; p < cp(); ++p) sources.base[p] = peers[p] + offset;
-  CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, ctx.rank, cp(), ++barrier_phase, mem.barrier_status, stream));
+  device_barrier();
   CPKV_CUDA_CHECK(kernels::launch_sum_bytes(mem.scratch, sources, cp(), bytes, stream));
-  CPKV_CUDA_CHECK(kernels::launch_barrier(mem.pad_table, ctx.rank, cp(), ++barrier_phase, mem.barrier_status, stream));
+  device_barrier();
   if (bytes > 0) CPKV_CUDA_CHECK(cudaMemcpyAsync(own, mem.scratch, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 

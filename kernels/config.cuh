@@ -19,6 +19,15 @@ static_assert(kTableOwnCompact < kTableEntriesMax, "the own bases sit past the 2
 inline constexpr int kGatherThreads = 256;
 // Blocks in flight for gathers: enough to keep every H200 SM (132) busy several times over.
 inline constexpr int kGatherBlocksMax = 132 * 8;
+// Buffer kinds one fused launch handles (DeepSeek-V3.2 has two: the MLA KV rows and the indexer
+// keys); the host refuses a setting with more before anything is launched.
+inline constexpr int kKindsMax = 4;
+// The fused compose kernel copies one page per warp (several small pages per block), each lane with
+// kCopyUnroll 16-byte loads in flight before its stores: 32 x 8 x 16 B = 4 KiB per warp pass, so
+// an 8,448-B page is two passes and every SM holds tens of KiB of remote loads in flight.
+inline constexpr int kComposeThreads = 256;
+inline constexpr int kComposeWarps = kComposeThreads / 32;
+inline constexpr int kCopyUnroll = 8;
 // A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
 // (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
 inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;

@@ -21,13 +21,15 @@ struct PointerTable {
 };
 
 // One gather entry: write page `dst_page` of the destination from page `src_page` of
-// table.base[table_index], or zeros when table_index == -1.
+// table.base[table_index], or zeros when table_index == -1. `dest` picks the destination buffer in
+// the fused compose kernel (ComposeDest); the single-list gather ignores it.
 struct GatherEntry {
   std::int64_t dst_page;
   std::int64_t src_page;
   std::int32_t table_index;
-  std::int32_t pad;
+  std::int32_t dest;
 };
+enum ComposeDest : std::int32_t { kToDense = 0, kToStaging = 1, kToCompact = 2, kComposeDests = 3 };
 
 // The slot-dense gather: `entries` pages of `page_bytes`, 16-byte accesses when the page size
 // allows, one block per page in flight (grid-stride). One launch per buffer kind.
@@ -61,6 +63,79 @@ struct BarrierStatus {
 };
 cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase,
                            BarrierStatus* status, cudaStream_t stream);
+
+// The device side of the counting barrier, per rank: the phase of its last barrier (the next one is
+// phase + 1, read on the device, so a captured CUDA graph replays with fresh phases) and the tickets
+// of the fused compose kernel's warps (zero between launches).
+struct BarrierState {
+  std::uint64_t phase;
+  std::uint32_t arrived;   // warps done with the pre-signal entries
+  std::uint32_t finished;  // warps done with everything
+};
+// launch_barrier with the phase taken from (and written back to) `state`: phase = state->phase + 1;
+// `lag` 1 signals and waits for phase - 1 (the planted bug barrier_passes_early).
+cudaError_t launch_barrier_next(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state,
+                                std::int32_t lag, BarrierStatus* status, cudaStream_t stream);
+
+// The producer step of one layer, every active kind in one launch: the current rows this rank
+// computed (what the model's own KV write does in serving) land in their pages, and the rows of
+// those pages that hold no token are zeroed (PROTOCOL.md: the tail of a partial page reads 0).
+// Page i's row r comes from token row_token[i * page_size + r] of the inverse (request[], token[]),
+// is zero when that is kRowZero (and zero_tails is set), and is left alone when kRowUntouched (a
+// fill destination page the plan does not zero).
+inline constexpr std::int32_t kRowZero = -1;
+inline constexpr std::int32_t kRowUntouched = -2;
+struct ProduceKind {
+  std::uint8_t* dest;   // the kind's fill destination (staging half or dense half)
+  std::uint32_t row_bytes;
+  std::uint32_t kind;   // the kind's index, for the content key
+};
+struct ProduceArgs {
+  ProduceKind kind[kKindsMax];
+  std::int32_t kinds;
+  std::int32_t page_size;
+  const std::int64_t* pages;      // destination page of each produced page
+  const std::int32_t* row_token;  // [pages * page_size]
+  std::int64_t page_count;
+  const std::int32_t* request;
+  const std::int64_t* token;
+  std::uint64_t seed;
+  std::uint32_t layer;
+  std::int32_t zero_tails;
+};
+cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream);
+
+// The compose exchange of one layer, every active kind, in one launch, with the counting barrier
+// folded in: warps copy the pre-signal entries (local prefix pages, peers' pool pages, the pack and
+// the publish), the rank signals every peer (at the start when nothing of this launch needs to be
+// visible first, else when the last warp is done with its pre-signal entries), each warp waits for
+// the flag of the peer whose staging (or symmetric dense) page it reads next, and the launch ends
+// only once every peer has arrived (so the next layer may refill the other parity half). The phase
+// advances only when the launch has a barrier. Entries
+// [0, pre_count) are pre-signal, [pre_count, count) post-wait; work item w is entry w / kinds of
+// kind w % kinds. The grid never exceeds what fits on the GPU at once (warps wait on each other).
+enum ComposeBarrier : std::int32_t { kNoBarrier = 0, kSignalAtStart = 1, kSignalAfterPre = 2 };
+struct ComposeKind {
+  std::uint8_t* dst[kComposeDests];
+  std::uint64_t page_bytes;
+  PointerTable table;
+};
+struct ComposeArgs {
+  ComposeKind kind[kKindsMax];
+  std::int32_t kinds;
+  const GatherEntry* entries;
+  std::int64_t pre_count;
+  std::int64_t count;
+  std::uint64_t* const* peer_pads;
+  std::int32_t rank;
+  std::int32_t cp;
+  BarrierState* state;
+  BarrierStatus* status;
+  std::int32_t barrier;     // ComposeBarrier
+  std::int32_t phase_lag;   // 1: the planted bug barrier_passes_early
+  long long reader_spin_cycles;  // the planted bug slow_reader: spin after the first wait
+};
+cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream);
 
 // Per slot of the dense buffer, where its rows come from (uploaded once per batch).
 struct SlotSource {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf]
+# (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
+#  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 set -uo pipefail
@@ -34,6 +36,21 @@ if [[ "$what" == verify ]]; then
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == perf ]]; then
+  timeout 90 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --stuck-ms-max 20000
+  echo "smoke replay seeds cp 2: exit $?"
+  timeout 120 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --layers 4 --stuck-ms-max 30000
+  echo "smoke replay seeds cp 8 on 2 GPUs: exit $?"
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|\*\*\*" "$OUT/gpu-tests.log" | tail -30
+  timeout 150 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; tail -20 "$OUT/gpu-mutants.txt"
+  for name in seeds_batch mooncake_slice; do
+    timeout 150 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md"
+    echo "bench $name: exit $?"
+  done
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1

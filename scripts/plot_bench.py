@@ -39,13 +39,13 @@ def main():
             for r in rows:
                 if r["batch"] == b and r["variant"] == variant:
                     xs.append(b + vi * width)
-                    ys.append(r["ms_per_batch"])
+                    ys.append(r["ms_per_batch_compose"])
         ax.bar(xs, ys, width, label=variant)
     ideal = [next(r for r in rows if r["batch"] == b)["ideal_us_per_layer"] * layers / 1000.0 for b in batches]
     ax.bar([b + len(variants) * width for b in batches], ideal, width, label="ideal (measured ceilings)", color="black")
     ax.set_xticks([b + 0.4 for b in batches])
     ax.set_xticklabels([f"batch {b}" for b in batches])
-    ax.set_ylabel(f"ms per batch ({layers} layers)")
+    ax.set_ylabel(f"compose ms per batch ({layers} layers, fill excluded)")
     ax.set_title(args.title or f"compose exchange per batch, cp {bench['cp']}")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -1,0 +1,210 @@
+// The fused layer: the producer step (fill + zeroed tails, every kind in one launch) and the compose
+// exchange (local copies, peers' pages, the counting barrier folded in, every kind in one launch).
+#include "launchers.cuh"
+
+#include <algorithm>
+
+#include "cpkv/model/content.hpp"
+
+namespace cpkv::kernels {
+
+namespace {
+
+__device__ __forceinline__ void store_release_sys(std::uint64_t* address, std::uint64_t value) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
+}
+__device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* address) {
+  std::uint64_t value;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
+  return value;
+}
+
+// Polls word `peer` of this rank's pad until it reaches `phase`; on timeout writes who waited for
+// whom into `status` and gives up (the host reports it as invariant 8; the bytes read after it are
+// wrong and the verify kernel says so too).
+__device__ void wait_flag(std::uint64_t* const* pads, std::int32_t rank, std::int32_t peer, std::uint64_t phase, BarrierStatus* status) {
+  const std::uint64_t* word = pads[rank] + peer;
+  const long long start = clock64();
+  while (load_acquire_sys(word) < phase) {
+    if (clock64() - start > kBarrierTimeoutCycles) {
+      status->timed_out_phase = phase;
+      status->rank = rank;
+      status->missing_peer = peer;
+      return;
+    }
+  }
+}
+__device__ void wait_flag(const ComposeArgs& a, std::int32_t peer, std::uint64_t phase) { wait_flag(a.peer_pads, a.rank, peer, phase, a.status); }
+
+// Lanes p < cp of one warp store `phase` into word `rank` of peer p's pad (this rank's earlier
+// writes, made visible system-wide first).
+__device__ void signal_peers(std::uint64_t* const* pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, int lane) {
+  __threadfence_system();
+  if (lane < cp) store_release_sys(pads[lane] + rank, phase);
+}
+__device__ void signal_peers(const ComposeArgs& a, std::uint64_t phase, int lane) { signal_peers(a.peer_pads, a.rank, a.cp, phase, lane); }
+
+// One warp copies one page (or writes zeros when `in` is null): kCopyUnroll 16-byte loads in
+// flight per lane before its stores, so remote (NVLink) latency overlaps.
+__device__ void warp_copy_page(std::uint8_t* out, const std::uint8_t* in, std::uint64_t page_bytes, int lane) {
+  if (page_bytes % 16 != 0) {
+    for (std::uint64_t i = lane; i < page_bytes; i += 32) out[i] = in ? in[i] : 0;
+    return;
+  }
+  const std::uint64_t n = page_bytes / 16;
+  const uint4* src = reinterpret_cast<const uint4*>(in);
+  uint4* dst = reinterpret_cast<uint4*>(out);
+  for (std::uint64_t base = lane; base < n; base += 32 * kCopyUnroll) {
+    uint4 v[kCopyUnroll];
+#pragma unroll
+    for (int j = 0; j < kCopyUnroll; ++j) {
+      const std::uint64_t i = base + 32 * j;
+      v[j] = (in && i < n) ? src[i] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kCopyUnroll; ++j) {
+      const std::uint64_t i = base + 32 * j;
+      if (i < n) dst[i] = v[j];
+    }
+  }
+}
+
+__device__ void copy_item(const ComposeArgs& a, std::int64_t item, int lane) {
+  const GatherEntry e = a.entries[item / a.kinds];
+  const ComposeKind& k = a.kind[item % a.kinds];
+  // The host checked the same before upload (gpu/device_plan.cpp): a bad entry is a plan bug.
+  CPKV_DEVICE_ASSERT(e.dest >= 0 && e.dest < kComposeDests && e.table_index < kTableEntriesMax);
+  const std::uint8_t* in = nullptr;
+  if (e.table_index >= 0) {
+    CPKV_DEVICE_ASSERT(k.table.base[e.table_index] != nullptr && e.src_page >= 0);
+    in = k.table.base[e.table_index] + e.src_page * k.page_bytes;
+  }
+  warp_copy_page(k.dst[e.dest] + e.dst_page * k.page_bytes, in, k.page_bytes, lane);
+}
+
+// Lane 0 takes a ticket; true on the lane-0 of the warp that took the last one.
+__device__ bool last_ticket(std::uint32_t* counter, std::uint32_t total, int lane) {
+  bool last = false;
+  if (lane == 0) {
+    __threadfence_system();  // this warp's copies are visible before it is counted
+    last = atomicAdd(counter, 1U) == total - 1;
+  }
+  return __shfl_sync(0xffffffffU, last, 0);
+}
+
+__global__ void __launch_bounds__(kComposeThreads) compose_kernel(const ComposeArgs a) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  const std::int64_t warps = std::int64_t{gridDim.x} * blockDim.x / 32;
+  const std::uint64_t phase = a.state->phase + 1;  // every warp reads it before the last one writes it
+  const std::uint64_t flag = phase - a.phase_lag;
+  if (a.barrier == kSignalAtStart && warp == 0) signal_peers(a, flag, lane);
+  const std::int64_t pre_items = a.pre_count * a.kinds;
+  for (std::int64_t item = warp; item < pre_items; item += warps) copy_item(a, item, lane);
+  if (a.barrier == kSignalAfterPre && last_ticket(&a.state->arrived, static_cast<std::uint32_t>(warps), lane)) signal_peers(a, flag, lane);
+  std::uint32_t waited = 0;  // peers whose flag this warp has seen (bit per rank)
+  for (std::int64_t item = pre_items + warp; item < a.count * a.kinds; item += warps) {
+    const std::int32_t t = a.entries[item / a.kinds].table_index;
+    const std::int32_t peer = t - a.cp;
+    if (a.barrier != kNoBarrier && peer >= 0 && peer < a.cp && !(waited >> peer & 1U)) {
+      if (lane == 0) wait_flag(a, peer, flag);
+      __syncwarp();
+      if (waited == 0 && a.reader_spin_cycles > 0) {
+        const long long start = clock64();
+        while (clock64() - start < a.reader_spin_cycles) {
+        }
+      }
+      waited |= 1U << peer;
+    }
+    copy_item(a, item, lane);
+  }
+  // The last warp out makes the launch a whole barrier (every peer arrived: they are done with the
+  // previous layer's reads) and hands the phase to the next launch.
+  if (!last_ticket(&a.state->finished, static_cast<std::uint32_t>(warps), lane)) return;
+  if (a.barrier != kNoBarrier && lane < a.cp) {
+    wait_flag(a, lane, flag);
+  }
+  __syncwarp();
+  if (lane == 0) {
+    if (a.barrier != kNoBarrier) a.state->phase = phase;
+    a.state->arrived = 0;
+    a.state->finished = 0;
+  }
+}
+
+// One thread per 8-byte word of a produced row; blockIdx.y is the kind.
+__global__ void produce_kernel(const ProduceArgs a) {
+  const ProduceKind& k = a.kind[blockIdx.y];
+  const std::uint32_t words = (k.row_bytes + 7) / 8;
+  const std::int64_t rows = a.page_count * a.page_size;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < rows * words; i += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t row = i / words;
+    const auto w = static_cast<std::uint32_t>(i % words);
+    const std::int32_t t = a.row_token[row];
+    if (t == kRowUntouched || (t < 0 && !a.zero_tails)) continue;
+    std::uint64_t word = 0;
+    if (t >= 0) {
+      word = model::content_word(model::current_row_key(a.seed, a.layer, k.kind, static_cast<std::uint32_t>(a.request[t]),
+                                                        static_cast<std::uint64_t>(a.token[t])),
+                                 w);
+    }
+    const std::int64_t page = a.pages[row / a.page_size];
+    std::uint8_t* out = k.dest + (page * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes);
+    for (std::uint32_t b = 0; b < 8 && 8 * w + b < k.row_bytes; ++b) out[8 * w + b] = static_cast<std::uint8_t>(word >> (8 * b));
+  }
+}
+
+__global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
+                                    BarrierStatus* status) {
+  const std::uint64_t phase = state->phase + 1;
+  const int p = threadIdx.x;
+  if (p < cp) {
+    signal_peers(peer_pads, rank, cp, phase - lag, p);
+    wait_flag(peer_pads, rank, p, phase - lag, status);
+  }
+  __syncthreads();
+  if (p == 0) state->phase = phase;
+}
+
+// Warps resident on the whole GPU at once: the compose grid's cap (its warps wait on each other).
+int compose_blocks_max() {
+  static const int blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CPKV_CUDA_CHECK(cudaGetDevice(&device));
+    CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CPKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compose_kernel, kComposeThreads, 0));
+    return std::max(1, sms * per_sm);
+  }();
+  return blocks;
+}
+
+}  // namespace
+
+cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
+  CPKV_HOST_ASSERT(args.kinds >= 1 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);
+  CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
+  const std::int64_t items = args.count * args.kinds;
+  const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
+  const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));
+  compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
+  CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
+  if (args.page_count == 0 || args.kinds == 0) return cudaSuccess;
+  std::uint32_t words_max = 0;
+  for (int k = 0; k < args.kinds; ++k) words_max = std::max(words_max, (args.kind[k].row_bytes + 7) / 8);
+  const std::int64_t items = args.page_count * args.page_size * words_max;
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((items + 255) / 256, 1, 4096));
+  produce_kernel<<<dim3(blocks, args.kinds), 256, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_barrier_next(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
+                                BarrierStatus* status, cudaStream_t stream) {
+  barrier_next_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, state, lag, status);
+  return cudaGetLastError();
+}
+
+}  // namespace cpkv::kernels
