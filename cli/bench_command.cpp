@@ -219,7 +219,7 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
                     "{:.1f} us at 4 KiB.\n",
                     ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_launch_free,
                     ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
-  md += "\n| gather page bytes | pages | warp-per-page GB/s | of CE ceiling | block-per-page GB/s | of CE ceiling |\n|---|---|---|---|---|---|\n";
+  md += "\n| gather page bytes | pages | fused (warp per chunk) GB/s | of CE ceiling | block-per-page GB/s | of CE ceiling |\n|---|---|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) {
     md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ceilings.ce_peer_gbps, g.block_gbps,
                       g.block_gbps / ceilings.ce_peer_gbps);

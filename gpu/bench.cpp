@@ -30,7 +30,7 @@ double timed_ms(Rank& r, cudaEvent_t start, cudaEvent_t stop, const Body& body, 
 }
 
 // Both copy kernels pulling scattered pages from the next rank, every page size and count: the
-// fused compose copy (one warp per page, the one the layers use) and the single-list gather (one
+// fused compose copy (one warp per page chunk, the one the layers use) and the single-list gather (one
 // block per page, kept for the unpack).
 void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* own, std::uint8_t* peer, BenchRank& out) {
   const std::uint64_t half = kBenchBufferBytes / 2;
@@ -45,8 +45,9 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       kernels::ComposeArgs a{};
       a.kinds = 1;
       a.kind[0].dst[kernels::kToDense] = own + half;
-      a.kind[0].page_bytes = kCeilingPageBytes[ps];
+      kernels::set_page_geometry(a.kind[0], kCeilingPageBytes[ps]);
       a.kind[0].table.base[0] = peer;
+      kernels::finish_compose_args(a);
       a.entries = d_entries;
       a.pre_count = a.count = kCeilingPageCounts[c];
       a.cp = r.cp();

@@ -52,7 +52,7 @@ struct BenchRank {
   double barrier_us_launch_free;
   double allreduce_busbw_gbps;   // NCCL sum all-reduce of 64 MiB (0 where NCCL is not used)
   double allreduce_latency_us;   // NCCL sum all-reduce of 4 KiB
-  double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (warp per page)
+  double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page chunk)
   double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)
   std::int64_t host_syncs_in_layer_loop;
 };

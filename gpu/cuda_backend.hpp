@@ -48,7 +48,7 @@ struct Ceilings {
   struct Gather {
     std::uint64_t page_bytes;
     std::int64_t pages;
-    double gbps;                 // the fused compose copy (warp per page) pulling from the peer, every rank at once
+    double gbps;                 // the fused compose copy (a warp per page chunk) pulling from the peer, every rank at once
     double block_gbps;           // the single-list gather kernel (block per page), the same pages
   };
   std::vector<Gather> gather;

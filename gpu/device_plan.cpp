@@ -41,20 +41,18 @@ void plan_entries(BatchPlan& b, std::int32_t cp, std::int32_t rank) {
   }
 }
 
-// The fused compose list: every pre-signal list with its destination, then gather 2.
+// The fused compose list, each entry with its destination: first what reads this layer's fill (the
+// pack, the publish: before the signal, and before gather 1 zeroes current slots), then the rest.
 void compose_entries(BatchPlan& b) {
-  const std::pair<const Entries*, kernels::ComposeDest> pre[] = {
-      {&b.local_prefix, kernels::kToDense}, {&b.gather1, kernels::kToDense}, {&b.pack, kernels::kToCompact}, {&b.publish, kernels::kToStaging}};
-  for (const auto& [list, dest] : pre) {
+  const std::pair<const Entries*, kernels::ComposeDest> lists[] = {{&b.pack, kernels::kToCompact}, {&b.publish, kernels::kToStaging},
+                                                                   {&b.local_prefix, kernels::kToDense}, {&b.gather1, kernels::kToDense},
+                                                                   {&b.gather2, kernels::kToDense}};
+  for (const auto& [list, dest] : lists) {
     for (kernels::GatherEntry e : *list) {
       e.dest = dest;
       b.compose.push_back(e);
     }
-  }
-  b.compose_pre = static_cast<std::int64_t>(b.compose.size());
-  for (kernels::GatherEntry e : b.gather2) {
-    e.dest = kernels::kToDense;
-    b.compose.push_back(e);
+    if (list == &b.publish) b.compose_pre = static_cast<std::int64_t>(b.compose.size());
   }
 }
 

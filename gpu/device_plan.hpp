@@ -22,6 +22,8 @@ struct BatchPlan {
   std::vector<kernels::GatherEntry> local_prefix, zero_own, pack, gather1, publish, gather2, unpack;
   // The fused compose launch's entries: pre-signal (local prefix, gather 1, pack, publish: each
   // with its destination buffer) then post-wait (gather 2).
+  // The fused compose launch's entries: pre-signal (the pack and the publish, which read the fill)
+  // then post (local prefix, gather 1, gather 2), each with its destination buffer.
   std::vector<kernels::GatherEntry> compose;
   std::int64_t compose_pre = 0;
   std::vector<std::int32_t> inv_request;

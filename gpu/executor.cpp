@@ -70,9 +70,10 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
     ck.dst[kernels::kToDense] = r.mem.dense + r.mem.dense_offset[h][k];
     ck.dst[kernels::kToStaging] = r.mem.staging + r.mem.carve.slot_offset(h, k, 0);
     ck.dst[kernels::kToCompact] = r.mem.compact + r.mem.compact_offset[k];
-    ck.page_bytes = r.page_bytes(k);
+    kernels::set_page_geometry(ck, r.page_bytes(k));
     ck.table = run.tables[l][k];
   }
+  kernels::finish_compose_args(a);
   a.entries = run.d.compose;
   a.pre_count = run.b.compose_pre;
   a.count = static_cast<std::int64_t>(run.b.compose.size());
@@ -84,6 +85,7 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   a.barrier = compose_barrier(run);
   a.phase_lag = run.mutant == harness::Mutant::barrier_passes_early ? 1 : 0;
   a.reader_spin_cycles = run.slow_reader ? kernels::kMutantWindowCycles : 0;
+  a.order_pre = run.b.pack.empty() ? 0 : 1;
   return a;
 }
 
@@ -192,6 +194,7 @@ void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* cur
     a.pre_count = 0;
     a.count = current_count;
     a.barrier = kernels::kSignalAtStart;
+    a.order_pre = 0;
     ++r.barrier_phase;
     CPKV_CUDA_CHECK(kernels::launch_compose(a, r.stream));
   }

@@ -44,14 +44,14 @@ __device__ void signal_peers(std::uint64_t* const* pads, std::int32_t rank, std:
 }
 __device__ void signal_peers(const ComposeArgs& a, std::uint64_t phase, int lane) { signal_peers(a.peer_pads, a.rank, a.cp, phase, lane); }
 
-// One warp copies one page (or writes zeros when `in` is null): kCopyUnroll 16-byte loads in
-// flight per lane before its stores, so remote (NVLink) latency overlaps.
-__device__ void warp_copy_page(std::uint8_t* out, const std::uint8_t* in, std::uint64_t page_bytes, int lane) {
-  if (page_bytes % 16 != 0) {
-    for (std::uint64_t i = lane; i < page_bytes; i += 32) out[i] = in ? in[i] : 0;
+// One warp copies one chunk of a page (or writes zeros when `in` is null): at most 32 lanes x
+// kCopyUnroll 16-byte loads, all in flight before the stores, so remote (NVLink) latency overlaps.
+__device__ void warp_copy_chunk(std::uint8_t* out, const std::uint8_t* in, std::uint64_t bytes, int lane) {
+  if (bytes % 16 != 0) {
+    for (std::uint64_t i = lane; i < bytes; i += 32) out[i] = in ? in[i] : 0;
     return;
   }
-  const std::uint64_t n = page_bytes / 16;
+  const std::uint64_t n = bytes / 16;
   const uint4* src = reinterpret_cast<const uint4*>(in);
   uint4* dst = reinterpret_cast<uint4*>(out);
   for (std::uint64_t base = lane; base < n; base += 32 * kCopyUnroll) {
@@ -69,17 +69,23 @@ __device__ void warp_copy_page(std::uint8_t* out, const std::uint8_t* in, std::u
   }
 }
 
+// Work item `item`: entry item / items_per_entry, and within it a kind and a chunk of its page.
 __device__ void copy_item(const ComposeArgs& a, std::int64_t item, int lane) {
-  const GatherEntry e = a.entries[item / a.kinds];
-  const ComposeKind& k = a.kind[item % a.kinds];
+  const GatherEntry e = a.entries[item / a.items_per_entry];
+  std::int32_t r = static_cast<std::int32_t>(item % a.items_per_entry);
+  std::int32_t kind = 0;
+  while (r >= a.kind[kind].chunks) r -= a.kind[kind++].chunks;
+  const ComposeKind& k = a.kind[kind];
   // The host checked the same before upload (gpu/device_plan.cpp): a bad entry is a plan bug.
   CPKV_DEVICE_ASSERT(e.dest >= 0 && e.dest < kComposeDests && e.table_index < kTableEntriesMax);
+  const std::uint64_t offset = static_cast<std::uint64_t>(r) * k.chunk_bytes;
+  const std::uint64_t bytes = min(k.chunk_bytes, k.page_bytes - offset);
   const std::uint8_t* in = nullptr;
   if (e.table_index >= 0) {
     CPKV_DEVICE_ASSERT(k.table.base[e.table_index] != nullptr && e.src_page >= 0);
-    in = k.table.base[e.table_index] + e.src_page * k.page_bytes;
+    in = k.table.base[e.table_index] + e.src_page * k.page_bytes + offset;
   }
-  warp_copy_page(k.dst[e.dest] + e.dst_page * k.page_bytes, in, k.page_bytes, lane);
+  warp_copy_chunk(k.dst[e.dest] + e.dst_page * k.page_bytes + offset, in, bytes, lane);
 }
 
 // Lane 0 takes a ticket; true on the lane-0 of the warp that took the last one.
@@ -92,6 +98,25 @@ __device__ bool last_ticket(std::uint32_t* counter, std::uint32_t total, int lan
   return __shfl_sync(0xffffffffU, last, 0);
 }
 
+// Every warp of the launch is done with the pre-signal entries (they are visible: each fenced before
+// its ticket). Bounded like the barrier; a timeout names this rank as the one waited for.
+__device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t warps, int lane) {
+  if (lane == 0) {
+    const long long start = clock64();
+    std::uint32_t arrived = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(&a.state->arrived) : "memory");
+      if (clock64() - start > kBarrierTimeoutCycles) {
+        a.status->timed_out_phase = a.state->phase + 1;
+        a.status->rank = a.rank;
+        a.status->missing_peer = a.rank;
+        break;
+      }
+    } while (arrived < warps);
+  }
+  __syncwarp();
+}
+
 __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const ComposeArgs a) {
   const int lane = threadIdx.x % 32;
   const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
@@ -99,12 +124,16 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const ComposeA
   const std::uint64_t phase = a.state->phase + 1;  // every warp reads it before the last one writes it
   const std::uint64_t flag = phase - a.phase_lag;
   if (a.barrier == kSignalAtStart && warp == 0) signal_peers(a, flag, lane);
-  const std::int64_t pre_items = a.pre_count * a.kinds;
+  const std::int64_t pre_items = a.pre_count * a.items_per_entry;
   for (std::int64_t item = warp; item < pre_items; item += warps) copy_item(a, item, lane);
-  if (a.barrier == kSignalAfterPre && last_ticket(&a.state->arrived, static_cast<std::uint32_t>(warps), lane)) signal_peers(a, flag, lane);
+  if (a.barrier == kSignalAfterPre || a.order_pre) {
+    const bool last = last_ticket(&a.state->arrived, static_cast<std::uint32_t>(warps), lane);
+    if (a.barrier == kSignalAfterPre && last) signal_peers(a, flag, lane);
+  }
+  if (a.order_pre) wait_pre_done(a, static_cast<std::uint32_t>(warps), lane);
   std::uint32_t waited = 0;  // peers whose flag this warp has seen (bit per rank)
-  for (std::int64_t item = pre_items + warp; item < a.count * a.kinds; item += warps) {
-    const std::int32_t t = a.entries[item / a.kinds].table_index;
+  for (std::int64_t item = pre_items + warp; item < a.count * a.items_per_entry; item += warps) {
+    const std::int32_t t = a.entries[item / a.items_per_entry].table_index;
     const std::int32_t peer = t - a.cp;
     if (a.barrier != kNoBarrier && peer >= 0 && peer < a.cp && !(waited >> peer & 1U)) {
       if (lane == 0) wait_flag(a, peer, flag);
@@ -180,10 +209,35 @@ int compose_blocks_max() {
 
 }  // namespace
 
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
+  kind.page_bytes = page_bytes;
+  if (page_bytes % 16 != 0) {  // byte copies, one warp per page
+    kind.chunks = 1;
+    kind.chunk_bytes = page_bytes;
+    return;
+  }
+  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
+  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
+  kind.chunk_bytes = (even + 15) / 16 * 16;
+}
+
+void finish_compose_args(ComposeArgs& args) {
+  args.items_per_entry = 0;
+  for (int k = 0; k < args.kinds; ++k) args.items_per_entry += args.kind[k].chunks;
+}
+
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_HOST_ASSERT(args.kinds >= 1 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);
   CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
-  const std::int64_t items = args.count * args.kinds;
+  std::int32_t items_per_entry = 0;
+  for (int k = 0; k < args.kinds; ++k) {
+    const ComposeKind& kind = args.kind[k];
+    CPKV_HOST_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
+    CPKV_HOST_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
+    items_per_entry += kind.chunks;
+  }
+  CPKV_HOST_ASSERT(items_per_entry == args.items_per_entry);
+  const std::int64_t items = args.count * args.items_per_entry;
   const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));
   compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(args);

@@ -22,12 +22,14 @@ inline constexpr int kGatherBlocksMax = 132 * 8;
 // Buffer kinds one fused launch handles (DeepSeek-V3.2 has two: the MLA KV rows and the indexer
 // keys); the host refuses a setting with more before anything is launched.
 inline constexpr int kKindsMax = 4;
-// The fused compose kernel copies one page per warp (several small pages per block), each lane with
-// kCopyUnroll 16-byte loads in flight before its stores: 32 x 8 x 16 B = 4 KiB per warp pass, so
-// an 8,448-B page is two passes and every SM holds tens of KiB of remote loads in flight.
+// The fused compose kernel copies one chunk of a page per warp (several pages per block), each lane
+// with kCopyUnroll 16-byte loads in flight before its stores: 32 x 8 x 16 B = 4 KiB per warp pass.
 inline constexpr int kComposeThreads = 256;
 inline constexpr int kComposeWarps = kComposeThreads / 32;
 inline constexpr int kCopyUnroll = 8;
+// A page is cut into chunks of at most one warp pass, so a few large pages still spread over many
+// warps (64 pages of 41,984 B are 704 warps with 2.8 MB in flight, not 64 with 256 KiB).
+inline constexpr std::uint64_t kChunkBytesMax = 32ULL * kCopyUnroll * 16;
 // A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
 // (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
 inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;

@@ -106,23 +106,27 @@ struct ProduceArgs {
 cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream);
 
 // The compose exchange of one layer, every active kind, in one launch, with the counting barrier
-// folded in: warps copy the pre-signal entries (local prefix pages, peers' pool pages, the pack and
-// the publish), the rank signals every peer (at the start when nothing of this launch needs to be
+// folded in: warps copy the pre-signal entries (the pack and the publish, which read this layer's
+// fill), the rank signals every peer (at the start when nothing of this launch needs to be
 // visible first, else when the last warp is done with its pre-signal entries), each warp waits for
-// the flag of the peer whose staging (or symmetric dense) page it reads next, and the launch ends
+// the flag of the peer whose staging (or symmetric dense) page it reads next while it copies the
+// post entries (local prefix pages, peers' pool pages, peers' current pages), and the launch ends
 // only once every peer has arrived (so the next layer may refill the other parity half). The phase
 // advances only when the launch has a barrier. Entries
-// [0, pre_count) are pre-signal, [pre_count, count) post-wait; work item w is entry w / kinds of
-// kind w % kinds. The grid never exceeds what fits on the GPU at once (warps wait on each other).
+// [0, pre_count) are pre-signal, [pre_count, count) post-wait; a work item is one chunk of one
+// kind's page of one entry. The grid never exceeds what fits on the GPU at once (warps wait on each other).
 enum ComposeBarrier : std::int32_t { kNoBarrier = 0, kSignalAtStart = 1, kSignalAfterPre = 2 };
 struct ComposeKind {
   std::uint8_t* dst[kComposeDests];
   std::uint64_t page_bytes;
+  std::uint64_t chunk_bytes;  // one warp's share of a page (set_page_geometry)
+  std::int32_t chunks;        // chunks per page
   PointerTable table;
 };
 struct ComposeArgs {
   ComposeKind kind[kKindsMax];
   std::int32_t kinds;
+  std::int32_t items_per_entry;  // chunks of all kinds (finish_compose_args)
   const GatherEntry* entries;
   std::int64_t pre_count;
   std::int64_t count;
@@ -134,7 +138,13 @@ struct ComposeArgs {
   std::int32_t barrier;     // ComposeBarrier
   std::int32_t phase_lag;   // 1: the planted bug barrier_passes_early
   long long reader_spin_cycles;  // the planted bug slow_reader: spin after the first wait
+  std::int32_t order_pre;        // post entries start only once every pre entry is done (the pack
+                                 // reads fill pages that gather 1 then zeroes)
 };
+// The page geometry of one kind: page_bytes, cut into equal 16-byte-aligned chunks of at most
+// kChunkBytesMax; then finish_compose_args sums the chunks of the kinds.
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes);
+void finish_compose_args(ComposeArgs& args);
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream);
 
 // Per slot of the dense buffer, where its rows come from (uploaded once per batch).
