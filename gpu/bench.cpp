@@ -29,6 +29,31 @@ double timed_ms(Rank& r, cudaEvent_t start, cudaEvent_t stop, const Body& body, 
   return static_cast<double>(ms) / reps;
 }
 
+// The same scattered pages pulled by the copy engines, one batched call (cudaMemcpyBatchAsync,
+// CUDA 12.8+; 0 where the toolkit lacks it). GB/s.
+double ce_batch_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst, const std::uint8_t* src,
+                     const std::vector<kernels::GatherEntry>& entries, std::uint64_t page_bytes) {
+#if CUDART_VERSION >= 13000
+  std::vector<void*> dsts;
+  std::vector<const void*> srcs;
+  std::vector<std::size_t> sizes(entries.size(), page_bytes);
+  for (const kernels::GatherEntry& e : entries) {
+    dsts.push_back(dst + e.dst_page * page_bytes);
+    srcs.push_back(src + e.src_page * page_bytes);
+  }
+  cudaMemcpyAttributes attrs{};
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  std::size_t attrs_index = 0;
+  const double ms = timed_ms(r, start, stop, [&] {
+    CPKV_CUDA_CHECK(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), entries.size(), &attrs, &attrs_index, 1, r.stream));
+  }, 10);
+  return static_cast<double>(entries.size() * page_bytes) / (ms * 1e6);
+#else
+  (void)r, (void)start, (void)stop, (void)dst, (void)src, (void)entries, (void)page_bytes;
+  return 0.0;
+#endif
+}
+
 // Both copy kernels pulling scattered pages from the next rank, every page size and count: the
 // fused compose copy (one warp per page chunk, the one the layers use) and the single-list gather (one
 // block per page, kept for the unpack).
@@ -60,6 +85,7 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
         CPKV_CUDA_CHECK(kernels::launch_gather(own + half, kCeilingPageBytes[ps], a.kind[0].table, d_entries, kCeilingPageCounts[c], r.stream));
       }, 10);
       out.gather_block_gbps[ps][c] = bytes / (block_ms * 1e6);
+      out.gather_ce_batch_gbps[ps][c] = ce_batch_gbps(r, start, stop, own + half, peer, entries, kCeilingPageBytes[ps]);
     }
   }
   wait_device(r.ctx.progress, r.stream);
@@ -146,6 +172,12 @@ void measure_ceilings(Rank& r, BenchRank& out) {
   const double local_ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, own, half, cudaMemcpyDeviceToDevice, r.stream)); }, 5);
   out.local_copy_gbps = half / (local_ms * 1e6);
   out.barrier_us = 1000.0 * timed_ms(r, start, stop, [&] { r.device_barrier(); }, 1000);
+  {  // the same barrier as nodes of a CUDA graph, as the layer loops run it
+    const std::int32_t in_graph = 200;
+    double nodes = 0;
+    const std::vector<double> us = graph_layer_us(r, in_graph, 5, [&](std::int32_t) { r.device_barrier(); }, nodes);
+    out.barrier_us_graph = us[us.size() / 2];
+  }
   const std::int32_t looped = 1000;
   const double loop_ms = timed_ms(r, start, stop, [&] {
     CPKV_CUDA_CHECK(kernels::launch_barrier_loop(r.mem.pad_table, rank, cp, r.barrier_phase + 1, looped, r.mem.barrier_status, r.stream));
@@ -211,7 +243,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
   c.ce_peer_gbps = 1e30;
   c.local_copy_gbps = 1e30;
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30});
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
@@ -219,6 +251,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
     c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
     c.barrier_us = std::max(c.barrier_us, br.barrier_us);
     c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
+    c.barrier_us_graph = std::max(c.barrier_us_graph, br.barrier_us_graph);
     c.allreduce_busbw_gbps = r == 0 ? br.allreduce_busbw_gbps : std::min(c.allreduce_busbw_gbps, br.allreduce_busbw_gbps);
     c.allreduce_latency_us = std::max(c.allreduce_latency_us, br.allreduce_latency_us);
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
@@ -226,6 +259,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
         Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];
         g.gbps = std::min(g.gbps, br.gather_gbps[ps][k]);
         g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
+        g.ce_batch_gbps = std::min(g.ce_batch_gbps, br.gather_ce_batch_gbps[ps][k]);
       }
     }
     out.host_syncs_in_layer_loop = std::max(out.host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);

@@ -50,10 +50,12 @@ struct BenchRank {
   double local_copy_gbps;
   double barrier_us;
   double barrier_us_launch_free;
+  double barrier_us_graph;       // back-to-back as nodes of one CUDA graph
   double allreduce_busbw_gbps;   // NCCL sum all-reduce of 64 MiB (0 where NCCL is not used)
   double allreduce_latency_us;   // NCCL sum all-reduce of 4 KiB
-  double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page chunk)
+  double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page, or per 64-KiB chunk)
   double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)
+  double gather_ce_batch_gbps[kCeilingPageSizes][kCeilingCounts];  // copy engines, one cudaMemcpyBatchAsync
   std::int64_t host_syncs_in_layer_loop;
 };
 

@@ -43,13 +43,15 @@ struct Ceilings {
   double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
   double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
   double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
+  double barrier_us_graph = 0;        // the same barrier as back-to-back nodes of one CUDA graph
   double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: no NCCL)
   double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB
   struct Gather {
     std::uint64_t page_bytes;
     std::int64_t pages;
-    double gbps;                 // the fused compose copy (a warp per page chunk) pulling from the peer, every rank at once
+    double gbps;                 // the fused compose copy (a warp per page, or per 64-KiB chunk) pulling from the peer, every rank at once
     double block_gbps;           // the single-list gather kernel (block per page), the same pages
+    double ce_batch_gbps;        // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
   };
   std::vector<Gather> gather;
 };

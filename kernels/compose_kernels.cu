@@ -227,7 +227,7 @@ void finish_compose_args(ComposeArgs& args) {
 }
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
-  CPKV_HOST_ASSERT(args.kinds >= 1 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);
+  CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
   CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
   std::int32_t items_per_entry = 0;
   for (int k = 0; k < args.kinds; ++k) {

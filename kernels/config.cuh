@@ -27,9 +27,12 @@ inline constexpr int kKindsMax = 4;
 inline constexpr int kComposeThreads = 256;
 inline constexpr int kComposeWarps = kComposeThreads / 32;
 inline constexpr int kCopyUnroll = 8;
-// A page is cut into chunks of at most one warp pass, so a few large pages still spread over many
-// warps (64 pages of 41,984 B are 704 warps with 2.8 MB in flight, not 64 with 256 KiB).
-inline constexpr std::uint64_t kChunkBytesMax = 32ULL * kCopyUnroll * 16;
+// A page is cut into chunks of at most this many bytes, one warp each. Measured on 2xH200
+// (2026-11-30, cpkv bench, cp 2): chunks of one warp pass (4 KiB) were slower on real batches than
+// a warp per page (seeds batch staging_publish 153.8 -> 172.2 us, a 6.8 MB Mooncake batch
+// staging_direct 29.6 -> 42.8 us) and no faster on the gather sweep past 256 pages, so a chunk is
+// a whole page up to 64 KiB (both DeepSeek-V3.2 page sizes).
+inline constexpr std::uint64_t kChunkBytesMax = 64ULL << 10;
 // A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
 // (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
 inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;
