@@ -252,7 +252,7 @@ TEST(HarnessGroup, ARankHungOnItsDeviceIsNamedWithinAWindowWhilePeersRetryDevice
   expect_named(r, clock, "while other ranks did");
 }
 
-// What must stay legal: a rank waiting on one named peer for several windows while that peer
+// What must stay legal: a rank waiting on one named peer for two windows while that peer
 // keeps making progress (it is on its way), and a group that all went quiet waiting on each other
 // at nearly the same moment (a deadlock: nobody is named, however the beats were staggered).
 TEST(HarnessGroup, AWaitOnAPeerThatKeepsProgressingIsNotAHang) {
@@ -260,10 +260,10 @@ TEST(HarnessGroup, AWaitOnAPeerThatKeepsProgressingIsNotAHang) {
     progress.at(0, 0);
     if (rank == 0) {
       const Waiting waiting(progress, 1);
-      std::this_thread::sleep_for(std::chrono::milliseconds(3 * kStuckMsMax));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * kStuckMsMax));
       return kRankExitOk;
     }
-    for (std::int32_t layer = 1; layer <= 30; ++layer) {
+    for (std::int32_t layer = 1; layer <= 20; ++layer) {
       std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
       progress.at(0, layer);
     }
