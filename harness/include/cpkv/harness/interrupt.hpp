@@ -4,9 +4,9 @@
 // The handler does nothing but record the signal and write its number to a pipe (both
 // async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
 // promise "no name left in /dev/shm within 1 s" even when a rank is slow to die: it removes every
-// tracked region name and temporary file first (ranks keep their mappings and open files), forwards
-// the signal to every tracked rank,
-// kills with SIGKILL those alive after kForwardGraceMs, reaps them within kReapMsMax, prints one
+// tracked region name and temporary file first (ranks keep their mappings and open files),
+// forwards the signal to every tracked rank, kills with SIGKILL those alive after
+// kForwardGraceMs, reaps them within kReapMsMax, prints one
 // line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
 // poll for the signal; loops that would otherwise report the dying ranks as failures ask
 // interrupted() and stay quiet.
