@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "cpkv/harness/interrupt.hpp"
 
 namespace cpkv::cli {
 namespace {
@@ -71,10 +72,17 @@ void copy_all(int fd, int out_fd, const std::string& option, const std::string& 
   }
 }
 
-// A private copy of a non-seekable input in $TMPDIR; returns its path.
+// Removes a spool file and forgets it (the interrupt watcher removes the ones it still tracks).
+void remove_spool(const std::string& name) {
+  ::unlink(name.c_str());
+  harness::untrack_file(name);
+}
+
+// A private copy of a non-seekable input in $TMPDIR; returns its path. Tracked from its creation,
+// so that SIGINT or SIGTERM (whose watcher ends the process without unwinding) removes it too.
 std::string spool(const std::string& option, const std::string& path) {
   std::string name = (fs::temp_directory_path() / "cpkv-spool-XXXXXX.jsonl").string();
-  const int out_fd = ::mkstemps(name.data(), 6);
+  const int out_fd = harness::create_tracked_file(name, 6);
   if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, fs::temp_directory_path().string(), errno_text(errno)));
   // Non-blocking open: a named pipe with no writer reads as empty instead of blocking forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -85,7 +93,7 @@ std::string spool(const std::string& option, const std::string& path) {
     if (::close(out_fd) != 0) throw std::runtime_error(fmt::format("{}: cannot write the spool file {}: {}", option, name, errno_text(errno)));
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    ::unlink(name.c_str());
+    remove_spool(name);
     throw;
   }
   ::close(fd);
@@ -134,7 +142,7 @@ InputFile::InputFile(std::string option, std::string path, bool spool_pipes)
 InputFile::~InputFile() {
   if (!spooled_ || ::getpid() != owner_) return;
   // The name stays in spool_names(): main() prints the error that unwound this object afterwards.
-  ::unlink(read_path_.c_str());
+  remove_spool(read_path_);
 }
 
 OutputFile::OutputFile(std::string option, std::string path) : option_(std::move(option)), path_(std::move(path)) {

@@ -321,6 +321,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
       failures.push_back(replay_line(o, variant, layers));
       print_failure(report, failures.back());
     }
+    std::fflush(stdout);  // each variant's verdict is out as it ends (a stopped rank's report within its window), not at exit
     write_event_log(c, report);
     json_runs.push_back(run_json(report, variant, seconds));
   }

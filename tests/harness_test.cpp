@@ -1,16 +1,22 @@
 // launch_ranks on its own (no simulator, no GPU): a rank that stops making progress is named by
-// the watchdog within stuck_ms_max, whether it is stopped by a signal or hung outside any wait; a
-// group where every rank waits is a deadlock with no one blamed; a dead rank is reported by signal;
-// and every way out leaves no rank process behind.
+// the watchdog within stuck_ms_max, whether it is stopped by a signal or hung outside any wait, and
+// whatever its peers do meanwhile (their bounded waits may time out and retry, as a GPU's device
+// barrier does, or they may sit in a step declared quiet); a group where every rank waits is a
+// deadlock with no one blamed; a dead rank is reported by signal; and every way out leaves no rank
+// process behind.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "cpkv/harness/launch.hpp"
@@ -125,6 +131,159 @@ TEST(Harness, AQuietStepMaySilenceTheGroupUpToWhatItDeclared) {
   };
   EXPECT_TRUE(silent_for(10 * kStuckMsMax).failure.empty());
   EXPECT_TRUE(silent_for(0).stuck);
+  EXPECT_TRUE(no_child_left());
+}
+
+// ---------------------------------------------------------------------------------------------
+// One rank of eight stops making progress while its seven peers keep moving: they wait on it at
+// most kRetryMs at a time and then record that they gave up and wait again, as the GPU ranks do
+// when their device barrier times out (kernels/config.cuh) or a host wait returns. Their activity
+// must not restart the stopped rank's clock: it is named within about one window of its last
+// progress (reliability issue, item 9: cp 8 on 2 GPUs took the window plus 26 s).
+
+constexpr std::int32_t kGroup = 8;
+constexpr std::int32_t kFaulty = 5;
+constexpr std::chrono::milliseconds kRetryMs{150};
+constexpr std::int64_t kNamedMsMax = kStuckMsMax * 3 / 2;  // "within about one window": 1.5 windows
+
+// When the faulty rank made its last progress (steady clock, shared with the forked ranks).
+class LastProgressClock {
+ public:
+  LastProgressClock() {
+    void* at = ::mmap(nullptr, sizeof(std::atomic<std::int64_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) throw std::runtime_error("mmap");
+    ns_ = new (at) std::atomic<std::int64_t>(0);
+  }
+  ~LastProgressClock() { ::munmap(ns_, sizeof(*ns_)); }
+  void mark() { ns_->store(Clock::now().time_since_epoch().count()); }
+  std::int64_t ms_since_mark() const {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - Clock::time_point(Clock::duration(ns_->load()))).count();
+  }
+
+ private:
+  std::atomic<std::int64_t>* ns_ = nullptr;
+};
+
+LaunchOptions group_options() {
+  LaunchOptions o = options(kGroup);
+  o.run_ms_max = 8 * kStuckMsMax;  // the old launcher never named the rank: the run limit ended it
+  return o;
+}
+
+// A peer that waits on `on` (a rank, or kWaitingOnPeers / kWaitingOnDevice) kRetryMs at a time and
+// records each attempt as progress, for ever (the launcher ends it).
+int wait_and_retry(RankProgress& progress, std::int32_t on) {
+  for (std::int32_t attempt = 1;; ++attempt) {
+    {
+      const Waiting waiting(progress, on);
+      std::this_thread::sleep_for(kRetryMs);
+    }
+    progress.at(0, attempt);
+  }
+}
+
+// Eight ranks: kFaulty does `fault` after marking its last progress; the others run `peer`.
+template <typename Fault, typename Peer>
+LaunchResult group_with_one_faulty_rank(LastProgressClock& clock, Fault fault, Peer peer) {
+  return launch_ranks(group_options(), [&](std::int32_t rank, RankProgress& progress) {
+    progress.at(0, 0);
+    progress.step(rank == kFaulty ? "fill" : "arrive");
+    if (rank != kFaulty) return peer(progress);
+    clock.mark();
+    fault(progress);
+    return kRankExitOk;
+  });
+}
+
+void expect_named(const LaunchResult& r, const LastProgressClock& clock, const char* why) {
+  EXPECT_LT(clock.ms_since_mark(), kNamedMsMax) << r.failure;
+  EXPECT_TRUE(r.stuck) << r.failure;
+  EXPECT_EQ(r.culprit, kFaulty) << r.failure;
+  EXPECT_EQ(r.failure.rfind(fmt::format("rank {} (pid", kFaulty), 0), 0U) << "the line must begin with the culprit: " << r.failure;
+  EXPECT_NE(r.failure.find(why), std::string::npos) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
+TEST(HarnessGroup, AStoppedRankIsNamedWithinAWindowWhilePeersRetryTheirWaitsOnIt) {
+  LastProgressClock clock;
+  const LaunchResult r = group_with_one_faulty_rank(clock, [](RankProgress&) { ::raise(SIGSTOP); },
+                                                    [](RankProgress& p) { return wait_and_retry(p, kFaulty); });
+  expect_named(r, clock, "stopped by a signal (SIGSTOP)");
+}
+
+// The device barrier gives up without knowing on whom it waited: the peers wait on "the device".
+TEST(HarnessGroup, AStoppedRankIsNamedWithinAWindowWhilePeersRetryDeviceWaits) {
+  LastProgressClock clock;
+  const LaunchResult r = group_with_one_faulty_rank(clock, [](RankProgress&) { ::raise(SIGSTOP); },
+                                                    [](RankProgress& p) { return wait_and_retry(p, kWaitingOnDevice); });
+  expect_named(r, clock, "stopped by a signal (SIGSTOP)");
+}
+
+// Peers inside a step they declared quiet for 20 windows (an NCCL communicator setup that waits
+// for the stopped rank): their declaration widens the group's window, never the stopped rank's.
+TEST(HarnessGroup, AStoppedRankIsNamedWithinItsOwnWindowWhilePeersSitInAQuietStep) {
+  LastProgressClock clock;
+  const LaunchResult r = group_with_one_faulty_rank(clock, [](RankProgress&) { ::raise(SIGSTOP); }, [](RankProgress& p) {
+    const Waiting waiting(p, kWaitingOnPeers);
+    const Quiet quiet(p.record(), 20 * kStuckMsMax);
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return kRankExitOk;
+  });
+  expect_named(r, clock, "stopped by a signal (SIGSTOP)");
+}
+
+// Not stopped, hung: in host code (working, never beating) or on its own device work. The peers'
+// retries must not hide it either.
+TEST(HarnessGroup, ARankHungInHostCodeIsNamedWithinAWindowWhilePeersRetry) {
+  LastProgressClock clock;
+  const LaunchResult r = group_with_one_faulty_rank(clock, [](RankProgress&) {
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }, [](RankProgress& p) { return wait_and_retry(p, kFaulty); });
+  expect_named(r, clock, "while other ranks did");
+  EXPECT_NE(r.failure.find("step 'fill', working"), std::string::npos) << r.failure;
+}
+
+TEST(HarnessGroup, ARankHungOnItsDeviceIsNamedWithinAWindowWhilePeersRetryDeviceWaits) {
+  LastProgressClock clock;
+  const LaunchResult r = group_with_one_faulty_rank(clock, [](RankProgress& p) {
+    const Waiting waiting(p, kWaitingOnDevice);
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }, [](RankProgress& p) { return wait_and_retry(p, kWaitingOnDevice); });
+  expect_named(r, clock, "while other ranks did");
+}
+
+// What must stay legal: a rank waiting on one named peer for two windows while that peer
+// keeps making progress (it is on its way), and a group that all went quiet waiting on each other
+// at nearly the same moment (a deadlock: nobody is named, however the beats were staggered).
+TEST(HarnessGroup, AWaitOnAPeerThatKeepsProgressingIsNotAHang) {
+  const LaunchResult r = launch_ranks(options(2), [](std::int32_t rank, RankProgress& progress) {
+    progress.at(0, 0);
+    if (rank == 0) {
+      const Waiting waiting(progress, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * kStuckMsMax));
+      return kRankExitOk;
+    }
+    for (std::int32_t layer = 1; layer <= 20; ++layer) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
+      progress.at(0, layer);
+    }
+    return kRankExitOk;
+  });
+  EXPECT_TRUE(r.failure.empty()) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
+TEST(HarnessGroup, RanksThatAllWaitOnTheGroupAreADeadlockThatBlamesNoOne) {
+  const LaunchResult r = launch_ranks(options(3), [](std::int32_t rank, RankProgress& progress) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * rank));  // the last beats 200 ms apart
+    progress.at(1, 4);
+    const Waiting waiting(progress, kWaitingOnPeers);
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return kRankExitOk;
+  });
+  EXPECT_TRUE(r.deadlock);
+  EXPECT_EQ(r.culprit, -1) << r.failure;
+  EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
   EXPECT_TRUE(no_child_left());
 }
 

@@ -28,6 +28,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -121,16 +122,17 @@ std::vector<std::string> regions_of(pid_t pid) {
 bool process_exists(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 // A copy of the tiny sample with 64 layers and 300 batches: a run of tens of seconds in every
-// mode, so it is surely running when it is signalled.
-fs::path long_trace(const fs::path& dir) {
+// mode, so it is surely running when it is signalled. With cp 8, a group of eight rank processes.
+fs::path long_trace(const fs::path& dir, std::int32_t cp = 2) {
   std::ifstream in(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl");
   std::string line;
   std::getline(in, line);
   nlohmann::json header = nlohmann::json::parse(line);
+  header["cp"] = cp;
   header["layers"] = {{"count", 64}, {"pattern", std::string(64, 'F')}};
   std::vector<nlohmann::json> batches;
   while (std::getline(in, line)) batches.push_back(nlohmann::json::parse(line));
-  const fs::path path = dir / "long.jsonl";
+  const fs::path path = dir / fmt::format("long_cp{}.jsonl", cp);
   std::ofstream out(path);
   out << header.dump() << "\n";
   for (int b = 0; b < 300; ++b) {
@@ -177,9 +179,19 @@ struct CpkvRun {
   int exit_code() const { return raw && WIFEXITED(*raw) ? WEXITSTATUS(*raw) : -1; }
 };
 
-// Exec'd in the child: a private mount namespace with a small tmpfs on /dev/shm, if asked.
-[[noreturn]] void exec_child(const std::vector<std::string>& args, const CpkvRun& run, std::int64_t shm_mib) {
+// How a run is started besides its arguments.
+struct StartOptions {
+  std::int64_t shm_mib = 0;  // > 0: a private mount namespace with a tmpfs of this size on /dev/shm
+  int stdin_fd = -1;         // >= 0: the child's standard input (the read end of a pipe)
+  fs::path tmpdir;           // not empty: the child's TMPDIR (where a piped trace is spooled)
+};
+
+// Exec'd in the child.
+[[noreturn]] void exec_child(const std::vector<std::string>& args, const CpkvRun& run, const StartOptions& how) {
+  const std::int64_t shm_mib = how.shm_mib;
   ::setpgid(0, 0);
+  if (how.stdin_fd >= 0) ::dup2(how.stdin_fd, STDIN_FILENO);
+  if (!how.tmpdir.empty()) ::setenv("TMPDIR", how.tmpdir.c_str(), 1);
   const int out = ::open(run.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const int err = ::open(run.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ::dup2(out, STDOUT_FILENO);
@@ -214,6 +226,12 @@ class Signals : public ::testing::Test {
   }
 
   CpkvRun start(const std::vector<std::string>& cpkv_args, std::int64_t shm_mib = 0) {
+    StartOptions how;
+    how.shm_mib = shm_mib;
+    return start(cpkv_args, how);
+  }
+
+  CpkvRun start(const std::vector<std::string>& cpkv_args, const StartOptions& how) {
     CpkvRun run;
     run.out = dir_ / "out";
     run.err = dir_ / "err";
@@ -221,16 +239,22 @@ class Signals : public ::testing::Test {
     args.insert(args.end(), cpkv_args.begin(), cpkv_args.end());
     std::fflush(nullptr);
     run.pid = ::fork();
-    if (run.pid == 0) exec_child(args, run, shm_mib);
+    if (run.pid == 0) exec_child(args, run, how);
     return run;
   }
 
   // Starts a replay and waits until it has `ranks` rank processes (0: threads or scheduled) and
   // its region exists: it is running.
   CpkvRun start_running(const std::vector<std::string>& replay_args, std::int32_t ranks) {
-    std::vector<std::string> args = {"replay", long_trace(dir_).string(), "--variant", "staging_direct", "--layers", "all"};
+    return start_running(long_trace(dir_).string(), {"--variant", "staging_direct"}, replay_args, ranks, StartOptions{});
+  }
+
+  CpkvRun start_running(const std::string& trace, const std::vector<std::string>& variant, const std::vector<std::string>& replay_args,
+                        std::int32_t ranks, const StartOptions& how) {
+    std::vector<std::string> args = {"replay", trace, "--layers", "all"};
+    args.insert(args.end(), variant.begin(), variant.end());
     args.insert(args.end(), replay_args.begin(), replay_args.end());
-    CpkvRun run = start(args);
+    CpkvRun run = start(args, how);
     const bool running = wait_until([&] {
       return !regions_of(run.pid).empty() && static_cast<std::int32_t>(children_of(run.pid).size()) == ranks;
     }, kStartMsMax);
@@ -346,12 +370,64 @@ TEST_F(Signals, TheWatchdogEndsARunWhoseRankIsStoppedWithinStuckMsMax) {
   EXPECT_EQ(run.exit_code(), 1);
   const std::string out = run.stdout_text();
   EXPECT_NE(out.find(fmt::format("(pid {}) made no progress", stopped)), std::string::npos) << out;
-  // The window is what ended it: the whole group silent, or the stopped rank silent while its
-  // peer still moved a moment before (which of the two wins is a race of a millisecond).
-  const bool group_window = out.find(fmt::format("no rank made progress for {} ms", kStuckMsMax)) != std::string::npos;
-  const bool rank_window = out.find(fmt::format("it made no progress, while others did, for {} ms", kStuckMsMax)) != std::string::npos;
-  EXPECT_TRUE(group_window || rank_window) << out;
+  // The stopped rank's own window ended it (it is judged before the group, whose clock can only
+  // be later than the stopped rank's).
+  EXPECT_NE(out.find(fmt::format("stopped by a signal (SIGSTOP) (at batch")), std::string::npos) << out;
+  EXPECT_NE(out.find(fmt::format("it cannot progress, whatever its peers do (window {} ms)", kStuckMsMax)), std::string::npos) << out;
   EXPECT_TRUE(regions_of(run.pid).empty());
+}
+
+// One rank of eight stopped while every variant runs in turn (the default, as the GPU reliability
+// script runs the seeds batch): the failure of the variant it stopped names it on stdout within
+// about one window of the stop, and the replay goes on with the next variant in a fresh group. On
+// the GPUs the line came only at exit, after the remaining variants (the window plus about 26 s),
+// because a report to a file stayed in stdout's buffer.
+TEST_F(Signals, AStoppedRankOfEightIsReportedWithinAWindowWhileTheReplayGoesOn) {
+  constexpr std::int64_t kStuckMsMax = 1000;
+  CpkvRun run = start_running(long_trace(dir_, 8).string(), {},
+                              {"--ranks-as", "processes", "--wait-ms-max", "600000", "--stuck-ms-max", std::to_string(kStuckMsMax)}, 8, StartOptions{});
+  const std::vector<pid_t> ranks = children_of(run.pid);
+  ASSERT_EQ(ranks.size(), 8U);
+  const pid_t stopped = ranks[3];
+  const Clock::time_point sent = Clock::now();
+  ASSERT_EQ(::kill(stopped, SIGSTOP), 0);
+  const std::string named = fmt::format("(pid {}) made no progress", stopped);
+  const bool reported = wait_until([&] { return run.stdout_text().find(named) != std::string::npos; }, kStuckMsMax * 3 / 2);
+  const std::int64_t took_ms = ms_since(sent);
+  EXPECT_TRUE(reported) << "not on stdout " << took_ms << " ms after the stop:\n" << run.stdout_text();
+  EXPECT_NE(run.stdout_text().find("stopped by a signal (SIGSTOP)"), std::string::npos) << run.stdout_text();
+  const bool next_group = wait_until([&] {
+    const std::vector<pid_t> now = children_of(run.pid);
+    return now.size() == 8 && std::find(now.begin(), now.end(), stopped) == now.end();
+  }, kStartMsMax);
+  EXPECT_TRUE(next_group) << "the replay did not go on with the next variant";
+  EXPECT_FALSE(process_exists(stopped) && ::waitpid(stopped, nullptr, WNOHANG) == 0) << "the stopped rank outlived its group";
+  expect_clean_interruption(run, SIGTERM, /*whole_group=*/false, "SIGTERM");
+}
+
+// A trace read from a pipe is spooled once to a private file in $TMPDIR; an interrupted run
+// (SIGTERM to the parent, Ctrl-C to the group) removes it with the region, as a finished one does.
+TEST_F(Signals, AnInterruptedReplayOfAPipedTraceRemovesItsSpoolFile) {
+  const std::string text = slurp(long_trace(dir_));
+  for (const auto& [signal_number, whole_group, name] : {std::tuple{SIGTERM, false, "SIGTERM"}, std::tuple{SIGINT, true, "SIGINT"}}) {
+    StartOptions how;
+    how.tmpdir = dir_ / fmt::format("tmp_{}", name);
+    fs::create_directories(how.tmpdir);
+    int fds[2] = {-1, -1};
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    how.stdin_fd = fds[0];
+    CpkvRun run = start({"replay", "/dev/stdin", "--variant", "staging_direct", "--layers", "all", "--ranks-as", "processes"}, how);
+    ::close(fds[0]);
+    ASSERT_EQ(::write(fds[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    ::close(fds[1]);
+    ASSERT_TRUE(wait_until([&] { return !regions_of(run.pid).empty() && children_of(run.pid).size() == 2; }, kStartMsMax)) << run.stderr_text();
+    std::vector<std::string> spooled;
+    for (const auto& entry : fs::directory_iterator(how.tmpdir)) spooled.push_back(entry.path().filename().string());
+    ASSERT_EQ(spooled.size(), 1U) << "the piped trace is spooled to one file in TMPDIR";
+    EXPECT_EQ(spooled.front().rfind("cpkv-spool-", 0), 0U) << spooled.front();
+    expect_clean_interruption(run, signal_number, whole_group, name);
+    EXPECT_TRUE(fs::is_empty(how.tmpdir)) << name << ": " << spooled.front() << " left behind";
+  }
 }
 
 // A region left by a process that died without cleaning up is swept by the next process that

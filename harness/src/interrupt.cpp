@@ -40,6 +40,7 @@ static_assert(std::atomic<int>::is_always_lock_free, "the handler stores into it
 struct Registry {
   std::mutex mutex;
   std::vector<std::string> regions;
+  std::vector<std::string> files;
   std::vector<int> ranks;
   std::string activity = "cpkv";
 };
@@ -96,12 +97,15 @@ std::int32_t end_ranks(const std::vector<int>& ranks, int signal_number) {
       ++removed_count;
     }
   }
+  std::int32_t files_removed = 0;
+  for (const std::string& path : r.files) files_removed += ::unlink(path.c_str()) == 0 ? 1 : 0;
   const auto ranks = static_cast<std::int32_t>(r.ranks.size());
   const std::int32_t unreaped = end_ranks(r.ranks, signal_number);
   std::string line = fmt::format("cpkv: interrupted by {} during {}", detail::signal_name(signal_number), r.activity);
   if (ranks > 0) line += fmt::format("; ended {} rank process{}", ranks, ranks == 1 ? "" : "es");
   if (unreaped > 0) line += fmt::format(" ({} could not be reaped within {} ms)", unreaped, kReapMsMax);
   if (removed_count > 0) line += fmt::format("; removed shared memory {}", removed);
+  if (files_removed > 0) line += fmt::format("; removed {} temporary file{}", files_removed, files_removed == 1 ? "" : "s");
   line += "\n";
   (void)!::write(STDERR_FILENO, line.data(), line.size());
   ::_exit(128 + signal_number);
@@ -187,6 +191,18 @@ void track_rank(int pid) {
 void untrack_rank(int pid) {
   const std::lock_guard<std::mutex> lock(registry().mutex);
   std::erase(registry().ranks, pid);
+}
+
+int create_tracked_file(std::string& name_template, int suffix_chars) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  const int fd = ::mkstemps(name_template.data(), suffix_chars);
+  if (fd >= 0) registry().files.push_back(name_template);
+  return fd;
+}
+
+void untrack_file(const std::string& path) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  std::erase(registry().files, path);
 }
 
 bool prepare_child(pid_t parent) {

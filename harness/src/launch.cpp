@@ -1,5 +1,6 @@
 #include "cpkv/harness/launch.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -45,6 +47,9 @@ constexpr std::int64_t kParentPauseMs = 1000;
 // A rank that is not waiting but has not beaten for this long is silent (a working rank beats at
 // every step, layer or stage, far more often).
 constexpr std::int64_t kSilentMsMin = 100;
+// A silent rank's scheduler state (/proc/PID/stat) is read at most this often: a stop that
+// waitpid did not report to us (a tracer's stop, 't') is still seen well within any window.
+constexpr std::int64_t kStateReadMs = 50;
 
 std::int64_t ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
@@ -74,10 +79,26 @@ struct RankWatch {
   pid_t pid = -1;
   bool reaped = false;
   int stop_signal = 0;  // stopped by this signal now (waitpid WUNTRACED), 0 if not
+  char state = '?';     // its /proc state while it is silent ('T' stopped, 't' stopped by a tracer), '?' unknown
+  Clock::time_point state_read;
   std::string end;      // how it ended: "exited 0", "died from SIGKILL"
   std::uint64_t heartbeat = 0;
-  Clock::time_point last_progress;
+  Clock::time_point last_progress;  // its own record last advanced (never a peer's)
 };
+
+// The state letter of /proc/PID/stat ('R', 'S', 'D', 'T', 't', 'Z'), '?' if it cannot be read.
+char proc_state(pid_t pid) {
+  const std::string path = fmt::format("/proc/{}/stat", pid);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return '?';
+  char text[512];
+  const ssize_t n = ::read(fd, text, sizeof(text) - 1);
+  ::close(fd);
+  if (n <= 0) return '?';
+  text[n] = '\0';
+  const char* name_end = std::strrchr(text, ')');  // the command name may hold spaces and parentheses
+  return name_end != nullptr && name_end[1] == ' ' && name_end[2] != '\0' ? name_end[2] : '?';
+}
 
 [[noreturn]] void run_child(const RankBody& body, const LaunchOptions& o, Progress& record, std::int32_t rank, pid_t parent) {
   if (!prepare_child(parent)) ::_exit(kRankExitError);
@@ -121,12 +142,19 @@ class Watcher {
   void reap(Clock::time_point now);
   void ended(std::int32_t r, int raw);
   void observe_heartbeats(Clock::time_point now);
-  void end_on_stopped_rank(Clock::time_point now);
+  void read_states(Clock::time_point now);
+  void end_on_silent_rank(Clock::time_point now);
+  void end_on_silent_group(Clock::time_point now);
+  bool reaping_overdue(Clock::time_point now);
+  std::string stop_cause(std::int32_t r) const;
+  std::int32_t moved_on_without(std::int32_t r) const;
   std::int32_t culprit(Clock::time_point now) const;
   std::string positions(Clock::time_point now) const;
   std::string blame(std::int32_t r, Clock::time_point now) const;
   void fail(std::string headline, std::int32_t culprit);
+  void stuck(std::string headline, std::int32_t culprit);
   std::int64_t window() const;
+  std::int64_t own_window(std::int32_t r) const;
   void kill_all();
 
   const LaunchOptions& o_;
@@ -135,9 +163,11 @@ class Watcher {
   LaunchResult result_;
   std::int32_t alive_ = 0;
   Clock::time_point group_progress_;
+  std::optional<Clock::time_point> killed_;  // when kill_all() ran
 };
 
-// The no-progress window: stuck_ms_max, or longer while a live rank declared a quiet step.
+// The group's no-progress window: stuck_ms_max, or longer while a live rank declared a quiet step
+// (every rank inside an NCCL communicator setup is silent together).
 std::int64_t Watcher::window() const {
   std::int64_t ms = o_.stuck_ms_max;
   for (std::int32_t r = 0; r < o_.ranks; ++r) {
@@ -146,10 +176,22 @@ std::int64_t Watcher::window() const {
   return ms;
 }
 
+// One rank's own window: its own quiet declaration widens it, never a peer's.
+std::int64_t Watcher::own_window(std::int32_t r) const { return std::max(o_.stuck_ms_max, area_[r].quiet_ms_max.load()); }
+
 void Watcher::kill_all() {
+  if (!killed_) killed_ = Clock::now();
   for (const RankWatch& w : ranks_) {
     if (!w.reaped) ::kill(w.pid, SIGKILL);
   }
+}
+
+// Killed ranks that do not go within kKillReapMsMax (a process stuck in a driver call cannot die
+// until the call returns) are left to the kernel: the run ends and says so.
+bool Watcher::reaping_overdue(Clock::time_point now) {
+  if (!killed_ || alive_ == 0 || ms_between(*killed_, now) <= kKillReapMsMax) return false;
+  result_.failure += fmt::format("; {} rank process{} could not be reaped within {} ms of SIGKILL", alive_, alive_ == 1 ? "" : "es", kKillReapMsMax);
+  return true;
 }
 
 void Watcher::fail(std::string headline, std::int32_t culprit) {
@@ -158,23 +200,75 @@ void Watcher::fail(std::string headline, std::int32_t culprit) {
   result_.failure = fmt::format("{}: {}", headline, positions(now));
   if (o_.positions) result_.failure += "; " + o_.positions();
   result_.culprit = culprit;
+  if (culprit >= 0) {
+    result_.culprit_batch = area_[culprit].batch.load();
+    result_.culprit_layer = area_[culprit].layer.load();
+  }
   kill_all();
 }
 
-// A rank stopped by a signal that has made no progress for the window ends the run, whatever the
-// others do meanwhile: they may keep the group's clock moving for a while (a device barrier that
-// times out, a rank giving up on a host barrier), which must not stretch the bound on the report.
-void Watcher::end_on_stopped_rank(Clock::time_point now) {
+void Watcher::stuck(std::string headline, std::int32_t culprit) {
+  result_.deadlock = true;
+  result_.stuck = true;
+  fail(std::move(headline), culprit);
+}
+
+// Why rank r is stopped ("a signal (SIGSTOP)", "a tracer"), or empty while it may run: waitpid's
+// report, or its /proc state when waitpid said nothing (a tracer's stop is reported to the tracer).
+std::string Watcher::stop_cause(std::int32_t r) const {
+  const RankWatch& w = ranks_[r];
+  if (w.reaped) return "";
+  if (w.stop_signal != 0) return fmt::format("a signal ({})", detail::signal_name(w.stop_signal));
+  if (w.state == 'T') return "a signal";
+  if (w.state == 't') return "a tracer";
+  return "";
+}
+
+// A live peer whose own record advanced more than half of r's window after r's last did (the
+// latest such), or -1. Peers that all fell silent with r, within half a window, are a deadlock
+// among equals, which the group's rule reports without blaming one of them.
+std::int32_t Watcher::moved_on_without(std::int32_t r) const {
+  std::int32_t latest = -1;
+  for (std::int32_t q = 0; q < o_.ranks; ++q) {
+    if (q == r || ranks_[q].reaped) continue;
+    if (ms_between(ranks_[r].last_progress, ranks_[q].last_progress) <= own_window(r) / 2) continue;
+    if (latest < 0 || ranks_[q].last_progress > ranks_[latest].last_progress) latest = q;
+  }
+  return latest;
+}
+
+// The rule of one rank, whatever the group's clock says (peers whose device barrier times out, or
+// whose bounded waits give up and retry, keep that clock moving and must not hide the rank they
+// wait for). A live rank whose own record has not advanced ends the run, named:
+//   - stopped (by a signal or a tracer) and silent for stuck_ms_max: it cannot progress, and no
+//     one's quiet declaration (not even its own) excuses that;
+//   - silent for its own window while not waiting on one named peer (that peer is judged by this
+//     rule in turn), and a peer kept making progress well after it fell silent.
+void Watcher::end_on_silent_rank(Clock::time_point now) {
   if (!result_.failure.empty()) return;
   for (std::int32_t r = 0; r < o_.ranks; ++r) {
     const RankWatch& w = ranks_[r];
-    if (w.reaped || w.stop_signal == 0 || ms_between(w.last_progress, now) <= window()) continue;
-    result_.deadlock = true;
-    result_.stuck = true;
-    const bool group_silent = ms_between(group_progress_, now) > window();
-    const char* since = group_silent ? "no rank made progress" : "it made no progress, while others did,";
-    return fail(fmt::format("{}; {} for {} ms", blame(r, now), since, window()), r);
+    const std::int64_t silent_ms = ms_between(w.last_progress, now);
+    if (w.reaped || area_[r].started.load() == 2 || silent_ms <= o_.stuck_ms_max) continue;
+    if (const std::string cause = stop_cause(r); !cause.empty()) {
+      return stuck(fmt::format("{}; it cannot progress, whatever its peers do (window {} ms)", blame(r, now), o_.stuck_ms_max), r);
+    }
+    if (silent_ms <= own_window(r) || area_[r].waiting_on.load() >= 0) continue;
+    if (const std::int32_t q = moved_on_without(r); q >= 0) {
+      return stuck(fmt::format("{}; it made no progress while other ranks did (rank {}, {} ms ago; window {} ms)", blame(r, now), q,
+                               ms_between(ranks_[q].last_progress, now), own_window(r)),
+                   r);
+    }
   }
+}
+
+// The group's rule: no rank made progress for the group's window.
+void Watcher::end_on_silent_group(Clock::time_point now) {
+  if (!result_.failure.empty() || ms_between(group_progress_, now) <= window()) return;
+  const std::int32_t c = culprit(now);
+  stuck(c >= 0 ? fmt::format("{}; no rank made progress for {} ms", blame(c, now), window())
+               : fmt::format("no rank made progress for {} ms and every rank is waiting (a deadlock)", window()),
+        c);
 }
 
 void Watcher::observe_heartbeats(Clock::time_point now) {
@@ -184,7 +278,17 @@ void Watcher::observe_heartbeats(Clock::time_point now) {
     if (beat == w.heartbeat) continue;
     w.heartbeat = beat;
     w.last_progress = now;
+    w.state = '?';  // it ran: a state read before is stale
     group_progress_ = now;
+  }
+}
+
+// The /proc state of every silent live rank, at most every kStateReadMs each.
+void Watcher::read_states(Clock::time_point now) {
+  for (RankWatch& w : ranks_) {
+    if (w.reaped || ms_between(w.last_progress, now) <= kSilentMsMin || ms_between(w.state_read, now) < kStateReadMs) continue;
+    w.state = proc_state(w.pid);
+    w.state_read = now;
   }
 }
 
@@ -193,7 +297,7 @@ void Watcher::observe_heartbeats(Clock::time_point now) {
 // rank waits at the same place (a deadlock among them).
 std::int32_t Watcher::culprit(Clock::time_point now) const {
   for (std::int32_t r = 0; r < o_.ranks; ++r) {
-    if (!ranks_[r].reaped && ranks_[r].stop_signal != 0) return r;
+    if (!stop_cause(r).empty()) return r;
   }
   std::int32_t silent = -1;
   for (std::int32_t r = 0; r < o_.ranks; ++r) {
@@ -220,7 +324,8 @@ std::int32_t Watcher::culprit(Clock::time_point now) const {
 std::string Watcher::blame(std::int32_t r, Clock::time_point now) const {
   const Progress& p = area_[r];
   const RankWatch& w = ranks_[r];
-  std::string why = w.stop_signal != 0 ? fmt::format(", stopped by {}", detail::signal_name(w.stop_signal)) : "";
+  const std::string cause = stop_cause(r);
+  const std::string why = cause.empty() ? "" : fmt::format(", stopped by {}", cause);
   return fmt::format("rank {} (pid {}) made no progress for {} ms{} (at batch {} layer {} step '{}', {})", r, w.pid,
                      ms_between(w.last_progress, now), why, p.batch.load(), p.layer.load(), step_of(p), waiting_text(p.waiting_on.load()));
 }
@@ -231,7 +336,8 @@ std::string Watcher::positions(Clock::time_point now) const {
     const Progress& p = area_[r];
     const RankWatch& w = ranks_[r];
     std::string state = w.reaped ? w.end : waiting_text(p.waiting_on.load());
-    if (!w.reaped && w.stop_signal != 0) state = fmt::format("stopped by {}", detail::signal_name(w.stop_signal));
+    if (w.stop_signal != 0 && !w.reaped) state = fmt::format("stopped by {}", detail::signal_name(w.stop_signal));
+    else if (const std::string cause = stop_cause(r); !cause.empty()) state = fmt::format("stopped by {}", cause);
     out += fmt::format("{}rank {} (pid {}) {} at batch {} layer {} step '{}', heartbeat {}, last progress {} ms ago", out.empty() ? "" : "; ", r,
                        w.pid, state, p.batch.load(), p.layer.load(), step_of(p), w.heartbeat, ms_between(w.last_progress, now));
   }
@@ -308,16 +414,11 @@ LaunchResult Watcher::watch() {
     }
     last_loop = now;
     reap(now);
+    if (reaping_overdue(now)) break;
     observe_heartbeats(now);
-    end_on_stopped_rank(now);
-    if (result_.failure.empty() && ms_between(group_progress_, now) > window()) {
-      result_.deadlock = true;
-      result_.stuck = true;
-      const std::int32_t c = culprit(now);
-      fail(c >= 0 ? fmt::format("{}; no rank made progress for {} ms", blame(c, now), window())
-                  : fmt::format("no rank made progress for {} ms and every rank is waiting (a deadlock)", window()),
-           c);
-    }
+    read_states(now);
+    end_on_silent_rank(now);
+    end_on_silent_group(now);
     if (!limit_reported && ms_between(start, now) > o_.run_ms_max) {
       limit_reported = true;
       fail(fmt::format("run limit {} ms reached", o_.run_ms_max), -1);

@@ -361,6 +361,8 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
       Violation v;
       v.invariant = 8;
       v.rank = launched.culprit;
+      v.batch = launched.culprit_batch;  // where the culprit was, not "batch -1 layer -1"
+      v.layer = launched.culprit_layer;
       std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
       world.record(v);
     }

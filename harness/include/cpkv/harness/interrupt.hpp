@@ -4,8 +4,9 @@
 // The handler does nothing but record the signal and write its number to a pipe (both
 // async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
 // promise "no name left in /dev/shm within 1 s" even when a rank is slow to die: it removes every
-// tracked region name first (ranks keep their mappings), forwards the signal to every tracked rank,
-// kills with SIGKILL those alive after kForwardGraceMs, reaps them within kReapMsMax, prints one
+// tracked region name and temporary file first (ranks keep their mappings and open files),
+// forwards the signal to every tracked rank, kills with SIGKILL those alive after
+// kForwardGraceMs, reaps them within kReapMsMax, prints one
 // line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
 // poll for the signal; loops that would otherwise report the dying ranks as failures ask
 // interrupted() and stay quiet.
@@ -31,5 +32,12 @@ void track_region(const std::string& name);
 void untrack_region(const std::string& name);
 void track_rank(int pid);
 void untrack_rank(int pid);
+
+// Temporary files (a trace read from a pipe and spooled) the watcher removes on interruption.
+// create_tracked_file makes one with mkstemps(name_template, suffix_chars) under the registry's
+// lock, so that no signal falls between its creation and its tracking; returns the open
+// descriptor, or -1 with errno set. The owner removes it normally and then calls untrack_file.
+int create_tracked_file(std::string& name_template, int suffix_chars);
+void untrack_file(const std::string& path);
 
 }  // namespace cpkv::harness

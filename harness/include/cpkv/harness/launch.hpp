@@ -2,9 +2,17 @@
 // any CUDA call in the parent: a CUDA context does not survive fork), makes each child die with the
 // parent, runs the rank body, and watches the group with a bound on everything:
 //   - a rank that dies or exits non-zero ends the run (the others would wait for it forever);
-//   - a group in which no rank made progress for stuck_ms_max ends the run (a stopped or hung rank
-//     that the others wait for, in a host barrier, a device barrier or a collective);
-//   - the whole run is bounded by run_ms_max.
+//   - a rank stopped (by a signal or a tracer) whose own record has not advanced for stuck_ms_max
+//     ends the run, named, whatever its peers do meanwhile;
+//   - a rank whose own record has not advanced for its window (stuck_ms_max, or its own declared
+//     quiet step), not waiting on one named peer, while a peer kept making progress well after
+//     it fell silent (a device barrier that timed out, a bounded wait that retries), ends the run,
+//     named: the peers' activity never restarts its clock;
+//   - a group in which no rank made progress for stuck_ms_max (or a longer quiet step a rank
+//     declared) ends the run (a stopped or hung rank that the others wait for, in a host barrier,
+//     a device barrier or a collective);
+//   - the whole run is bounded by run_ms_max, and reaping the ranks killed at the end by
+//     kKillReapMsMax.
 // Every way out kills and reaps every rank, and the report names the rank at fault and where every
 // rank was, from a per-rank progress record the ranks keep in memory shared with the parent.
 #pragma once
@@ -109,6 +117,8 @@ struct LaunchResult {
   bool deadlock = false;      // a rank gave up waiting, or the group made no progress
   bool stuck = false;         // the watchdog ended the run (no progress for stuck_ms_max)
   std::int32_t culprit = -1;  // the rank that died or made no progress, -1 if none stands out
+  std::int64_t culprit_batch = -1;  // where the culprit was, from its progress record
+  std::int32_t culprit_layer = -1;
 };
 
 // The rank body: returns the rank's exit code. Exceptions become one stderr line and kRankExitError.
