@@ -49,6 +49,7 @@ echo "|---|---|---|---|---|---|---|---|---|---|" >> "$report"
 
 # case NAME ACTION DELAY_S LIMIT_S -- cpkv args. ACTION: TERM | INT-group | KILL | STOP-rank.
 run_case() {
+  [[ -n "${CASES:-}" && ! "$1" =~ $CASES ]] && return 0  # CASES=REGEX runs only the cases it matches
   local name=$1 action=$2 delay=$3 limit=$4; shift 5
   local out="$OUT/rel-$name.out" err="$OUT/rel-$name.err"
   setsid "$cpkv" "$@" > "$out" 2> "$err" &
