@@ -179,7 +179,7 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
   for (const auto& g : ceilings.gather) {
     gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}, {"block_per_page_gbps", g.block_gbps},
-                       {"ce_batch_gbps", g.ce_batch_gbps}});
+                       {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps}});
   }
   out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
                      {"local_copy_gbps", ceilings.local_copy_gbps},
@@ -222,12 +222,13 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
                     ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
                     ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
   md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"
-        "| page bytes | pages | fused compose copy (warp per page) | of CE | gather (block per page) | of CE | copy engines, batched | of CE |\n"
-        "|---|---|---|---|---|---|---|---|\n";
+        "| page bytes | pages | fused compose copy (warp per page) | of CE | gather (block per page) | of CE | copy engines, batched | of CE | "
+        "bulk copy (TMA) | of CE |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) {
     const double ce = ceilings.ce_peer_gbps;
-    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {:.0f} | {:.2f} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ce, g.block_gbps,
-                      g.block_gbps / ce, g.ce_batch_gbps, g.ce_batch_gbps / ce);
+    const std::string bulk = g.bulk_gbps == 0 ? "- | -" : g.bulk_gbps < 0 ? "WRONG | -" : fmt::format("{:.0f} | {:.2f}", g.bulk_gbps, g.bulk_gbps / ce);
+    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ce, g.block_gbps,
+                      g.block_gbps / ce, g.ce_batch_gbps, g.ce_batch_gbps / ce, bulk);
   }
   return md;
 }

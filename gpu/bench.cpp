@@ -2,6 +2,7 @@
 // batch's layer loop, captured once into a CUDA graph and replayed (CUDA events around each
 // replay), folded over the ranks (worst rank).
 #include <algorithm>
+#include <cstdlib>
 
 #include "device_plan.hpp"
 #include "rank.hpp"
@@ -54,6 +55,31 @@ double ce_batch_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t*
 #endif
 }
 
+// The same pages through the bulk-copy (TMA) gather; its bytes checked (first and last page) after
+// the timing. GB/s, or -1 when a load timed out or a byte is wrong.
+double bulk_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst, const kernels::PointerTable& table,
+                 const std::vector<kernels::GatherEntry>& entries, const kernels::GatherEntry* d_entries, std::uint64_t page_bytes) {
+  kernels::BulkStatus* status = nullptr;
+  CPKV_CUDA_CHECK(cudaMalloc(&status, sizeof(kernels::BulkStatus)));
+  CPKV_CUDA_CHECK(cudaMemsetAsync(status, 0, sizeof(kernels::BulkStatus), r.stream));
+  CPKV_CUDA_CHECK(cudaMemsetAsync(dst, 0, entries.size() * page_bytes, r.stream));
+  const std::int64_t count = static_cast<std::int64_t>(entries.size());
+  const double ms = timed_ms(r, start, stop, [&] {
+    CPKV_CUDA_CHECK(kernels::launch_bulk_gather(dst, page_bytes, table, d_entries, count, status, r.stream));
+  }, 10);
+  kernels::BulkStatus found{};
+  CPKV_CUDA_CHECK(cudaMemcpy(&found, status, sizeof(found), cudaMemcpyDeviceToHost));
+  CPKV_CUDA_CHECK(cudaFree(status));
+  bool exact = found.timeouts == 0;
+  for (const kernels::GatherEntry& e : {entries.front(), entries.back()}) {
+    std::vector<std::uint8_t> got(page_bytes), want(page_bytes);
+    CPKV_CUDA_CHECK(cudaMemcpy(got.data(), dst + e.dst_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    CPKV_CUDA_CHECK(cudaMemcpy(want.data(), table.base[0] + e.src_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    exact = exact && got == want;
+  }
+  return exact ? static_cast<double>(count * page_bytes) / (ms * 1e6) : -1.0;
+}
+
 // Both copy kernels pulling scattered pages from the next rank, every page size and count: the
 // fused compose copy (one warp per page chunk, the one the layers use) and the single-list gather (one
 // block per page, kept for the unpack).
@@ -86,6 +112,9 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       }, 10);
       out.gather_block_gbps[ps][c] = bytes / (block_ms * 1e6);
       out.gather_ce_batch_gbps[ps][c] = ce_batch_gbps(r, start, stop, own + half, peer, entries, kCeilingPageBytes[ps]);
+      if (std::getenv("CPKV_BENCH_BULK") != nullptr) {
+        out.gather_bulk_gbps[ps][c] = bulk_gbps(r, start, stop, own + half, a.kind[0].table, entries, d_entries, kCeilingPageBytes[ps]);
+      }
     }
   }
   wait_device(r.ctx.progress, r.stream);
@@ -243,7 +272,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
   c.ce_peer_gbps = 1e30;
   c.local_copy_gbps = 1e30;
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30});
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
@@ -260,6 +289,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
         g.gbps = std::min(g.gbps, br.gather_gbps[ps][k]);
         g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
         g.ce_batch_gbps = std::min(g.ce_batch_gbps, br.gather_ce_batch_gbps[ps][k]);
+        g.bulk_gbps = std::min(g.bulk_gbps, br.gather_bulk_gbps[ps][k]);
       }
     }
     out.host_syncs_in_layer_loop = std::max(out.host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);

@@ -52,6 +52,7 @@ struct Ceilings {
     double gbps;                 // the fused compose copy (a warp per page, or per 64-KiB chunk) pulling from the peer, every rank at once
     double block_gbps;           // the single-list gather kernel (block per page), the same pages
     double ce_batch_gbps;        // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
+    double bulk_gbps;            // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; 0: not measured, -1: wrong bytes or a timeout)
   };
   std::vector<Gather> gather;
 };

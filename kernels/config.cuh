@@ -33,6 +33,10 @@ inline constexpr int kCopyUnroll = 8;
 // staging_direct 29.6 -> 42.8 us) and no faster on the gather sweep past 256 pages, so a chunk is
 // a whole page up to 64 KiB (both DeepSeek-V3.2 page sizes).
 inline constexpr std::uint64_t kChunkBytesMax = 64ULL << 10;
+// The bulk-copy (TMA) gather: chunks of 16 KiB through two shared-memory stages (32 KiB per
+// one-thread block, so 7 blocks fit an H200 SM's 228 KiB), up to 8 blocks per SM.
+inline constexpr std::uint64_t kBulkChunkBytes = 16ULL << 10;
+inline constexpr int kBulkBlocksMax = 132 * 8;
 // A barrier poll gives up after ~2^34 cycles: ~9 s at 1.98 GHz, far past any legitimate wait
 // (oversubscribed functional runs see ~7 ms), short enough that a hang is reported, not waited out.
 inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;

@@ -36,6 +36,14 @@ enum ComposeDest : std::int32_t { kToDense = 0, kToStaging = 1, kToCompact = 2, 
 cudaError_t launch_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
                           std::int64_t count, cudaStream_t stream);
 
+// The same gather through the bulk-copy engine (TMA), for the bench's gather sweep: page_bytes a
+// multiple of 16. A chunk load that never lands is counted in `status` instead of hanging.
+struct BulkStatus {
+  unsigned long long timeouts;
+};
+cudaError_t launch_bulk_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
+                               std::int64_t count, BulkStatus* status, cudaStream_t stream);
+
 // Writes the content rows (model/content.hpp) of current tokens to `dest` through a page inverse:
 // token t has key current_row_key(seed, layer, kind, request[t], token[t]) and lands at row
 // dest_row[t] (dense rows or staging rows: the same kernel either way).

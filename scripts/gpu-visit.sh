@@ -51,6 +51,13 @@ if [[ "$what" == perf ]]; then
       --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md"
     echo "bench $name: exit $?"
   done
+  # The bulk-copy (TMA) gather beside the others in the ceilings' sweep (opt-in: an experiment).
+  CPKV_BENCH_BULK=1 timeout 120 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --reps 10 \
+    --variant staging_direct --json "$OUT/bench-bulk-sweep.json" | sed -n '/Scattered/,$p'
+  echo "bench bulk sweep: exit $?"
+  # The stopped-rank case of the reliability issue (cp 8 on 2 GPUs), stop to report.
+  CASES="${REL_CASES:-seeds-stop-rank-10s}" timeout 150 "$root/scripts/gpu-reliability.sh" "$build" > "$OUT/gpu-reliability.log" 2>&1
+  echo "gpu-reliability (${REL_CASES:-seeds-stop-rank-10s}): exit $?"; cat "$OUT/gpu-reliability.md" 2>/dev/null | tail -5
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
