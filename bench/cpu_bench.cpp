@@ -1,7 +1,12 @@
 // CPU benchmarks (Google Benchmark): per-batch plan construction for the seeds' traced batch shape
 // (the seeds: ragged plan 36 us per layer after caching, slot spans 0.5 us), and the simulator's
-// throughput. Run: build/bench/cpkv.bench.cpu [--benchmark_filter=...]
+// throughput, and the trace reader's throughput on an imported Mooncake trace.
+// Run: build/bench/cpkv.bench.cpu [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
+
+#include <memory>
+#include <sstream>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -11,6 +16,7 @@
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/runner.hpp"
+#include "cpkv/traces/mooncake.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace {
@@ -147,6 +153,51 @@ void BM_SimScheduledTiny(benchmark::State& state) {
   state.counters["steps_per_s"] = benchmark::Counter(static_cast<double>(steps), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_SimScheduledTiny)->Unit(benchmark::kMillisecond);
+
+// The trace reader on the trace of docs/benchmarks/2026-11-30-model-replay-throughput.md: the
+// bundled Mooncake log imported as `cpkv import mooncake LOG --max-total-extend-tokens 5120
+// --max-batches 7000` would (the importer's defaults otherwise), made once in memory. Each
+// iteration reads and checks the whole trace (header, 7,000 batch lines) from a string stream into
+// one reused batch, as `cpkv replay --backend model` does; batches_per_s is the figure.
+const std::string& mooncake_trace() {
+  static const std::string text = [] {
+    namespace mc = cpkv::traces::mooncake;
+    mc::ImportOptions options;
+    cpkv::model::Setting& s = options.setting;
+    s.cp = 8;
+    s.page_size = 64;
+    s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
+    s.layer_pattern = std::string(61, 'F');
+    s.pool_pages = 65536;
+    s.caps.max_total_extend_tokens = 5120;
+    s.caps.max_batch_requests = 16;
+    options.max_batches = 7000;
+    mc::MooncakeReader log(std::string(CPKV_SOURCE_DIR) + "/traces/data/mooncake/synthetic_trace.jsonl", options.block_tokens,
+                           /*skip_bad=*/false);
+    cpkv::traces::TraceHeader header;
+    header.setting = s;
+    header.source = {{"kind", "bench"}};
+    std::ostringstream out;
+    cpkv::traces::TraceWriter writer(out, header);
+    mc::import_mooncake(log, options, [&](const cpkv::model::Batch& batch) { writer.write(batch); });
+    return out.str();
+  }();
+  return text;
+}
+
+void BM_ReadMooncakeTrace(benchmark::State& state) {
+  const std::string& text = mooncake_trace();
+  std::int64_t batches = 0;
+  cpkv::model::Batch batch;
+  for (auto _ : state) {
+    cpkv::traces::TraceReader reader(std::make_unique<std::istringstream>(text), "mooncake-7000.jsonl");
+    while (reader.next(batch)) ++batches;
+    benchmark::DoNotOptimize(batch);
+  }
+  state.counters["batches_per_s"] = benchmark::Counter(static_cast<double>(batches), benchmark::Counter::kIsRate);
+  state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(text.size()) * state.iterations() / 1e6, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ReadMooncakeTrace)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -246,15 +246,16 @@ ModelTotals read_all(traces::TraceReader& reader, const CostModel& cost_model, c
   const model::Setting& setting = reader.header().setting;
   ModelTotals t;
   BatchCosts costs;
+  model::Batch batch;  // reused: the reader refills its vectors in place
   auto read_start = Clock::now();
-  while (auto batch = reader.next()) {
+  while (reader.next(batch)) {
     t.read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
     if (!run.batch || reader.batch_index() == *run.batch) {
       const auto model_start = Clock::now();
-      for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(*batch, costs);
+      for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(batch, costs);
       t.model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
       t.evaluations += o.repeat;
-      if (o.exact_model) check_against_model(setting, *batch, costs.counts, reader.batch_index());
+      if (o.exact_model) check_against_model(setting, batch, costs.counts, reader.batch_index());
       add_batch(setting, costs, reader.batch_index(), t);
     }
     read_start = Clock::now();

@@ -1010,6 +1010,53 @@ TEST(TracePrefixPages, APageRepeatedInOneRequestIsRefused) {
   refusal(lines({good_header()}) + dom_line + "\n", 2, "requests[0].prefix_pages[1]");
 }
 
+// The message names the smallest id repeated and its first two positions, whatever repeat comes
+// first in the line, and reads the same for a pool small enough for the reader's page bitset and
+// for the largest pool (where the reader sorts the pages alone). Request 0 shares page 5 with
+// request 1 (the prefix cache), which is fine.
+TEST(TracePrefixPages, TheRepeatNamedIsTheSmallestRepeatedIdForEveryPoolSize) {
+  for (const std::int64_t pool_pages : {std::int64_t{16}, model::limits::pool_pages_max}) {
+    json header = good_header();
+    header["pool_pages"] = pool_pages;
+    json batch = good_batch(0);
+    batch["requests"][1]["prefix_len"] = 16;
+    batch["requests"][1]["prefix_pages"] = {5, 3, 5, 3};
+    const TraceError error = refusal(lines({header, batch}), 2, "requests[1].prefix_pages[3]");
+    EXPECT_EQ(error.reason(), "page id 3 is also at prefix_pages[1] of this request (a request's prefix maps each position to its own page)")
+        << "pool_pages " << pool_pages;
+  }
+}
+
+// A replay loop reads every line into one model::Batch (TraceReader::next(model::Batch&)): batches
+// that shrink and grow, and a line read by the DOM path (an escaped key), come out exactly as the
+// optional-returning next() reads them from a fresh batch every time.
+TEST(TraceBatchPaths, OneReusedBatchReadsEveryLineExactlyAsAFreshOne) {
+  json header = good_header();
+  const std::vector<std::string> batch_lines = {
+      R"({"batch":0,"requests":[{"prefix_len":12,"extend_len":6,"prefix_pages":[5,2,9]},{"prefix_len":8,"extend_len":1,"prefix_pages":[1,2]}]})",
+      R"({"batch":1,"requests":[{"prefix_len":4,"extend_len":3,"prefix_pages":[7]}]})",
+      R"({"batch":2,"requests":[{"prefix_len":0,"extend_len":2,"prefix_pages":[]},{"prefix_len":16,"extend_len":5,"prefix_pages":[0,15,3,4]}]})",
+      R"({"batch":3,"requests":[{"prefix\u005flen":4,"extend_len":3,"prefix_pages":[6]}]})",
+      R"({"batch":4,"requests":[{"prefix_len":0,"extend_len":9,"prefix_pages":[]}]})",
+  };
+  ASSERT_FALSE(detail::read_batch_line_fast(batch_lines[3]).has_value());
+  std::string text = header.dump() + "\n";
+  for (const std::string& line : batch_lines) text += line + "\n";
+  TraceReader reused(stream_of(text), "reuse.jsonl");
+  TraceReader fresh(stream_of(text), "reuse.jsonl");
+  model::Batch batch;
+  for (std::size_t b = 0; b < batch_lines.size(); ++b) {
+    ASSERT_TRUE(reused.next(batch)) << "batch " << b;
+    const std::optional<model::Batch> expected = fresh.next();
+    ASSERT_TRUE(expected.has_value()) << "batch " << b;
+    expect_same_batch(batch, *expected, "batch " + std::to_string(b));
+    EXPECT_EQ(reused.batch_index(), static_cast<std::int64_t>(b));
+  }
+  EXPECT_EQ(batch.requests.at(0).prefix_pages, pages({}));  // the last batch, not a leftover of batch 2
+  EXPECT_FALSE(reused.next(batch));
+  EXPECT_FALSE(fresh.next().has_value());
+}
+
 TEST(TracePrefixPages, RequestsSharingAPageAreAccepted) {
   json batch = good_batch(0);
   batch["requests"][1]["prefix_len"] = 8;

@@ -280,6 +280,33 @@ std::optional<model::Problem> repeated_prefix_page(const model::Batch& batch, st
   return std::nullopt;
 }
 
+// Pools up to this many pages get the bitset of has_repeated_page (2 MiB at most); a larger pool
+// (up to model::limits::pool_pages_max, 2^31) would need 256 MiB, so there the sort alone checks.
+constexpr std::int64_t kPageBitsPoolPagesMax = std::int64_t{1} << 24;
+
+// Whether a request names one page twice, in one pass over its pages: `bits` has one bit per pool
+// page, all clear on entry and again on return. Page ids are inside the pool (model::validate ran).
+bool has_repeated_page(const model::Batch& batch, std::vector<std::uint64_t>& bits) {
+  for (const model::Request& request : batch.requests) {
+    const std::vector<std::int64_t>& pages = request.prefix_pages;
+    std::size_t marked = 0;
+    bool repeated = false;
+    for (; marked < pages.size(); ++marked) {
+      const auto id = static_cast<std::uint64_t>(pages[marked]);
+      std::uint64_t& word = bits[id / 64];
+      const std::uint64_t bit = std::uint64_t{1} << (id % 64);
+      if ((word & bit) != 0) {
+        repeated = true;
+        break;
+      }
+      word |= bit;
+    }
+    for (std::size_t k = 0; k < marked; ++k) bits[static_cast<std::uint64_t>(pages[k]) / 64] = 0;
+    if (repeated) return true;
+  }
+  return false;
+}
+
 void check_batch_number(const LineChecker& checker, std::int64_t index, std::int64_t expected_index) {
   if (index != expected_index) {
     checker.fail("batch", fmt::format("{} is out of order: batches are numbered 0, 1, 2, ... and this is batch {}", index, expected_index));
@@ -291,154 +318,165 @@ void check_batch_number(const LineChecker& checker, std::int64_t index, std::int
 // A trace is mostly batch lines of hundreds of page ids each, and replaying one costs less than
 // reading it, so batch lines are read twice over only when they are wrong:
 //
-//  1. The fast path, BatchSax below, is a SAX handler for nlohmann::json::sax_parse (the same
-//     lexer and grammar as json::parse) that builds the model::Batch directly, with no DOM and no
-//     field paths. It accepts a line only when it is plainly well formed: an object with exactly
-//     the keys "batch" and "requests" in any order, "requests" an array of objects with exactly
-//     "prefix_len", "extend_len" and "prefix_pages" in any order, and every number an integer
-//     without a minus sign that fits in int64. At the first thing it does not expect (an unknown
-//     or duplicate key, null, a string, a boolean, a float, a minus sign, a missing key, a syntax
-//     error, text after the object, ...) it gives up, whatever that thing means.
+//  1. The fast path, BatchScanner below, reads the bytes of the line directly into a model::Batch,
+//     with no DOM, no token strings and no field paths. It accepts a line only when it is plainly
+//     well formed JSON of the one expected shape: an object with exactly the keys "batch" and
+//     "requests" in any order, "requests" an array of objects with exactly "prefix_len",
+//     "extend_len" and "prefix_pages" in any order, every key written without escapes, every
+//     number a plain non-negative integer (0 or a digit 1-9 then digits, no sign, fraction or
+//     exponent) that fits in int64, and only JSON whitespace (space, tab, CR, LF) between tokens.
+//     Every line it accepts is therefore valid JSON that nlohmann::json::parse reads to the same
+//     values. At the first byte it does not expect (an unknown or duplicate key, an escape, null, a
+//     string, a boolean, a minus sign, a fraction, a missing key, a syntax error, text, a NUL or a
+//     byte-order mark around the object, ...) it gives up, whatever that byte means.
 //  2. The DOM path, parse_object + parse_batch_shape, is the reader as it always was: it parses
-//     the line again into a json DOM and names the field and the reason of the first problem.
+//     the line again with nlohmann-json into a DOM and names the field and the reason of the first
+//     problem, so every error message is the DOM path's.
 //
 // Either way the batch then gets the same checks of its meaning: the batch number, then
 // model::validate. (The DOM path checks the batch number before the shape of the requests; a line
 // the fast path accepts has no shape problem, so the order makes no difference to what it reports.)
-// tests/trace_reader_test.cpp (TraceBatchPaths) checks that the two paths agree.
-class BatchSax {
+// tests/trace_reader_test.cpp (TraceBatchPaths) and the fuzz targets check that the two paths
+// agree. The scanner replaced a SAX handler on nlohmann's lexer, which spent most of a replay's
+// time copying every character into token strings and converting numbers with strtoull
+// (docs/benchmarks/2026-11-30-model-replay-throughput.md).
+class BatchScanner {
  public:
-  // nlohmann's SAX interface; returning false stops the parse, and that is how the fast path gives up.
-  bool null() { return false; }
-  bool boolean(bool) { return false; }
-  bool number_integer(json::number_integer_t) { return false; }  // only numbers written with a '-'
-  bool number_float(json::number_float_t, const json::string_t&) { return false; }
-  bool string(json::string_t&) { return false; }
-  bool binary(json::binary_t&) { return false; }
-  bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
-
-  bool number_unsigned(json::number_unsigned_t value) {
-    if (value > static_cast<json::number_unsigned_t>(std::numeric_limits<std::int64_t>::max())) return false;
-    const auto number = static_cast<std::int64_t>(value);
-    switch (expect_) {
-      case Expect::page:
-        line_.batch.requests.back().prefix_pages.push_back(number);
-        return true;
-      case Expect::batch_value:
-        line_.index = number;
-        expect_ = Expect::batch_key;
-        return true;
-      case Expect::prefix_len_value:
-        line_.batch.requests.back().prefix_len = number;
-        expect_ = Expect::request_key;
-        return true;
-      case Expect::extend_len_value:
-        line_.batch.requests.back().extend_len = number;
-        expect_ = Expect::request_key;
-        return true;
-      default:
-        return false;
-    }
-  }
-
-  bool start_object(std::size_t) {
-    if (expect_ == Expect::line) {
-      expect_ = Expect::batch_key;
-      return true;
-    }
-    if (expect_ == Expect::request) {
-      line_.batch.requests.emplace_back();
-      request_keys_ = 0;
-      expect_ = Expect::request_key;
-      return true;
-    }
-    return false;
-  }
-
-  bool key(json::string_t& key) {
-    if (expect_ == Expect::batch_key) {
-      if (key == "batch") return first_time(batch_keys_, 1, Expect::batch_value);
-      if (key == "requests") return first_time(batch_keys_, 2, Expect::requests);
-    } else if (expect_ == Expect::request_key) {
-      if (key == "prefix_pages") return first_time(request_keys_, 1, Expect::prefix_pages);
-      if (key == "prefix_len") return first_time(request_keys_, 2, Expect::prefix_len_value);
-      if (key == "extend_len") return first_time(request_keys_, 4, Expect::extend_len_value);
-    }
-    return false;
-  }
-
-  bool end_object() {
-    if (expect_ == Expect::batch_key && batch_keys_ == 3) {
-      expect_ = Expect::end;
-      return true;
-    }
-    if (expect_ == Expect::request_key && request_keys_ == 7) {
-      expect_ = Expect::request;
-      return true;
-    }
-    return false;
-  }
-
-  bool start_array(std::size_t) {
-    if (expect_ == Expect::requests) {
-      expect_ = Expect::request;
-      return true;
-    }
-    if (expect_ == Expect::prefix_pages) {
-      expect_ = Expect::page;
-      return true;
-    }
-    return false;
-  }
-
-  bool end_array() {
-    if (expect_ == Expect::request) {
-      expect_ = Expect::batch_key;
-      return true;
-    }
-    if (expect_ == Expect::page) {
-      expect_ = Expect::request_key;
-      return true;
-    }
-    return false;
-  }
-
-  // The line read, where it was plainly well formed; nullopt otherwise (the DOM path must judge it).
-  static std::optional<detail::BatchLine> read(const std::string& text) {
-    BatchSax sax;
-    const bool parsed = json::sax_parse(text, &sax, json::input_format_t::json, /*strict=*/true, /*ignore_comments=*/false);
-    if (!parsed || sax.expect_ != Expect::end) return std::nullopt;
-    return std::move(sax.line_);
+  // Reads `text` into `line`, reusing the capacity of its vectors; false (and `line` unspecified)
+  // where the line is anything but plainly well formed.
+  static bool read(std::string_view text, detail::BatchLine& line) {
+    BatchScanner scanner(text);
+    return scanner.read_line(line);
   }
 
  private:
-  // What may come next. A "key" state is inside an object, between its members.
-  enum class Expect {
-    line,              // the line's object
-    batch_key,         // a key of the line's object, or its end
-    batch_value,       // the number of "batch"
-    requests,          // the array of "requests"
-    request,           // a request object, or the end of the requests array
-    request_key,       // a key of a request, or its end
-    prefix_len_value,  // the number of "prefix_len"
-    extend_len_value,  // the number of "extend_len"
-    prefix_pages,      // the array of "prefix_pages"
-    page,              // a page id, or the end of the prefix_pages array
-    end,               // nothing: the line's object is complete
-  };
+  explicit BatchScanner(std::string_view text) : at_(text.data()), end_(text.data() + text.size()) {}
 
-  // Records a key in `seen` (one bit per key of its object); a key seen before is a duplicate.
-  bool first_time(unsigned& seen, unsigned bit, Expect next) {
-    if ((seen & bit) != 0) return false;
-    seen |= bit;
-    expect_ = next;
+  static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+  void skip_space() {
+    while (at_ != end_ && is_space(*at_)) ++at_;
+  }
+
+  // The next token is the single character `c`, which is then consumed; otherwise it stays.
+  bool take(char c) {
+    skip_space();
+    if (at_ == end_ || *at_ != c) return false;
+    ++at_;
     return true;
   }
 
-  Expect expect_ = Expect::line;
-  unsigned batch_keys_ = 0;
-  unsigned request_keys_ = 0;
-  detail::BatchLine line_;
+  // A key and its colon. Keys with an escape or a control character are given up on (a known key
+  // has neither), so the bytes between the quotes are the key.
+  bool key(std::string_view& name) {
+    if (!take('"')) return false;
+    const char* start = at_;
+    while (at_ != end_ && *at_ != '"') {
+      if (*at_ == '\\' || static_cast<unsigned char>(*at_) < 0x20) return false;
+      ++at_;
+    }
+    if (at_ == end_) return false;
+    name = std::string_view(start, static_cast<std::size_t>(at_ - start));
+    ++at_;
+    return take(':');
+  }
+
+  // A JSON integer without a sign that fits in int64: "0" or a non-zero digit then digits. Anything
+  // that follows (a digit after a leading 0, '.', 'e', a letter) is left for the caller's next
+  // take(), which refuses it.
+  bool number(std::int64_t& out) {
+    skip_space();
+    if (at_ == end_ || *at_ < '0' || *at_ > '9') return false;
+    std::uint64_t value = static_cast<std::uint64_t>(*at_++ - '0');
+    if (value != 0) {
+      constexpr std::uint64_t kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+      while (at_ != end_ && *at_ >= '0' && *at_ <= '9') {
+        const auto digit = static_cast<std::uint64_t>(*at_ - '0');
+        if (value > (kMax - digit) / 10) return false;
+        value = value * 10 + digit;
+        ++at_;
+      }
+    }
+    out = static_cast<std::int64_t>(value);
+    return true;
+  }
+
+  // Records a key in `seen` (one bit per key of its object); a key seen before is a duplicate.
+  static bool first_time(unsigned& seen, unsigned bit) {
+    if ((seen & bit) != 0) return false;
+    seen |= bit;
+    return true;
+  }
+
+  // `[` integers separated by commas `]`, appended to `pages`.
+  bool pages(std::vector<std::int64_t>& pages) {
+    if (!take('[')) return false;
+    if (take(']')) return true;
+    do {
+      std::int64_t page = 0;
+      if (!number(page)) return false;
+      pages.push_back(page);
+    } while (take(','));
+    return take(']');
+  }
+
+  bool request(model::Request& request) {
+    if (!take('{')) return false;
+    unsigned seen = 0;
+    do {
+      std::string_view name;
+      if (!key(name)) return false;
+      bool ok = false;
+      if (name == "prefix_pages") {
+        ok = first_time(seen, 1) && pages(request.prefix_pages);
+      } else if (name == "prefix_len") {
+        ok = first_time(seen, 2) && number(request.prefix_len);
+      } else if (name == "extend_len") {
+        ok = first_time(seen, 4) && number(request.extend_len);
+      }
+      if (!ok) return false;
+    } while (take(','));
+    return take('}') && seen == 7;
+  }
+
+  // The requests array into `requests`, whose elements (and their page vectors) are reused.
+  bool requests(std::vector<model::Request>& requests) {
+    std::size_t count = 0;
+    if (!take('[')) return false;
+    if (!take(']')) {
+      do {
+        if (count == requests.size()) requests.emplace_back();
+        model::Request& slot = requests[count++];
+        slot.prefix_pages.clear();
+        if (!request(slot)) return false;
+      } while (take(','));
+      if (!take(']')) return false;
+    }
+    requests.resize(count);
+    return true;
+  }
+
+  bool read_line(detail::BatchLine& line) {
+    if (!take('{')) return false;
+    unsigned seen = 0;
+    do {
+      std::string_view name;
+      if (!key(name)) return false;
+      bool ok = false;
+      if (name == "batch") {
+        ok = first_time(seen, 1) && number(line.index);
+      } else if (name == "requests") {
+        ok = first_time(seen, 2) && requests(line.batch.requests);
+      }
+      if (!ok) return false;
+    } while (take(','));
+    if (!take('}') || seen != 3) return false;
+    skip_space();
+    return at_ == end_;
+  }
+
+  const char* at_;
+  const char* end_;
 };
 
 // The DOM path's shape checks of a batch line (the batch number among them, in the order the
@@ -493,30 +531,45 @@ void TraceReader::read_header() {
   line_ = 1;
   const LineChecker checker(name_, line_);
   header_ = parse_header(checker, checker.parse_object(text));
+  if (header_.setting.pool_pages <= kPageBitsPoolPagesMax) {
+    page_bits_.assign(static_cast<std::size_t>((header_.setting.pool_pages + 63) / 64), 0);
+  }
 }
 
 std::optional<model::Batch> TraceReader::next() {
-  std::string text;
-  if (!std::getline(*in_, text)) {
+  model::Batch batch;
+  if (!next(batch)) return std::nullopt;
+  return batch;
+}
+
+bool TraceReader::next(model::Batch& batch) {
+  if (!std::getline(*in_, text_)) {
     if (in_->bad()) throw TraceError(name_, line_ + 1, "file", "read error");
-    return std::nullopt;
+    return false;
   }
   ++line_;
   const LineChecker checker(name_, line_);
   const std::int64_t expected_index = batch_index_ + 1;
-  // The fast path, or on any doubt the DOM path (see BatchSax); then the same checks of meaning.
-  std::optional<detail::BatchLine> line = BatchSax::read(text);
-  if (!line) line = parse_batch_shape(checker, checker.parse_object(text), expected_index);
-  check_batch_number(checker, line->index, expected_index);
-  checker.check(model::validate(header_.setting, line->batch));
-  checker.check(repeated_prefix_page(line->batch, page_scratch_));
+  // The fast path, or on any doubt the DOM path (see BatchScanner); then the same checks of meaning.
+  detail::BatchLine line;
+  line.batch = std::move(batch);
+  if (!BatchScanner::read(text_, line)) line = parse_batch_shape(checker, checker.parse_object(text_), expected_index);
+  batch = std::move(line.batch);
+  check_batch_number(checker, line.index, expected_index);
+  checker.check(model::validate(header_.setting, batch));
+  // The bitset only says whether a request repeats a page; the sort names where (the same message).
+  if (page_bits_.empty() || has_repeated_page(batch, page_bits_)) checker.check(repeated_prefix_page(batch, page_scratch_));
   ++batch_index_;
-  return std::move(line->batch);
+  return true;
 }
 
 namespace detail {
 
-std::optional<BatchLine> read_batch_line_fast(const std::string& text) { return BatchSax::read(text); }
+std::optional<BatchLine> read_batch_line_fast(const std::string& text) {
+  BatchLine line;
+  if (!BatchScanner::read(text, line)) return std::nullopt;
+  return line;
+}
 
 BatchLine read_batch_line_dom(const std::string& text, const std::string& file, std::int64_t line, std::int64_t expected_index) {
   const LineChecker checker(file, line);

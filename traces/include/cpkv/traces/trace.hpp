@@ -74,6 +74,9 @@ class TraceReader {
   // The next batch, fully validated against the header's setting, or nullopt at the end.
   // Throws TraceError. batch_index() is the value of the batch's "batch" field.
   std::optional<model::Batch> next();
+  // The same into `batch`, reusing the capacity of its vectors (a replay loop allocates nothing per
+  // batch); false at the end. After a TraceError `batch` holds nothing meaningful.
+  bool next(model::Batch& batch);
   std::int64_t batch_index() const { return batch_index_; }
   std::int64_t line() const { return line_; }
 
@@ -84,7 +87,9 @@ class TraceReader {
   TraceHeader header_;
   std::int64_t line_ = 0;
   std::int64_t batch_index_ = -1;
+  std::string text_;                        // the line being read, its capacity reused
   std::vector<std::int64_t> page_scratch_;  // reused by the check for repeated prefix pages
+  std::vector<std::uint64_t> page_bits_;    // one bit per pool page, all clear between batches (trace.cpp)
 };
 
 namespace detail {
