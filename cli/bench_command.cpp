@@ -165,6 +165,9 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
                     {"launches_per_layer_with_fill", result.nodes_per_layer[b]},
                     {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0},
                     {"isolated_current_us", isolated_applies ? nlohmann::json(result.isolated_us_median[b]) : nlohmann::json(nullptr)},
+                    {"barrier_share_us", model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather
+                                             ? nlohmann::json(result.isolated_us_median[b] - result.isolated_gather_us_median[b])
+                                             : nlohmann::json(nullptr)},
                     {"peer_bytes_per_rank_layer", bytes.peer},
                     {"local_bytes_per_rank_layer", bytes.local},
                     {"allreduce_bytes_per_layer", bytes.allreduce},
@@ -205,12 +208,13 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
       "Compose = the exchange alone (the fill done before the timed region); with fill = the layer including the producer step. "
       "us per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
       "ms/batch = compose x {} layers.\n\n"
-      "| batch | variant | compose us | min-max | with fill us | launches/layer (compose, with fill) | ms/batch | isolated current us | "
-      "peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
+      "| batch | variant | compose us | min-max | with fill us | launches/layer (compose, with fill) | ms/batch | isolated current us "
+      "(barrier's share) | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
       layer_count);
   md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
-    const std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
+    std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
+    if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
     md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.1f} | {:.0f}, {:.0f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
                       r["batch"].get<int>(), r["variant"].get<std::string>(), r["compose_us_per_layer_median"].get<double>(),
                       r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(),

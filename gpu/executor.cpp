@@ -185,7 +185,9 @@ void run_layer(BatchRun& run, std::int32_t l, bool check, bool fill = true) {
 // The isolated current-page exchange, for the benchmark: the fused launch with only the current
 // pages (barrier + gather: staging_direct, staging_publish, symm_dense), or the compact all-reduce
 // of the same pages (v2).
-void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* current_only, std::int64_t current_count) {
+// Without `with_barrier` the same gather runs with no flag (timing only: the barrier's share is the
+// difference).
+void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* current_only, std::int64_t current_count, bool with_barrier) {
   Rank& r = run.r;
   const model::Setting& setting = r.ctx.source.setting;
   if (run.b.plan.barrier) {
@@ -193,9 +195,9 @@ void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* cur
     a.entries = current_only;
     a.pre_count = 0;
     a.count = current_count;
-    a.barrier = kernels::kSignalAtStart;
+    a.barrier = with_barrier ? kernels::kSignalAtStart : kernels::kNoBarrier;
     a.order_pre = 0;
-    ++r.barrier_phase;
+    if (with_barrier) ++r.barrier_phase;
     CPKV_CUDA_CHECK(kernels::launch_compose(a, r.stream));
   }
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
@@ -306,7 +308,8 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   const kernels::GatherEntry* d_current_only = uploads.upload(current_only);
   if (r.ctx.cuda.timing_reps > 0) {
     const LayerBodies bodies{[&](std::int32_t l) { run_layer(run, l, false); }, [&](std::int32_t l) { run_layer(run, l, false, false); },
-                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size())); }};
+                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
+                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); }};
     time_batch(r, batch_index, bodies, bench);
   }
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status
