@@ -56,8 +56,11 @@ if [[ "$what" == perf ]]; then
     --variant staging_direct --json "$OUT/bench-bulk-sweep.json" | sed -n '/Scattered/,$p'
   echo "bench bulk sweep: exit $?"
   # The stopped-rank case of the reliability issue (cp 8 on 2 GPUs), stop to report.
-  CASES="${REL_CASES:-seeds-stop-rank-10s}" timeout 150 "$root/scripts/gpu-reliability.sh" "$build" > "$OUT/gpu-reliability.log" 2>&1
-  echo "gpu-reliability (${REL_CASES:-seeds-stop-rank-10s}): exit $?"; cat "$OUT/gpu-reliability.md" 2>/dev/null | tail -5
+  # (its raw files stay on the machine: only so many files come back from a visit)
+  OUT=/tmp/rel CASES="${REL_CASES:-seeds-stop-rank-10s}" timeout 150 "$root/scripts/gpu-reliability.sh" "$build" > /tmp/rel-run.log 2>&1
+  echo "gpu-reliability (${REL_CASES:-seeds-stop-rank-10s}): exit $?"; grep -E "^\| (case|seeds|cp2)" /tmp/rel/gpu-reliability.md
+  grep -h "made no progress\|stopped" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -3 | cut -c1-400
+  cp /tmp/rel/gpu-reliability.md "$OUT/" 2>/dev/null
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
