@@ -188,6 +188,8 @@ class RankMachine {
   model::PageInverse inverse_;
   std::vector<std::int64_t> inverse_page_begin_;  // per current index: first inverse entry (own pages)
   model::Variant path_variant_ = model::Variant::staging_direct;  // after the capability choice
+  // Peers read this rank's current pages from its dense buffer (symmetric memory), not from staging.
+  bool peers_read_dense() const { return model::info(path_variant_).peer_pages == model::PeerPages::dense; }
 
   // The plan cache. Correct: anchored on the batch (its index). Mutant: keyed on a buffer address.
   struct CachedPlan {
