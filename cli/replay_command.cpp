@@ -313,7 +313,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
     const sim::RunReport report = backend->run(source, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (tty) fmt::print(stderr, "\r\033[K");
-    const sim::SharedTotals& r0 = report.ranks.empty() ? sim::SharedTotals{} : report.ranks[0];
+    const sim::Totals& r0 = report.ranks.empty() ? sim::Totals{} : report.ranks[0];
     fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {} ({:.2f} s)\n", model::to_string(variant), r0.batches,
                r0.layers, r0.bytes_gathered_from_peers, r0.bytes_reduced, r0.barriers, r0.collectives, r0.overflows, report.mismatches(),
                report.violation_count, report.passed() ? "pass" : "FAIL", seconds);

@@ -83,7 +83,7 @@ ReplayPlan check_options(const ReplayArgs& a) {
 
 py::dict run_dict(const sim::RunReport& report, model::Variant variant, double seconds) {
   py::list ranks;
-  for (const sim::SharedTotals& t : report.ranks) {
+  for (const sim::Totals& t : report.ranks) {
     ranks.append(py::dict(py::arg("batches") = t.batches, py::arg("layers") = t.layers, py::arg("barriers") = t.barriers,
                           py::arg("collectives") = t.collectives, py::arg("overflows") = t.overflows, py::arg("mismatches") = t.mismatches,
                           py::arg("bytes_gathered_from_peers") = t.bytes_gathered_from_peers, py::arg("bytes_reduced") = t.bytes_reduced));

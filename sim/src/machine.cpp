@@ -370,10 +370,10 @@ void RankMachine::step() {
   CPKV_ASSERT(pc_ < program_.size());
   const Step s = program_[pc_];
   set_position(s);
-  checker_.at(batch_index_, steps_taken_);
+  checker_.at(batch_index_, totals_.steps);
   run_step(s);
   ++pc_;
-  ++steps_taken_;
+  ++totals_.steps;
   if (finished()) {
     world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
   } else {
@@ -722,8 +722,7 @@ void RankMachine::run_layer_end(std::int32_t layer) {
   ++totals_.layers;
   if (!options_.check_bytes) return;
   const LayerCheck check = checker_.on_layer_end(layer, dense_half(layer), layout_, *oracle_, options_.seed, options_.expected_from);
-  totals_.mismatches += check.mismatching_kinds;
-  if (totals_.first_mismatch.empty()) totals_.first_mismatch = check.first_mismatch;
+  totals_.add_mismatches(check.mismatching_kinds, check.first_mismatch);
 }
 
 void RankMachine::run_batch_arrive() {

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/model/content.hpp"
+#include "cpkv/sim/assert.hpp"
 #include "cpkv/traces/trace.hpp"
 #include "fault_injector.hpp"
 
@@ -30,20 +31,7 @@ WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, 
   return world_geometry(source, options, shape);
 }
 
-void publish_totals(const World& world, const RankMachine& machine) {
-  SharedTotals& out = world.totals(machine.rank());
-  const RankTotals& t = machine.totals();
-  out.batches = t.batches;
-  out.layers = t.layers;
-  out.barriers = t.barriers;
-  out.collectives = t.collectives;
-  out.overflows = t.overflows;
-  out.mismatches = t.mismatches;
-  out.bytes_gathered_from_peers = t.bytes_gathered_from_peers;
-  out.bytes_reduced = t.bytes_reduced;
-  out.steps = machine.steps_taken();
-  std::snprintf(out.first_mismatch, sizeof(out.first_mismatch), "%s", t.first_mismatch.c_str());
-}
+void publish_totals(const World& world, const RankMachine& machine) { world.totals(machine.rank()) = machine.totals(); }
 
 // Batches every rank has finished (each rank publishes its totals after every batch).
 std::int64_t batches_done(const World& world) {
@@ -53,7 +41,7 @@ std::int64_t batches_done(const World& world) {
 }
 
 void collect(const World& world, RunReport& report) {
-  for (std::int32_t r = 0; r < world.geometry().cp; ++r) report.ranks.push_back(world.totals(r));
+  for (std::int32_t r = 0; r < world.geometry().cp; ++r) harness::add_rank(report, world.totals(r));
   report.violations = world.violations();
   report.violation_count = world.violation_count();
   for (std::int32_t i = 1; i <= 8; ++i) report.violations_by_invariant[i] = world.violation_count(i);
@@ -150,8 +138,9 @@ class Scheduler {
 };
 
 // Steps the machines until all finished; false (and a report) on deadlock or the step limit.
+// steps: the steps taken so far in the run, over every rank (the report sums the ranks' own at the end).
 bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler, const World& world, const RunLimits& limits,
-                        RunReport& report, bool record_events) {
+                        std::uint64_t& steps, RunReport& report, bool record_events) {
   std::vector<std::size_t> runnable;
   while (true) {
     runnable.clear();
@@ -168,11 +157,11 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.failure = fmt::format("deadlock: no rank can step: {}", positions);
       Violation v;
       v.invariant = 8;
-      std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(report.steps));
+      std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(steps));
       world.record(v);
       return false;
     }
-    if (report.steps >= limits.steps_max) {
+    if (steps >= limits.steps_max) {
       report.failure = fmt::format("step limit {} reached", limits.steps_max);
       return false;
     }
@@ -182,7 +171,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.event_log.push_back(fmt::format("{} {}", chosen.rank(), to_string(s)));
     }
     chosen.step();
-    ++report.steps;
+    ++steps;
   }
 }
 
@@ -199,19 +188,21 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
   for (std::int32_t r = 0; r < source.setting.cp; ++r) machines.emplace_back(world, source.setting, options, r);
   Scheduler scheduler(schedule);
   for (RankMachine& m : machines) m.begin_run();
-  bool ok = run_until_finished(machines, scheduler, world, limits, report, record_events);
+  std::uint64_t steps = 0;
+  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
   BatchCursor cursor(source);
   while (ok) {
     std::optional<model::Batch> batch = cursor.next();
     if (!batch) break;
     for (RankMachine& m : machines) m.begin_batch(*batch, cursor.index());
-    ok = run_until_finished(machines, scheduler, world, limits, report, record_events);
+    ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
     ++report.batches;
     if (limits.on_progress) limits.on_progress(report.batches);
   }
   if (ok) check_drained(world);
   for (const RankMachine& m : machines) publish_totals(world, m);
   collect(world, report);
+  CPKV_ASSERT(report.steps == steps);  // every step the scheduler took is one rank's
   return report;
 }
 
@@ -367,7 +358,6 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   }
   if (report.failure.empty()) check_drained(world);
   collect(world, report);
-  for (const SharedTotals& t : report.ranks) report.steps += t.steps;
   return report;
 }
 
