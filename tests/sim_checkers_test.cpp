@@ -164,5 +164,28 @@ TEST(SimStateChecker, APlanBuiltOtherThanOncePerBatchIsReported) {
   EXPECT_EQ(world.violation_count(5), 2);
 }
 
+// Invariant 4 at quiescence: the run is over, so every rank arrived at every barrier and collective
+// as often as every other; a rank that arrived once more (or once less) is reported, by rank.
+TEST(SimStateChecker, FlagsNotDrainedAtQuiescenceAreReported) {
+  model::Setting setting = two_ranks();
+  setting.cp = 3;
+  const World world(geometry_for(setting, 2, 4, 4), 1);
+  for (std::int32_t r = 0; r < 3; ++r) {
+    world.barrier_counter(r).value.store(4);
+    world.collective_counter(r).value.store(2);
+  }
+  on_quiescence(world);
+  EXPECT_EQ(world.violation_count(), 0) << "every flag drained";
+  world.collective_counter(2).value.store(3);
+  on_quiescence(world);
+  ASSERT_EQ(world.violation_count(4), 1);
+  EXPECT_EQ(world.violations().front().rank, 2);
+  world.collective_counter(2).value.store(2);
+  world.barrier_counter(1).value.store(5);
+  on_quiescence(world);
+  ASSERT_EQ(world.violation_count(4), 2);
+  EXPECT_EQ(world.violations().back().rank, 1);
+}
+
 }  // namespace
 }  // namespace cpkv::sim

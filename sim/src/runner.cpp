@@ -47,27 +47,6 @@ void collect(const World& world, RunReport& report) {
   for (std::int32_t i = 1; i <= 8; ++i) report.violations_by_invariant[i] = world.violation_count(i);
 }
 
-// Checker at quiescence (invariant 4): every rank arrived at every barrier and collective the same
-// number of times, so the flags are drained.
-void check_drained(const World& world) {
-  const std::int32_t cp = world.geometry().cp;
-  for (std::int32_t p = 1; p < cp; ++p) {
-    const auto a = world.barrier_counter(0).value.load();
-    const auto b = world.barrier_counter(p).value.load();
-    const auto ca = world.collective_counter(0).value.load();
-    const auto cb = world.collective_counter(p).value.load();
-    if (a == b && ca == cb) continue;
-    Violation v;
-    v.invariant = 4;
-    v.rank = p;
-    std::snprintf(v.detail, sizeof(v.detail), "flags not drained at quiescence: rank 0 arrived %llu barriers / %llu collectives, rank %d %llu / %llu",
-                  static_cast<unsigned long long>(a), static_cast<unsigned long long>(ca), p, static_cast<unsigned long long>(b),
-                  static_cast<unsigned long long>(cb));
-    world.record(v);
-    return;
-  }
-}
-
 }  // namespace
 
 WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
@@ -199,7 +178,7 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
     ++report.batches;
     if (limits.on_progress) limits.on_progress(report.batches);
   }
-  if (ok) check_drained(world);
+  if (ok) on_quiescence(world);
   for (const RankMachine& m : machines) publish_totals(world, m);
   collect(world, report);
   CPKV_ASSERT(report.steps == steps);  // every step the scheduler took is one rank's
@@ -356,7 +335,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
       world.record(v);
     }
   }
-  if (report.failure.empty()) check_drained(world);
+  if (report.failure.empty()) on_quiescence(world);
   collect(world, report);
   return report;
 }
