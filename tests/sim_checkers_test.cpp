@@ -1,14 +1,15 @@
-// The step machine's parts apart from a whole run: the host assertion macro, the MutantPolicy (each
-// planted bug answers exactly the questions its description in PROTOCOL.md section 9 names), the
-// event-log form of a step, and the StateChecker fed events by hand against a real shared World.
+// The step machine's parts apart from a whole run: the host assertion macro (model/assert.hpp),
+// the MutantPolicy (each planted bug answers exactly the questions its description in PROTOCOL.md
+// section 9 names), the event-log form of a step, and the StateChecker fed events by hand against
+// a real shared World (quiescence included).
 #include <cstdint>
 #include <set>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/setting.hpp"
-#include "cpkv/sim/assert.hpp"
 #include "cpkv/sim/checkers.hpp"
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/mutant.hpp"

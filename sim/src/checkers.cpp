@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/expected.hpp"
-#include "cpkv/sim/assert.hpp"
 
 namespace cpkv::sim {
 

@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
-#include "cpkv/sim/assert.hpp"
 
 namespace cpkv::sim {
 

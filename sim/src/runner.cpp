@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/content.hpp"
-#include "cpkv/sim/assert.hpp"
 #include "cpkv/traces/trace.hpp"
 #include "fault_injector.hpp"
 
