@@ -55,6 +55,12 @@ WorldGeometry world_geometry(const BatchSource& source, const SimOptions& option
   return geometry;
 }
 
+std::optional<Schedule> named_schedule(std::string_view name, std::uint64_t seed) {
+  if (name == "random") return Schedule{ScheduleKind::random, {}, seed};
+  if (name == "round-robin") return Schedule{ScheduleKind::round_robin, {}, seed};
+  return std::nullopt;
+}
+
 Schedule read_schedule_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error(fmt::format("{}: cannot open the schedule file", path));
