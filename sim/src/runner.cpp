@@ -272,6 +272,67 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
   return status;
 }
 
+// Free-running ranks as threads of this process: each rank's waits are bounded, so every thread ends.
+void run_rank_threads(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+                      const RunLimits& limits, RunReport& report) {
+  const std::int32_t cp = source.setting.cp;
+  std::vector<int> status(cp, kRankOk);
+  std::vector<std::string> errors(cp);
+  std::atomic<std::int32_t> finished{0};
+  std::vector<std::thread> threads;
+  for (std::int32_t r = 0; r < cp; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
+      } catch (const std::exception& e) {
+        status[r] = kRankError;
+        errors[r] = e.what();
+      }
+      finished.fetch_add(1);
+    });
+  }
+  // Meanwhile report progress.
+  for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
+    if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
+    if (status[r] == kRankDeadlock) report.deadlock = true;
+    if (status[r] != kRankOk) {
+      report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
+                                   errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
+    }
+  }
+}
+
+// Free-running ranks as processes, through the harness's launcher (death, no progress, run limit).
+void run_rank_processes(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+                        const RunLimits& limits, RunReport& report) {
+  harness::LaunchOptions launch;
+  launch.ranks = source.setting.cp;
+  launch.run_ms_max = limits.run_ms_max;
+  launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
+  launch.positions = [&] { return describe_positions(world); };
+  launch.on_tick = [&] {
+    if (limits.on_progress) limits.on_progress(batches_done(world));
+  };
+  const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    return free_rank(world, source, options, faults, limits, r, &progress);
+  });
+  report.failure = launched.failure;
+  report.deadlock = launched.deadlock;
+  // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
+  // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
+  if (launched.stuck) {
+    Violation v;
+    v.invariant = 8;
+    v.rank = launched.culprit;
+    std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
+    world.record(v);
+  }
+}
+
 }  // namespace
 
 RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as, const FaultOptions& faults,
@@ -286,60 +347,10 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   const SourceShape shape = measure(source);
   report.batches = shape.batches;
   World world(geometry_of(source, options, shape), options.seed);
-  const std::int32_t cp = source.setting.cp;
-
   if (ranks_as == RanksAs::threads) {
-    std::vector<int> status(cp, kRankOk);
-    std::vector<std::string> errors(cp);
-    std::atomic<std::int32_t> finished{0};
-    std::vector<std::thread> threads;
-    for (std::int32_t r = 0; r < cp; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
-        } catch (const std::exception& e) {
-          status[r] = kRankError;
-          errors[r] = e.what();
-        }
-        finished.fetch_add(1);
-      });
-    }
-    // Each rank's waits are bounded, so every thread ends; meanwhile report progress.
-    for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
-      if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    for (std::thread& t : threads) t.join();
-    for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
-      if (status[r] == kRankDeadlock) report.deadlock = true;
-      if (status[r] != kRankOk) {
-        report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
-                                     errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
-      }
-    }
+    run_rank_threads(world, source, options, faults, limits, report);
   } else {
-    harness::LaunchOptions launch;
-    launch.ranks = cp;
-    launch.run_ms_max = limits.run_ms_max;
-    launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
-    launch.positions = [&] { return describe_positions(world); };
-    launch.on_tick = [&] {
-      if (limits.on_progress) limits.on_progress(batches_done(world));
-    };
-    const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
-      return free_rank(world, source, options, faults, limits, r, &progress);
-    });
-    report.failure = launched.failure;
-    report.deadlock = launched.deadlock;
-    // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
-    // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
-    if (launched.stuck) {
-      Violation v;
-      v.invariant = 8;
-      v.rank = launched.culprit;
-      std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
-      world.record(v);
-    }
+    run_rank_processes(world, source, options, faults, limits, report);
   }
   if (report.failure.empty()) on_quiescence(world);
   collect(world, report);
