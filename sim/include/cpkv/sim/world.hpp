@@ -96,7 +96,7 @@ struct alignas(64) CollectiveLog {
 struct alignas(8) BarrierShadow {
   std::atomic<std::uint64_t> value{0};
 };
-// Barriers one rank passes per layer (symm_dense, staging_publish, staging_direct: one); room for two.
+// Barriers one rank passes per layer (each of model::barrier_variants() passes one); room for two.
 inline constexpr std::int32_t kBarrierUsesPerLayerMax = 2;
 
 // The current pages' fillers per parity half: (layer << 32) | bitmask of ranks that filled rows.
