@@ -9,9 +9,8 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
-#include "cpkv/model/staging.hpp"
+#include "cpkv/harness/replay_report.hpp"
 
 namespace cpkv::cli {
 
@@ -19,10 +18,8 @@ namespace cpkv::cli {
 // batches must not bury the report), and all are in the --json report.
 inline constexpr std::size_t kRejectedLinesMax = 5;
 
-struct RejectedBatch {
-  std::int64_t batch = 0;
-  model::Verdict verdict;
-};
+using harness::RejectedBatch;
+using harness::rejected_json;  // the --json report's list, shared with the Python package
 
 inline void print_rejected(const char* command, const std::vector<RejectedBatch>& rejected) {
   for (std::size_t k = 0; k < rejected.size() && k < kRejectedLinesMax; ++k) {
@@ -32,15 +29,6 @@ inline void print_rejected(const char* command, const std::vector<RejectedBatch>
     fmt::print(stderr, "{}: ... and {} more rejected batches (every one in the --json report, rejected_batches)\n", command,
                rejected.size() - kRejectedLinesMax);
   }
-}
-
-inline nlohmann::json rejected_json(const std::vector<RejectedBatch>& rejected) {
-  nlohmann::json list = nlohmann::json::array();
-  for (const RejectedBatch& r : rejected) {
-    list.push_back({{"batch", r.batch}, {"current_pages_total", r.verdict.current_pages_total}, {"staging_slots", r.verdict.staging_slots},
-                    {"verdict", r.verdict.describe()}});
-  }
-  return list;
 }
 
 }  // namespace cpkv::cli

@@ -19,9 +19,9 @@
 #include "options.hpp"
 #include "rejected.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/replay_report.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/plan.hpp"
-#include "cpkv/model/staging.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/runner.hpp"
 #if CPKV_HAVE_CUDA_BACKEND
@@ -69,10 +69,9 @@ struct CheckedReplay {
 };
 
 std::vector<model::Variant> selected_variants(const std::string& name) {
-  if (name == "all") return {model::kAllVariants.begin(), model::kAllVariants.end()};
-  const auto variant = model::parse_variant(name);
-  if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}' (or 'all')", name));
-  return {*variant};
+  auto variants = harness::variants_named(name);
+  if (!variants) throw OptionError(fmt::format("--variant: unknown variant '{}' (or 'all')", name));
+  return *std::move(variants);
 }
 
 std::optional<std::int32_t> parse_layers(const std::string& text) {
@@ -121,11 +120,8 @@ void check_options(const ReplayOptions& o, CheckedReplay& c) {
 
 // The inputs (trace, schedule file, ceilings file), then the outputs, then what needs the trace.
 void check_files(const ReplayOptions& o, CheckedReplay& c) {
-  if (o.schedule && *o.schedule == "random") {
-    c.schedule = sim::Schedule{sim::ScheduleKind::random, {}, o.seed};
-  } else if (o.schedule && *o.schedule == "round-robin") {
-    c.schedule = sim::Schedule{sim::ScheduleKind::round_robin, {}, o.seed};
-  } else if (o.schedule) {
+  if (o.schedule) c.schedule = sim::named_schedule(*o.schedule, o.seed);
+  if (o.schedule && !c.schedule) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.schedule);
     try {
       c.schedule = sim::read_schedule_file(c.schedule_file->path());
@@ -159,40 +155,6 @@ std::string replay_line(const ReplayOptions& o, model::Variant variant, std::int
   if (o.batch) line += fmt::format(" --batch {}", *o.batch);
   if (o.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", o.ipc_missing_rank);
   return line;
-}
-
-// One pass over the trace before any rank starts: every line validated (a bad line late in the
-// file is bad input), the largest batch measured (the world is carved once) and the overflow
-// verdict of every batch (model::overflow_verdict, the one every rank reaches).
-struct TraceScan {
-  sim::SourceShape shape;
-  std::vector<RejectedBatch> rejected;
-};
-TraceScan scan(const sim::BatchSource& source) {
-  TraceScan out;
-  const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
-  out.shape = sim::measure(source, [&](std::int64_t batch_index, const model::BatchLayout& layout) {
-    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
-    if (verdict.overflow) out.rejected.push_back({batch_index, verdict});
-  });
-  return out;
-}
-
-nlohmann::json run_json(const sim::RunReport& report, model::Variant variant, double seconds) {
-  nlohmann::json run = {{"variant", model::to_string(variant)}, {"mode", report.mode}, {"passed", report.passed()},
-                        {"mismatches", report.mismatches()}, {"violations", report.violation_count}, {"deadlock", report.deadlock},
-                        {"failure", report.failure}, {"steps", report.steps}, {"seconds", seconds}};
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& t : report.ranks) {
-    ranks.push_back({{"batches", t.batches}, {"layers", t.layers}, {"barriers", t.barriers}, {"collectives", t.collectives},
-                     {"overflows", t.overflows}, {"mismatches", t.mismatches}, {"bytes_gathered_from_peers", t.bytes_gathered_from_peers},
-                     {"bytes_reduced", t.bytes_reduced}});
-  }
-  run["ranks"] = ranks;
-  nlohmann::json violations = nlohmann::json::array();
-  for (const sim::Violation& v : report.violations) violations.push_back(sim::describe(v));
-  run["violation_details"] = violations;
-  return run;
 }
 
 void print_failure(const sim::RunReport& report, const std::string& line) {
@@ -234,16 +196,17 @@ std::unique_ptr<sim::Backend> make_backend(const ReplayOptions& o, const Checked
 // The source and its scan, validated before any rank starts.
 struct ReplaySource {
   sim::BatchSource source;
-  TraceScan trace;
+  harness::SourceScan trace;
   std::int32_t layer_count = 0;
   std::int32_t layers = 0;  // simulated per batch
   int stale = 0;            // stale shared-memory regions removed
 };
 
 ReplaySource replay_source(const ReplayOptions& o, const CheckedReplay& c) {
-  // Validate the whole trace before any rank starts.
+  // One pass before any rank starts: every line validated (a bad line late in the file is bad input),
+  // the largest batch measured (the world is carved once), every batch's overflow verdict.
   ReplaySource r{sim::BatchSource::from_trace(c.trace->path(), o.batch)};
-  r.trace = scan(r.source);
+  r.trace = harness::scan(r.source);
   if (o.batch && r.trace.shape.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *o.batch, o.trace_path));
   r.layer_count = r.source.setting.layer_count();
   r.layers = std::min(c.layers.value_or(r.layer_count), r.layer_count);
@@ -269,7 +232,7 @@ void write_event_log(const CheckedReplay& c, const sim::RunReport& report) {
 void run_backend(const ReplayOptions& o, CheckedReplay& c) {
   const ReplaySource rs = replay_source(o, c);
   const sim::BatchSource& source = rs.source;
-  const TraceScan& trace = rs.trace;
+  const harness::SourceScan& trace = rs.trace;
   const std::int32_t layers = rs.layers;
   sim::RunLimits limits;
   limits.wait_ms_max = o.wait_ms_max;
@@ -313,7 +276,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
     const sim::RunReport report = backend->run(source, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (tty) fmt::print(stderr, "\r\033[K");
-    const sim::SharedTotals& r0 = report.ranks.empty() ? sim::SharedTotals{} : report.ranks[0];
+    const sim::Totals& r0 = report.ranks.empty() ? sim::Totals{} : report.ranks[0];
     fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {} ({:.2f} s)\n", model::to_string(variant), r0.batches,
                r0.layers, r0.bytes_gathered_from_peers, r0.bytes_reduced, r0.barriers, r0.collectives, r0.overflows, report.mismatches(),
                report.violation_count, report.passed() ? "pass" : "FAIL", seconds);
@@ -323,7 +286,7 @@ void run_backend(const ReplayOptions& o, CheckedReplay& c) {
     }
     std::fflush(stdout);  // each variant's verdict is out as it ends (a stopped rank's report within its window), not at exit
     write_event_log(c, report);
-    json_runs.push_back(run_json(report, variant, seconds));
+    json_runs.push_back(harness::run_json(report, seconds));
   }
   if (c.json) {
     const nlohmann::json out = {{"trace", o.trace_path}, {"seed", o.seed}, {"layers", layers}, {"mode", mode}, {"mutant", o.mutant},

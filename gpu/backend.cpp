@@ -18,8 +18,9 @@ namespace {
 // What the ranks left in the bootstrap segment, as the report every backend fills.
 void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& report) {
   for (std::int32_t r = 0; r < cp; ++r) {
-    report.ranks.push_back(boot.totals[r]);
-    report.steps += boot.totals[r].layers;
+    harness::Totals rank = boot.totals[r];
+    rank.steps = static_cast<std::uint64_t>(rank.layers);  // a GPU rank's step is one layer (its kernels are not counted one by one)
+    harness::add_rank(report, rank);
   }
   report.violation_count = boot.violation_count.load();
   for (std::int32_t i = 0; i <= harness::kInvariants; ++i) report.violations_by_invariant[i] = boot.violations_by_invariant[i].load();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpkv/harness/run.hpp"
+#include "cpkv/model/setting.hpp"
 
 namespace cpkv::cuda {
 
@@ -108,8 +109,11 @@ BarrierStressReport barrier_stress(const BarrierStressOptions& options);
 bool gpu_supports_mutant(harness::Mutant mutant);
 inline constexpr harness::Mutant kGpuMutants[] = {harness::Mutant::single_half, harness::Mutant::no_barrier, harness::Mutant::skip_zero,
                                               harness::Mutant::barrier_passes_early};
-// The workload the GPU planted bugs run on: cp ranks, page 16, kv_fp8 + indexer_k, layers FSFS, one
-// batch with a cached prefix, partial last pages (zero tails) and a page for every rank to write.
+// The small setting of the GPU planted-bug runs and the GPU tests: cp ranks, page 16, kv_fp8 +
+// indexer_k, layers FSFS, 64 pool pages, batches of up to 8 requests and 1024 new tokens.
+model::Setting gpu_small_setting(std::int32_t cp);
+// The workload the GPU planted bugs run on: gpu_small_setting(cp) and one batch with a cached
+// prefix, partial last pages (zero tails) and a page for every rank to write.
 harness::BatchSource gpu_mutant_source(std::int32_t cp);
 inline constexpr std::int32_t kGpuMutantLayers = 4;
 // The report's first finding in one line (the first wrong byte, located, or the first violation, or

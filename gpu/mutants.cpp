@@ -31,7 +31,7 @@ bool gpu_supports_mutant(harness::Mutant mutant) {
   }
 }
 
-harness::BatchSource gpu_mutant_source(std::int32_t cp) {
+model::Setting gpu_small_setting(std::int32_t cp) {
   model::Setting s;
   s.cp = cp;
   s.page_size = 16;
@@ -40,6 +40,11 @@ harness::BatchSource gpu_mutant_source(std::int32_t cp) {
   s.pool_pages = 64;
   s.caps.max_total_extend_tokens = 1024;
   s.caps.max_batch_requests = 8;
+  return s;
+}
+
+harness::BatchSource gpu_mutant_source(std::int32_t cp) {
+  const model::Setting s = gpu_small_setting(cp);
   model::Batch b;
   b.requests.push_back({32, 40, {3, 10}});           // 2 prefix pages, 3 current pages (the last 8 rows)
   b.requests.push_back({0, 16 * 2 * cp + 5, {}});    // 2cp full pages and a 5-row tail: every rank writes

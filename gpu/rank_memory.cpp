@@ -10,11 +10,6 @@ namespace {
 
 std::uint64_t align_up(std::uint64_t v) { return (v + 255) / 256 * 256; }
 
-bool needs_ipc(model::Variant v) {
-  return v == model::Variant::v2 || v == model::Variant::symm_dense || v == model::Variant::staging_publish ||
-         v == model::Variant::staging_direct;
-}
-
 // Byte offsets of every (layer, kind) pool slab, (half, kind) dense buffer and kind's compact buffer.
 void carve_offsets(Rank& r) {
   const model::Setting& setting = r.ctx.source.setting;
@@ -132,7 +127,7 @@ void map_peers_and_agree(Rank& r) {
   r.barrier();
   std::int32_t agreed = capable;
   for (std::int32_t p = 0; p < cp; ++p) agreed = std::min(agreed, boot->probe[p].load());
-  r.variant = needs_ipc(r.ctx.options.variant) && agreed == 0 ? model::Variant::v2_fallback : r.ctx.options.variant;
+  r.variant = model::path_variant(r.ctx.options.variant, /*ipc_on_every_rank=*/agreed != 0);
   boot->path[rank].store(static_cast<std::int32_t>(r.variant));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.pad_table, cp * sizeof(std::uint64_t*)));
   CPKV_CUDA_CHECK(cudaMemcpy(mem.pad_table, mem.peer_pad.data(), cp * sizeof(std::uint64_t*), cudaMemcpyHostToDevice));

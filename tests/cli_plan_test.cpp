@@ -13,43 +13,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliRun {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-// Runs the cpkv binary with `args` (already shell-quoted where needed) and captures its output.
-CliRun run_cpkv(const std::string& args) {
-  const fs::path binary = fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv";
-  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_cli_test_{}", ::getpid());
-  fs::create_directories(dir);
-  const std::string command =
-      fmt::format("'{}' {} > '{}' 2> '{}'", binary.string(), args, (dir / "out").string(), (dir / "err").string());
-  const int raw = std::system(command.c_str());
-  CliRun run;
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  run.out = slurp(dir / "out");
-  run.err = slurp(dir / "err");
-  fs::remove_all(dir);
-  return run;
-}
-
-std::string sample(const std::string& name) {
-  return (fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / name).string();
-}
+using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
 
 std::vector<nlohmann::json> json_lines(const std::string& text) {
   std::vector<nlohmann::json> lines;
@@ -62,10 +31,6 @@ std::string write_temp(const std::string& name, const std::string& text) {
   const fs::path path = fs::temp_directory_path() / fmt::format("cpkv_{}_{}.jsonl", name, ::getpid());
   std::ofstream(path) << text;
   return path.string();
-}
-
-bool one_line(const std::string& text) {
-  return !text.empty() && text.find('\n') == text.size() - 1;
 }
 
 // Hand calculation for traces/samples/tiny.jsonl (cp 2, P 4, kv_fp8 656 B + indexer_k 132 B,
@@ -139,14 +104,6 @@ TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
   EXPECT_EQ(batches[0]["requests"], 12);
   EXPECT_EQ(batches[0]["verdict"], "ok");
   EXPECT_EQ(batches[0]["ranks"].size(), 8u);
-}
-
-// Bad input: one line on stderr naming what and where, exit status 2, nothing on stdout.
-void expect_bad_input(const CliRun& run, const std::string& needle) {
-  EXPECT_EQ(run.status, 2) << run.err;
-  EXPECT_TRUE(one_line(run.err)) << "stderr must be one line: " << run.err;
-  EXPECT_NE(run.err.find(needle), std::string::npos) << run.err;
-  EXPECT_TRUE(run.out.empty()) << "no partial result: " << run.out;
 }
 
 TEST(CliPlan, MalformedLineLateInTheTraceLeavesNoPartialOutput) {

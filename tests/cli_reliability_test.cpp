@@ -25,29 +25,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CliRun {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-struct RunSetup {
-  fs::path cwd;                                  // default: the source tree
-  std::vector<std::string> env;                  // NAME=value added to the environment
-  std::optional<rlim_t> file_size_max_bytes;     // RLIMIT_FSIZE (a full disk, for writes)
-  std::optional<rlim_t> address_space_max_bytes; // RLIMIT_AS
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
+using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
 
 // A fresh folder per test, removed at the end.
 class CliReliability : public ::testing::Test {
@@ -64,49 +47,14 @@ class CliReliability : public ::testing::Test {
   // Runs cpkv with exactly these arguments (no shell); stdout and stderr captured; TMPDIR is the
   // test's own folder, so spool files left behind would be seen.
   CliRun cpkv(const std::vector<std::string>& args, const RunSetup& setup = {}) {
-    std::vector<std::string> argv = {(fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv").string()};
+    std::vector<std::string> argv = {cpkv_binary().string()};
     argv.insert(argv.end(), args.begin(), args.end());
-    return spawn(argv, setup);
+    return cpkv::test::spawn(argv, dir_, setup);
   }
 
   // bash -c SCRIPT, for what needs a pipe or process substitution (the script is the test's own text).
   CliRun bash(const std::string& script) {
-    const std::string binary = (fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv").string();
-    return spawn({"/bin/bash", "-c", script, "bash", binary}, {});
-  }
-
-  CliRun spawn(const std::vector<std::string>& argv, const RunSetup& setup) {
-    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::chdir((setup.cwd.empty() ? fs::path(CPKV_SOURCE_DIR) : setup.cwd).c_str());
-      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(o, 1);
-      ::dup2(e, 2);
-      ::setenv("TMPDIR", (dir_ / "tmp").c_str(), 1);
-      for (const std::string& kv : setup.env) ::putenv(const_cast<char*>(kv.c_str()));
-      if (setup.file_size_max_bytes) {
-        std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG, like a full disk
-        const rlimit limit{*setup.file_size_max_bytes, *setup.file_size_max_bytes};
-        ::setrlimit(RLIMIT_FSIZE, &limit);
-      }
-      if (setup.address_space_max_bytes) {
-        const rlimit limit{*setup.address_space_max_bytes, *setup.address_space_max_bytes};
-        ::setrlimit(RLIMIT_AS, &limit);
-      }
-      std::vector<char*> args;
-      for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    int raw = 0;
-    ::waitpid(pid, &raw, 0);
-    CliRun run;
-    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-    run.out = slurp(out);
-    run.err = slurp(err);
-    return run;
+    return cpkv::test::spawn({"/bin/bash", "-c", script, "bash", cpkv_binary().string()}, dir_);
   }
 
   fs::path copy_sample(const std::string& name, const std::string& as) {
@@ -127,16 +75,6 @@ class CliReliability : public ::testing::Test {
     return names;
   }
 };
-
-bool one_line(const std::string& text) { return !text.empty() && text.find('\n') == text.size() - 1; }
-
-// Bad input: exit 2, one line on stderr naming `what`, nothing on stdout.
-void expect_bad_input(const CliRun& run, const std::string& what) {
-  EXPECT_EQ(run.status, 2) << run.err << run.out;
-  EXPECT_TRUE(one_line(run.err)) << run.err;
-  EXPECT_NE(run.err.find(what), std::string::npos) << "names " << what << ": " << run.err;
-  EXPECT_EQ(run.out, "") << run.out;
-}
 
 std::string mooncake_log() {
   std::string log;

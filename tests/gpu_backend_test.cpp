@@ -49,15 +49,10 @@ TEST(GpuBackend, EveryVariantIsByteExactOnTheSeedsBatchWithEightRanksOversubscri
   expect_every_variant_exact(sim::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3);
 }
 
+// The planted-bug runs' setting with half their token cap (a smaller staging).
 model::Setting small_setting(std::int32_t cp) {
-  model::Setting s;
-  s.cp = cp;
-  s.page_size = 16;
-  s.kinds = {*model::find_buffer_kind("kv_fp8"), *model::find_buffer_kind("indexer_k")};
-  s.layer_pattern = "FSFS";
-  s.pool_pages = 64;
+  model::Setting s = cuda::gpu_small_setting(cp);
   s.caps.max_total_extend_tokens = 512;
-  s.caps.max_batch_requests = 8;
   return s;
 }
 

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "cpkv/harness/launch.hpp"
+#include "cpkv/harness/run.hpp"
 
 namespace cpkv::harness {
 namespace {
@@ -285,6 +286,27 @@ TEST(HarnessGroup, RanksThatAllWaitOnTheGroupAreADeadlockThatBlamesNoOne) {
   EXPECT_EQ(r.culprit, -1) << r.failure;
   EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
   EXPECT_TRUE(no_child_left());
+// The one Totals every backend reports: mismatches add up and the first description is kept (cut
+// to the field, never overrunning it); a report's steps are the sum of its ranks' (add_rank).
+TEST(HarnessTotals, MismatchesAddUpKeepingTheFirstDescriptionAndAReportSumsItsRanksSteps) {
+  Totals t;
+  t.add_mismatches(0, "");
+  EXPECT_EQ(t.first_mismatch[0], '\0');
+  t.add_mismatches(2, "kind 0 slot 3 row 1 byte 7");
+  t.add_mismatches(1, "kind 1 slot 0");
+  EXPECT_EQ(t.mismatches, 3);
+  EXPECT_STREQ(t.first_mismatch, "kind 0 slot 3 row 1 byte 7");
+  Totals long_one;
+  long_one.add_mismatches(1, std::string(1000, 'x'));
+  EXPECT_EQ(std::string(long_one.first_mismatch), std::string(sizeof(long_one.first_mismatch) - 1, 'x'));
+  RunReport report;
+  t.steps = 5;
+  long_one.steps = 7;
+  add_rank(report, t);
+  add_rank(report, long_one);
+  EXPECT_EQ(report.steps, 12u);
+  ASSERT_EQ(report.ranks.size(), 2u);
+  EXPECT_EQ(report.mismatches(), 4);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/traces/mooncake.hpp"
+#include "cli_run.hpp"
 #include "cpkv/traces/trace.hpp"
 #include "model_costs.hpp"
 
@@ -30,22 +31,10 @@ namespace fs = std::filesystem;
 namespace mc = cpkv::traces::mooncake;
 using cpkv::model::Batch;
 using cpkv::model::Request;
+using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-struct CliRun {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 fs::path temp_dir() {
   const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_import_test_{}", ::getpid());
@@ -53,27 +42,11 @@ fs::path temp_dir() {
   return dir;
 }
 
-// Runs the cpkv binary from the source directory (so documented relative paths hold).
-CliRun run_cpkv(const std::string& args) {
-  const fs::path binary = fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv";
-  const fs::path dir = temp_dir();
-  const std::string command = fmt::format("cd '{}' && '{}' {} > '{}' 2> '{}'", CPKV_SOURCE_DIR, binary.string(), args,
-                                          (dir / "out").string(), (dir / "err").string());
-  const int raw = std::system(command.c_str());
-  CliRun run;
-  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  run.out = slurp(dir / "out");
-  run.err = slurp(dir / "err");
-  return run;
-}
-
 std::string write_temp(const std::string& name, const std::string& text) {
   const fs::path path = temp_dir() / name;
   std::ofstream(path, std::ios::binary) << text;
   return path.string();
 }
-
-bool one_line(const std::string& text) { return !text.empty() && text.find('\n') == text.size() - 1; }
 
 std::string log_line(std::int64_t timestamp, std::int64_t input, std::vector<std::int64_t> hashes) {
   return nlohmann::json{{"timestamp", timestamp}, {"input_length", input}, {"output_length", 1}, {"hash_ids", hashes}}.dump() + "\n";

@@ -1,14 +1,15 @@
-// The step machine's parts apart from a whole run: the host assertion macro, the MutantPolicy (each
-// planted bug answers exactly the questions its description in PROTOCOL.md section 9 names), the
-// event-log form of a step, and the StateChecker fed events by hand against a real shared World.
+// The step machine's parts apart from a whole run: the host assertion macro (model/assert.hpp),
+// the MutantPolicy (each planted bug answers exactly the questions its description in PROTOCOL.md
+// section 9 names), the event-log form of a step, and the StateChecker fed events by hand against
+// a real shared World (quiescence included).
 #include <cstdint>
 #include <set>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/setting.hpp"
-#include "cpkv/sim/assert.hpp"
 #include "cpkv/sim/checkers.hpp"
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/mutant.hpp"
@@ -162,6 +163,29 @@ TEST(SimStateChecker, APlanBuiltOtherThanOncePerBatchIsReported) {
   checker.on_layer_begin(1, 2);
   checker.on_layer_begin(1, 0);
   EXPECT_EQ(world.violation_count(5), 2);
+}
+
+// Invariant 4 at quiescence: the run is over, so every rank arrived at every barrier and collective
+// as often as every other; a rank that arrived once more (or once less) is reported, by rank.
+TEST(SimStateChecker, FlagsNotDrainedAtQuiescenceAreReported) {
+  model::Setting setting = two_ranks();
+  setting.cp = 3;
+  const World world(geometry_for(setting, 2, 4, 4), 1);
+  for (std::int32_t r = 0; r < 3; ++r) {
+    world.barrier_counter(r).value.store(4);
+    world.collective_counter(r).value.store(2);
+  }
+  on_quiescence(world);
+  EXPECT_EQ(world.violation_count(), 0) << "every flag drained";
+  world.collective_counter(2).value.store(3);
+  on_quiescence(world);
+  ASSERT_EQ(world.violation_count(4), 1);
+  EXPECT_EQ(world.violations().front().rank, 2);
+  world.collective_counter(2).value.store(2);
+  world.barrier_counter(1).value.store(5);
+  on_quiescence(world);
+  ASSERT_EQ(world.violation_count(4), 2);
+  EXPECT_EQ(world.violations().back().rank, 1);
 }
 
 }  // namespace

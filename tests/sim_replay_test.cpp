@@ -49,7 +49,7 @@ std::string explain(const RunReport& report, const std::string& trace, const Sim
   std::string out = "mode " + report.mode + " variant " + std::string(model::to_string(report.variant));
   if (!report.failure.empty()) out += "\n  failure: " + report.failure;
   for (const Violation& v : report.violations) out += "\n  " + describe(v);
-  for (const SharedTotals& t : report.ranks) {
+  for (const Totals& t : report.ranks) {
     if (t.first_mismatch[0] != '\0') out += "\n  " + std::string(t.first_mismatch);
   }
   out += "\n  replay: cpkv replay " + trace + " --variant " + std::string(model::to_string(options.variant)) +
@@ -115,7 +115,7 @@ Schedule round_robin_schedule() {
 // The per-rank totals of one rank, for tests that compare ranks.
 std::vector<std::int64_t> overflows_by_rank(const RunReport& report) {
   std::vector<std::int64_t> out;
-  for (const SharedTotals& t : report.ranks) out.push_back(t.overflows);
+  for (const Totals& t : report.ranks) out.push_back(t.overflows);
   return out;
 }
 
@@ -205,7 +205,7 @@ TEST(SimReplay, OverflowingBatchIsRefusedOnEveryRankBeforeAnyStagingWrite) {
   expect_exact(report, path, options);
   ASSERT_EQ(report.ranks.size(), 2U);
   EXPECT_EQ(overflows_by_rank(report), (std::vector<std::int64_t>{1, 1}));
-  for (const SharedTotals& rank : report.ranks) {
+  for (const Totals& rank : report.ranks) {
     EXPECT_EQ(rank.batches, 1);
     EXPECT_EQ(rank.layers, 0);
     EXPECT_EQ(rank.barriers, 0);
@@ -222,7 +222,7 @@ TEST(SimReplay, OverflowingBatchIsRefusedOnEveryRankBeforeAnyStagingWrite) {
   const RunReport whole = run_free(BatchSource::from_trace(path), options, RanksAs::processes, seeded_faults(), RunLimits{});
   expect_exact(whole, path, options);
   EXPECT_EQ(overflows_by_rank(whole), (std::vector<std::int64_t>{1, 1}));
-  for (const SharedTotals& rank : whole.ranks) EXPECT_EQ(rank.layers, 2 * kTiny.layers);
+  for (const Totals& rank : whole.ranks) EXPECT_EQ(rank.layers, 2 * kTiny.layers);
 }
 
 // Invariant 4: at quiescence every rank arrived at every barrier and collective equally often, so
@@ -256,7 +256,7 @@ TEST(SimReplay, OneRankWithoutIpcTakesTheWholeGroupToTheFallback) {
                                     run_free(source, options, RanksAs::processes, seeded_faults(), RunLimits{})}) {
       expect_exact(report, path, options);
       ASSERT_EQ(report.ranks.size(), 2U);
-      for (const SharedTotals& rank : report.ranks) {
+      for (const Totals& rank : report.ranks) {
         EXPECT_EQ(rank.bytes_gathered_from_peers, 0U) << explain(report, path, options);
         EXPECT_EQ(rank.barriers, 0) << explain(report, path, options);
         EXPECT_GT(rank.collectives, 1) << "only the probe's collective: no fallback all-reduce ran; " << explain(report, path, options);

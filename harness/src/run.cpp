@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -63,6 +64,19 @@ SourceShape measure(const BatchSource& source,
   std::sort(pages.begin(), pages.end());
   pages.erase(std::unique(pages.begin(), pages.end()), pages.end());
   return shape;
+}
+
+void Totals::add_mismatches(std::int64_t kinds, std::string_view description) {
+  mismatches += kinds;
+  if (first_mismatch[0] != '\0' || description.empty()) return;
+  const std::size_t n = std::min(description.size(), sizeof(first_mismatch) - 1);
+  std::memcpy(first_mismatch, description.data(), n);
+  first_mismatch[n] = '\0';
+}
+
+void add_rank(RunReport& report, const Totals& rank) {
+  report.ranks.push_back(rank);
+  report.steps += rank.steps;
 }
 
 std::int64_t RunReport::mismatches() const {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/model/staging.hpp"
+#include "cpkv/model/variants.hpp"
 #include "cpkv/properties/properties.hpp"
 
 namespace cpkv::properties {
@@ -13,10 +14,6 @@ namespace {
 
 Coverage g_coverage;
 bool g_counting = true;
-
-bool needs_ipc(model::Variant v) {
-  return v == model::Variant::v2 || v == model::Variant::symm_dense || v == model::Variant::staging_publish || v == model::Variant::staging_direct;
-}
 
 bool has_shared_prefix_page(const model::Batch& batch) {
   std::set<std::int64_t> seen;
@@ -61,7 +58,7 @@ void Coverage::add(const Case& c) {
   idle_rank += idle ? 1 : 0;
   shared_prefix += shared ? 1 : 0;
   several_batches += c.batches.size() > 1 ? 1 : 0;
-  capability_fallback += c.ipc_missing_rank >= 0 && needs_ipc(c.variant) ? 1 : 0;
+  capability_fallback += c.ipc_missing_rank >= 0 && model::info(c.variant).needs_ipc ? 1 : 0;
   nothing_exchanged += admitted == 0 ? 1 : 0;
   adversarial_schedule += c.schedule_bursts ? 1 : 0;
   layers_4_or_more += c.layers >= 4 ? 1 : 0;

@@ -152,7 +152,7 @@ void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, 
   const Case c = *gen_case(bounds, Emphasis{});
   note_case(c);
   const sim::RunReport report = backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options_of(c, mutant));
-  for (const sim::SharedTotals& t : report.ranks) {
+  for (const sim::Totals& t : report.ranks) {
     if (t.mismatches > 0) fail(c, mutant, "6_byte_exactness", 6, t.first_mismatch);
   }
   // Every layer that ran was compared. A run that did not end is invariant 8's finding in the
@@ -380,7 +380,7 @@ void free_running_byte_exactness(sim::Mutant mutant) {
   const Case c = draw(e, bounds);
   const sim::RunReport report = run_case_free(c, mutant);
   if (report.violation_count > 0) fail(c, mutant, name, report.violations.front().invariant, sim::describe(report.violations.front()), true);
-  for (const sim::SharedTotals& t : report.ranks) {
+  for (const sim::Totals& t : report.ranks) {
     if (t.mismatches > 0) fail(c, mutant, name, 6, t.first_mismatch, true);
   }
   if (!report.failure.empty()) fail(c, mutant, name, 8, report.failure, true);

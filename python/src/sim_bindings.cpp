@@ -1,14 +1,15 @@
 // Bindings of the rank simulator (sim/include/cpkv/sim: backend.hpp, runner.hpp): replay a trace, or
-// batches held in memory, through the one Backend interface, and return the report's numbers as the
-// dict `cpkv replay --json` writes (the tests compare the two). Options are checked in the CLI's
-// order with the CLI's reasons, named by the Python parameter.
+// batches held in memory, through the one Backend interface, and return the report as the dict
+// `cpkv replay --json` writes: the same functions build both (harness/replay_report.hpp), and the
+// tests compare the two. Options are checked in the CLI's order with the CLI's reasons, named by
+// the Python parameter.
 #include <chrono>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
-#include "cpkv/model/staging.hpp"
+#include "cpkv/harness/replay_report.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -50,8 +51,7 @@ std::int32_t checked_layers(const py::object& layers, std::int32_t layer_count) 
 
 std::optional<sim::Schedule> checked_schedule(const ReplayArgs& a) {
   if (!a.schedule) return std::nullopt;
-  if (*a.schedule == "random") return sim::Schedule{sim::ScheduleKind::random, {}, a.seed};
-  if (*a.schedule == "round-robin") return sim::Schedule{sim::ScheduleKind::round_robin, {}, a.seed};
+  if (auto named = sim::named_schedule(*a.schedule, a.seed)) return named;
   try {
     return sim::read_schedule_file(*a.schedule);
   } catch (const std::exception& e) {
@@ -67,13 +67,9 @@ ReplayPlan check_options(const ReplayArgs& a) {
   const auto mutant = sim::parse_mutant(a.mutant);
   if (!mutant) throw InputError("mutant", fmt::format("unknown mutant '{}'", a.mutant));
   plan.mutant = *mutant;
-  if (a.variant == "all") {
-    plan.variants.assign(model::kAllVariants.begin(), model::kAllVariants.end());
-  } else {
-    const auto variant = model::parse_variant(a.variant);
-    if (!variant) throw InputError("variant", fmt::format("unknown variant '{}' (or 'all')", a.variant));
-    plan.variants = {*variant};
-  }
+  auto variants = harness::variants_named(a.variant);
+  if (!variants) throw InputError("variant", fmt::format("unknown variant '{}' (or 'all')", a.variant));
+  plan.variants = *std::move(variants);
   if (a.ranks_as != "processes" && a.ranks_as != "threads") throw InputError("ranks_as", fmt::format("'{}' is not processes or threads", a.ranks_as));
   if (a.wait_ms_max < 1) throw InputError("wait_ms_max", fmt::format("{} is less than 1", a.wait_ms_max));
   if (a.batch && *a.batch < 0) throw InputError("batch", fmt::format("{} is negative", *a.batch));
@@ -81,22 +77,9 @@ ReplayPlan check_options(const ReplayArgs& a) {
   return plan;
 }
 
-py::dict run_dict(const sim::RunReport& report, model::Variant variant, double seconds) {
-  py::list ranks;
-  for (const sim::SharedTotals& t : report.ranks) {
-    ranks.append(py::dict(py::arg("batches") = t.batches, py::arg("layers") = t.layers, py::arg("barriers") = t.barriers,
-                          py::arg("collectives") = t.collectives, py::arg("overflows") = t.overflows, py::arg("mismatches") = t.mismatches,
-                          py::arg("bytes_gathered_from_peers") = t.bytes_gathered_from_peers, py::arg("bytes_reduced") = t.bytes_reduced));
-  }
-  py::list violations;
-  for (const sim::Violation& v : report.violations) violations.append(sim::describe(v));
-  py::dict run(py::arg("variant") = std::string(model::to_string(variant)), py::arg("mode") = report.mode, py::arg("passed") = report.passed(),
-               py::arg("mismatches") = report.mismatches(), py::arg("violations") = report.violation_count, py::arg("deadlock") = report.deadlock,
-               py::arg("failure") = report.failure, py::arg("steps") = report.steps, py::arg("seconds") = seconds);
-  run["ranks"] = ranks;
-  run["violation_details"] = violations;
-  return run;
-}
+// The CLI's JSON as Python objects: through the json module, so the dict is the text `cpkv replay
+// --json` writes, parsed, and nothing is restated here.
+py::object to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
 std::unique_ptr<sim::Backend> make_backend(const ReplayArgs& a, const ReplayPlan& plan) {
   sim::RunLimits limits;
@@ -111,15 +94,8 @@ py::dict run_source(const sim::BatchSource& source, const py::object& trace_labe
   ReplayPlan plan = check_options(a);
   // Validates every batch before any rank starts; the batches the overflow verdict rejects are
   // listed as the CLI's report lists them (PROTOCOL.md section 4: a rejected batch is named).
-  const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
-  py::list rejected;
-  const sim::SourceShape shape = sim::measure(source, [&](std::int64_t batch_index, const model::BatchLayout& layout) {
-    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
-    if (!verdict.overflow) return;
-    rejected.append(py::dict(py::arg("batch") = batch_index, py::arg("current_pages_total") = verdict.current_pages_total,
-                             py::arg("staging_slots") = verdict.staging_slots, py::arg("verdict") = verdict.describe()));
-  });
-  if (a.batch && shape.batches == 0) throw InputError("batch", fmt::format("{} is not in {}", *a.batch, py::str(trace_label).cast<std::string>()));
+  const harness::SourceScan scanned = harness::scan(source);
+  if (a.batch && scanned.shape.batches == 0) throw InputError("batch", fmt::format("{} is not in {}", *a.batch, py::str(trace_label).cast<std::string>()));
   plan.layers = checked_layers(a.layers, source.setting.layer_count());
   if (a.ipc_missing_rank >= source.setting.cp) {
     throw InputError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", a.ipc_missing_rank, source.setting.cp));
@@ -141,10 +117,10 @@ py::dict run_source(const sim::BatchSource& source, const py::object& trace_labe
       py::gil_scoped_release release;  // ranks may be threads or forked processes: none touches Python
       report = backend->run(source, options);
     }
-    runs.append(run_dict(report, variant, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+    runs.append(to_python(harness::run_json(report, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())));
   }
   return py::dict(py::arg("trace") = trace_label, py::arg("seed") = a.seed, py::arg("layers") = plan.layers, py::arg("mode") = backend->name(),
-                  py::arg("mutant") = a.mutant, py::arg("rejected_batches") = rejected, py::arg("runs") = runs);
+                  py::arg("mutant") = a.mutant, py::arg("rejected_batches") = to_python(harness::rejected_json(scanned.rejected)), py::arg("runs") = runs);
 }
 
 ReplayArgs args_of(std::string backend, std::string variant, std::string ranks_as, std::optional<std::string> schedule, std::uint64_t seed,

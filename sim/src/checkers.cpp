@@ -8,8 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/expected.hpp"
-#include "cpkv/sim/assert.hpp"
 
 namespace cpkv::sim {
 
@@ -253,6 +253,25 @@ LayerCheck StateChecker::on_layer_end(std::int32_t layer, std::int32_t half, con
     violation(6, layer, -1, text);
   }
   return result;
+}
+
+void on_quiescence(const World& world) {
+  const std::int32_t cp = world.geometry().cp;
+  for (std::int32_t p = 1; p < cp; ++p) {
+    const auto a = world.barrier_counter(0).value.load();
+    const auto b = world.barrier_counter(p).value.load();
+    const auto ca = world.collective_counter(0).value.load();
+    const auto cb = world.collective_counter(p).value.load();
+    if (a == b && ca == cb) continue;
+    Violation v;
+    v.invariant = 4;
+    v.rank = p;
+    std::snprintf(v.detail, sizeof(v.detail), "flags not drained at quiescence: rank 0 arrived %llu barriers / %llu collectives, rank %d %llu / %llu",
+                  static_cast<unsigned long long>(a), static_cast<unsigned long long>(ca), p, static_cast<unsigned long long>(b),
+                  static_cast<unsigned long long>(cb));
+    world.record(v);
+    return;
+  }
 }
 
 }  // namespace cpkv::sim

@@ -7,10 +7,10 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
-#include "cpkv/sim/assert.hpp"
 
 namespace cpkv::sim {
 
@@ -370,10 +370,10 @@ void RankMachine::step() {
   CPKV_ASSERT(pc_ < program_.size());
   const Step s = program_[pc_];
   set_position(s);
-  checker_.at(batch_index_, steps_taken_);
+  checker_.at(batch_index_, totals_.steps);
   run_step(s);
   ++pc_;
-  ++steps_taken_;
+  ++totals_.steps;
   if (finished()) {
     world_->position(rank_).state.store(static_cast<std::int32_t>(RankState::finished));
   } else {
@@ -473,10 +473,7 @@ void RankMachine::run_choose_path() {
   if (!mutant_.ignores_peer_capability()) {
     for (std::int32_t p = 0; p < setting_->cp; ++p) capable = std::min(capable, world_->ipc_probe(p).load());  // the agreed MIN
   }
-  const model::Variant v = options_.variant;
-  const bool needs_ipc = v == model::Variant::v2 || v == model::Variant::symm_dense || v == model::Variant::staging_publish ||
-                         v == model::Variant::staging_direct;
-  path_variant_ = needs_ipc && capable == 0 ? model::Variant::v2_fallback : options_.variant;
+  path_variant_ = model::path_variant(options_.variant, /*ipc_on_every_rank=*/capable != 0);
   world_->chosen_path(rank_).store(static_cast<std::int32_t>(path_variant_));
 }
 
@@ -539,7 +536,7 @@ void RankMachine::run_zero_own(std::int32_t layer, const PageStep& op) {
   }
   const std::int64_t slot = layout_.current[op.current_index].slot;
   CPKV_ASSERT(slot >= 0 && slot < layout_.slot_count);
-  if (path_variant_ == model::Variant::symm_dense) checker_.on_shared_write(layer, hd, slot);
+  if (peers_read_dense()) checker_.on_shared_write(layer, hd, slot);
   for_active_kinds(layer, [&](std::size_t k, std::uint64_t page_bytes) { std::memset(world_->dense_page(rank_, hd, k, slot), 0, page_bytes); });
   stamp(world_->dense_stamp(rank_, hd, slot), layer, StampState::zeroed);
 }
@@ -553,7 +550,7 @@ void RankMachine::run_fill(std::int32_t layer, const FillStep& op) {
   const std::int32_t hs = staging_half(layer);
   const std::int32_t hd = dense_half(layer);
   const std::int64_t slot = layout_.current[op.current_index].slot;
-  if (plan_.fill_to_staging || path_variant_ == model::Variant::symm_dense) {
+  if (plan_.fill_to_staging || peers_read_dense()) {
     checker_.on_shared_write(layer, plan_.fill_to_staging ? hs : hd, op.current_index);
   }
   for_active_kinds(layer, [&](std::size_t k, std::uint64_t) {
@@ -615,14 +612,14 @@ void RankMachine::run_gather_shared(std::int32_t layer, const GatherStep& op) {
   const std::int32_t hs = staging_half(layer);
   const std::int32_t hd = dense_half(layer);
   const std::int32_t source_rank = op.table_index % setting_->cp;
-  const bool from_symm_dense = path_variant_ == model::Variant::symm_dense;
-  if (!in_batch(layer, op.source_page, from_symm_dense ? layout_.slot_count : world_->current_capacity(), "source page")) return;
+  const bool from_dense = peers_read_dense();
+  if (!in_batch(layer, op.source_page, from_dense ? layout_.slot_count : world_->current_capacity(), "source page")) return;
   if (source_rank != rank_) world_->reading_layer(rank_).store(layer, std::memory_order_release);
-  checker_.on_staging_read(from_symm_dense ? world_->dense_stamp(source_rank, hd, op.source_page) : world_->stamp(source_rank, hs, op.source_page),
+  checker_.on_staging_read(from_dense ? world_->dense_stamp(source_rank, hd, op.source_page) : world_->stamp(source_rank, hs, op.source_page),
                            source_rank, layer, op.slot);
   for_active_kinds(layer, [&](std::size_t k, std::uint64_t page_bytes) {
     const std::uint8_t* source =
-        from_symm_dense ? world_->dense_page(source_rank, hd, k, op.source_page) : world_->staging_page(source_rank, hs, k, op.source_page);
+        from_dense ? world_->dense_page(source_rank, hd, k, op.source_page) : world_->staging_page(source_rank, hs, k, op.source_page);
     std::memcpy(world_->dense_page(rank_, hd, k, op.slot), source, page_bytes);
     if (source_rank != rank_) totals_.bytes_gathered_from_peers += page_bytes;
   });
@@ -725,8 +722,7 @@ void RankMachine::run_layer_end(std::int32_t layer) {
   ++totals_.layers;
   if (!options_.check_bytes) return;
   const LayerCheck check = checker_.on_layer_end(layer, dense_half(layer), layout_, *oracle_, options_.seed, options_.expected_from);
-  totals_.mismatches += check.mismatching_kinds;
-  if (totals_.first_mismatch.empty()) totals_.first_mismatch = check.first_mismatch;
+  totals_.add_mismatches(check.mismatching_kinds, check.first_mismatch);
 }
 
 void RankMachine::run_batch_arrive() {

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/traces/trace.hpp"
 #include "fault_injector.hpp"
@@ -30,20 +31,7 @@ WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, 
   return world_geometry(source, options, shape);
 }
 
-void publish_totals(const World& world, const RankMachine& machine) {
-  SharedTotals& out = world.totals(machine.rank());
-  const RankTotals& t = machine.totals();
-  out.batches = t.batches;
-  out.layers = t.layers;
-  out.barriers = t.barriers;
-  out.collectives = t.collectives;
-  out.overflows = t.overflows;
-  out.mismatches = t.mismatches;
-  out.bytes_gathered_from_peers = t.bytes_gathered_from_peers;
-  out.bytes_reduced = t.bytes_reduced;
-  out.steps = machine.steps_taken();
-  std::snprintf(out.first_mismatch, sizeof(out.first_mismatch), "%s", t.first_mismatch.c_str());
-}
+void publish_totals(const World& world, const RankMachine& machine) { world.totals(machine.rank()) = machine.totals(); }
 
 // Batches every rank has finished (each rank publishes its totals after every batch).
 std::int64_t batches_done(const World& world) {
@@ -53,31 +41,10 @@ std::int64_t batches_done(const World& world) {
 }
 
 void collect(const World& world, RunReport& report) {
-  for (std::int32_t r = 0; r < world.geometry().cp; ++r) report.ranks.push_back(world.totals(r));
+  for (std::int32_t r = 0; r < world.geometry().cp; ++r) harness::add_rank(report, world.totals(r));
   report.violations = world.violations();
   report.violation_count = world.violation_count();
   for (std::int32_t i = 1; i <= 8; ++i) report.violations_by_invariant[i] = world.violation_count(i);
-}
-
-// Checker at quiescence (invariant 4): every rank arrived at every barrier and collective the same
-// number of times, so the flags are drained.
-void check_drained(const World& world) {
-  const std::int32_t cp = world.geometry().cp;
-  for (std::int32_t p = 1; p < cp; ++p) {
-    const auto a = world.barrier_counter(0).value.load();
-    const auto b = world.barrier_counter(p).value.load();
-    const auto ca = world.collective_counter(0).value.load();
-    const auto cb = world.collective_counter(p).value.load();
-    if (a == b && ca == cb) continue;
-    Violation v;
-    v.invariant = 4;
-    v.rank = p;
-    std::snprintf(v.detail, sizeof(v.detail), "flags not drained at quiescence: rank 0 arrived %llu barriers / %llu collectives, rank %d %llu / %llu",
-                  static_cast<unsigned long long>(a), static_cast<unsigned long long>(ca), p, static_cast<unsigned long long>(b),
-                  static_cast<unsigned long long>(cb));
-    world.record(v);
-    return;
-  }
 }
 
 }  // namespace
@@ -86,6 +53,12 @@ WorldGeometry world_geometry(const BatchSource& source, const SimOptions& option
   WorldGeometry geometry = geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
   geometry.pool_pages_touched = shape.pool_pages_touched;
   return geometry;
+}
+
+std::optional<Schedule> named_schedule(std::string_view name, std::uint64_t seed) {
+  if (name == "random") return Schedule{ScheduleKind::random, {}, seed};
+  if (name == "round-robin") return Schedule{ScheduleKind::round_robin, {}, seed};
+  return std::nullopt;
 }
 
 Schedule read_schedule_file(const std::string& path) {
@@ -150,8 +123,9 @@ class Scheduler {
 };
 
 // Steps the machines until all finished; false (and a report) on deadlock or the step limit.
+// steps: the steps taken so far in the run, over every rank (the report sums the ranks' own at the end).
 bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler, const World& world, const RunLimits& limits,
-                        RunReport& report, bool record_events) {
+                        std::uint64_t& steps, RunReport& report, bool record_events) {
   std::vector<std::size_t> runnable;
   while (true) {
     runnable.clear();
@@ -168,11 +142,11 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.failure = fmt::format("deadlock: no rank can step: {}", positions);
       Violation v;
       v.invariant = 8;
-      std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(report.steps));
+      std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(steps));
       world.record(v);
       return false;
     }
-    if (report.steps >= limits.steps_max) {
+    if (steps >= limits.steps_max) {
       report.failure = fmt::format("step limit {} reached", limits.steps_max);
       return false;
     }
@@ -182,7 +156,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.event_log.push_back(fmt::format("{} {}", chosen.rank(), to_string(s)));
     }
     chosen.step();
-    ++report.steps;
+    ++steps;
   }
 }
 
@@ -199,19 +173,21 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
   for (std::int32_t r = 0; r < source.setting.cp; ++r) machines.emplace_back(world, source.setting, options, r);
   Scheduler scheduler(schedule);
   for (RankMachine& m : machines) m.begin_run();
-  bool ok = run_until_finished(machines, scheduler, world, limits, report, record_events);
+  std::uint64_t steps = 0;
+  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
   BatchCursor cursor(source);
   while (ok) {
     std::optional<model::Batch> batch = cursor.next();
     if (!batch) break;
     for (RankMachine& m : machines) m.begin_batch(*batch, cursor.index());
-    ok = run_until_finished(machines, scheduler, world, limits, report, record_events);
+    ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
     ++report.batches;
     if (limits.on_progress) limits.on_progress(report.batches);
   }
-  if (ok) check_drained(world);
+  if (ok) on_quiescence(world);
   for (const RankMachine& m : machines) publish_totals(world, m);
   collect(world, report);
+  CPKV_ASSERT(report.steps == steps);  // every step the scheduler took is one rank's
   return report;
 }
 
@@ -296,6 +272,69 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
   return status;
 }
 
+// Free-running ranks as threads of this process: each rank's waits are bounded, so every thread ends.
+void run_rank_threads(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+                      const RunLimits& limits, RunReport& report) {
+  const std::int32_t cp = source.setting.cp;
+  std::vector<int> status(cp, kRankOk);
+  std::vector<std::string> errors(cp);
+  std::atomic<std::int32_t> finished{0};
+  std::vector<std::thread> threads;
+  for (std::int32_t r = 0; r < cp; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
+      } catch (const std::exception& e) {
+        status[r] = kRankError;
+        errors[r] = e.what();
+      }
+      finished.fetch_add(1);
+    });
+  }
+  // Meanwhile report progress.
+  for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
+    if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (std::thread& t : threads) t.join();
+  for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
+    if (status[r] == kRankDeadlock) report.deadlock = true;
+    if (status[r] != kRankOk) {
+      report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
+                                   errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
+    }
+  }
+}
+
+// Free-running ranks as processes, through the harness's launcher (death, no progress, run limit).
+void run_rank_processes(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+                        const RunLimits& limits, RunReport& report) {
+  harness::LaunchOptions launch;
+  launch.ranks = source.setting.cp;
+  launch.run_ms_max = limits.run_ms_max;
+  launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
+  launch.positions = [&] { return describe_positions(world); };
+  launch.on_tick = [&] {
+    if (limits.on_progress) limits.on_progress(batches_done(world));
+  };
+  const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    return free_rank(world, source, options, faults, limits, r, &progress);
+  });
+  report.failure = launched.failure;
+  report.deadlock = launched.deadlock;
+  // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
+  // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
+  if (launched.stuck) {
+    Violation v;
+    v.invariant = 8;
+    v.rank = launched.culprit;
+    v.batch = launched.culprit_batch;  // where the culprit was, not "batch -1 layer -1"
+    v.layer = launched.culprit_layer;
+    std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
+    world.record(v);
+  }
+}
+
 }  // namespace
 
 RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as, const FaultOptions& faults,
@@ -310,66 +349,13 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   const SourceShape shape = measure(source);
   report.batches = shape.batches;
   World world(geometry_of(source, options, shape), options.seed);
-  const std::int32_t cp = source.setting.cp;
-
   if (ranks_as == RanksAs::threads) {
-    std::vector<int> status(cp, kRankOk);
-    std::vector<std::string> errors(cp);
-    std::atomic<std::int32_t> finished{0};
-    std::vector<std::thread> threads;
-    for (std::int32_t r = 0; r < cp; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
-        } catch (const std::exception& e) {
-          status[r] = kRankError;
-          errors[r] = e.what();
-        }
-        finished.fetch_add(1);
-      });
-    }
-    // Each rank's waits are bounded, so every thread ends; meanwhile report progress.
-    for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
-      if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    for (std::thread& t : threads) t.join();
-    for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
-      if (status[r] == kRankDeadlock) report.deadlock = true;
-      if (status[r] != kRankOk) {
-        report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
-                                     errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
-      }
-    }
+    run_rank_threads(world, source, options, faults, limits, report);
   } else {
-    harness::LaunchOptions launch;
-    launch.ranks = cp;
-    launch.run_ms_max = limits.run_ms_max;
-    launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
-    launch.positions = [&] { return describe_positions(world); };
-    launch.on_tick = [&] {
-      if (limits.on_progress) limits.on_progress(batches_done(world));
-    };
-    const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
-      return free_rank(world, source, options, faults, limits, r, &progress);
-    });
-    report.failure = launched.failure;
-    report.deadlock = launched.deadlock;
-    // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
-    // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
-    if (launched.stuck) {
-      Violation v;
-      v.invariant = 8;
-      v.rank = launched.culprit;
-      v.batch = launched.culprit_batch;  // where the culprit was, not "batch -1 layer -1"
-      v.layer = launched.culprit_layer;
-      std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
-      world.record(v);
-    }
+    run_rank_processes(world, source, options, faults, limits, report);
   }
-  if (report.failure.empty()) check_drained(world);
+  if (report.failure.empty()) on_quiescence(world);
   collect(world, report);
-  for (const SharedTotals& t : report.ranks) report.steps += t.steps;
   return report;
 }
 

@@ -87,7 +87,7 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   off.stamps = bump.take(cp * 2 * off.stamps_per_half * sizeof(StagingStamp));
   off.dense_stamps = bump.take(cp * dense_stamps_per_rank * sizeof(StagingStamp));
   off.arrivals = bump.take(static_cast<std::uint64_t>(g.layers) * kBarrierUsesPerLayerMax * sizeof(BarrierShadow));
-  off.totals = bump.take(cp * sizeof(SharedTotals));
+  off.totals = bump.take(cp * sizeof(Totals));
   off.fillers = bump.take(2 * off.stamps_per_half * sizeof(PageFillers));
   off.violations = bump.take(kViolationsMax * sizeof(Violation));
   // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. Only the pages a batch
@@ -206,7 +206,7 @@ World::World(const WorldGeometry& g, std::uint64_t seed)
   construct_array<StagingStamp>(base, off_.stamps, cp * 2 * off_.stamps_per_half);
   construct_array<StagingStamp>(base, off_.dense_stamps, cp * 2 * static_cast<std::uint64_t>(g.slot_count_max));
   construct_array<BarrierShadow>(base, off_.arrivals, static_cast<std::uint64_t>(g.layers) * kBarrierUsesPerLayerMax);
-  construct_array<SharedTotals>(base, off_.totals, cp);
+  construct_array<Totals>(base, off_.totals, cp);
   construct_array<PageFillers>(base, off_.fillers, 2 * off_.stamps_per_half);
   reset_flags();
   // Staging starts as garbage, as freshly allocated GPU memory would: a skipped zero shows.
@@ -243,7 +243,7 @@ std::atomic<std::int32_t>& World::chosen_path(std::int32_t rank) const { return 
 std::atomic<std::int32_t>& World::verdict(std::int32_t rank) const { return region_.at<std::atomic<std::int32_t>>(off_.verdicts)[rank]; }
 std::atomic<std::int64_t>& World::reading_layer(std::int32_t rank) const { return region_.at<std::atomic<std::int64_t>>(off_.reading)[rank]; }
 CollectiveLog& World::collectives(std::int32_t rank) const { return region_.at<CollectiveLog>(off_.colllog)[rank]; }
-SharedTotals& World::totals(std::int32_t rank) const { return region_.at<SharedTotals>(off_.totals)[rank]; }
+Totals& World::totals(std::int32_t rank) const { return region_.at<Totals>(off_.totals)[rank]; }
 BarrierShadow& World::barrier_shadow(std::int32_t layer, std::int32_t use) const {
   return region_.at<BarrierShadow>(off_.arrivals)[layer * kBarrierUsesPerLayerMax + use];
 }
@@ -285,7 +285,7 @@ void World::reset_flags() const {
     collectives(r).calls = 0;
     collectives(r).signature = 0;
     position(r).state = static_cast<std::int32_t>(RankState::idle);
-    totals(r) = SharedTotals{};
+    totals(r) = Totals{};
   }
   for (std::int32_t l = 0; l < geometry_.layers; ++l) {
     for (std::int32_t u = 0; u < kBarrierUsesPerLayerMax; ++u) barrier_shadow(l, u).value = 0;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpkv/harness/source.hpp"
@@ -65,11 +66,14 @@ inline constexpr std::int32_t kViolationsMax = 64;
 inline constexpr std::int32_t kInvariants = 8;
 
 // What a rank reports back to whoever launched it (a forked child cannot return a value): plain
-// data, written into shared memory by rank processes.
+// data, written into shared memory by rank processes. The simulator's step machine and the GPU
+// ranks count into it directly; a report gathers it with add_rank.
 struct Totals {
   std::int64_t batches = 0, layers = 0, barriers = 0, collectives = 0, overflows = 0, mismatches = 0;
   std::uint64_t bytes_gathered_from_peers = 0, bytes_reduced = 0, steps = 0;
   char first_mismatch[240] = {};
+  // Adds mismatching kinds; the first non-empty description is kept (truncated to fit).
+  void add_mismatches(std::int64_t kinds, std::string_view description);
 };
 
 struct RunReport {
@@ -87,6 +91,9 @@ struct RunReport {
   bool passed() const { return failure.empty() && violation_count == 0 && mismatches() == 0; }
   std::int64_t mismatches() const;
 };
+
+// The one fold of a rank's totals into a report: the rank's row, and its steps in the run's sum.
+void add_rank(RunReport& report, const Totals& rank);
 
 // One line: invariant number and name, where, and the detail.
 std::string describe(const Violation& violation);

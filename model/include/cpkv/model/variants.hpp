@@ -113,7 +113,6 @@ constexpr std::string_view to_string(Variant variant) { return info(variant).nam
 std::optional<Variant> parse_variant(std::string_view text);
 // "legacy_span_ar, fused_ar, ..." for help texts.
 std::string_view variant_names();
-// No free needs_ipc(Variant): ADL would make it ambiguous with the backends' own copies until they go.
 // The path a rank takes: the variant, or v2_fallback when it needs IPC and not every rank has it.
 constexpr Variant path_variant(Variant variant, bool ipc_on_every_rank) {
   return info(variant).needs_ipc && !ipc_on_every_rank ? Variant::v2_fallback : variant;

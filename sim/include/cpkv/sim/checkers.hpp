@@ -2,7 +2,8 @@
 // (a shared write, a staging read, a fill, a barrier arrival and pass, a collective pass, the batch
 // barrier pass where verdicts and paths are compared, a layer's end); the checker reads the shared
 // World and its own shadow state and records Violations (PROTOCOL.md section 9). It observes and
-// never steers: nothing the machine does depends on what it finds.
+// never steers: nothing the machine does depends on what it finds. The group's last event,
+// quiescence, is the runners' to hand over (on_quiescence): no single rank sees the group stop.
 #pragma once
 
 #include <cstdint>
@@ -83,5 +84,10 @@ class StateChecker {
   std::int32_t barrier_uses_passed_ = 0;
   std::vector<std::uint8_t> row_buffer_;  // one expected row, recomputed per row
 };
+
+// Quiescence: every rank has stopped after a run that ended normally. Every rank must have arrived
+// at every barrier and collective the same number of times, so the flags are drained (invariant 4);
+// the first rank that differs from rank 0 is recorded.
+void on_quiescence(const World& world);
 
 }  // namespace cpkv::sim

@@ -87,19 +87,6 @@ std::string to_string(const Step& step);
 using harness::ExpectedBytesFrom;
 using SimOptions = harness::RunOptions;
 
-// What one rank did, summed over the run.
-struct RankTotals {
-  std::int64_t batches = 0;
-  std::int64_t layers = 0;
-  std::int64_t barriers = 0;
-  std::int64_t collectives = 0;
-  std::int64_t overflows = 0;
-  std::int64_t mismatches = 0;
-  std::uint64_t bytes_gathered_from_peers = 0;
-  std::uint64_t bytes_reduced = 0;
-  std::string first_mismatch;
-};
-
 class RankMachine {
  public:
   RankMachine(const World& world, const model::Setting& setting, const SimOptions& options, std::int32_t rank);
@@ -119,8 +106,9 @@ class RankMachine {
   std::int64_t batch_index() const { return batch_index_; }
   const Step* next_step() const { return finished() ? nullptr : &program_[pc_]; }
   std::string describe_position() const;
-  const RankTotals& totals() const { return totals_; }
-  std::uint64_t steps_taken() const { return steps_taken_; }
+  // What this rank did, summed over the run (steps included): the harness's one Totals.
+  const harness::Totals& totals() const { return totals_; }
+  std::uint64_t steps_taken() const { return totals_.steps; }
 
  private:
   // Program construction, once per batch.
@@ -188,6 +176,8 @@ class RankMachine {
   model::PageInverse inverse_;
   std::vector<std::int64_t> inverse_page_begin_;  // per current index: first inverse entry (own pages)
   model::Variant path_variant_ = model::Variant::staging_direct;  // after the capability choice
+  // Peers read this rank's current pages from its dense buffer (symmetric memory), not from staging.
+  bool peers_read_dense() const { return model::info(path_variant_).peer_pages == model::PeerPages::dense; }
 
   // The plan cache. Correct: anchored on the batch (its index). Mutant: keyed on a buffer address.
   struct CachedPlan {
@@ -200,12 +190,11 @@ class RankMachine {
 
   std::vector<Step> program_;
   std::size_t pc_ = 0;
-  std::uint64_t steps_taken_ = 0;
   std::uint64_t barriers_arrived_ = 0;
   std::uint64_t collectives_arrived_ = 0;
   std::uint64_t batches_arrived_ = 0;
   std::vector<bool> pool_populated_;  // own local pages already written (content never changes)
-  RankTotals totals_;
+  harness::Totals totals_;  // steps: the steps taken so far
 };
 
 }  // namespace cpkv::sim

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpkv/harness/launch.hpp"
@@ -39,6 +40,9 @@ struct Schedule {
 // Reads a schedule file: whitespace-separated non-negative integers. Throws std::runtime_error with
 // file and position on bad input.
 Schedule read_schedule_file(const std::string& path);
+// The schedules named on a command line: "random" (from seed) and "round-robin"; nullopt for any
+// other text (a schedule file's name).
+std::optional<Schedule> named_schedule(std::string_view name, std::uint64_t seed);
 
 enum class RanksAs : std::uint8_t { processes, threads };
 

@@ -96,7 +96,7 @@ struct alignas(64) CollectiveLog {
 struct alignas(8) BarrierShadow {
   std::atomic<std::uint64_t> value{0};
 };
-// Barriers one rank passes per layer (symm_dense, staging_publish, staging_direct: one); room for two.
+// Barriers one rank passes per layer (each of model::barrier_variants() passes one); room for two.
 inline constexpr std::int32_t kBarrierUsesPerLayerMax = 2;
 
 // The current pages' fillers per parity half: (layer << 32) | bitmask of ranks that filled rows.
@@ -105,7 +105,7 @@ struct alignas(8) PageFillers {
 };
 
 // What a rank reports back to whoever launched it (harness/run.hpp, shared with the GPU backend).
-using SharedTotals = harness::Totals;
+using harness::Totals;
 
 class World {
  public:
@@ -137,7 +137,7 @@ class World {
   std::atomic<std::int32_t>& verdict(std::int32_t rank) const;   // per batch: 1 ok, 2 overflow
   std::atomic<std::int64_t>& reading_layer(std::int32_t rank) const;  // open staging read epoch or -1
   CollectiveLog& collectives(std::int32_t rank) const;
-  SharedTotals& totals(std::int32_t rank) const;
+  Totals& totals(std::int32_t rank) const;
   BarrierShadow& barrier_shadow(std::int32_t layer, std::int32_t use) const;
   PageFillers& fillers(std::int32_t half, std::int64_t current_index) const;
   StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;

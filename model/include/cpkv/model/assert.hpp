@@ -1,8 +1,8 @@
 // Host assertions, on in every build (Release included): a broken invariant or argument stops the
 // process at once with the file, the line and the condition, instead of running on into a wrong
-// answer. One condition per assertion, so the message names the one that failed. Kept free of
-// every other cpkv header so any host library can include it (it belongs in a common place; sim/
-// holds it for now).
+// answer. One condition per assertion, so the message names the one that failed. In model/, the
+// lowest layer, and free of every other cpkv header, so every host library can include it; device
+// code has its own pair in kernels/checks.cuh.
 #pragma once
 
 #include <cstdio>
