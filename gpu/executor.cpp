@@ -251,7 +251,6 @@ void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* 
     for (std::size_t k = 0; k < kinds; ++k) {
       const kernels::VerifyResult& found = results[l * kinds + k];
       if (found.wrong_bytes == 0) continue;
-      ++totals.mismatches;
       const std::uint64_t first = found.first_wrong >> 16;  // (byte index << 16) | (expected << 8) | actual
       const std::uint64_t row_global = first / setting.kinds[k].row_bytes;
       model::Mismatch mismatch;
@@ -262,7 +261,7 @@ void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* 
       mismatch.expected = static_cast<std::uint8_t>((found.first_wrong >> 8) & 0xff);
       mismatch.actual = static_cast<std::uint8_t>(found.first_wrong & 0xff);
       const std::string text = mismatch.describe(rank, batch_index, l, setting.kinds[k].name);
-      if (totals.first_mismatch[0] == '\0') std::snprintf(totals.first_mismatch, sizeof(totals.first_mismatch), "%s", text.c_str());
+      totals.add_mismatches(1, text);
       record(r.ctx.boot, violation(6, rank, batch_index, l, text));
     }
   }

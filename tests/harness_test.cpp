@@ -286,6 +286,8 @@ TEST(HarnessGroup, RanksThatAllWaitOnTheGroupAreADeadlockThatBlamesNoOne) {
   EXPECT_EQ(r.culprit, -1) << r.failure;
   EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
   EXPECT_TRUE(no_child_left());
+}
+
 // The one Totals every backend reports: mismatches add up and the first description is kept (cut
 // to the field, never overrunning it); a report's steps are the sum of its ranks' (add_rank).
 TEST(HarnessTotals, MismatchesAddUpKeepingTheFirstDescriptionAndAReportSumsItsRanksSteps) {
