@@ -107,9 +107,7 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
 }
 
 // The cost model's compose time per layer (cpkv replay --backend model's layer_time_us) with the
-// ceilings measured in this run (gathers at the fused copy's measured rate for their page count:
-// the same as `cpkv replay TRACE --backend model --ceilings BENCH.json`), averaged over the timed
-// cycle like the measurement.
+// ceilings measured in this run, averaged over the timed cycle like the measurement.
 double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings) {
   BatchCounts counts;
   count_batch(setting, batch, counts);
@@ -132,7 +130,6 @@ Ceilings model_ceilings(const cuda::Ceilings& measured) {
   c.barrier_us = measured.barrier_us;
   if (measured.allreduce_busbw_gbps > 0) c.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
   if (measured.allreduce_latency_us > 0) c.allreduce_latency_us = measured.allreduce_latency_us;
-  for (const cuda::Ceilings::Gather& g : measured.gather) c.gather.push_back({g.page_bytes, g.pages, g.gbps});
   c.source = "measured in this run";
   return c;
 }

@@ -1,9 +1,6 @@
 #include "model_costs.hpp"
 
 #include <algorithm>
-#include <cmath>
-
-#include <algorithm>
 #include <cassert>
 
 namespace cpkv::cli {
@@ -93,28 +90,6 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
   return bytes;
 }
 
-double peer_rate_gbps(const Ceilings& ceilings, std::uint64_t page_bytes, double pages) {
-  if (ceilings.gather.empty() || pages <= 0) return ceilings.peer_gbps;
-  std::uint64_t nearest = ceilings.gather.front().page_bytes;
-  const auto distance = [&](std::uint64_t b) { return b > page_bytes ? b - page_bytes : page_bytes - b; };
-  for (const GatherRate& g : ceilings.gather) {
-    if (distance(g.page_bytes) < distance(nearest)) nearest = g.page_bytes;
-  }
-  std::vector<GatherRate> curve;
-  for (const GatherRate& g : ceilings.gather) {
-    if (g.page_bytes == nearest) curve.push_back(g);
-  }
-  std::sort(curve.begin(), curve.end(), [](const GatherRate& a, const GatherRate& b) { return a.pages < b.pages; });
-  if (pages <= static_cast<double>(curve.front().pages)) return curve.front().gbps;
-  for (std::size_t i = 1; i < curve.size(); ++i) {
-    if (pages > static_cast<double>(curve[i].pages)) continue;
-    const double t = std::log(pages / static_cast<double>(curve[i - 1].pages)) /
-                     std::log(static_cast<double>(curve[i].pages) / static_cast<double>(curve[i - 1].pages));
-    return curve[i - 1].gbps + t * (curve[i].gbps - curve[i - 1].gbps);
-  }
-  return curve.back().gbps;
-}
-
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
                      const Ceilings& ceilings, std::uint64_t page_bytes) {
   const std::int32_t cp = setting.cp;
@@ -124,8 +99,7 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& c, model:
   // The dense all-reduce zeroes every slot first; the others zero the pages the fill writes.
   const std::uint64_t zero_bytes =
       static_cast<std::uint64_t>(model::zeroes_dense(variant) ? c.slot_count : c.current_pages_by_writer[bytes.own_rank]) * page_bytes;
-  const double peer_pages = page_bytes > 0 ? static_cast<double>(peer_gather_bytes) / static_cast<double>(page_bytes) : 0.0;
-  const double us_per_byte_peer = 1e-3 / peer_rate_gbps(ceilings, page_bytes, peer_pages);  // 1 GB/s = 1e3 bytes per microsecond
+  const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
   const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
   const double allreduce_factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;

@@ -37,32 +37,16 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
 model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& counts,
                                           model::Variant variant, std::int32_t rank, std::int32_t layer);
 
-// One point of the SM copy's measured rate pulling scattered pages from a peer (cpkv bench's
-// gather sweep: page size, pages per launch, GB/s).
-struct GatherRate {
-  std::uint64_t page_bytes = 0;
-  std::int64_t pages = 0;
-  double gbps = 0;
-};
-
 // Bandwidth and latency ceilings of the modelled time. gbps = 1e9 bytes per second (GB/s), as
 // nccl-tests reports bus bandwidth.
 struct Ceilings {
   double peer_gbps = 350.0;            // one rank's aggregate read bandwidth from peers' memory (IPC, NVLink)
-  // Where measured (a cpkv bench JSON), the gathers from peers run at the SM copy's rate for their
-  // page count instead of peer_gbps: a few pages keep too little in flight to reach the link rate.
-  std::vector<GatherRate> gather;
   double local_gbps = 2000.0;          // local copy bandwidth (HBM read + write)
   double barrier_us = 5.0;             // one counting barrier over IPC flags
   double allreduce_busbw_gbps = 360.0; // NCCL sum all-reduce bus bandwidth
   double allreduce_latency_us = 20.0;  // fixed cost of one all-reduce call (launch + small-message latency)
   std::string source = "nominal H200 defaults (assumed, not measured)";
 };
-
-// The rate of a gather of `pages` pages of about `page_bytes` from peers: peer_gbps without a
-// measured sweep; else the sweep's curve for the nearest page size, log-linear in the page count
-// between its points and held at its ends.
-double peer_rate_gbps(const Ceilings& ceilings, std::uint64_t page_bytes, double pages);
 
 // Modelled exchange time of one rank for one layer (microseconds): gathers from peers at peer_gbps;
 // own-memory gather reads, local copies and zeroing at local_gbps; barriers; all-reduces at

@@ -71,26 +71,8 @@ double positive(const nlohmann::json& j, const char* key, const std::string& fil
   return it->get<double>();
 }
 
-// A cpkv bench JSON's gather sweep ("ceilings": {"gather": [{"page_bytes", "pages", "gbps"}, ...]}),
-// if the file has one: each point checked.
-std::vector<GatherRate> gather_rates(const nlohmann::json& j, const std::string& path) {
-  std::vector<GatherRate> out;
-  if (!j.contains("ceilings") || !j["ceilings"].is_object() || !j["ceilings"].contains("gather")) return out;
-  const nlohmann::json& points = j["ceilings"]["gather"];
-  if (!points.is_array()) throw OptionError(fmt::format("--ceilings: {}: ceilings.gather is not an array", path));
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    const nlohmann::json& p = points[i];
-    const bool ok = p.is_object() && p.contains("page_bytes") && p["page_bytes"].is_number_unsigned() && p.contains("pages") &&
-                    p["pages"].is_number_integer() && p["pages"].get<std::int64_t>() > 0 && p.contains("gbps") && p["gbps"].is_number() &&
-                    p["gbps"].get<double>() > 0 && std::isfinite(p["gbps"].get<double>()) && p["page_bytes"].get<std::uint64_t>() > 0;
-    if (!ok) throw OptionError(fmt::format("--ceilings: {}: ceilings.gather[{}] needs a positive page_bytes, pages and gbps", path, i));
-    out.push_back({p["page_bytes"].get<std::uint64_t>(), p["pages"].get<std::int64_t>(), p["gbps"].get<double>()});
-  }
-  return out;
-}
-
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..,"allreduce_busbw_gbps":..[,"allreduce_latency_us":..]}
-// [,"ceilings":{"gather":[...]}] (a cpkv bench JSON), then command-line values win.
+// then command-line values win.
 }  // namespace
 
 Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
@@ -122,8 +104,6 @@ Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
       nominal.push_back("allreduce_latency_us");
     }
     if (!nominal.empty()) c.source += fmt::format(" ({} nominal)", fmt::join(nominal, ", "));
-    c.gather = gather_rates(j, *o.ceilings_path);
-    if (!c.gather.empty()) c.source += fmt::format(" (gathers at the measured SM copy rate, {} points)", c.gather.size());
   }
   const auto take = [&](const std::optional<double>& value, double& field, const char* flag) {
     if (!value) return;

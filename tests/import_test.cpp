@@ -465,12 +465,6 @@ TEST(ModelReplayCli, CeilingsFileIsReadAndBadOnesRefused) {
   EXPECT_EQ(refused.status, 2);
   EXPECT_TRUE(one_line(refused.err)) << refused.err;
   EXPECT_NE(refused.err.find("\"peer_gbps\" must be a positive number"), std::string::npos) << refused.err;
-  const std::string bad_gather = write_temp("ceilings_bad_gather.json",
-                                            R"({"peer_gbps": 1, "local_gbps": 1, "barrier_us": 5, "ceilings": {"gather": [{"page_bytes": 64, "pages": 0, "gbps": 3}]}})");
-  const CliRun refused_gather = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", bad_gather));
-  EXPECT_EQ(refused_gather.status, 2);
-  EXPECT_TRUE(one_line(refused_gather.err)) << refused_gather.err;
-  EXPECT_NE(refused_gather.err.find("ceilings.gather[0]"), std::string::npos) << refused_gather.err;
   const CliRun wrong_backend = run_cpkv("replay traces/samples/tiny.jsonl --backend sim --peer-gbps 3");
   EXPECT_EQ(wrong_backend.status, 2);
   EXPECT_TRUE(one_line(wrong_backend.err)) << wrong_backend.err;
@@ -493,19 +487,3 @@ TEST(ModelReplayCli, ChartIsDrawnOrRefusedInOneLine) {
 }
 
 }  // namespace
-
-// The model's gather rate with a measured sweep (cli/model_costs.hpp peer_rate_gbps): the point's
-// rate at a measured count, log-linear between points (128 pages is halfway between 64 and 256),
-// held at the ends, the nearest page size's curve, and peer_gbps without a sweep.
-TEST(ModelGatherRate, FollowsTheMeasuredCurveOfTheNearestPageSize) {
-  cpkv::cli::Ceilings c;
-  c.peer_gbps = 370.0;
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 41984, 100.0), 370.0);
-  c.gather = {{41984, 64, 150.0}, {41984, 256, 280.0}, {41984, 1024, 320.0}, {8448, 64, 50.0}, {8448, 256, 170.0}};
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 41984, 256.0), 280.0);
-  EXPECT_NEAR(cpkv::cli::peer_rate_gbps(c, 41984, 128.0), 215.0, 1e-9);
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 41984, 10.0), 150.0);
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 41984, 1e6), 320.0);
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 50432, 1024.0), 320.0);  // two kinds per slot: nearest is 41,984
-  EXPECT_DOUBLE_EQ(cpkv::cli::peer_rate_gbps(c, 9000, 256.0), 170.0);
-}
