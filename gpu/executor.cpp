@@ -308,7 +308,8 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   if (r.ctx.cuda.timing_reps > 0) {
     const LayerBodies bodies{[&](std::int32_t l) { run_layer(run, l, false); }, [&](std::int32_t l) { run_layer(run, l, false, false); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
-                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); }};
+                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); },
+                             [&](std::int32_t l) { CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream)); }};
     time_batch(r, batch_index, bodies, bench);
   }
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status

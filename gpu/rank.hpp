@@ -93,6 +93,7 @@ struct LayerBodies {
   std::function<void(std::int32_t)> compose_only;  // one layer without the producer step
   std::function<void(std::int32_t)> isolated;      // the isolated current-page exchange
   std::function<void(std::int32_t)> isolated_gather_only;  // the same without the barrier (its share)
+  std::function<void(std::int32_t)> fill_only;     // the producer step alone
 };
 void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 

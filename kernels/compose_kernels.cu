@@ -178,8 +178,16 @@ __global__ void produce_kernel(const ProduceArgs a) {
                                  w);
     }
     const std::int64_t page = a.pages[row / a.page_size];
-    std::uint8_t* out = k.dest + (page * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes);
-    for (std::uint32_t b = 0; b < 8 && 8 * w + b < k.row_bytes; ++b) out[8 * w + b] = static_cast<std::uint8_t>(word >> (8 * b));
+    std::uint8_t* out = k.dest + (page * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes) + 8 * w;
+    const std::uint32_t bytes = min(8U, k.row_bytes - 8 * w);
+    // Rows start at multiples of row_bytes from a 256-byte-aligned base: the widest aligned stores.
+    if (bytes == 8 && k.row_bytes % 8 == 0) {
+      *reinterpret_cast<std::uint64_t*>(out) = word;
+    } else if (bytes % 4 == 0 && k.row_bytes % 4 == 0) {
+      for (std::uint32_t b = 0; b < bytes; b += 4) *reinterpret_cast<std::uint32_t*>(out + b) = static_cast<std::uint32_t>(word >> (8 * b));
+    } else {
+      for (std::uint32_t b = 0; b < bytes; ++b) out[b] = static_cast<std::uint8_t>(word >> (8 * b));
+    }
   }
 }
 

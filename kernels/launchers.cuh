@@ -44,12 +44,6 @@ struct BulkStatus {
 cudaError_t launch_bulk_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
                                std::int64_t count, BulkStatus* status, cudaStream_t stream);
 
-// Writes the content rows (model/content.hpp) of current tokens to `dest` through a page inverse:
-// token t has key current_row_key(seed, layer, kind, request[t], token[t]) and lands at row
-// dest_row[t] (dense rows or staging rows: the same kernel either way).
-cudaError_t launch_fill_current(std::uint8_t* dest, std::uint32_t row_bytes, const std::int32_t* request,
-                                const std::int64_t* token, const std::int64_t* dest_row, std::int64_t rows,
-                                std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, cudaStream_t stream);
 
 // Writes the prefix content of pool pages: page `logical[i]` lands at local page `local[i]` of `pool`.
 cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
