@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean]
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
@@ -36,6 +36,17 @@ if [[ "$what" == verify ]]; then
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == lean ]]; then
+  # The benchmarks and the stopped-rank case only, for a visit with little device time left.
+  for name in seeds_batch mooncake_slice; do
+    timeout 150 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 40 \
+      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md" | grep -E "^\| 0 \| (v2|staging_direct) |^Ceilings"
+    echo "bench $name: exit $?"
+  done
+  OUT=/tmp/rel CASES="${REL_CASES:-seeds-stop-rank-10s}" timeout 150 "$root/scripts/gpu-reliability.sh" "$build" > /tmp/rel-run.log 2>&1
+  echo "gpu-reliability: exit $?"; grep -E "^\| (case|seeds|cp2)" /tmp/rel/gpu-reliability.md
+  grep -h "made no progress" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -2 | cut -c1-400
 fi
 if [[ "$what" == perf ]]; then
   timeout 90 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --stuck-ms-max 20000
