@@ -49,8 +49,8 @@ if [[ "$what" == lean ]]; then
   grep -h "made no progress" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -2 | cut -c1-400
 fi
 if [[ "$what" == perf ]]; then
-  timeout 90 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --stuck-ms-max 20000
-  echo "smoke replay seeds cp 2: exit $?"
+  timeout 90 "$cpkv" replay "$root/traces/samples/tiny.jsonl" --backend cuda --layers 4 --stuck-ms-max 20000
+  echo "smoke replay tiny: exit $?"
   timeout 120 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --layers 4 --stuck-ms-max 30000
   echo "smoke replay seeds cp 8 on 2 GPUs: exit $?"
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-tests.log" 2>&1
