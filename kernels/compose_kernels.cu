@@ -1,6 +1,7 @@
 // The fused layer: the producer step (fill + zeroed tails, every kind in one launch) and the compose
 // exchange (local copies, peers' pages, the counting barrier folded in, every kind in one launch).
 #include "launchers.cuh"
+#include "flags.cuh"
 
 #include <algorithm>
 
@@ -10,14 +11,6 @@ namespace cpkv::kernels {
 
 namespace {
 
-__device__ __forceinline__ void store_release_sys(std::uint64_t* address, std::uint64_t value) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
-}
-__device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* address) {
-  std::uint64_t value;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
-  return value;
-}
 
 // Polls word `peer` of this rank's pad until it reaches `phase`; on timeout writes who waited for
 // whom into `status` and gives up (the host reports it as invariant 8; the bytes read after it are

@@ -1,5 +1,6 @@
 // The exchange kernels: slot-dense gather, pool population, counting barrier, verification.
 #include "launchers.cuh"
+#include "flags.cuh"
 
 #include <algorithm>
 
@@ -66,14 +67,6 @@ __global__ void populate_pool_kernel(std::uint8_t* pool, std::uint32_t row_bytes
   }
 }
 
-__device__ __forceinline__ void store_release_sys(std::uint64_t* address, std::uint64_t value) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(address), "l"(value) : "memory");
-}
-__device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* address) {
-  std::uint64_t value;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(address) : "memory");
-  return value;
-}
 
 // Thread p of the barrier block: signal peer p (write `phase` into word `rank` of its pad), then
 // wait until peer p's signal in the own pad reaches `phase`. False (and `status` written) on timeout.

@@ -84,6 +84,14 @@ TEST(Harness, ARankHungOutsideAnyWaitIsNamed) {
   EXPECT_TRUE(no_child_left());
 }
 
+// A run where every rank waits: a deadlock, no culprit named, nothing left running.
+void expect_deadlock_blaming_no_one(const LaunchResult& r) {
+  EXPECT_TRUE(r.deadlock);
+  EXPECT_EQ(r.culprit, -1) << r.failure;
+  EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
 TEST(Harness, EveryRankWaitingIsADeadlockThatBlamesNoOne) {
   const LaunchResult r = launch_ranks(options(3), [](std::int32_t rank, RankProgress& progress) {
     progress.at(2, 1);
@@ -91,10 +99,7 @@ TEST(Harness, EveryRankWaitingIsADeadlockThatBlamesNoOne) {
     while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return kRankExitOk;
   });
-  EXPECT_TRUE(r.deadlock);
-  EXPECT_EQ(r.culprit, -1) << r.failure;
-  EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
-  EXPECT_TRUE(no_child_left());
+  expect_deadlock_blaming_no_one(r);
 }
 
 TEST(Harness, ADeadRankIsReportedBySignalAndEndsTheRun) {
@@ -282,10 +287,7 @@ TEST(HarnessGroup, RanksThatAllWaitOnTheGroupAreADeadlockThatBlamesNoOne) {
     while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return kRankExitOk;
   });
-  EXPECT_TRUE(r.deadlock);
-  EXPECT_EQ(r.culprit, -1) << r.failure;
-  EXPECT_NE(r.failure.find("every rank is waiting"), std::string::npos) << r.failure;
-  EXPECT_TRUE(no_child_left());
+  expect_deadlock_blaming_no_one(r);
 }
 
 // The one Totals every backend reports: mismatches add up and the first description is kept (cut

@@ -420,23 +420,26 @@ class BatchScanner {
     return take(']');
   }
 
-  bool request(model::Request& request) {
+  // One object of known keys: `field(name, seen)` reads the value of key `name` (false: not one of
+  // them, or seen before); every key in `all` (a bit each) must appear.
+  template <typename Field>
+  bool object(unsigned all, const Field& field) {
     if (!take('{')) return false;
     unsigned seen = 0;
     do {
       std::string_view name;
-      if (!key(name)) return false;
-      bool ok = false;
-      if (name == "prefix_pages") {
-        ok = first_time(seen, 1) && pages(request.prefix_pages);
-      } else if (name == "prefix_len") {
-        ok = first_time(seen, 2) && number(request.prefix_len);
-      } else if (name == "extend_len") {
-        ok = first_time(seen, 4) && number(request.extend_len);
-      }
-      if (!ok) return false;
+      if (!key(name) || !field(name, seen)) return false;
     } while (take(','));
-    return take('}') && seen == 7;
+    return take('}') && seen == all;
+  }
+
+  bool request(model::Request& request) {
+    return object(7, [&](std::string_view name, unsigned& seen) {
+      if (name == "prefix_pages") return first_time(seen, 1) && pages(request.prefix_pages);
+      if (name == "prefix_len") return first_time(seen, 2) && number(request.prefix_len);
+      if (name == "extend_len") return first_time(seen, 4) && number(request.extend_len);
+      return false;
+    });
   }
 
   // The requests array into `requests`, whose elements (and their page vectors) are reused.
@@ -457,20 +460,12 @@ class BatchScanner {
   }
 
   bool read_line(detail::BatchLine& line) {
-    if (!take('{')) return false;
-    unsigned seen = 0;
-    do {
-      std::string_view name;
-      if (!key(name)) return false;
-      bool ok = false;
-      if (name == "batch") {
-        ok = first_time(seen, 1) && number(line.index);
-      } else if (name == "requests") {
-        ok = first_time(seen, 2) && requests(line.batch.requests);
-      }
-      if (!ok) return false;
-    } while (take(','));
-    if (!take('}') || seen != 3) return false;
+    const bool ok = object(3, [&](std::string_view name, unsigned& seen) {
+      if (name == "batch") return first_time(seen, 1) && number(line.index);
+      if (name == "requests") return first_time(seen, 2) && requests(line.batch.requests);
+      return false;
+    });
+    if (!ok) return false;
     skip_space();
     return at_ == end_;
   }
