@@ -1,0 +1,101 @@
+// The GPU backend's per-batch plan on the host (gpu/device_plan.cpp), checked without a GPU against
+// the contracts its two launches read it by (kernels/launchers.cuh): the producer writes every token
+// this rank computed exactly once, at its row, and zeroes the other rows of the pages the plan zeroes
+// (PROTOCOL.md: the tail of a partial page reads 0) and nothing else; the compose launch's entries
+// are the plan's lists, what reads the fill (pack, publish) first, each with its destination.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cpkv/harness/source.hpp"
+#include "cpkv/model/staging.hpp"
+#include "device_plan.hpp"
+
+namespace cpkv {
+namespace {
+
+std::vector<model::Batch> batches_of(const harness::BatchSource& source) {
+  std::vector<model::Batch> out;
+  harness::BatchCursor cursor(source);
+  while (auto b = cursor.next()) out.push_back(*b);
+  return out;
+}
+
+void expect_produce_rows(const cuda::BatchPlan& b, std::int32_t page_size, const std::string& where) {
+  std::map<std::int64_t, std::size_t> index;  // destination page -> position in produce_pages
+  for (std::size_t i = 0; i < b.produce_pages.size(); ++i) {
+    EXPECT_TRUE(index.emplace(b.produce_pages[i], i).second) << where << ": page " << b.produce_pages[i] << " listed twice";
+  }
+  ASSERT_EQ(b.row_token.size(), b.produce_pages.size() * page_size) << where;
+  std::vector<int> written(b.inv_dest.size(), 0);
+  for (std::size_t i = 0; i < b.produce_pages.size(); ++i) {
+    for (std::int32_t row = 0; row < page_size; ++row) {
+      const std::int32_t t = b.row_token[i * page_size + row];
+      if (t < 0) continue;
+      ASSERT_LT(static_cast<std::size_t>(t), b.inv_dest.size()) << where;
+      EXPECT_EQ(b.inv_dest[t], b.produce_pages[i] * page_size + row) << where << ": token " << t << " lands on another row";
+      ++written[t];
+    }
+  }
+  for (std::size_t t = 0; t < written.size(); ++t) EXPECT_EQ(written[t], 1) << where << ": token " << t << " written " << written[t] << " times";
+  std::set<std::int64_t> zeroed;
+  for (const kernels::GatherEntry& e : b.zero_own) zeroed.insert(e.dst_page);
+  for (std::size_t i = 0; i < b.produce_pages.size(); ++i) {
+    const std::int32_t empty = zeroed.count(b.produce_pages[i]) ? kernels::kRowZero : kernels::kRowUntouched;
+    for (std::int32_t row = 0; row < page_size; ++row) {
+      const std::int32_t t = b.row_token[i * page_size + row];
+      if (t < 0) EXPECT_EQ(t, empty) << where << ": page " << b.produce_pages[i] << " row " << row;
+    }
+  }
+  for (std::int64_t page : zeroed) EXPECT_EQ(index.count(page), 1U) << where << ": zeroed page " << page << " missing from the producer";
+}
+
+void expect_compose_entries(const cuda::BatchPlan& b, const std::string& where) {
+  std::vector<std::pair<const std::vector<kernels::GatherEntry>*, std::int32_t>> order = {
+      {&b.pack, kernels::kToCompact}, {&b.publish, kernels::kToStaging}, {&b.local_prefix, kernels::kToDense},
+      {&b.gather1, kernels::kToDense}, {&b.gather2, kernels::kToDense}};
+  std::size_t at = 0;
+  for (const auto& [list, dest] : order) {
+    for (const kernels::GatherEntry& e : *list) {
+      ASSERT_LT(at, b.compose.size()) << where;
+      const kernels::GatherEntry& c = b.compose[at++];
+      EXPECT_EQ(c.dst_page, e.dst_page) << where;
+      EXPECT_EQ(c.src_page, e.src_page) << where;
+      EXPECT_EQ(c.table_index, e.table_index) << where;
+      EXPECT_EQ(c.dest, dest) << where;
+    }
+  }
+  EXPECT_EQ(at, b.compose.size()) << where;
+  EXPECT_EQ(static_cast<std::size_t>(b.compose_pre), b.pack.size() + b.publish.size()) << where;
+}
+
+TEST(GpuPlan, ProducerAndComposeListsKeepTheirContractsForEveryVariantAndRank) {
+  for (const char* name : {"seeds_batch.jsonl", "mooncake_slice.jsonl", "tiny.jsonl"}) {
+    harness::BatchSource source = harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
+    for (std::int32_t cp : {2, source.setting.cp}) {
+      source.setting.cp = cp;
+      const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
+      const std::vector<model::Batch> batches = batches_of(source);
+      for (model::Variant variant : model::kAllVariants) {
+        for (std::int32_t rank = 0; rank < cp; ++rank) {
+          std::vector<bool> populated(source.setting.pool_pages_per_rank(), false);
+          for (std::size_t i = 0; i < batches.size(); ++i) {
+            const cuda::BatchPlan b = cuda::build_batch_plan(source.setting, batches[i], variant, rank, staging_slots, populated);
+            if (b.overflow) continue;
+            const std::string where = std::string(name) + " cp " + std::to_string(cp) + " " + std::string(model::to_string(variant)) + " rank " +
+                                      std::to_string(rank) + " batch " + std::to_string(i);
+            expect_produce_rows(b, source.setting.page_size, where);
+            expect_compose_entries(b, where);
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cpkv
