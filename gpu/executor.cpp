@@ -182,10 +182,10 @@ void run_layer(BatchRun& run, std::int32_t l, bool check, bool fill = true) {
   }
 }
 
-// The isolated current-page exchange, for the benchmark: the fused launch with only the current
-// pages (barrier + gather: staging_direct, staging_publish, symm_dense), or the compact all-reduce
-// of the same pages (v2).
-// Without `with_barrier` the same gather runs with no flag (timing only: the barrier's share is the
+// The isolated current-page exchange, for the benchmark (what it is comes from the plan, as the
+// variant table's `isolated` column says): the fused launch with only the current pages where the
+// plan has a barrier, the compact all-reduce of the same pages where it has one. Without
+// `with_barrier` the same gather runs with no flag (timing only: the barrier's share is the
 // difference).
 void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* current_only, std::int64_t current_count, bool with_barrier) {
   Rank& r = run.r;
