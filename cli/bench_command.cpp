@@ -106,21 +106,14 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
   return s;
 }
 
-// The cost model's compose time per layer (cpkv replay --backend model's layer_time_us) with the
-// ceilings measured in this run, averaged over the timed cycle like the measurement.
+// The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
+// ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
 double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings) {
-  BatchCounts counts;
-  count_batch(setting, batch, counts);
-  double sum = 0;
-  for (std::int32_t l = 0; l < cycle; ++l) {
-    const std::uint64_t page_bytes = setting.row_bytes_on_layer(l) * static_cast<std::uint32_t>(setting.page_size);
-    double slowest = 0;
-    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
-      slowest = std::max(slowest, layer_time_us(setting, counts, variant, layer_bytes_from_counts(setting, counts, variant, rank, l), ceilings, page_bytes));
-    }
-    sum += slowest;
-  }
-  return sum / cycle;
+  model::Setting timed = setting;
+  timed.layer_pattern = setting.layer_pattern.substr(0, static_cast<std::size_t>(cycle));
+  BatchCosts costs;
+  CostModel(timed, ceilings).evaluate(batch, costs);
+  return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
 }
 
 Ceilings model_ceilings(const cuda::Ceilings& measured) {
