@@ -47,7 +47,7 @@ kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::si
     t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
                           : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
   }
-  t.base[kernels::kTableOwnDense] = mem.dense + mem.dense_offset[h][k];
+  t.base[kernels::kTableOwnDense] = mem.dense_half(h, k);
   t.base[kernels::kTableOwnCompact] = mem.compact + mem.compact_offset[k];
   return t;
 }
@@ -67,8 +67,8 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
     if (!setting.kind_active(k, l)) continue;
     kernels::ComposeKind& ck = a.kind[a.kinds++];
-    ck.dst[kernels::kToDense] = r.mem.dense + r.mem.dense_offset[h][k];
-    ck.dst[kernels::kToStaging] = r.mem.staging + r.mem.carve.slot_offset(h, k, 0);
+    ck.dst[kernels::kToDense] = r.mem.dense_half(h, k);
+    ck.dst[kernels::kToStaging] = r.mem.staging_half(h, k);
     ck.dst[kernels::kToCompact] = r.mem.compact + r.mem.compact_offset[k];
     kernels::set_page_geometry(ck, r.page_bytes(k));
     ck.table = run.tables[l][k];
@@ -96,7 +96,7 @@ kernels::ProduceArgs produce_args(const BatchRun& run, std::int32_t l) {
   kernels::ProduceArgs a{};
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
     if (!setting.kind_active(k, l)) continue;
-    std::uint8_t* dest = run.b.plan.fill_to_staging ? r.mem.staging + r.mem.carve.slot_offset(h, k, 0) : r.mem.dense + r.mem.dense_offset[h][k];
+    std::uint8_t* dest = run.b.plan.fill_to_staging ? r.mem.staging_half(h, k) : r.mem.dense_half(h, k);
     a.kind[a.kinds++] = {dest, setting.kinds[k].row_bytes, static_cast<std::uint32_t>(k)};
   }
   a.page_size = setting.page_size;
@@ -135,7 +135,7 @@ void layer_collectives(BatchRun& run, std::int32_t l, std::size_t k, bool check)
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
   const std::int32_t h = run.half_of(l);
   const std::uint64_t pb = r.page_bytes(k);
-  std::uint8_t* dense_k = r.mem.dense + r.mem.dense_offset[h][k];
+  std::uint8_t* dense_k = r.mem.dense_half(h, k);
   for (const model::SlotRange& range : run.b.plan.allreduce_ranges) {
     const std::uint64_t offset = r.mem.dense_offset[h][k] + range.slot_begin * pb;
     r.all_reduce(r.mem.dense + offset, r.mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);

@@ -46,6 +46,10 @@ struct RankMemory {
   std::uint64_t pool_bytes = 0, dense_bytes = 0, compact_bytes = 0;
   std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
   model::ArenaCarve carve;
+
+  // Kind k's part of parity half h of this rank's dense buffer and of its staging.
+  std::uint8_t* dense_half(std::int32_t h, std::size_t k) const { return dense + dense_offset[h][k]; }
+  std::uint8_t* staging_half(std::int32_t h, std::size_t k) const { return staging + carve.slot_offset(h, k, 0); }
 };
 
 struct Rank {
