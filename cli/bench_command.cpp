@@ -176,9 +176,11 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
   for (const auto& g : ceilings.gather) {
     gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}, {"block_per_page_gbps", g.block_gbps},
-                       {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps}});
+                       {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps},
+                       {"push_block_per_page_gbps", g.push_gbps}});
   }
   out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
+                     {"ce_push_gbps", ceilings.ce_push_gbps},
                      {"local_copy_gbps", ceilings.local_copy_gbps},
                      {"barrier_us", ceilings.barrier_us},
                      {"barrier_us_launch_free", ceilings.barrier_us_launch_free},
@@ -215,19 +217,20 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
                       r["peer_bytes_per_rank_layer"].get<double>() / 1e6, r["achieved_peer_gbps"].get<double>(), r["ratio_to_ideal"].get<double>(),
                       r["model_us_per_layer"].get<double>(), 100.0 * r["model_error"].get<double>(), r["byte_exact"].get<bool>() ? "yes" : "NO");
   }
-  md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s, local copy {:.0f} GB/s, barrier {:.2f} us "
+  md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s (push {:.0f} GB/s), local copy {:.0f} GB/s, barrier {:.2f} us "
                     "(launch included; {:.2f} us as graph nodes; {:.2f} us launch-free, looped in one kernel; in the layers it is folded "
                     "into the compose launch), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, {:.1f} us at 4 KiB.\n",
-                    ceilings.ce_peer_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
+                    ceilings.ce_peer_gbps, ceilings.ce_push_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
                     ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
   md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"
         "| page bytes | pages | fused compose copy (warp per page) | of CE | gather (block per page) | of CE | copy engines, batched | of CE | "
-        "bulk copy (TMA) | of CE |\n|---|---|---|---|---|---|---|---|---|---|\n";
+        "bulk copy (TMA) | of CE | pushed instead (block per page, remote stores) | of CE |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& g : ceilings.gather) {
     const double ce = ceilings.ce_peer_gbps;
     const std::string bulk = g.bulk_gbps == 0 ? "- | -" : g.bulk_gbps < 0 ? "WRONG | -" : fmt::format("{:.0f} | {:.2f}", g.bulk_gbps, g.bulk_gbps / ce);
-    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ce, g.block_gbps,
-                      g.block_gbps / ce, g.ce_batch_gbps, g.ce_batch_gbps / ce, bulk);
+    const std::string push = g.push_gbps == 0 ? "- | -" : g.push_gbps < 0 ? "WRONG | -" : fmt::format("{:.0f} | {:.2f}", g.push_gbps, g.push_gbps / ce);
+    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {} | {} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ce, g.block_gbps,
+                      g.block_gbps / ce, g.ce_batch_gbps, g.ce_batch_gbps / ce, bulk, push);
   }
   return md;
 }

@@ -80,6 +80,31 @@ double bulk_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst
   return exact ? static_cast<double>(count * page_bytes) / (ms * 1e6) : -1.0;
 }
 
+// The same pages pushed: the block-per-page gather loads this rank's pages and stores them into
+// the next rank's buffer (remote stores), every rank at once; its bytes checked (first and last
+// page, read back through the peer's mapping) after the timing. GB/s, or -1 when a byte is wrong.
+// Host barriers around it: no rank's earlier copies into its own buffer overlap a peer's pushes.
+double push_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* peer_dst, std::uint8_t* own,
+                 const std::vector<kernels::GatherEntry>& entries, const kernels::GatherEntry* d_entries, std::uint64_t page_bytes) {
+  kernels::PointerTable table{};
+  table.base[0] = own;
+  const std::int64_t count = static_cast<std::int64_t>(entries.size());
+  wait_device(r.ctx.progress, r.stream);
+  r.barrier();
+  const double ms = timed_ms(r, start, stop, [&] {
+    CPKV_CUDA_CHECK(kernels::launch_gather(peer_dst, page_bytes, table, d_entries, count, r.stream));
+  }, 10);
+  bool exact = true;
+  for (const kernels::GatherEntry& e : {entries.front(), entries.back()}) {
+    std::vector<std::uint8_t> got(page_bytes), want(page_bytes);
+    CPKV_CUDA_CHECK(cudaMemcpy(got.data(), peer_dst + e.dst_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    CPKV_CUDA_CHECK(cudaMemcpy(want.data(), own + e.src_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    exact = exact && got == want;
+  }
+  r.barrier();
+  return exact ? static_cast<double>(count * page_bytes) / (ms * 1e6) : -1.0;
+}
+
 // Both copy kernels pulling scattered pages from the next rank, every page size and count: the
 // fused compose copy (one warp per page chunk, the one the layers use) and the single-list gather (one
 // block per page, kept for the unpack).
@@ -115,6 +140,7 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       if (std::getenv("CPKV_BENCH_BULK") != nullptr) {
         out.gather_bulk_gbps[ps][c] = bulk_gbps(r, start, stop, own + half, a.kind[0].table, entries, d_entries, kCeilingPageBytes[ps]);
       }
+      out.gather_push_gbps[ps][c] = r.cp() > 1 ? push_gbps(r, start, stop, peer + half, own, entries, d_entries, kCeilingPageBytes[ps]) : 0.0;
     }
   }
   wait_device(r.ctx.progress, r.stream);
@@ -198,6 +224,13 @@ void measure_ceilings(Rank& r, BenchRank& out) {
   CPKV_CUDA_CHECK(cudaEventCreate(&stop));
   const double pull_ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, peer, half, cudaMemcpyDeviceToDevice, r.stream)); }, 5);
   out.ce_peer_gbps = half / (pull_ms * 1e6);
+  if (cp > 1) {  // the copy engines writing into the peer; host barriers keep it clear of the peer's own copies
+    wait_device(r.ctx.progress, r.stream);
+    r.barrier();
+    const double push_ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(peer + half, own, half, cudaMemcpyDeviceToDevice, r.stream)); }, 5);
+    out.ce_push_gbps = half / (push_ms * 1e6);
+    r.barrier();
+  }
   const double local_ms = timed_ms(r, start, stop, [&] { CPKV_CUDA_CHECK(cudaMemcpyAsync(own + half, own, half, cudaMemcpyDeviceToDevice, r.stream)); }, 5);
   out.local_copy_gbps = half / (local_ms * 1e6);
   out.barrier_us = 1000.0 * timed_ms(r, start, stop, [&] { r.device_barrier(); }, 1000);
@@ -279,13 +312,15 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
   }
   Ceilings& c = out.ceilings;
   c.ce_peer_gbps = 1e30;
+  c.ce_push_gbps = 1e30;
   c.local_copy_gbps = 1e30;
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30, 1e30});
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
     c.ce_peer_gbps = std::min(c.ce_peer_gbps, br.ce_peer_gbps);
+    c.ce_push_gbps = std::min(c.ce_push_gbps, br.ce_push_gbps);
     c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
     c.barrier_us = std::max(c.barrier_us, br.barrier_us);
     c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
@@ -299,6 +334,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
         g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
         g.ce_batch_gbps = std::min(g.ce_batch_gbps, br.gather_ce_batch_gbps[ps][k]);
         g.bulk_gbps = std::min(g.bulk_gbps, br.gather_bulk_gbps[ps][k]);
+        g.push_gbps = std::min(g.push_gbps, br.gather_push_gbps[ps][k]);
       }
     }
     out.host_syncs_in_layer_loop = std::max(out.host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);

@@ -41,6 +41,7 @@ struct CudaOptions {
 // Ceilings measured in the same run (all ranks at once), worst rank.
 struct Ceilings {
   double ce_peer_gbps = 0;       // cudaMemcpyAsync from a peer's IPC buffer, every rank pulling at once
+  double ce_push_gbps = 0;       // cudaMemcpyAsync into a peer's IPC buffer, every rank pushing at once
   double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
   double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
   double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
@@ -54,6 +55,7 @@ struct Ceilings {
     double block_gbps;           // the single-list gather kernel (block per page), the same pages
     double ce_batch_gbps;        // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
     double bulk_gbps;            // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; 0: not measured, -1: wrong bytes or a timeout)
+    double push_gbps;            // the same pages pushed (block per page, loads local, stores into the peer; -1: wrong bytes)
   };
   std::vector<Gather> gather;
 };

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick]
+# (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed)
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
@@ -72,6 +73,20 @@ if [[ "$what" == perf ]]; then
   echo "gpu-reliability (${REL_CASES:-seeds-stop-rank-10s}): exit $?"; grep -E "^\| (case|seeds|cp2)" /tmp/rel/gpu-reliability.md
   grep -h "made no progress\|stopped" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -3 | cut -c1-400
   cp /tmp/rel/gpu-reliability.md "$OUT/" 2>/dev/null
+fi
+if [[ "$what" == quick ]]; then
+  # The gpu tests and the GPU mutants (the bytes), then the two benchmarks with the gather sweep.
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests.log" | tail -8
+  timeout 200 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; tail -4 "$OUT/gpu-mutants.txt"
+  for name in seeds_batch mooncake_slice; do
+    timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md" > /tmp/bench-$name.txt 2>&1
+    echo "bench $name: exit $?"
+    grep -E "^\| [0-9] \| (v2|staging_direct|staging_publish) |^Ceilings" /tmp/bench-$name.txt
+  done
+  sed -n '/Scattered/,$p' /tmp/bench-seeds_batch.txt
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
