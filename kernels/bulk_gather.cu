@@ -16,7 +16,7 @@ namespace ptx = cuda::ptx;
 
 constexpr int kBulkStages = 2;
 
-__global__ void bulk_gather_kernel(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
+__global__ void bulk_gather_kernel(std::uint8_t* dst, std::uint64_t page_bytes, const __grid_constant__ PointerTable table, const GatherEntry* entries,
                                    std::int64_t count, BulkStatus* status) {
   extern __shared__ __align__(128) std::uint8_t stage[];
   __shared__ std::uint64_t loaded[kBulkStages];

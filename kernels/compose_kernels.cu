@@ -110,7 +110,7 @@ __device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t warps, int lan
   __syncwarp();
 }
 
-__global__ void __launch_bounds__(kComposeThreads) compose_kernel(const ComposeArgs a) {
+__global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_constant__ ComposeArgs a) {
   const int lane = threadIdx.x % 32;
   const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const std::int64_t warps = std::int64_t{gridDim.x} * blockDim.x / 32;
@@ -169,7 +169,7 @@ __device__ __forceinline__ void store_word(std::uint8_t* out, std::uint64_t word
 // One warp per produced row, its lanes on consecutive 8-byte words (coalesced stores); blockIdx.y is
 // the kind. The row's key and destination are worked out once per row, not once per word: the
 // per-word cost is one mix and one store, so the fill runs at the store rate, not the integer rate.
-__global__ void produce_kernel(const ProduceArgs a) {
+__global__ void produce_kernel(const __grid_constant__ ProduceArgs a) {
   const ProduceKind& k = a.kind[blockIdx.y];
   const std::uint32_t words = (k.row_bytes + 7) / 8;
   const std::int64_t rows = a.page_count * a.page_size;

@@ -10,7 +10,7 @@ namespace cpkv::kernels {
 
 namespace {
 
-__global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page_bytes, PointerTable table,
+__global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page_bytes, const __grid_constant__ PointerTable table,
                               const GatherEntry* __restrict__ entries, std::int64_t count) {
   const bool vector_ok = page_bytes % 16 == 0;
   for (std::int64_t e = blockIdx.x; e < count; e += gridDim.x) {
@@ -141,7 +141,7 @@ __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes
   }
 }
 
-__global__ void sum_bytes_kernel(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes) {
+__global__ void sum_bytes_kernel(std::uint8_t* dst, const __grid_constant__ PointerTable table, std::int32_t cp, std::uint64_t bytes) {
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < bytes; i += std::uint64_t{gridDim.x} * blockDim.x) {
     std::uint32_t sum = 0;
     for (std::int32_t p = 0; p < cp; ++p) sum += table.base[p][i];
