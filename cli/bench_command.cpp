@@ -108,29 +108,41 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
 
 // The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
 // ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
-double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings) {
+// The dense buffer the executor zeroes holds the trace's largest batch (harness shape.slot_count_max).
+double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings,
+                    std::int64_t dense_slots) {
   model::Setting timed = setting;
   timed.layer_pattern = setting.layer_pattern.substr(0, static_cast<std::size_t>(cycle));
   BatchCosts costs;
-  CostModel(timed, ceilings).evaluate(batch, costs);
+  CostModel(timed, ceilings, dense_slots).evaluate(batch, costs);
   return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
 }
 
+// The slots of the dense buffer: the trace's largest batch, as the executor sizes it.
+std::int64_t dense_slots(const BenchSetup& s) {
+  std::int64_t slots = 0;
+  for (const model::Batch& b : s.batches) slots = std::max(slots, model::layout_batch(s.source.setting, b).slot_count);
+  return slots;
+}
+
 Ceilings model_ceilings(const cuda::Ceilings& measured) {
-  Ceilings c;
-  c.peer_gbps = measured.ce_peer_gbps;
-  c.local_gbps = measured.local_copy_gbps;
-  c.barrier_us = measured.barrier_us;
-  if (measured.allreduce_busbw_gbps > 0) c.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
-  if (measured.allreduce_latency_us > 0) c.allreduce_latency_us = measured.allreduce_latency_us;
-  c.source = "measured in this run";
-  return c;
+  MeasuredCeilings m;
+  m.ce_peer_gbps = measured.ce_peer_gbps;
+  m.local_copy_gbps = measured.local_copy_gbps;
+  m.barrier_us = measured.barrier_us;
+  m.barrier_us_graph = measured.barrier_us_graph;
+  m.barrier_us_launch_free = measured.barrier_us_launch_free;
+  m.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
+  m.allreduce_latency_us = measured.allreduce_latency_us;
+  for (const auto& g : measured.gather) m.gather.push_back({g.page_bytes, g.pages, g.gbps});
+  return derive_ceilings(m);
 }
 
 // One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
 // alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
   const Ceilings model_c = model_ceilings(ceilings);
+  const std::int64_t slots = dense_slots(s);
   for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
@@ -138,7 +150,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
     const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
     const double us = result.compose_us_median[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
-    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c);
+    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, slots);
     // The isolated current-page exchange exists where current pages move on their own: barrier +
     // gather (staging and symmetric variants) or the compact all-reduce (v2).
     const bool isolated_applies = model::info(variant).isolated != model::IsolatedExchange::none;
@@ -194,6 +206,8 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   out["barrier_us"] = model_c.barrier_us;
   out["allreduce_busbw_gbps"] = model_c.allreduce_busbw_gbps;
   out["allreduce_latency_us"] = model_c.allreduce_latency_us;
+  out["launch_us"] = model_c.launch_us;
+  out["gather_fixed_us"] = model_c.gather_fixed_us;
 }
 
 std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& ceilings, std::int32_t layer_count) {

@@ -90,28 +90,83 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
   return bytes;
 }
 
-double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const Ceilings& ceilings, std::uint64_t page_bytes) {
+Ceilings derive_ceilings(const MeasuredCeilings& m) {
+  Ceilings c;
+  c.peer_gbps = m.ce_peer_gbps;
+  c.local_gbps = m.local_copy_gbps;
+  c.barrier_us = m.barrier_us_launch_free;
+  if (m.allreduce_busbw_gbps > 0) c.allreduce_busbw_gbps = m.allreduce_busbw_gbps;
+  if (m.allreduce_latency_us > 0) c.allreduce_latency_us = m.allreduce_latency_us;
+  c.launch_us = std::max(0.0, m.barrier_us_graph - m.barrier_us_launch_free);
+  // The sweep point where bytes weigh least against the fixed part: fewest pages, largest page.
+  const MeasuredCeilings::Gather* fixed_point = nullptr;
+  for (const MeasuredCeilings::Gather& g : m.gather) {
+    if (g.gbps <= 0) continue;
+    if (fixed_point == nullptr || g.pages < fixed_point->pages || (g.pages == fixed_point->pages && g.page_bytes > fixed_point->page_bytes)) fixed_point = &g;
+  }
+  if (fixed_point != nullptr) {
+    const double bytes = static_cast<double>(fixed_point->pages) * static_cast<double>(fixed_point->page_bytes);
+    const double graph_saving_us = std::max(0.0, m.barrier_us - m.barrier_us_graph);  // the sweep launches on a stream
+    c.gather_fixed_us = std::max(0.0, bytes / (fixed_point->gbps * 1e3) - bytes / (m.ce_peer_gbps * 1e3) - graph_saving_us);
+  }
+  c.source = "measured in this run";
+  return c;
+}
+
+namespace {
+
+// A layer's bytes by the step of run_layer that moves them (one rank, all active kinds).
+struct LayerSteps {
+  std::uint64_t zero = 0;        // the dense buffer, zeroed by one memset
+  std::uint64_t pre = 0;         // the compose launch's entries before its signal: publish or pack
+  std::uint64_t post_peer = 0;   // the compose launch's gathers from peers
+  std::uint64_t post_local = 0;  // its own-memory reads and local copies
+  std::uint64_t unpack = 0;      // v2: compact -> dense, one gather launch per kind
+};
+
+LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                       std::uint64_t page_bytes, std::int64_t dense_slots) {
   const std::int32_t cp = setting.cp;
+  const model::VariantInfo& row = model::info(variant);
+  const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[bytes.own_rank]);
   const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp : 0;
-  const std::uint64_t peer_gather_bytes = bytes.pulled_from_peers() - ring_bytes;
-  const std::uint64_t own_gather_bytes = bytes.pulled_from[bytes.own_rank];
-  // The dense all-reduce zeroes every slot first; the others zero the pages the fill writes.
-  const std::uint64_t zero_bytes =
-      static_cast<std::uint64_t>(model::zeroes_dense(variant) ? c.slot_count : c.current_pages_by_writer[bytes.own_rank]) * page_bytes;
+  LayerSteps s;
+  if (model::zeroes_dense(variant)) s.zero = static_cast<std::uint64_t>(std::max(c.slot_count, dense_slots)) * page_bytes;
+  if (row.allreduce == model::AllReduceFamily::compact) {
+    s.pre = own_pages * page_bytes;
+    s.unpack = static_cast<std::uint64_t>(c.current_pages_total) * page_bytes;
+  } else if (row.peer_pages == model::PeerPages::staging && !row.fill_to_staging) {
+    s.pre = own_pages * page_bytes;  // the publish: peers read it after the signal
+  }
+  s.post_peer = bytes.pulled_from_peers() - ring_bytes;
+  s.post_local = bytes.pulled_from[bytes.own_rank] + bytes.local_copy_bytes - s.pre - s.unpack;
+  return s;
+}
+
+}  // namespace
+
+double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
+  const std::int32_t cp = setting.cp;
+  const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
   const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
   const double allreduce_factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;
-  return static_cast<double>(peer_gather_bytes) * us_per_byte_peer +
-         static_cast<double>(own_gather_bytes + bytes.local_copy_bytes + zero_bytes) * us_per_byte_local +
-         bytes.barriers * ceilings.barrier_us +
-         (cp > 1 ? bytes.allreduces * ceilings.allreduce_latency_us : 0.0) +
-         static_cast<double>(bytes.allreduce_bytes) * allreduce_factor * us_per_byte_busbw;
+  double us = 0.0;
+  if (s.zero > 0) us += ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
+  // The fused compose launch: the pre entries finish on every warp before the signal, so they are serial.
+  us += ceilings.gather_fixed_us;
+  if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
+  us += bytes.barriers * ceilings.barrier_us;
+  us += static_cast<double>(s.post_peer) * us_per_byte_peer + static_cast<double>(s.post_local) * us_per_byte_local;
+  if (cp > 1) us += bytes.allreduces * ceilings.allreduce_latency_us + static_cast<double>(bytes.allreduce_bytes) * allreduce_factor * us_per_byte_busbw;
+  if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
+  return us;
 }
 
-CostModel::CostModel(const model::Setting& setting, const Ceilings& ceilings)
-    : setting_(setting), ceilings_(ceilings), capacity_(model::staging_capacity(setting)) {
+CostModel::CostModel(const model::Setting& setting, const Ceilings& ceilings, std::int64_t dense_slots)
+    : setting_(setting), ceilings_(ceilings), dense_slots_(dense_slots), capacity_(model::staging_capacity(setting)) {
   for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
     if (setting.layer_is_full(layer)) {
       if (full_layers_++ == 0) first_full_ = layer;
@@ -142,7 +197,7 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
       for (std::int32_t rank = 0; rank < cp; ++rank) {
         const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes));
+        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
       }
       // Barriers and collectives hold every layer to its slowest rank.
       out.modelled_us[v] += slowest_us * layer_count;

@@ -42,17 +42,51 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
 struct Ceilings {
   double peer_gbps = 350.0;            // one rank's aggregate read bandwidth from peers' memory (IPC, NVLink)
   double local_gbps = 2000.0;          // local copy bandwidth (HBM read + write)
-  double barrier_us = 5.0;             // one counting barrier over IPC flags
+  double barrier_us = 2.0;             // the flag exchange of the barrier inside a compose launch (its launch counted apart)
   double allreduce_busbw_gbps = 360.0; // NCCL sum all-reduce bus bandwidth
   double allreduce_latency_us = 20.0;  // fixed cost of one all-reduce call (launch + small-message latency)
+  double launch_us = 1.5;              // one graph node that moves no bytes of its own: its launch (the memset's)
+  double gather_fixed_us = 9.0;        // the part of one gather launch (a warp or block per page) that is not bytes: launch, one page's latency, tail
   std::string source = "nominal H200 defaults (assumed, not measured)";
 };
 
-// Modelled exchange time of one rank for one layer (microseconds): gathers from peers at peer_gbps;
-// own-memory gather reads, local copies and zeroing at local_gbps; barriers; all-reduces at
-// latency + N * 2(cp-1)/cp / busbw. Compute is not modelled: the same for every variant.
+// What `cpkv bench` measures in the same run (gpu/bench.cpp measure_ceilings, worst rank), and the
+// model's ceilings derived from it: the one derivation `cpkv bench` and `cpkv replay --ceilings
+// BENCH.json` share.
+struct MeasuredCeilings {
+  double ce_peer_gbps = 0;
+  double local_copy_gbps = 0;
+  double barrier_us = 0;              // a barrier kernel back to back, launch included
+  double barrier_us_graph = 0;        // the same as nodes of a CUDA graph (how the layers run)
+  double barrier_us_launch_free = 0;  // the same looped inside one kernel: the flag exchange alone
+  double allreduce_busbw_gbps = 0;    // 0: not measured (no NCCL)
+  double allreduce_latency_us = 0;
+  struct Gather {
+    std::uint64_t page_bytes = 0;
+    std::int64_t pages = 0;
+    double gbps = 0;                  // the fused compose copy pulling the pages from the peer
+  };
+  std::vector<Gather> gather;
+};
+// launch_us = barrier_us_graph - barrier_us_launch_free (a graph node less what its kernel does);
+// gather_fixed_us = the gather sweep's time at its fewest pages of its largest page, less those bytes
+// at the copy-engine rate, less the launch a graph saves over a stream (barrier_us - barrier_us_graph).
+Ceilings derive_ceilings(const MeasuredCeilings& measured);
+
+// Modelled exchange time of one rank for one layer (microseconds), as the executor runs the layer
+// (gpu/executor.cpp run_layer, PROTOCOL.md section 7):
+//   dense zero (dense all-reduce variants): one memset node, launch_us + the dense buffer's slots
+//     (max(batch slots, dense_slots)) at local_gbps;
+//   the fused compose launch: gather_fixed_us; its pre-signal entries (staging_publish's publish,
+//     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
+//     barrier's flag exchange barrier_us; then the post entries: gathers from peers at peer_gbps
+//     plus own-memory reads and local copies at local_gbps;
+//   all-reduces: calls x allreduce_latency_us + N * 2(cp-1)/cp / busbw;
+//   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
+// Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
-                     const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes);
+                     const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes,
+                     std::int64_t dense_slots = 0);
 
 // Everything the model replay reports for one batch.
 struct BatchCosts {
@@ -66,7 +100,9 @@ struct BatchCosts {
 
 class CostModel {
  public:
-  CostModel(const model::Setting& setting, const Ceilings& ceilings);
+  // dense_slots: the slots of the dense buffer the dense all-reduce variants zero every layer (the
+  // executor sizes it for the trace's largest batch); 0: each batch's own slots.
+  CostModel(const model::Setting& setting, const Ceilings& ceilings, std::int64_t dense_slots = 0);
   // Reuses `out`'s storage: no allocation per batch once warm.
   void evaluate(const model::Batch& batch, BatchCosts& out) const;
   std::int64_t staging_slots() const { return capacity_.staging_slots; }
@@ -74,6 +110,7 @@ class CostModel {
  private:
   model::Setting setting_;
   Ceilings ceilings_;
+  std::int64_t dense_slots_ = 0;
   model::StagingCapacity capacity_;
   std::int32_t full_layers_ = 0;
   std::int32_t shared_layers_ = 0;

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <cerrno>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -71,8 +72,53 @@ double positive(const nlohmann::json& j, const char* key, const std::string& fil
   return it->get<double>();
 }
 
-// {"peer_gbps":..,"local_gbps":..,"barrier_us":..,"allreduce_busbw_gbps":..[,"allreduce_latency_us":..]}
-// then command-line values win.
+// {"peer_gbps":..,"local_gbps":..,"barrier_us":..[,"allreduce_busbw_gbps":..,"allreduce_latency_us":..,
+// "launch_us":..,"gather_fixed_us":..]}: absent optional keys stay nominal and say so.
+Ceilings flat_ceilings(const nlohmann::json& j, const std::string& file) {
+  Ceilings c;
+  c.peer_gbps = positive(j, "peer_gbps", file);
+  c.local_gbps = positive(j, "local_gbps", file);
+  c.barrier_us = positive(j, "barrier_us", file);
+  c.source = file;
+  std::vector<std::string> nominal;
+  const auto optional_key = [&](const char* key, double& field) {
+    if (j.contains(key)) {
+      field = positive(j, key, file);
+    } else {
+      nominal.push_back(key);
+    }
+  };
+  optional_key("allreduce_busbw_gbps", c.allreduce_busbw_gbps);
+  optional_key("allreduce_latency_us", c.allreduce_latency_us);
+  optional_key("launch_us", c.launch_us);
+  optional_key("gather_fixed_us", c.gather_fixed_us);
+  if (!nominal.empty()) c.source += fmt::format(" ({} nominal)", fmt::join(nominal, ", "));
+  return c;
+}
+
+// The "ceilings" object of a cpkv bench JSON (cli/bench_command.cpp add_ceilings).
+Ceilings bench_ceilings(const nlohmann::json& m, const std::string& file) {
+  const std::string where = file + " ceilings";
+  MeasuredCeilings measured;
+  measured.ce_peer_gbps = positive(m, "ce_peer_gbps", where);
+  measured.local_copy_gbps = positive(m, "local_copy_gbps", where);
+  measured.barrier_us = positive(m, "barrier_us", where);
+  measured.barrier_us_graph = positive(m, "barrier_us_graph", where);
+  measured.barrier_us_launch_free = positive(m, "barrier_us_launch_free", where);
+  measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? positive(m, "allreduce_busbw_gbps", where) : 0.0;
+  measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? positive(m, "allreduce_latency_us", where) : 0.0;
+  if (m.contains("gather")) {
+    if (!m["gather"].is_array()) throw OptionError(fmt::format("--ceilings: {}: \"gather\" must be an array", where));
+    for (const nlohmann::json& g : m["gather"]) {
+      const double page_bytes = positive(g, "page_bytes", where + " gather");
+      const double pages = positive(g, "pages", where + " gather");
+      measured.gather.push_back({static_cast<std::uint64_t>(page_bytes), static_cast<std::int64_t>(pages), positive(g, "gbps", where + " gather")});
+    }
+  }
+  Ceilings c = derive_ceilings(measured);
+  c.source = fmt::format("{} (measured by cpkv bench{})", file, measured.gather.empty() ? "; gather_fixed_us nominal: no gather sweep" : "");
+  return c;
+}
 }  // namespace
 
 Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
@@ -87,23 +133,11 @@ Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
       throw OptionError(fmt::format("--ceilings: cannot read {}: {}", *o.ceilings_path, e.what()));
     }
     if (j.is_discarded() || !j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
-    c.peer_gbps = positive(j, "peer_gbps", *o.ceilings_path);
-    c.local_gbps = positive(j, "local_gbps", *o.ceilings_path);
-    c.barrier_us = positive(j, "barrier_us", *o.ceilings_path);
-    c.source = *o.ceilings_path;
-    // The all-reduce keys are optional (cpkv bench measures no NCCL ceiling): absent ones stay nominal and say so.
-    std::vector<std::string> nominal;
-    if (j.contains("allreduce_busbw_gbps")) {
-      c.allreduce_busbw_gbps = positive(j, "allreduce_busbw_gbps", *o.ceilings_path);
+    if (j.contains("ceilings") && j["ceilings"].is_object()) {
+      c = bench_ceilings(j["ceilings"], *o.ceilings_path);  // a cpkv bench JSON: what it measured, derived as the bench derives it
     } else {
-      nominal.push_back("allreduce_busbw_gbps");
+      c = flat_ceilings(j, *o.ceilings_path);
     }
-    if (j.contains("allreduce_latency_us")) {
-      c.allreduce_latency_us = positive(j, "allreduce_latency_us", *o.ceilings_path);
-    } else {
-      nominal.push_back("allreduce_latency_us");
-    }
-    if (!nominal.empty()) c.source += fmt::format(" ({} nominal)", fmt::join(nominal, ", "));
   }
   const auto take = [&](const std::optional<double>& value, double& field, const char* flag) {
     if (!value) return;
@@ -116,6 +150,8 @@ Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
   take(o.barrier_us, c.barrier_us, "--barrier-us");
   take(o.allreduce_gbps, c.allreduce_busbw_gbps, "--allreduce-gbps");
   take(o.allreduce_latency_us, c.allreduce_latency_us, "--allreduce-latency-us");
+  take(o.launch_us, c.launch_us, "--launch-us");
+  take(o.gather_fixed_us, c.gather_fixed_us, "--gather-fixed-us");
   return c;
 }
 
@@ -185,7 +221,7 @@ void check_against_model(const model::Setting& setting, const model::Batch& batc
 }  // namespace
 
 bool ModelReplayOptions::given() const {
-  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || chart_path || repeat != 1 || exact_model;
+  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || dense_slots || chart_path || repeat != 1 || exact_model;
 }
 
 void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
@@ -200,6 +236,10 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   cmd->add_option("--barrier-us", o.barrier_us, "model: one IPC counting barrier, us (default 5, nominal)")->check(latency)->group(group);
   cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->check(bandwidth)->group(group);
   cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->check(latency)->group(group);
+  cmd->add_option("--launch-us", o.launch_us, "model: one graph node that moves nothing itself (the dense memset's launch), us (default 1.5, nominal)")->check(latency)->group(group);
+  cmd->add_option("--gather-fixed-us", o.gather_fixed_us, "model: the fixed part of one gather launch (launch, one page's latency, tail), us (default 9, nominal)")->check(latency)->group(group);
+  cmd->add_option("--dense-slots", o.dense_slots, "model: slots of the dense buffer the dense all-reduce variants zero every layer (default: each batch's own)")
+      ->check(whole_in<std::int64_t>(1, std::numeric_limits<std::int32_t>::max()))->group(group);
   cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib; a regular file)")->group(group);
   cmd->add_option("--repeat", o.repeat, "model: evaluate every batch N times (timing only; the summary counts each batch once)")
       ->check(whole_in<std::int64_t>(1, option_limits::repetitions_max))->capture_default_str()->group(group);
@@ -271,7 +311,7 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
   const Ceilings& ceilings = run.ceilings;
   traces::TraceReader reader(run.trace_path);
   const model::Setting setting = reader.header().setting;
-  const CostModel cost_model(setting, ceilings);
+  const CostModel cost_model(setting, ceilings, o.dense_slots.value_or(0));
   ModelTotals t = read_all(reader, cost_model, run, o);
   if (run.batch && t.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
 
@@ -287,8 +327,9 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
                  t.batches, t.requests, t.extend_tokens, t.prefix_tokens, hit_rate);
   fmt::format_to(out, "  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", t.rejected.size());
   fmt::format_to(out, "  current_pages_total: {}\n", brief(pages_p));
-  fmt::format_to(out, "  ceilings: peer {} GB/s, local {} GB/s, barrier {} us, all-reduce {} GB/s bus + {} us per call [{}]\n", ceilings.peer_gbps,
-                 ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us, ceilings.source);
+  fmt::format_to(out, "  ceilings: peer {:.4g} GB/s, local {:.4g} GB/s, barrier {:.4g} us, all-reduce {:.4g} GB/s bus + {:.4g} us per call, launch {:.4g} us, gather fixed {:.4g} us [{}]\n",
+                 ceilings.peer_gbps, ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us,
+                 ceilings.launch_us, ceilings.gather_fixed_us, ceilings.source);
   fmt::format_to(out, "  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
   nlohmann::json variants = nlohmann::json::array();
   for (std::size_t v = 0; v < kVariantCount; ++v) {
@@ -313,7 +354,7 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
         {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
         {"ceilings", {{"peer_gbps", ceilings.peer_gbps}, {"local_gbps", ceilings.local_gbps}, {"barrier_us", ceilings.barrier_us},
                       {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps}, {"allreduce_latency_us", ceilings.allreduce_latency_us},
-                      {"source", ceilings.source}}},
+                      {"launch_us", ceilings.launch_us}, {"gather_fixed_us", ceilings.gather_fixed_us}, {"source", ceilings.source}}},
         {"variants", variants},
         {"timing", {{"evaluations", t.evaluations}, {"model_seconds", t.model_seconds}, {"batches_per_second", batches_per_second},
                     {"read_seconds", t.read_seconds}}}};

@@ -19,6 +19,9 @@ struct ModelReplayOptions {
   std::optional<double> barrier_us;
   std::optional<double> allreduce_gbps;
   std::optional<double> allreduce_latency_us;
+  std::optional<double> launch_us;
+  std::optional<double> gather_fixed_us;
+  std::optional<std::int64_t> dense_slots;
   std::optional<std::string> chart_path;
   std::int64_t repeat = 1;
   bool exact_model = false;

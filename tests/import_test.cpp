@@ -423,12 +423,14 @@ TEST(ModelReplayCosts, ClosedFormEqualsTheModelOnEveryField) {
 //   staging_direct bytes pulled from the peer per layer: batch 0 rank 0 reads 4 pages from rank 1
 //   (page 5, c1 c3 c4), rank 1 reads 3 from rank 0 (page 2, c0 c2): 4 * (3152 + 2624) / 2 = 11552
 //   and 3 * 5776 / 2 = 8664; batch 1: one page each way, 2888. Samples {2888 2888 8664 11552}.
-//   Time of batch 1 with peer 1 GB/s (1000 B/us), barrier 5 us and local copies made free:
-//   F layer 3152 / 1000 + 5 = 8.152 us, S layer 2624 / 1000 + 5 = 7.624 us -> 0.015776 ms.
+//   Time of batch 1 with peer 1 GB/s (1000 B/us), barrier 5 us, local copies made free and a gather
+//   launch's fixed part 2 us (one compose launch per layer):
+//   F layer 2 + 3152 / 1000 + 5 = 10.152 us, S layer 2 + 2624 / 1000 + 5 = 9.624 us -> 0.019776 ms.
 TEST(ModelReplayCli, TinySummaryMatchesHandCalculation) {
   const std::string json_path = (temp_dir() / "tiny_summary.json").string();
   const CliRun run = run_cpkv(fmt::format(
-      "replay traces/samples/tiny.jsonl --backend model --json '{}' --peer-gbps 1 --local-gbps 1e12 --barrier-us 5 --exact-model", json_path));
+      "replay traces/samples/tiny.jsonl --backend model --json '{}' --peer-gbps 1 --local-gbps 1e12 --barrier-us 5 --gather-fixed-us 2 --exact-model",
+      json_path));
   ASSERT_EQ(run.status, 0) << run.err;
   const nlohmann::json s = nlohmann::json::parse(slurp(json_path));
   EXPECT_EQ(s["batches"], 3);
@@ -448,7 +450,7 @@ TEST(ModelReplayCli, TinySummaryMatchesHandCalculation) {
   EXPECT_DOUBLE_EQ(bytes["min"].get<double>(), 2888);
   EXPECT_DOUBLE_EQ(bytes["p50"].get<double>(), 2888);
   EXPECT_DOUBLE_EQ(bytes["max"].get<double>(), 11552);
-  EXPECT_NEAR(direct["modelled_ms_per_batch"]["min"].get<double>(), 0.015776, 1e-9);
+  EXPECT_NEAR(direct["modelled_ms_per_batch"]["min"].get<double>(), 0.019776, 1e-9);
   EXPECT_EQ(s["ceilings"]["peer_gbps"], 1.0);
 }
 
@@ -458,8 +460,10 @@ TEST(ModelReplayCli, CeilingsFileIsReadAndBadOnesRefused) {
   const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", good, json_path));
   ASSERT_EQ(run.status, 0) << run.err;
   const nlohmann::json s = nlohmann::json::parse(slurp(json_path));
-  EXPECT_NEAR(s["variants"][6]["modelled_ms_per_batch"]["min"].get<double>(), 0.015776, 1e-9);
+  // As in TinySummaryMatchesHandCalculation, with the file's barrier and the nominal gather fixed part 9 us: + 2 x (9 - 2) us.
+  EXPECT_NEAR(s["variants"][6]["modelled_ms_per_batch"]["min"].get<double>(), 0.019776 + 0.014, 1e-9);
   EXPECT_EQ(s["ceilings"]["allreduce_busbw_gbps"], 100.0);
+  EXPECT_EQ(s["ceilings"]["gather_fixed_us"], 9.0);
   const std::string bad = write_temp("ceilings_bad.json", R"({"peer_gbps": 0, "local_gbps": 1, "barrier_us": 5})");
   const CliRun refused = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", bad));
   EXPECT_EQ(refused.status, 2);
@@ -468,6 +472,77 @@ TEST(ModelReplayCli, CeilingsFileIsReadAndBadOnesRefused) {
   const CliRun wrong_backend = run_cpkv("replay traces/samples/tiny.jsonl --backend sim --peer-gbps 3");
   EXPECT_EQ(wrong_backend.status, 2);
   EXPECT_TRUE(one_line(wrong_backend.err)) << wrong_backend.err;
+}
+
+// A cpkv bench JSON as the ceilings file: the model's ceilings derived from what the bench measured
+// (cpkv bench prints the same). By hand: launch = graph barrier 3 - launch-free 1.5 = 1.5 us; barrier
+// = launch-free 1.5 us; gather fixed part from the sweep point with the fewest pages of the largest
+// page (64 x 41,984 B = 2,686,976 B at 268.6976 GB/s = 10 us), less those bytes at the copy-engine
+// rate (2686.976 GB/s: 1 us), less the launch a graph saves (barrier 5 - graph barrier 3 = 2 us): 7 us.
+TEST(ModelReplayCli, BenchJsonCeilingsAreDerivedFromTheMeasurements) {
+  const std::string bench = write_temp("bench.json", R"({"peer_gbps": 99, "local_gbps": 99, "barrier_us": 99, "rows": [], "ceilings": {
+      "ce_peer_gbps": 2686.976, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
+      "allreduce_busbw_gbps": 250, "allreduce_latency_us": 11,
+      "gather": [{"page_bytes": 41984, "pages": 256, "gbps": 1}, {"page_bytes": 8448, "pages": 64, "gbps": 1},
+                 {"page_bytes": 41984, "pages": 64, "gbps": 268.6976}]}})");
+  const std::string json_path = (temp_dir() / "tiny_bench_ceilings.json").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", bench, json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json c = nlohmann::json::parse(slurp(json_path))["ceilings"];
+  EXPECT_DOUBLE_EQ(c["peer_gbps"].get<double>(), 2686.976);
+  EXPECT_DOUBLE_EQ(c["local_gbps"].get<double>(), 2000.0);
+  EXPECT_DOUBLE_EQ(c["barrier_us"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(c["launch_us"].get<double>(), 1.5);
+  EXPECT_NEAR(c["gather_fixed_us"].get<double>(), 7.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c["allreduce_busbw_gbps"].get<double>(), 250.0);
+  EXPECT_DOUBLE_EQ(c["allreduce_latency_us"].get<double>(), 11.0);
+}
+
+// layer_time_us term by term (PROTOCOL.md section 7's steps as gpu/executor.cpp runs them), by hand:
+// cp 2, page size 1, kv_fp8 only (a page is 656 B), F layer; rank 0 owns 3 prefix pages and writes 2
+// current ones, rank 1 owns 5 and writes 4; 14 slots, 6 current pages. Ceilings: peer 1000 B/us,
+// local 500 B/us, barrier 3 us, all-reduce 1000 B/us bus + 7 us per call, launch 11 us, gather fixed 13 us.
+TEST(CostModel, LayerTimeTermsByHand) {
+  cpkv::model::Setting s;
+  s.cp = 2;
+  s.page_size = 1;
+  s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8")};
+  s.layer_pattern = "F";
+  s.pool_pages = 100;
+  s.split = cpkv::model::SplitPolicy::zigzag;
+  cpkv::cli::BatchCounts c;
+  c.requests = 1;
+  c.slot_count = 14;
+  c.current_pages_total = 6;
+  c.prefix_pages_by_owner = {3, 5};
+  c.current_pages_by_writer = {2, 4};
+  cpkv::cli::Ceilings ceilings;
+  ceilings.peer_gbps = 1.0;
+  ceilings.local_gbps = 0.5;
+  ceilings.barrier_us = 3.0;
+  ceilings.allreduce_busbw_gbps = 1.0;
+  ceilings.allreduce_latency_us = 7.0;
+  ceilings.launch_us = 11.0;
+  ceilings.gather_fixed_us = 13.0;
+  const auto time_us = [&](cpkv::model::Variant v, std::int64_t dense_slots) {
+    return cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, dense_slots);
+  };
+  using cpkv::model::Variant;
+  // symm_dense: launch 13 + barrier 3 + 9 peer pages 5904 B / 1000 + 3 own prefix pages 1968 B / 500.
+  EXPECT_NEAR(time_us(Variant::symm_dense, 0), 13 + 3 + 5.904 + 3.936, 1e-9);
+  // staging_direct: the own current pages are read from own staging after the barrier: 5 local pages.
+  EXPECT_NEAR(time_us(Variant::staging_direct, 0), 13 + 3 + 5.904 + 6.56, 1e-9);
+  // staging_publish: the publish (2 pages, 1312 B / 500) is serial before the signal, with its own fixed part.
+  EXPECT_NEAR(time_us(Variant::staging_publish, 0), 13 + (13 + 2.624) + 3 + 5.904 + 3.936, 1e-9);
+  // fused_ar: memset of the dense buffer (launch 11 + 20 slots x 656 B / 500), the compose launch
+  // (13 + own prefix 3.936), one all-reduce (7 + 14 x 656 B x 2(cp-1)/cp / 1000).
+  EXPECT_NEAR(time_us(Variant::fused_ar, 20), (11 + 26.24) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  // ... a dense buffer smaller than the batch is the batch's 14 slots.
+  EXPECT_NEAR(time_us(Variant::fused_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  // v2: compose launch 13 with the pack serial before the rest (13 + 2.624), prefix from the peer (5
+  // pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack launch
+  // (13 + 6 pages 3936 B / 500).
+  EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + 3.28 + 3.936 + (7 + 3.936) + (13 + 7.872), 1e-9);
 }
 
 // The chart needs python3 + matplotlib; without them the command says so in one line and exits 2.
