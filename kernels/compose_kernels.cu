@@ -18,7 +18,9 @@ namespace {
 __device__ void wait_flag(std::uint64_t* const* pads, std::int32_t rank, std::int32_t peer, std::uint64_t phase, BarrierStatus* status) {
   const std::uint64_t* word = pads[rank] + peer;
   const long long start = clock64();
+  PollBackoff backoff;
   while (load_acquire_sys(word) < phase) {
+    backoff.pause();
     if (clock64() - start > kBarrierTimeoutCycles) {
       status->timed_out_phase = phase;
       status->rank = rank;
@@ -96,16 +98,19 @@ __device__ bool last_ticket(std::uint32_t* counter, std::uint32_t total, int lan
 __device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t warps, int lane) {
   if (lane == 0) {
     const long long start = clock64();
-    std::uint32_t arrived = 0;
-    do {
+    PollBackoff backoff;
+    for (;;) {
+      std::uint32_t arrived = 0;
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(&a.state->arrived) : "memory");
+      if (arrived >= warps) break;
       if (clock64() - start > kBarrierTimeoutCycles) {
         a.status->timed_out_phase = a.state->phase + 1;
         a.status->rank = a.rank;
         a.status->missing_peer = a.rank;
         break;
       }
-    } while (arrived < warps);
+      backoff.pause();
+    }
   }
   __syncwarp();
 }

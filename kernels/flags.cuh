@@ -16,4 +16,20 @@ __device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* a
   return value;
 }
 
+// Backoff between polls of a flag that many warps of one launch may be waiting on at once (the
+// compose launch: every warp whose next page is a peer's current page): a few tight polls, then
+// sleeps doubling up to kPollSleepMaxNs, so thousands of spinning warps do not crowd the memory
+// system that the copies they wait for (the peer's publish, this GPU's pulls) go through. Adds at
+// most kPollSleepMaxNs to a wait.
+inline constexpr unsigned kPollSleepMaxNs = 256;
+struct PollBackoff {
+  unsigned polls = 0;
+  unsigned sleep_ns = 16;
+  __device__ __forceinline__ void pause() {
+    if (++polls <= 8) return;
+    __nanosleep(sleep_ns);
+    if (sleep_ns < kPollSleepMaxNs) sleep_ns *= 2;
+  }
+};
+
 }  // namespace cpkv::kernels
