@@ -7,6 +7,7 @@
 
 #include <map>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -54,9 +55,13 @@ void expect_produce_rows(const cuda::BatchPlan& b, std::int32_t page_size, const
 }
 
 void expect_compose_entries(const cuda::BatchPlan& b, const std::string& where) {
+  // Pre-signal entries first (pack, publish); after them, when there are any, the entries that wait
+  // on a peer's flag (gather 2), so the warps that publish take them; else prefix pages first.
+  const bool pre = !b.pack.empty() || !b.publish.empty();
   std::vector<std::pair<const std::vector<kernels::GatherEntry>*, std::int32_t>> order = {
       {&b.pack, kernels::kToCompact}, {&b.publish, kernels::kToStaging}, {&b.local_prefix, kernels::kToDense},
       {&b.gather1, kernels::kToDense}, {&b.gather2, kernels::kToDense}};
+  if (pre) std::swap(order[2], order[4]);
   std::size_t at = 0;
   for (const auto& [list, dest] : order) {
     for (const kernels::GatherEntry& e : *list) {
