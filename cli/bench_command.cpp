@@ -233,7 +233,7 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
   }
   md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s (push {:.0f} GB/s), local copy {:.0f} GB/s, barrier {:.2f} us "
                     "(launch included; {:.2f} us as graph nodes; {:.2f} us launch-free, looped in one kernel; in the layers it is folded "
-                    "into the compose launch), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, {:.1f} us at 4 KiB.\n",
+                    "into the compose launch), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, {:.1f} us at 4 KiB (per call as CUDA graph nodes).\n",
                     ceilings.ce_peer_gbps, ceilings.ce_push_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
                     ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
   md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"

@@ -146,23 +146,6 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
   wait_device(r.ctx.progress, r.stream);
 }
 
-// NCCL's sum all-reduce over the benchmark buffer: bus bandwidth at 64 MiB, latency at 4 KiB.
-void allreduce_ceilings(Rank& r, cudaEvent_t start, cudaEvent_t stop, BenchRank& out) {
-  if (!r.use_nccl) return;
-  const std::vector<std::uint8_t*> none;
-  const std::uint64_t big = 64ULL << 20;
-  const double big_ms = timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, big); }, 10);
-  out.allreduce_busbw_gbps = big * 2.0 * (r.cp() - 1) / r.cp() / (big_ms * 1e6);
-  // The latency is the median of several timings: one slow stretch of a run doubled a single mean
-  // (21.5 us against 10-12 us in the runs before and after it, 2xH200, 2026-11-30).
-  std::vector<double> latency_us;
-  for (int trial = 0; trial < 7; ++trial) {
-    latency_us.push_back(1000.0 * timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, 4096); }, 20));
-  }
-  std::sort(latency_us.begin(), latency_us.end());
-  out.allreduce_latency_us = latency_us[latency_us.size() / 2];
-}
-
 // Per-layer times of `cycle` layers of `body` captured once into a CUDA graph and replayed `reps`
 // times (after two warm-up replays), sorted; `nodes` gets the graph's nodes (launches) per layer.
 // The device counts barrier phases itself, so every replay is a fresh set of phases; the host's
@@ -208,6 +191,21 @@ std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t rep
   CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
   std::sort(us.begin(), us.end());
   return us;
+}
+
+// NCCL's sum all-reduce over the benchmark buffer: bus bandwidth at 64 MiB, latency at 4 KiB. The
+// latency is per call as nodes of one CUDA graph, as the layer loops run it (replayed graphs),
+// median over replays: launched one by one, a 4-KiB call timed 10-21 us from run to run on
+// 2xH200 (2026-11-30), which the graphed layers never pay.
+void allreduce_ceilings(Rank& r, cudaEvent_t start, cudaEvent_t stop, BenchRank& out) {
+  if (!r.use_nccl) return;
+  const std::vector<std::uint8_t*> none;
+  const std::uint64_t big = 64ULL << 20;
+  const double big_ms = timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, big); }, 10);
+  out.allreduce_busbw_gbps = big * 2.0 * (r.cp() - 1) / r.cp() / (big_ms * 1e6);
+  double nodes = 0;
+  const std::vector<double> us = graph_layer_us(r, 20, 7, [&](std::int32_t) { r.all_reduce(r.mem.bench_buffer, none, 0, 4096); }, nodes);
+  out.allreduce_latency_us = us[us.size() / 2];
 }
 
 }  // namespace
