@@ -134,6 +134,7 @@ Ceilings model_ceilings(const cuda::Ceilings& measured) {
   m.barrier_us_launch_free = measured.barrier_us_launch_free;
   m.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
   m.allreduce_latency_us = measured.allreduce_latency_us;
+  for (const auto& point : measured.allreduce_curve) m.allreduce_curve.emplace_back(static_cast<double>(point.bytes), point.us);
   for (const auto& g : measured.gather) m.gather.push_back({g.page_bytes, g.pages, g.gbps});
   return derive_ceilings(m);
 }
@@ -191,6 +192,8 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
                        {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps},
                        {"push_block_per_page_gbps", g.push_gbps}});
   }
+  nlohmann::json curve = nlohmann::json::array();
+  for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.bytes}, {"us", point.us}});
   out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
                      {"ce_push_gbps", ceilings.ce_push_gbps},
                      {"local_copy_gbps", ceilings.local_copy_gbps},
@@ -199,6 +202,7 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
                      {"barrier_us_graph", ceilings.barrier_us_graph},
                      {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps},
                      {"allreduce_latency_us", ceilings.allreduce_latency_us},
+                     {"allreduce_curve", curve},
                      {"gather", gathers}};
   const Ceilings model_c = model_ceilings(ceilings);
   out["peer_gbps"] = model_c.peer_gbps;
@@ -236,6 +240,11 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
                     "into the compose launch), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, {:.1f} us at 4 KiB (per call as CUDA graph nodes).\n",
                     ceilings.ce_peer_gbps, ceilings.ce_push_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
                     ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
+  if (!ceilings.allreduce_curve.empty()) {
+    std::vector<std::string> points;
+    for (const auto& point : ceilings.allreduce_curve) points.push_back(fmt::format("{} KiB {:.1f} us", point.bytes >> 10, point.us));
+    md += fmt::format("NCCL all-reduce per call as CUDA graph nodes, by size (the model's curve): {}.\n", fmt::join(points, ", "));
+  }
   md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"
         "| page bytes | pages | fused compose copy (warp per page) | of CE | gather (block per page) | of CE | copy engines, batched | of CE | "
         "bulk copy (TMA) | of CE | pushed instead (block per page, remote stores) | of CE |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";

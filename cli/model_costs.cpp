@@ -97,6 +97,7 @@ Ceilings derive_ceilings(const MeasuredCeilings& m) {
   c.barrier_us = m.barrier_us_launch_free;
   if (m.allreduce_busbw_gbps > 0) c.allreduce_busbw_gbps = m.allreduce_busbw_gbps;
   if (m.allreduce_latency_us > 0) c.allreduce_latency_us = m.allreduce_latency_us;
+  c.allreduce_curve = m.allreduce_curve;
   c.launch_us = std::max(0.0, m.barrier_us_graph - m.barrier_us_launch_free);
   // The sweep point where bytes weigh least against the fixed part: fewest pages, largest page.
   const MeasuredCeilings::Gather* fixed_point = nullptr;
@@ -145,14 +146,26 @@ LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, mode
 
 }  // namespace
 
+double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp) {
+  const double factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;
+  const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
+  const auto& curve = ceilings.allreduce_curve;
+  if (curve.empty()) return ceilings.allreduce_latency_us + bytes * factor * us_per_byte_busbw;
+  if (bytes <= curve.front().first) return curve.front().second;
+  for (std::size_t i = 1; i < curve.size(); ++i) {
+    const auto& [b0, t0] = curve[i - 1];
+    const auto& [b1, t1] = curve[i];
+    if (bytes <= b1) return t0 + (t1 - t0) * (bytes - b0) / (b1 - b0);
+  }
+  return curve.back().second + (bytes - curve.back().first) * factor * us_per_byte_busbw;
+}
+
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
                      const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
   const std::int32_t cp = setting.cp;
   const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
-  const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
-  const double allreduce_factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;
   double us = 0.0;
   if (s.zero > 0) us += ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
   // The fused compose launch: the pre entries finish on every warp before the signal, so they are serial.
@@ -160,7 +173,9 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& c, model:
   if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
   us += bytes.barriers * ceilings.barrier_us;
   us += static_cast<double>(s.post_peer) * us_per_byte_peer + static_cast<double>(s.post_local) * us_per_byte_local;
-  if (cp > 1) us += bytes.allreduces * ceilings.allreduce_latency_us + static_cast<double>(bytes.allreduce_bytes) * allreduce_factor * us_per_byte_busbw;
+  if (cp > 1 && bytes.allreduces > 0) {
+    us += bytes.allreduces * allreduce_call_us(ceilings, static_cast<double>(bytes.allreduce_bytes) / bytes.allreduces, cp);
+  }
   if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
   return us;
 }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpkv/model/batch.hpp"
@@ -47,6 +48,10 @@ struct Ceilings {
   double allreduce_latency_us = 20.0;  // fixed cost of one all-reduce call (launch + small-message latency)
   double launch_us = 1.5;              // one graph node that moves no bytes of its own: its launch (the memset's)
   double gather_fixed_us = 9.0;        // the part of one gather launch (a warp or block per page) that is not bytes: launch, one page's latency, tail
+  // NCCL all-reduce time per call by size, measured (bytes ascending); when present it replaces
+  // latency + bytes / busbw, which mid-sized calls do not follow (2xH200: a 1.5 MB call took about
+  // 19 us in the layers against 12 us from the 4-KiB latency and the 64-MiB bus bandwidth).
+  std::vector<std::pair<double, double>> allreduce_curve;  // (bytes per call, us per call)
   std::string source = "nominal H200 defaults (assumed, not measured)";
 };
 
@@ -61,6 +66,7 @@ struct MeasuredCeilings {
   double barrier_us_launch_free = 0;  // the same looped inside one kernel: the flag exchange alone
   double allreduce_busbw_gbps = 0;    // 0: not measured (no NCCL)
   double allreduce_latency_us = 0;
+  std::vector<std::pair<double, double>> allreduce_curve;  // (bytes, us per call as graph nodes), bytes ascending
   struct Gather {
     std::uint64_t page_bytes = 0;
     std::int64_t pages = 0;
@@ -73,6 +79,11 @@ struct MeasuredCeilings {
 // at the copy-engine rate, less the launch a graph saves over a stream (barrier_us - barrier_us_graph).
 Ceilings derive_ceilings(const MeasuredCeilings& measured);
 
+// One all-reduce call of `bytes` on `cp` ranks: the measured curve, linear between its points, the
+// first point's time below it, and past its last point the extra bytes at the bus bandwidth; without
+// a curve, allreduce_latency_us + bytes x 2(cp-1)/cp / allreduce_busbw_gbps.
+double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp);
+
 // Modelled exchange time of one rank for one layer (microseconds), as the executor runs the layer
 // (gpu/executor.cpp run_layer, PROTOCOL.md section 7):
 //   dense zero (dense all-reduce variants): one memset node, launch_us + the dense buffer's slots
@@ -81,7 +92,7 @@ Ceilings derive_ceilings(const MeasuredCeilings& measured);
 //     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
 //     barrier's flag exchange barrier_us; then the post entries: gathers from peers at peer_gbps
 //     plus own-memory reads and local copies at local_gbps;
-//   all-reduces: calls x allreduce_latency_us + N * 2(cp-1)/cp / busbw;
+//   all-reduces: calls x allreduce_call_us(the layer's all-reduced bytes / calls);
 //   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,

@@ -107,6 +107,16 @@ Ceilings bench_ceilings(const nlohmann::json& m, const std::string& file) {
   measured.barrier_us_launch_free = positive(m, "barrier_us_launch_free", where);
   measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? positive(m, "allreduce_busbw_gbps", where) : 0.0;
   measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? positive(m, "allreduce_latency_us", where) : 0.0;
+  if (m.contains("allreduce_curve")) {
+    if (!m["allreduce_curve"].is_array()) throw OptionError(fmt::format("--ceilings: {}: \"allreduce_curve\" must be an array", where));
+    for (const nlohmann::json& point : m["allreduce_curve"]) {
+      const double bytes = positive(point, "bytes", where + " allreduce_curve");
+      if (!measured.allreduce_curve.empty() && bytes <= measured.allreduce_curve.back().first) {
+        throw OptionError(fmt::format("--ceilings: {} allreduce_curve: \"bytes\" must increase from point to point", where));
+      }
+      measured.allreduce_curve.emplace_back(bytes, positive(point, "us", where + " allreduce_curve"));
+    }
+  }
   if (m.contains("gather")) {
     if (!m["gather"].is_array()) throw OptionError(fmt::format("--ceilings: {}: \"gather\" must be an array", where));
     for (const nlohmann::json& g : m["gather"]) {
@@ -354,7 +364,8 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
         {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
         {"ceilings", {{"peer_gbps", ceilings.peer_gbps}, {"local_gbps", ceilings.local_gbps}, {"barrier_us", ceilings.barrier_us},
                       {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps}, {"allreduce_latency_us", ceilings.allreduce_latency_us},
-                      {"launch_us", ceilings.launch_us}, {"gather_fixed_us", ceilings.gather_fixed_us}, {"source", ceilings.source}}},
+                      {"launch_us", ceilings.launch_us}, {"gather_fixed_us", ceilings.gather_fixed_us},
+                      {"allreduce_curve", ceilings.allreduce_curve}, {"source", ceilings.source}}},
         {"variants", variants},
         {"timing", {{"evaluations", t.evaluations}, {"model_seconds", t.model_seconds}, {"batches_per_second", batches_per_second},
                     {"read_seconds", t.read_seconds}}}};

@@ -203,9 +203,14 @@ void allreduce_ceilings(Rank& r, cudaEvent_t start, cudaEvent_t stop, BenchRank&
   const std::uint64_t big = 64ULL << 20;
   const double big_ms = timed_ms(r, start, stop, [&] { r.all_reduce(r.mem.bench_buffer, none, 0, big); }, 10);
   out.allreduce_busbw_gbps = big * 2.0 * (r.cp() - 1) / r.cp() / (big_ms * 1e6);
-  double nodes = 0;
-  const std::vector<double> us = graph_layer_us(r, 20, 7, [&](std::int32_t) { r.all_reduce(r.mem.bench_buffer, none, 0, 4096); }, nodes);
-  out.allreduce_latency_us = us[us.size() / 2];
+  for (int s = 0; s < kAllreduceSizes; ++s) {
+    const std::uint64_t bytes = kAllreduceSizeBytes[s];
+    const std::int32_t calls = bytes <= (2ULL << 20) ? 20 : 5;
+    double nodes = 0;
+    const std::vector<double> us = graph_layer_us(r, calls, 7, [&](std::int32_t) { r.all_reduce(r.mem.bench_buffer, none, 0, bytes); }, nodes);
+    out.allreduce_curve_us[s] = us[us.size() / 2];
+  }
+  out.allreduce_latency_us = out.allreduce_curve_us[0];
 }
 
 }  // namespace
@@ -321,6 +326,13 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
   c.local_copy_gbps = 1e30;
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
     for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30, 1e30});
+  }
+  if (boot.bench_results[0].allreduce_busbw_gbps > 0) {
+    for (int s = 0; s < kAllreduceSizes; ++s) {
+      double us = 0;
+      for (std::int32_t r = 0; r < cp; ++r) us = std::max(us, boot.bench_results[r].allreduce_curve_us[s]);
+      c.allreduce_curve.push_back({kAllreduceSizeBytes[s], us});
+    }
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];

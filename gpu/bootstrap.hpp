@@ -31,6 +31,11 @@ inline constexpr int kCeilingPageSizes = 2;
 inline constexpr int kCeilingCounts = 4;
 inline constexpr std::uint64_t kCeilingPageBytes[kCeilingPageSizes] = {656ULL * 64, 132ULL * 64};
 inline constexpr std::int64_t kCeilingPageCounts[kCeilingCounts] = {64, 256, 1024, 4096};
+// NCCL all-reduce sizes of the bench's time-per-call curve (the model interpolates between them):
+// from a latency-bound call to the 64 MiB of the bus-bandwidth ceiling, spanning the per-span,
+// compact and whole-buffer all-reduces of the bundled traces (about 0.2 to 70 MB).
+inline constexpr int kAllreduceSizes = 6;
+inline constexpr std::uint64_t kAllreduceSizeBytes[kAllreduceSizes] = {4ULL << 10, 64ULL << 10, 512ULL << 10, 2ULL << 20, 8ULL << 20, 64ULL << 20};
 
 // What one rank measured in benchmark mode.
 struct BenchRank {
@@ -55,6 +60,7 @@ struct BenchRank {
   double barrier_us_graph;       // back-to-back as nodes of one CUDA graph
   double allreduce_busbw_gbps;   // NCCL sum all-reduce of 64 MiB (0 where NCCL is not used)
   double allreduce_latency_us;   // NCCL sum all-reduce of 4 KiB
+  double allreduce_curve_us[kAllreduceSizes];  // per call at kAllreduceSizeBytes, as CUDA graph nodes
   double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page, or per 64-KiB chunk)
   double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)
   double gather_ce_batch_gbps[kCeilingPageSizes][kCeilingCounts];  // copy engines, one cudaMemcpyBatchAsync

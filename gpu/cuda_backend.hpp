@@ -48,6 +48,11 @@ struct Ceilings {
   double barrier_us_graph = 0;        // the same barrier as back-to-back nodes of one CUDA graph
   double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: no NCCL)
   double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB, per call as CUDA graph nodes (median over replays)
+  struct AllreducePoint {
+    std::uint64_t bytes;
+    double us;  // per call, as nodes of a CUDA graph (median over replays, max over ranks)
+  };
+  std::vector<AllreducePoint> allreduce_curve;  // NCCL sum all-reduce, time per call by size (empty: no NCCL)
   struct Gather {
     std::uint64_t page_bytes;
     std::int64_t pages;

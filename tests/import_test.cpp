@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -483,6 +484,7 @@ TEST(ModelReplayCli, BenchJsonCeilingsAreDerivedFromTheMeasurements) {
   const std::string bench = write_temp("bench.json", R"({"peer_gbps": 99, "local_gbps": 99, "barrier_us": 99, "rows": [], "ceilings": {
       "ce_peer_gbps": 2686.976, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
       "allreduce_busbw_gbps": 250, "allreduce_latency_us": 11,
+      "allreduce_curve": [{"bytes": 4096, "us": 6}, {"bytes": 1048576, "us": 15}],
       "gather": [{"page_bytes": 41984, "pages": 256, "gbps": 1}, {"page_bytes": 8448, "pages": 64, "gbps": 1},
                  {"page_bytes": 41984, "pages": 64, "gbps": 268.6976}]}})");
   const std::string json_path = (temp_dir() / "tiny_bench_ceilings.json").string();
@@ -496,6 +498,34 @@ TEST(ModelReplayCli, BenchJsonCeilingsAreDerivedFromTheMeasurements) {
   EXPECT_NEAR(c["gather_fixed_us"].get<double>(), 7.0, 1e-9);
   EXPECT_DOUBLE_EQ(c["allreduce_busbw_gbps"].get<double>(), 250.0);
   EXPECT_DOUBLE_EQ(c["allreduce_latency_us"].get<double>(), 11.0);
+  const auto curve = c["allreduce_curve"].get<std::vector<std::pair<double, double>>>();
+  EXPECT_EQ(curve, (std::vector<std::pair<double, double>>{{4096.0, 6.0}, {1048576.0, 15.0}}));
+}
+
+TEST(ModelReplayCli, BenchJsonAllreduceCurveMustIncrease) {
+  const std::string bench = write_temp("bench_bad_curve.json", R"({"ceilings": {
+      "ce_peer_gbps": 370, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
+      "allreduce_curve": [{"bytes": 65536, "us": 6}, {"bytes": 4096, "us": 15}]}})");
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", bench));
+  EXPECT_EQ(run.status, 2);
+  EXPECT_TRUE(one_line(run.err)) << run.err;
+  EXPECT_NE(run.err.find("allreduce_curve"), std::string::npos) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
+}
+
+// One all-reduce call from the measured curve, by hand: points (1000 B, 10 us), (5000 B, 30 us);
+// bus bandwidth 1000 B/us; cp 2 (2(cp-1)/cp = 1).
+TEST(CostModel, AllreduceCallFollowsTheMeasuredCurve) {
+  cpkv::cli::Ceilings c;
+  c.allreduce_busbw_gbps = 1.0;
+  c.allreduce_latency_us = 7.0;
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 3000, 2), 7 + 3, 1e-9);  // no curve: latency + bytes / busbw
+  c.allreduce_curve = {{1000, 10}, {5000, 30}};
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 500, 2), 10, 1e-9);   // below the curve: its first point
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 3000, 2), 20, 1e-9);  // halfway between the points
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 5000, 2), 30, 1e-9);
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 7000, 2), 32, 1e-9);  // past it: 2000 more bytes at 1000 B/us
+  EXPECT_NEAR(cpkv::cli::allreduce_call_us(c, 7000, 4), 33, 1e-9);  // cp 4: 2(cp-1)/cp = 1.5
 }
 
 // layer_time_us term by term (PROTOCOL.md section 7's steps as gpu/executor.cpp runs them), by hand:
