@@ -14,6 +14,7 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
   counts.slot_count = 0;
   counts.current_pages_total = 0;
   counts.prefix_pages_by_owner.assign(cp, 0);
+  counts.span_pages.clear();
   counts.current_pages_by_writer.assign(cp, 0);
   for (const model::Request& request : batch.requests) {
     counts.prefix_tokens += request.prefix_len;
@@ -24,6 +25,8 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
       ++counts.current_pages_by_writer[model::writer_of(setting.split, j, pages, counts.current_pages_total + j, cp)];
     }
     counts.current_pages_total += pages;
+    counts.span_pages.push_back(static_cast<std::int64_t>(request.prefix_pages.size()));
+    counts.span_pages.push_back(pages);
     counts.slot_count += static_cast<std::int64_t>(request.prefix_pages.size()) + pages;
   }
 }
@@ -160,8 +163,35 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
   return curve.back().second + (bytes - curve.back().first) * factor * us_per_byte_busbw;
 }
 
+double allreduces_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, std::int32_t layer, const Ceilings& ceilings) {
+  using model::AllReduceFamily;
+  const std::int32_t cp = setting.cp;
+  if (cp <= 1) return 0.0;
+  // A call of no bytes (an empty span) enqueues nothing: NCCL returns at once for a count of 0.
+  const auto call_us = [&](std::int64_t pages, double page_bytes) { return pages > 0 ? allreduce_call_us(ceilings, static_cast<double>(pages) * page_bytes, cp) : 0.0; };
+  double us = 0.0;
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+    if (!setting.kind_active(k, layer)) continue;
+    const double page_bytes = static_cast<double>(setting.kinds[k].row_bytes) * setting.page_size;
+    switch (model::info(variant).allreduce) {
+      case AllReduceFamily::none:
+        break;
+      case AllReduceFamily::per_span:
+        for (const std::int64_t pages : c.span_pages) us += call_us(pages, page_bytes);
+        break;
+      case AllReduceFamily::dense:
+        us += call_us(c.slot_count, page_bytes);
+        break;
+      case AllReduceFamily::compact:
+        us += call_us(c.current_pages_total, page_bytes);
+        break;
+    }
+  }
+  return us;
+}
+
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
+                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
   const std::int32_t cp = setting.cp;
   const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
@@ -173,9 +203,7 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& c, model:
   if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
   us += bytes.barriers * ceilings.barrier_us;
   us += static_cast<double>(s.post_peer) * us_per_byte_peer + static_cast<double>(s.post_local) * us_per_byte_local;
-  if (cp > 1 && bytes.allreduces > 0) {
-    us += bytes.allreduces * allreduce_call_us(ceilings, static_cast<double>(bytes.allreduce_bytes) / bytes.allreduces, cp);
-  }
+  us += allreduces_us(setting, c, variant, layer, ceilings);
   if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
   return us;
 }
@@ -212,7 +240,7 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
       for (std::int32_t rank = 0; rank < cp; ++rank) {
         const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
+        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, layer, dense_slots_));
       }
       // Barriers and collectives hold every layer to its slowest rank.
       out.modelled_us[v] += slowest_us * layer_count;

@@ -29,6 +29,7 @@ struct BatchCounts {
   std::int64_t current_pages_total = 0;
   std::vector<std::int64_t> prefix_pages_by_owner;   // [cp]: prefix slots whose page lives on rank p
   std::vector<std::int64_t> current_pages_by_writer; // [cp]
+  std::vector<std::int64_t> span_pages;              // per request: its prefix pages, then its current pages (legacy's spans)
 };
 
 // Counts of a batch (writers from model::writer_of, so every split policy is the model's).
@@ -92,12 +93,18 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
 //     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
 //     barrier's flag exchange barrier_us; then the post entries: gathers from peers at peer_gbps
 //     plus own-memory reads and local copies at local_gbps;
-//   all-reduces: calls x allreduce_call_us(the layer's all-reduced bytes / calls);
+//   all-reduces: allreduces_us, call by call;
 //   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
                      const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes,
-                     std::int64_t dense_slots = 0);
+                     std::int32_t layer, std::int64_t dense_slots = 0);
+
+// The all-reduces of one layer, call by call with allreduce_call_us, per active kind (each kind is
+// its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
+// the dense buffer's slots for fused_ar and v2_fallback, v2's compact buffer of current pages.
+double allreduces_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant, std::int32_t layer,
+                     const Ceilings& ceilings);
 
 // Everything the model replay reports for one batch.
 struct BatchCosts {

@@ -82,7 +82,7 @@ def check(bench_path, ceilings_path, cpkv, repo):
             if b not in cache:
                 cache[b], ceilings = modelled_us(cpkv, cut, ceilings_path, b, dense_slots, cycle, tmp)
                 if len(cache) == 1:
-                    print("  ceilings: " + ", ".join(f"{k} {v:.4g}" for k, v in ceilings.items() if k != "source"))
+                    print("  ceilings: " + ", ".join(f"{k} {v:.4g}" for k, v in ceilings.items() if isinstance(v, (int, float))))
             measured = row["compose_us_per_layer_median"]
             predicted = cache[b][row["variant"]]
             error = predicted / measured - 1.0

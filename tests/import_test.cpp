@@ -555,7 +555,7 @@ TEST(CostModel, LayerTimeTermsByHand) {
   ceilings.launch_us = 11.0;
   ceilings.gather_fixed_us = 13.0;
   const auto time_us = [&](cpkv::model::Variant v, std::int64_t dense_slots) {
-    return cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, dense_slots);
+    return cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, dense_slots);
   };
   using cpkv::model::Variant;
   // symm_dense: launch 13 + barrier 3 + 9 peer pages 5904 B / 1000 + 3 own prefix pages 1968 B / 500.
@@ -573,6 +573,12 @@ TEST(CostModel, LayerTimeTermsByHand) {
   // pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack launch
   // (13 + 6 pages 3936 B / 500).
   EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + 3.28 + 3.936 + (7 + 3.936) + (13 + 7.872), 1e-9);
+  // legacy_span_ar, two requests' spans: 8 prefix pages, none current; none prefix, 6 current. The
+  // memset and the compose launch as fused_ar's, then one call per non-empty span (an empty one
+  // enqueues nothing): (7 + 8 x 656 B / 1000) + (7 + 6 x 656 B / 1000).
+  c.requests = 2;
+  c.span_pages = {8, 0, 0, 6};
+  EXPECT_NEAR(time_us(Variant::legacy_span_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
 }
 
 // The chart needs python3 + matplotlib; without them the command says so in one line and exits 2.
