@@ -163,6 +163,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
                     {"compose_us_per_layer_max", result.compose_us_max[b]},
                     {"with_fill_us_per_layer_median", result.layer_us_median[b]},
                     {"fill_alone_us_per_layer_median", result.fill_us_median[b]},
+                    {"pre_signal_alone_us_per_layer_median", result.pre_us_median[b] > 0 ? nlohmann::json(result.pre_us_median[b]) : nlohmann::json()},
                     {"with_fill_us_per_layer_min", result.layer_us_min[b]},
                     {"with_fill_us_per_layer_max", result.layer_us_max[b]},
                     {"launches_per_layer_compose", result.compose_nodes_per_layer[b]},
@@ -218,17 +219,19 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
   std::string md = fmt::format(
       "Compose = the exchange alone (the fill done before the timed region); with fill = the layer including the producer step. "
       "us per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
-      "ms/batch = compose x {} layers.\n\n"
-      "| batch | variant | compose us | min-max | with fill us (fill alone) | launches/layer (compose, with fill) | ms/batch | isolated current us "
+      "ms/batch = compose x {} layers; pre-signal copies alone = the compose launch's publish (staging_publish) or pack (v2) launched by "
+      "itself, no barrier.\n\n"
+      "| batch | variant | compose us | min-max | pre-signal copies alone us | with fill us (fill alone) | launches/layer (compose, with fill) | ms/batch | isolated current us "
       "(barrier's share) | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
       layer_count);
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
     if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
-    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {:.1f} ({:.1f}) | {:.0f}, {:.0f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
+    const std::string pre = r["pre_signal_alone_us_per_layer_median"].is_null() ? "-" : fmt::format("{:.1f}", r["pre_signal_alone_us_per_layer_median"].get<double>());
+    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {:.1f} ({:.1f}) | {:.0f}, {:.0f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
                       r["batch"].get<int>(), r["variant"].get<std::string>(), r["compose_us_per_layer_median"].get<double>(),
-                      r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(),
+                      r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(), pre,
                       r["with_fill_us_per_layer_median"].get<double>(), r["fill_alone_us_per_layer_median"].get<double>(),
                       r["launches_per_layer_compose"].get<double>(),
                       r["launches_per_layer_with_fill"].get<double>(), r["ms_per_batch_compose"].get<double>(), isolated,

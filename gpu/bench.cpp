@@ -287,13 +287,15 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   out.isolated_gather_us_median[batch_index] = gather_only[gather_only.size() / 2];
   const std::vector<double> fill = graph_layer_us(r, cycle, reps, bodies.fill_only, isolated_nodes);
   out.fill_us_median[batch_index] = fill[fill.size() / 2];
+  const std::vector<double> pre = graph_layer_us(r, cycle, reps, bodies.pre_only, isolated_nodes);
+  out.pre_us_median[batch_index] = pre[pre.size() / 2];
 }
 
 void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
   const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
   for (std::int64_t b = 0; b < batches; ++b) {
     double median = 0, low = 1e30, high = 0, compose = 0, compose_low = 1e30, compose_high = 0, isolated = 0, nodes = 0, compose_nodes = 0;
-    double gather_only = 0, fill = 0;
+    double gather_only = 0, fill = 0, pre = 0;
     for (std::int32_t r = 0; r < cp; ++r) {
       const BenchRank& br = boot.bench_results[r];
       median = std::max(median, br.layer_us_median[b]);
@@ -305,6 +307,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
       isolated = std::max(isolated, br.isolated_us_median[b]);
       gather_only = std::max(gather_only, br.isolated_gather_us_median[b]);
       fill = std::max(fill, br.fill_us_median[b]);
+      pre = std::max(pre, br.pre_us_median[b]);
       nodes = std::max(nodes, br.nodes_per_layer[b]);
       compose_nodes = std::max(compose_nodes, br.compose_nodes_per_layer[b]);
     }
@@ -317,6 +320,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
     out.isolated_us_median.push_back(isolated);
     out.isolated_gather_us_median.push_back(gather_only);
     out.fill_us_median.push_back(fill);
+    out.pre_us_median.push_back(pre);
     out.nodes_per_layer.push_back(nodes);
     out.compose_nodes_per_layer.push_back(compose_nodes);
   }

@@ -207,6 +207,18 @@ void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* cur
   }
 }
 
+// The compose launch's pre-signal copies alone (staging_publish's publish, v2's pack), no barrier:
+// what the bench sets beside the whole launch to see how much of the pre phase the rest overlaps.
+// Nothing is launched where the launch has no pre-signal copies.
+void run_pre_only(BatchRun& run, std::int32_t l) {
+  kernels::ComposeArgs a = run.compose[l];
+  if (a.pre_count == 0) return;
+  a.count = a.pre_count;
+  a.barrier = kernels::kNoBarrier;
+  a.order_pre = 0;
+  CPKV_CUDA_CHECK(kernels::launch_compose(a, run.r.stream));
+}
+
 // Pool content for the pages this rank owns (written once: it never changes), and garbage in the
 // dense buffers, as a fresh allocation would hold; then every pool is populated before anyone gathers.
 void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
@@ -309,7 +321,8 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
     const LayerBodies bodies{[&](std::int32_t l) { run_layer(run, l, false); }, [&](std::int32_t l) { run_layer(run, l, false, false); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); },
-                             [&](std::int32_t l) { CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream)); }};
+                             [&](std::int32_t l) { CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream)); },
+                             [&](std::int32_t l) { run_pre_only(run, l); }};
     time_batch(r, batch_index, bodies, bench);
   }
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status
