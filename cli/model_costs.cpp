@@ -135,7 +135,10 @@ LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, mode
   const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[bytes.own_rank]);
   const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp : 0;
   LayerSteps s;
-  if (model::zeroes_dense(variant)) s.zero = static_cast<std::uint64_t>(std::max(c.slot_count, dense_slots)) * page_bytes;
+  // The memset clears the dense half of every kind, active on this layer or not (gpu/executor.cpp run_layer).
+  if (model::zeroes_dense(variant)) {
+    s.zero = static_cast<std::uint64_t>(std::max(c.slot_count, dense_slots)) * setting.row_bytes_all_kinds() * static_cast<std::uint64_t>(setting.page_size);
+  }
   if (row.allreduce == model::AllReduceFamily::compact) {
     s.pre = own_pages * page_bytes;
     s.unpack = static_cast<std::uint64_t>(c.current_pages_total) * page_bytes;

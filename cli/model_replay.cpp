@@ -72,6 +72,14 @@ double positive(const nlohmann::json& j, const char* key, const std::string& fil
   return it->get<double>();
 }
 
+double non_negative(const nlohmann::json& j, const char* key, const std::string& file) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number() || !(it->get<double>() >= 0) || !std::isfinite(it->get<double>())) {
+    throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a number >= 0", file, key));
+  }
+  return it->get<double>();
+}
+
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..[,"allreduce_busbw_gbps":..,"allreduce_latency_us":..,
 // "launch_us":..,"gather_fixed_us":..]}: absent optional keys stay nominal and say so.
 Ceilings flat_ceilings(const nlohmann::json& j, const std::string& file) {
@@ -105,8 +113,9 @@ Ceilings bench_ceilings(const nlohmann::json& m, const std::string& file) {
   measured.barrier_us = positive(m, "barrier_us", where);
   measured.barrier_us_graph = positive(m, "barrier_us_graph", where);
   measured.barrier_us_launch_free = positive(m, "barrier_us_launch_free", where);
-  measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? positive(m, "allreduce_busbw_gbps", where) : 0.0;
-  measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? positive(m, "allreduce_latency_us", where) : 0.0;
+  // 0: not measured (a run without NCCL, cp 1), as the bench itself reads it.
+  measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? non_negative(m, "allreduce_busbw_gbps", where) : 0.0;
+  measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? non_negative(m, "allreduce_latency_us", where) : 0.0;
   if (m.contains("allreduce_curve")) {
     if (!m["allreduce_curve"].is_array()) throw OptionError(fmt::format("--ceilings: {}: \"allreduce_curve\" must be an array", where));
     for (const nlohmann::json& point : m["allreduce_curve"]) {
@@ -243,7 +252,7 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   const CLI::Validator latency = finite_in(0, option_limits::latency_us_max, /*low_open=*/true);
   cmd->add_option("--peer-gbps", o.peer_gbps, "model: a rank's read bandwidth from peers' memory, GB/s (default 350, nominal)")->check(bandwidth)->group(group);
   cmd->add_option("--local-gbps", o.local_gbps, "model: local copy bandwidth, GB/s (default 2000, nominal)")->check(bandwidth)->group(group);
-  cmd->add_option("--barrier-us", o.barrier_us, "model: one IPC counting barrier, us (default 5, nominal)")->check(latency)->group(group);
+  cmd->add_option("--barrier-us", o.barrier_us, "model: the flag exchange of one IPC counting barrier, us (default 2, nominal)")->check(latency)->group(group);
   cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->check(bandwidth)->group(group);
   cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->check(latency)->group(group);
   cmd->add_option("--launch-us", o.launch_us, "model: one graph node that moves nothing itself (the dense memset's launch), us (default 1.5, nominal)")->check(latency)->group(group);

@@ -84,11 +84,15 @@ double bulk_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst
 // the next rank's buffer (remote stores), every rank at once; its bytes checked (first and last
 // page, read back through the peer's mapping) after the timing. GB/s, or -1 when a byte is wrong.
 // Host barriers around it: no rank's earlier copies into its own buffer overlap a peer's pushes.
+constexpr int kPushSentinel = 0xEE;
 double push_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* peer_dst, std::uint8_t* own,
                  const std::vector<kernels::GatherEntry>& entries, const kernels::GatherEntry* d_entries, std::uint64_t page_bytes) {
   kernels::PointerTable table{};
   table.base[0] = own;
   const std::int64_t count = static_cast<std::int64_t>(entries.size());
+  // What the previous rank pushes into lands on a sentinel no source byte has (gather_sweep),
+  // so a push that did not land fails the check.
+  CPKV_CUDA_CHECK(cudaMemsetAsync(own + kBenchBufferBytes / 2, kPushSentinel, count * page_bytes, r.stream));
   wait_device(r.ctx.progress, r.stream);
   r.barrier();
   const double ms = timed_ms(r, start, stop, [&] {
@@ -110,6 +114,12 @@ double push_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* pee
 // block per page, kept for the unpack).
 void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* own, std::uint8_t* peer, BenchRank& out) {
   const std::uint64_t half = kBenchBufferBytes / 2;
+  // Source bytes that differ by rank and from every destination's prior content (the all-reduces
+  // before left the same bytes everywhere; bulk copies land on zeros, pushes on kPushSentinel), so
+  // the byte checks fail when a copy did not land. Every rank's sources are set before any reads.
+  CPKV_CUDA_CHECK(cudaMemsetAsync(own, 0x10 + r.ctx.rank, half, r.stream));
+  wait_device(r.ctx.progress, r.stream);
+  r.barrier();
   DeviceUploads uploads(r.stream);
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
     for (int c = 0; c < kCeilingCounts; ++c) {

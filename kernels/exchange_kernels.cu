@@ -74,7 +74,9 @@ __device__ bool signal_and_wait(std::uint64_t* const* peer_pads, std::int32_t ra
   store_release_sys(peer_pads[p] + rank, phase);
   const std::uint64_t* mine = peer_pads[rank] + p;
   const long long start = clock64();
+  PollBackoff backoff;  // as every other flag wait, so the launch-free barrier is the same wait
   while (load_acquire_sys(mine) < phase) {
+    backoff.pause();
     if (clock64() - start > kBarrierTimeoutCycles) {
       status->timed_out_phase = phase;
       status->rank = rank;

@@ -19,8 +19,9 @@ __device__ __forceinline__ std::uint64_t load_acquire_sys(const std::uint64_t* a
 // Backoff between polls of a flag that many warps of one launch may be waiting on at once (the
 // compose launch: every warp whose next page is a peer's current page): a few tight polls, then
 // sleeps doubling up to kPollSleepMaxNs, so thousands of spinning warps do not crowd the memory
-// system that the copies they wait for (the peer's publish, this GPU's pulls) go through. Adds at
-// most kPollSleepMaxNs to a wait.
+// system that the copies they wait for (the peer's publish, this GPU's pulls) go through. Every
+// flag wait uses it (also the barrier kernels, so the barrier ceilings measure the same wait); it
+// adds up to about 2 x kPollSleepMaxNs to a wait (__nanosleep(t) sleeps between 0 and about 2t).
 inline constexpr unsigned kPollSleepMaxNs = 256;
 struct PollBackoff {
   unsigned polls = 0;

@@ -581,6 +581,36 @@ TEST(CostModel, LayerTimeTermsByHand) {
   EXPECT_NEAR(time_us(Variant::legacy_span_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
 }
 
+// The dense all-reduce variants' memset clears the dense half of every kind, also a kind that is
+// not active on the layer (gpu/executor.cpp run_layer): on a shared (S) layer of kv_fp8 (656 B,
+// every layer) + indexer_k (132 B, full layers only), 20 slots x 788 B at 500 B/us, while the
+// compose launch and the all-reduce move kv_fp8 only. Counts and ceilings as above.
+TEST(CostModel, DenseZeroCoversEveryKindOnASharedLayer) {
+  cpkv::model::Setting s;
+  s.cp = 2;
+  s.page_size = 1;
+  s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
+  s.layer_pattern = "S";
+  s.pool_pages = 100;
+  cpkv::cli::BatchCounts c;
+  c.requests = 1;
+  c.slot_count = 14;
+  c.current_pages_total = 6;
+  c.prefix_pages_by_owner = {3, 5};
+  c.current_pages_by_writer = {2, 4};
+  cpkv::cli::Ceilings ceilings;
+  ceilings.peer_gbps = 1.0;
+  ceilings.local_gbps = 0.5;
+  ceilings.barrier_us = 3.0;
+  ceilings.allreduce_busbw_gbps = 1.0;
+  ceilings.allreduce_latency_us = 7.0;
+  ceilings.launch_us = 11.0;
+  ceilings.gather_fixed_us = 13.0;
+  const cpkv::model::Variant v = cpkv::model::Variant::fused_ar;
+  const double us = cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, 20);
+  EXPECT_NEAR(us, (11 + 31.52) + (13 + 3.936) + (7 + 9.184), 1e-9);
+}
+
 // The chart needs python3 + matplotlib; without them the command says so in one line and exits 2.
 TEST(ModelReplayCli, ChartIsDrawnOrRefusedInOneLine) {
   const std::string png = (temp_dir() / "tiny.png").string();
