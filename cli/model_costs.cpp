@@ -193,9 +193,8 @@ double allreduces_us(const model::Setting& setting, const BatchCounts& c, model:
   return us;
 }
 
-double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
-  const std::int32_t cp = setting.cp;
+double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
   const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
@@ -206,9 +205,13 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& c, model:
   if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
   us += bytes.barriers * ceilings.barrier_us;
   us += static_cast<double>(s.post_peer) * us_per_byte_peer + static_cast<double>(s.post_local) * us_per_byte_local;
-  us += allreduces_us(setting, c, variant, layer, ceilings);
   if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
   return us;
+}
+
+double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
+  return layer_copy_us(setting, c, variant, bytes, ceilings, page_bytes, dense_slots) + allreduces_us(setting, c, variant, layer, ceilings);
 }
 
 CostModel::CostModel(const model::Setting& setting, const Ceilings& ceilings, std::int64_t dense_slots)
@@ -243,10 +246,11 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
       for (std::int32_t rank = 0; rank < cp; ++rank) {
         const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        slowest_us = std::max(slowest_us, layer_time_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, layer, dense_slots_));
+        slowest_us = std::max(slowest_us, layer_copy_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
       }
-      // Barriers and collectives hold every layer to its slowest rank.
-      out.modelled_us[v] += slowest_us * layer_count;
+      // Barriers and collectives hold every layer to its slowest rank; the all-reduces are the same
+      // calls on every rank, so they are worked out once, not once per rank.
+      out.modelled_us[v] += (slowest_us + allreduces_us(setting_, out.counts, variant, layer, ceilings_)) * layer_count;
     }
   }
 }

@@ -100,6 +100,10 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& counts, m
                      const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes,
                      std::int32_t layer, std::int64_t dense_slots = 0);
 
+// layer_time_us less the all-reduces: the copies, launches and barrier of one rank.
+double layer_copy_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
+                     const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots = 0);
+
 // The all-reduces of one layer, call by call with allreduce_call_us, per active kind (each kind is
 // its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
 // the dense buffer's slots for fused_ar and v2_fallback, v2's compact buffer of current pages.
