@@ -412,13 +412,15 @@ TEST(HarnessGroup, ARankStoppedByATracerIsNamedWithinTheWindow) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Two ranks that wait on each other (a wait cycle), both silent, while the other six keep
-// retrying their own bounded waits: each cycle rank waits on a named peer (so the one-rank rule
-// excuses it) and the retries keep the group's clock moving, yet neither can ever progress. Both
-// are named, with whom each waited for, within about one window of the later one's silence.
+// Two ranks that wait on each other (a wait cycle), both silent, and a third silent one waiting on
+// the first, while the other five keep retrying their own bounded waits: each silent rank waits on
+// a named peer (so the one-rank rule excuses it) and the retries keep the group's clock moving, yet
+// none of the three can ever progress. All three are named, with whom each waited for, within
+// about one window of the cycle's later rank's silence (rank 2's own silence is shorter: it is
+// named because its wait leads into the cycle).
 
 struct CyclePids {
-  std::atomic<pid_t> pid[2]{};
+  std::atomic<pid_t> pid[3]{};
 };
 
 TEST(HarnessGroup, TwoRanksWaitingOnEachOtherAreNamedWithinAWindowWhileOthersRetry) {
@@ -426,12 +428,12 @@ TEST(HarnessGroup, TwoRanksWaitingOnEachOtherAreNamedWithinAWindowWhileOthersRet
   Shared<CyclePids> pids;
   const LaunchResult r = launch_ranks(group_options(), [&](std::int32_t rank, RankProgress& progress) {
     progress.at(3, 7);
-    if (rank > 1) return wait_and_retry(progress, kWaitingOnPeers);
-    progress.step("exchange");
+    if (rank > 2) return wait_and_retry(progress, kWaitingOnPeers);
     pids->pid[rank].store(::getpid());
     std::this_thread::sleep_for(std::chrono::milliseconds(100 * rank));  // they fall silent 100 ms apart
-    clock.mark();  // rank 1's mark, the later, stays
-    const Waiting waiting(progress, 1 - rank);
+    progress.step(rank < 2 ? "exchange" : "gather");
+    if (rank < 2) clock.mark();  // rank 1's mark, the later of the cycle's, stays
+    const Waiting waiting(progress, rank < 2 ? 1 - rank : 0);
     while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return kRankExitOk;
   });
@@ -443,9 +445,11 @@ TEST(HarnessGroup, TwoRanksWaitingOnEachOtherAreNamedWithinAWindowWhileOthersRet
   const std::string second = fmt::format("rank 1 (pid {}) made no progress for", pids->pid[1].load());
   EXPECT_EQ(r.failure.rfind(first, 0), 0U) << "the line must begin with the cycle's ranks: " << r.failure;
   EXPECT_NE(r.failure.find(second), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find(fmt::format("rank 2 (pid {}) made no progress for", pids->pid[2].load())), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("step 'gather', waiting for rank 0)"), std::string::npos) << r.failure;
   EXPECT_NE(r.failure.find("step 'exchange', waiting for rank 1)"), std::string::npos) << r.failure;
   EXPECT_NE(r.failure.find("step 'exchange', waiting for rank 0)"), std::string::npos) << r.failure;
-  EXPECT_NE(r.failure.find("wait cycle"), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("a wait cycle (0 -> 1 -> 0)"), std::string::npos) << r.failure;
   EXPECT_EQ(r.failure.find('\n'), std::string::npos) << r.failure;
   EXPECT_TRUE(no_child_left());
 }
