@@ -6,11 +6,14 @@
 // process behind.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -288,6 +291,187 @@ TEST(HarnessGroup, RanksThatAllWaitOnTheGroupAreADeadlockThatBlamesNoOne) {
     return kRankExitOk;
   });
   expect_deadlock_blaming_no_one(r);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rank stopped by a tracer (ptrace): the stop is reported to the tracer, not to the launcher's
+// waitpid, so only the rank's /proc state ('t') shows it. A helper process (a sibling of the
+// ranks, as a debugger would be) seizes the rank and interrupts it; the rank sits in a step it
+// declared quiet for 20 windows and its peers retry their waits on it, so no rule but the stop
+// rule can name it within the window.
+
+constexpr unsigned kTracerSecondsMax = 10;  // the helper's own bound (alarm): it never outlives a run
+
+// Memory shared with forked processes (ranks, the tracer), holding one T.
+template <typename T>
+class Shared {
+ public:
+  Shared() {
+    void* at = ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (at == MAP_FAILED) throw std::runtime_error("mmap");
+    value_ = new (at) T();
+  }
+  ~Shared() { ::munmap(value_, sizeof(T)); }
+  Shared(const Shared&) = delete;
+  Shared& operator=(const Shared&) = delete;
+  T* operator->() const { return value_; }
+  T& operator*() const { return *value_; }
+
+ private:
+  T* value_ = nullptr;
+};
+
+struct Trace {
+  std::atomic<pid_t> target{0};            // the pid to stop, published by whoever is to be stopped
+  std::atomic<std::int64_t> stopped_ns{0};  // steady clock when the tracer saw the stop
+  std::atomic<int> error{0};               // the errno of a refused ptrace call
+};
+
+// The tracer's body: seize and interrupt trace->target once it is published, see the stop, then
+// wait (as the tracer) for the target to end, so that its real parent can reap it.
+[[noreturn]] void trace_body(Trace& trace, pid_t parent) {
+  if (!prepare_child(parent)) ::_exit(1);
+  ::alarm(kTracerSecondsMax);
+  pid_t target = 0;
+  while ((target = trace.target.load()) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (::ptrace(PTRACE_SEIZE, target, nullptr, nullptr) != 0 || ::ptrace(PTRACE_INTERRUPT, target, nullptr, nullptr) != 0) {
+    trace.error.store(errno);
+    ::_exit(1);
+  }
+  int raw = 0;
+  if (::waitpid(target, &raw, __WALL) != target || !WIFSTOPPED(raw)) ::_exit(1);
+  trace.stopped_ns.store(Clock::now().time_since_epoch().count());
+  do {  // further stops (the SIGKILL's) until the end; bounded by the alarm
+  } while (::waitpid(target, &raw, __WALL) == target && !WIFEXITED(raw) && !WIFSIGNALED(raw));
+  ::_exit(0);
+}
+
+pid_t start_tracer(Trace& trace) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork");
+  if (pid == 0) trace_body(trace, parent);
+  return pid;
+}
+
+// Whether a helper may stop a sibling process here: the probe runs the same tracer on a child that
+// only sleeps. Empty if it may, else why not (Yama's ptrace_scope, no CAP_SYS_PTRACE, seccomp).
+std::string ptrace_refused() {
+  Shared<Trace> trace;
+  const pid_t tracer = start_tracer(*trace);
+  const pid_t parent = ::getpid();
+  const pid_t target = ::fork();
+  if (target == 0) {
+    if (prepare_child(parent)) ::alarm(kTracerSecondsMax);
+    while (true) ::pause();
+  }
+  trace->target.store(target);
+  const Clock::time_point start = Clock::now();
+  while (trace->stopped_ns.load() == 0 && trace->error.load() == 0 && ms_since(start) < 1000 * kTracerSecondsMax) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::kill(target, SIGKILL);
+  int raw = 0;
+  ::waitpid(tracer, &raw, 0);  // bounded by its alarm
+  ::waitpid(target, &raw, 0);
+  if (trace->stopped_ns.load() != 0) return "";
+  return trace->error.load() != 0 ? std::strerror(trace->error.load()) : "the tracer saw no stop";
+}
+
+TEST(HarnessGroup, ARankStoppedByATracerIsNamedWithinTheWindow) {
+  if (const std::string why = ptrace_refused(); !why.empty()) GTEST_SKIP() << "ptrace refused here: " << why;
+  Shared<Trace> trace;
+  const pid_t tracer = start_tracer(*trace);
+  LaunchOptions o = options(3);
+  o.run_ms_max = 8 * kStuckMsMax;  // without the tracer's stop, only the run limit would end it
+  const LaunchResult r = launch_ranks(o, [&](std::int32_t rank, RankProgress& progress) {
+    progress.at(0, 0);
+    if (rank != 1) return wait_and_retry(progress, 1);
+    progress.step("comm-init");
+    const Quiet quiet(progress.record(), 20 * kStuckMsMax);
+    trace->target.store(::getpid());
+    while (true) {
+      progress.beat();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return kRankExitOk;
+  });
+  const Clock::time_point stopped{Clock::duration(trace->stopped_ns.load())};
+  if (trace->target.load() == 0) ::kill(tracer, SIGKILL);  // the run ended before rank 1 was traced
+  int raw = 0;
+  ASSERT_EQ(::waitpid(tracer, &raw, 0), tracer);
+  EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << "the tracer did not see the stop and the end";
+  EXPECT_LT(ms_since(stopped), kNamedMsMax) << r.failure;
+  EXPECT_TRUE(r.stuck) << r.failure;
+  EXPECT_EQ(r.culprit, 1) << r.failure;
+  const std::string named = fmt::format("rank 1 (pid {}) made no progress for", trace->target.load());
+  EXPECT_EQ(r.failure.rfind(named, 0), 0U) << "the line must begin with the stopped rank: " << r.failure;
+  EXPECT_NE(r.failure.find("stopped by a tracer"), std::string::npos) << r.failure;
+  EXPECT_EQ(r.failure.find('\n'), std::string::npos) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two ranks that wait on each other (a wait cycle), both silent, and a third silent one waiting on
+// the first, while the other five keep retrying their own bounded waits: each silent rank waits on
+// a named peer (so the one-rank rule excuses it) and the retries keep the group's clock moving, yet
+// none of the three can ever progress. All three are named, with whom each waited for, within
+// about one window of the cycle's later rank's silence (rank 2's own silence is shorter: it is
+// named because its wait leads into the cycle).
+
+struct CyclePids {
+  std::atomic<pid_t> pid[3]{};
+};
+
+TEST(HarnessGroup, TwoRanksWaitingOnEachOtherAreNamedWithinAWindowWhileOthersRetry) {
+  LastProgressClock clock;
+  Shared<CyclePids> pids;
+  const LaunchResult r = launch_ranks(group_options(), [&](std::int32_t rank, RankProgress& progress) {
+    progress.at(3, 7);
+    if (rank > 2) return wait_and_retry(progress, kWaitingOnPeers);
+    pids->pid[rank].store(::getpid());
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 * rank));  // they fall silent 100 ms apart
+    progress.step(rank < 2 ? "exchange" : "gather");
+    if (rank < 2) clock.mark();  // rank 1's mark, the later of the cycle's, stays
+    const Waiting waiting(progress, rank < 2 ? 1 - rank : 0);
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return kRankExitOk;
+  });
+  EXPECT_LT(clock.ms_since_mark(), kNamedMsMax) << r.failure;
+  EXPECT_TRUE(r.stuck) << r.failure;
+  EXPECT_TRUE(r.deadlock) << r.failure;
+  EXPECT_EQ(r.culprit, -1) << "a cycle among equals blames no one rank: " << r.failure;
+  const std::string first = fmt::format("rank 0 (pid {}) made no progress for", pids->pid[0].load());
+  const std::string second = fmt::format("rank 1 (pid {}) made no progress for", pids->pid[1].load());
+  EXPECT_EQ(r.failure.rfind(first, 0), 0U) << "the line must begin with the cycle's ranks: " << r.failure;
+  EXPECT_NE(r.failure.find(second), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find(fmt::format("rank 2 (pid {}) made no progress for", pids->pid[2].load())), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("step 'gather', waiting for rank 0)"), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("step 'exchange', waiting for rank 1)"), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("step 'exchange', waiting for rank 0)"), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("a wait cycle (0 -> 1 -> 0)"), std::string::npos) << r.failure;
+  EXPECT_EQ(r.failure.find('\n'), std::string::npos) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
+// What must stay legal: several ranks silent for two windows, each waiting on a named peer, where
+// the chain of waits (0 -> 1 -> 2, 3 -> 2) ends at a rank that keeps making progress.
+TEST(HarnessGroup, SilentRanksWhoseWaitsLeadToAProgressingRankAreNotAHang) {
+  const LaunchResult r = launch_ranks(options(4), [](std::int32_t rank, RankProgress& progress) {
+    progress.at(0, 0);
+    if (rank != 2) {
+      const Waiting waiting(progress, rank == 0 ? 1 : 2);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2 * kStuckMsMax));
+      return kRankExitOk;
+    }
+    for (std::int32_t layer = 1; layer <= 20; ++layer) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
+      progress.at(0, layer);
+    }
+    return kRankExitOk;
+  });
+  EXPECT_TRUE(r.failure.empty()) << r.failure;
+  EXPECT_TRUE(no_child_left());
 }
 
 // The one Totals every backend reports: mismatches add up and the first description is kept (cut

@@ -144,7 +144,11 @@ class Watcher {
   void observe_heartbeats(Clock::time_point now);
   void read_states(Clock::time_point now);
   void end_on_silent_rank(Clock::time_point now);
+  void end_on_wait_cycle(Clock::time_point now);
   void end_on_silent_group(Clock::time_point now);
+  std::vector<std::int32_t> stalled_waits(Clock::time_point now) const;
+  std::vector<bool> behind_cycles(const std::vector<std::int32_t>& next, Clock::time_point* silent_since) const;
+  std::string cycles_text(const std::vector<std::int32_t>& next) const;
   bool reaping_overdue(Clock::time_point now);
   std::string stop_cause(std::int32_t r) const;
   std::int32_t moved_on_without(std::int32_t r) const;
@@ -260,6 +264,89 @@ void Watcher::end_on_silent_rank(Clock::time_point now) {
                    r);
     }
   }
+}
+
+// Whom each rank waits for, where that wait has lasted its whole window: a live rank silent for
+// its own window while waiting on one named peer; -1 for every other rank. Read once per check, so
+// that one walk sees one value per rank.
+std::vector<std::int32_t> Watcher::stalled_waits(Clock::time_point now) const {
+  std::vector<std::int32_t> next(static_cast<std::size_t>(o_.ranks), -1);
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    const std::int32_t who = area_[r].waiting_on.load();
+    if (ranks_[r].reaped || area_[r].started.load() == 2 || who < 0 || who >= o_.ranks) continue;
+    if (ms_between(ranks_[r].last_progress, now) > own_window(r)) next[r] = who;
+  }
+  return next;
+}
+
+// Each cycle of `next` once, from its lowest rank: "0 -> 1 -> 0".
+std::string Watcher::cycles_text(const std::vector<std::int32_t>& next) const {
+  std::string out;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    std::int32_t lowest = r;
+    std::int32_t at = next[r];
+    for (std::int32_t i = 0; i < o_.ranks && at >= 0 && at != r; ++i, at = next[at]) lowest = std::min(lowest, at);
+    if (at != r || lowest != r) continue;  // not on a cycle, or not its lowest rank
+    out += fmt::format("{}{}", out.empty() ? "" : ", ", r);
+    for (at = next[r]; at != r; at = next[at]) out += fmt::format(" -> {}", at);
+    out += fmt::format(" -> {}", r);
+  }
+  return out;
+}
+
+// The ranks a wait cycle holds for good: those of `next` (stalled_waits) whose stalled waits lead
+// round in a cycle, and any live rank whose named waits lead to one of those, however short its
+// own silence yet. `silent_since`: when the last of the stalled ones fell silent.
+std::vector<bool> Watcher::behind_cycles(const std::vector<std::int32_t>& next, Clock::time_point* silent_since) const {
+  std::vector<bool> lost(static_cast<std::size_t>(o_.ranks), false);
+  *silent_since = Clock::time_point{};
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    std::int32_t at = r;
+    for (std::int32_t i = 0; i < o_.ranks && at >= 0; ++i) at = next[at];  // `ranks` steps still stalled: a cycle
+    if (at < 0) continue;
+    lost[r] = true;
+    *silent_since = std::max(*silent_since, ranks_[r].last_progress);
+  }
+  if (*silent_since == Clock::time_point{}) return lost;
+  const auto waits_for = [&](std::int32_t r) {
+    const std::int32_t who = area_[r].waiting_on.load();
+    return ranks_[r].reaped || area_[r].started.load() == 2 || who >= o_.ranks ? -1 : who;
+  };
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    std::int32_t at = waits_for(r);
+    for (std::int32_t i = 0; i < o_.ranks && at >= 0 && !lost[at]; ++i) at = waits_for(at);
+    if (at >= 0 && lost[at] && waits_for(r) >= 0) lost[r] = true;
+  }
+  return lost;
+}
+
+// The rule of a wait cycle: ranks each silent for their own window, each waiting on a named peer,
+// whose waits lead round in a cycle (0 waits for 1, 1 for 0), can never progress; the one-rank
+// rule excuses each of them (it waits on a peer) and peers whose bounded waits retry keep the
+// group's clock moving. Once a rank outside them made progress more than half a window after the
+// last of them fell silent, the run ends naming the cycle's ranks and every rank whose waits lead
+// into it, each with whom it waited for. Waits that lead to a rank that progresses, or to one the
+// other rules judge, are left alone; when every rank fell silent together the group's rule
+// reports it.
+void Watcher::end_on_wait_cycle(Clock::time_point now) {
+  if (!result_.failure.empty()) return;
+  const std::vector<std::int32_t> next = stalled_waits(now);
+  Clock::time_point silent_since;
+  const std::vector<bool> lost = behind_cycles(next, &silent_since);
+  if (silent_since == Clock::time_point{}) return;
+  std::int32_t mover = -1;
+  for (std::int32_t q = 0; q < o_.ranks; ++q) {
+    if (lost[q] || ranks_[q].reaped || ms_between(silent_since, ranks_[q].last_progress) <= o_.stuck_ms_max / 2) continue;
+    if (mover < 0 || ranks_[q].last_progress > ranks_[mover].last_progress) mover = q;
+  }
+  if (mover < 0) return;
+  std::string named;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    if (lost[r]) named += fmt::format("{}{}", named.empty() ? "" : "; ", blame(r, now));
+  }
+  stuck(fmt::format("{}; a wait cycle ({}) that no other rank can end, while other ranks made progress (rank {}, {} ms ago; window {} ms)",
+                    named, cycles_text(next), mover, ms_between(ranks_[mover].last_progress, now), o_.stuck_ms_max),
+        -1);
 }
 
 // The group's rule: no rank made progress for the group's window.
@@ -418,6 +505,7 @@ LaunchResult Watcher::watch() {
     observe_heartbeats(now);
     read_states(now);
     end_on_silent_rank(now);
+    end_on_wait_cycle(now);
     end_on_silent_group(now);
     if (!limit_reported && ms_between(start, now) > o_.run_ms_max) {
       limit_reported = true;

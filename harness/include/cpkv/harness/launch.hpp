@@ -8,6 +8,10 @@
 //     quiet step), not waiting on one named peer, while a peer kept making progress well after
 //     it fell silent (a device barrier that timed out, a bounded wait that retries), ends the run,
 //     named: the peers' activity never restarts its clock;
+//   - ranks each silent for their window while waiting on a named peer, whose waits lead round in
+//     a cycle (0 waits for 1, 1 for 0), end the run once a rank outside them made progress well
+//     after they fell silent, every one named with whom it waited for (and any rank waiting into
+//     the cycle); waits that lead to a rank that progresses are left alone;
 //   - a group in which no rank made progress for stuck_ms_max (or a longer quiet step a rank
 //     declared) ends the run (a stopped or hung rank that the others wait for, in a host barrier,
 //     a device barrier or a collective);
