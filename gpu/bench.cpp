@@ -301,40 +301,10 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   out.pre_us_median[batch_index] = pre[pre.size() / 2];
 }
 
-void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
-  const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
-  for (std::int64_t b = 0; b < batches; ++b) {
-    double median = 0, low = 1e30, high = 0, compose = 0, compose_low = 1e30, compose_high = 0, isolated = 0, nodes = 0, compose_nodes = 0;
-    double gather_only = 0, fill = 0, pre = 0;
-    for (std::int32_t r = 0; r < cp; ++r) {
-      const BenchRank& br = boot.bench_results[r];
-      median = std::max(median, br.layer_us_median[b]);
-      low = std::min(low, br.layer_us_min[b]);
-      high = std::max(high, br.layer_us_max[b]);
-      compose = std::max(compose, br.compose_us_median[b]);
-      compose_low = std::min(compose_low, br.compose_us_min[b]);
-      compose_high = std::max(compose_high, br.compose_us_max[b]);
-      isolated = std::max(isolated, br.isolated_us_median[b]);
-      gather_only = std::max(gather_only, br.isolated_gather_us_median[b]);
-      fill = std::max(fill, br.fill_us_median[b]);
-      pre = std::max(pre, br.pre_us_median[b]);
-      nodes = std::max(nodes, br.nodes_per_layer[b]);
-      compose_nodes = std::max(compose_nodes, br.compose_nodes_per_layer[b]);
-    }
-    out.layer_us_median.push_back(median);
-    out.layer_us_min.push_back(low);
-    out.layer_us_max.push_back(high);
-    out.compose_us_median.push_back(compose);
-    out.compose_us_min.push_back(compose_low);
-    out.compose_us_max.push_back(compose_high);
-    out.isolated_us_median.push_back(isolated);
-    out.isolated_gather_us_median.push_back(gather_only);
-    out.fill_us_median.push_back(fill);
-    out.pre_us_median.push_back(pre);
-    out.nodes_per_layer.push_back(nodes);
-    out.compose_nodes_per_layer.push_back(compose_nodes);
-  }
-  Ceilings& c = out.ceilings;
+namespace {
+
+// The ceilings, folded over the ranks: the slowest rank's rate and the longest wait.
+void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
   c.ce_peer_gbps = 1e30;
   c.ce_push_gbps = 1e30;
   c.local_copy_gbps = 1e30;
@@ -368,6 +338,47 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
         g.push_gbps = std::min(g.push_gbps, br.gather_push_gbps[ps][k]);
       }
     }
+  }
+}
+
+}  // namespace
+
+void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
+  const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
+  for (std::int64_t b = 0; b < batches; ++b) {
+    double median = 0, low = 1e30, high = 0, compose = 0, compose_low = 1e30, compose_high = 0, isolated = 0, nodes = 0, compose_nodes = 0;
+    double gather_only = 0, fill = 0, pre = 0;
+    for (std::int32_t r = 0; r < cp; ++r) {
+      const BenchRank& br = boot.bench_results[r];
+      median = std::max(median, br.layer_us_median[b]);
+      low = std::min(low, br.layer_us_min[b]);
+      high = std::max(high, br.layer_us_max[b]);
+      compose = std::max(compose, br.compose_us_median[b]);
+      compose_low = std::min(compose_low, br.compose_us_min[b]);
+      compose_high = std::max(compose_high, br.compose_us_max[b]);
+      isolated = std::max(isolated, br.isolated_us_median[b]);
+      gather_only = std::max(gather_only, br.isolated_gather_us_median[b]);
+      fill = std::max(fill, br.fill_us_median[b]);
+      pre = std::max(pre, br.pre_us_median[b]);
+      nodes = std::max(nodes, br.nodes_per_layer[b]);
+      compose_nodes = std::max(compose_nodes, br.compose_nodes_per_layer[b]);
+    }
+    out.layer_us_median.push_back(median);
+    out.layer_us_min.push_back(low);
+    out.layer_us_max.push_back(high);
+    out.compose_us_median.push_back(compose);
+    out.compose_us_min.push_back(compose_low);
+    out.compose_us_max.push_back(compose_high);
+    out.isolated_us_median.push_back(isolated);
+    out.isolated_gather_us_median.push_back(gather_only);
+    out.fill_us_median.push_back(fill);
+    out.pre_us_median.push_back(pre);
+    out.nodes_per_layer.push_back(nodes);
+    out.compose_nodes_per_layer.push_back(compose_nodes);
+  }
+  fold_ceilings(boot, cp, out.ceilings);
+  for (std::int32_t r = 0; r < cp; ++r) {
+    const BenchRank& br = boot.bench_results[r];
     out.host_syncs_in_layer_loop = std::max(out.host_syncs_in_layer_loop, br.host_syncs_in_layer_loop);
   }
 }
