@@ -5,10 +5,12 @@
 #include "cpkv/traces/trace.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <istream>
 #include <limits>
 #include <ostream>
@@ -605,11 +607,44 @@ nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index
   return {{"batch", batch_index}, {"requests", std::move(requests)}};
 }
 
+namespace {
+// Appends an integer as dump() writes it (plain decimal); std::to_chars, since fmt's formatting
+// through a string's back inserter costs a resize per call.
+void append_integer(std::int64_t value, std::string& line) {
+  char digits[24];  // INT64_MIN has 20 characters
+  const std::to_chars_result end = std::to_chars(std::begin(digits), std::end(digits), value);
+  line.append(digits, end.ptr);
+}
+}  // namespace
+
+// nlohmann's objects are std::maps, so its dump() writes keys in sorted order; this writes them in
+// that order too, so both give the same bytes.
+void append_batch_line(const model::Batch& batch, std::int64_t batch_index, std::string& line) {
+  line.assign("{\"batch\":");
+  append_integer(batch_index, line);
+  line += ",\"requests\":[";
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const model::Request& request = batch.requests[r];
+    line += r == 0 ? "{\"extend_len\":" : ",{\"extend_len\":";
+    append_integer(request.extend_len, line);
+    line += ",\"prefix_len\":";
+    append_integer(request.prefix_len, line);
+    line += ",\"prefix_pages\":[";
+    for (std::size_t k = 0; k < request.prefix_pages.size(); ++k) {
+      if (k > 0) line += ',';
+      append_integer(request.prefix_pages[k], line);
+    }
+    line += "]}";
+  }
+  line += "]}";
+}
+
 // The writer refuses what the reader would refuse, so a written trace always reads back.
 TraceWriter::TraceWriter(std::ostream& out, const TraceHeader& header) : out_(out), setting_(header.setting) {
   if (const std::optional<model::Problem> problem = model::validate(header.setting)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid setting: {}: {}", problem->field, problem->reason));
   }
+  if (setting_.pool_pages <= kPageBitsPoolPagesMax) page_bits_.assign(static_cast<std::size_t>((setting_.pool_pages + 63) / 64), 0);
   if (!header.source.is_object()) throw std::invalid_argument("TraceWriter: source must be a JSON object");
   out_ << header_to_json(header).dump() << '\n';
   if (!out_) throw std::runtime_error("TraceWriter: writing the header failed");
@@ -619,11 +654,15 @@ void TraceWriter::write(const model::Batch& batch) {
   if (const std::optional<model::Problem> problem = model::validate(setting_, batch)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
   }
-  std::vector<std::int64_t> sorted;
-  if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, sorted)) {
-    throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+  // As the reader checks: the bitset says whether a request repeats a page, the sort names where.
+  if (page_bits_.empty() || has_repeated_page(batch, page_bits_)) {
+    if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, page_scratch_)) {
+      throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+    }
   }
-  out_ << batch_to_json(batch, next_index_).dump() << '\n';
+  append_batch_line(batch, next_index_, line_);
+  line_ += '\n';
+  out_ << line_;
   if (!out_) throw std::runtime_error(fmt::format("TraceWriter: writing batch {} failed", next_index_));
   ++next_index_;
 }
