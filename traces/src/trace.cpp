@@ -607,36 +607,38 @@ nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index
   return {{"batch", batch_index}, {"requests", std::move(requests)}};
 }
 
-namespace {
-// Appends an integer as dump() writes it (plain decimal); std::to_chars, since fmt's formatting
-// through a string's back inserter costs a resize per call.
-void append_integer(std::int64_t value, std::string& line) {
-  char digits[24];  // INT64_MIN has 20 characters
-  const std::to_chars_result end = std::to_chars(std::begin(digits), std::end(digits), value);
-  line.append(digits, end.ptr);
-}
-}  // namespace
-
 // nlohmann's objects are std::maps, so its dump() writes keys in sorted order; this writes them in
-// that order too, so both give the same bytes.
+// that order too, and integers in plain decimal as dump() does, so both give the same bytes. The
+// line is sized for its longest possible text first and written through a pointer: an append per
+// page id costs more than the digits themselves.
 void append_batch_line(const model::Batch& batch, std::int64_t batch_index, std::string& line) {
-  line.assign("{\"batch\":");
-  append_integer(batch_index, line);
-  line += ",\"requests\":[";
+  constexpr std::size_t kIntegerChars = 20;  // INT64_MIN, the longest an int64 prints
+  constexpr std::string_view kRequest = ",{\"extend_len\":,\"prefix_len\":,\"prefix_pages\":[]}";
+  std::size_t bound = 32 + kIntegerChars;  // {"batch":N,"requests":[ ... ]}
+  for (const model::Request& request : batch.requests) bound += kRequest.size() + (request.prefix_pages.size() + 2) * (kIntegerChars + 1);
+  line.resize(bound);
+  char* at = line.data();
+  char* const end = line.data() + line.size();
+  const auto text = [&](std::string_view part) { at = std::copy(part.begin(), part.end(), at); };
+  const auto integer = [&](std::int64_t value) { at = std::to_chars(at, end, value).ptr; };
+  text("{\"batch\":");
+  integer(batch_index);
+  text(",\"requests\":[");
   for (std::size_t r = 0; r < batch.requests.size(); ++r) {
     const model::Request& request = batch.requests[r];
-    line += r == 0 ? "{\"extend_len\":" : ",{\"extend_len\":";
-    append_integer(request.extend_len, line);
-    line += ",\"prefix_len\":";
-    append_integer(request.prefix_len, line);
-    line += ",\"prefix_pages\":[";
+    text(r == 0 ? "{\"extend_len\":" : ",{\"extend_len\":");
+    integer(request.extend_len);
+    text(",\"prefix_len\":");
+    integer(request.prefix_len);
+    text(",\"prefix_pages\":[");
     for (std::size_t k = 0; k < request.prefix_pages.size(); ++k) {
-      if (k > 0) line += ',';
-      append_integer(request.prefix_pages[k], line);
+      if (k > 0) *at++ = ',';
+      integer(request.prefix_pages[k]);
     }
-    line += "]}";
+    text("]}");
   }
-  line += "]}";
+  text("]}");
+  line.resize(static_cast<std::size_t>(at - line.data()));
 }
 
 // The writer refuses what the reader would refuse, so a written trace always reads back.
