@@ -54,6 +54,19 @@ TEST(Explorer, FindsTheNoBarrierCounterexample) {
   EXPECT_NE(r.finding.find("invariant 2"), std::string::npos) << r.finding;
 }
 
+// PROTOCOL.md section 9, invariant 4: flags return to the drained state at quiescence. An arrival
+// no peer makes and no one waits for breaks nothing on the way (every step's checks pass, nothing
+// blocks); only the end of every interleaving shows the flags a phase apart, with the schedule there.
+TEST(Explorer, ChecksQuiescenceAtTheEndOfTheInterleavings) {
+  for (std::int32_t cp = 2; cp <= 3; ++cp) {
+    const ExploreResult r = run(cp, 2, model::Variant::staging_direct, sim::Mutant::unmatched_arrival);
+    ASSERT_TRUE(r.found) << "cp " << cp << ": the flags left a phase apart were not reported";
+    EXPECT_NE(r.finding.find("invariant 4"), std::string::npos) << r.finding;
+    EXPECT_NE(r.finding.find("flags not drained at quiescence"), std::string::npos) << r.finding;
+    EXPECT_FALSE(r.schedule.empty());
+  }
+}
+
 TEST(Explorer, FindsTheArriveBeforeFillCounterexample) {
   const ExploreResult r = run(2, 2, model::Variant::staging_direct, sim::Mutant::arrive_before_fill);
   ASSERT_TRUE(r.found);
@@ -104,6 +117,7 @@ TEST(Explorer, EveryPlantedBugIsFoundInOneOfTheShapes) {
       {sim::Mutant::barrier_passes_early, "symm_dense", 2, "invariant 4"},
       {sim::Mutant::plan_rebuilt_per_layer, "staging_direct", 2, "invariant 5"},
       {sim::Mutant::reversed_request_order, "staging_publish", 2, "invariant 6"},
+      {sim::Mutant::unmatched_arrival, "staging_direct", 2, "flags not drained at quiescence"},
   };
   ASSERT_EQ(expected.size(), sim::kAllMutants.size());
   for (const Expected& e : expected) {

@@ -40,6 +40,8 @@ std::set<std::string> answers(const MutantPolicy& policy) {
       std::string("rebuilds_plan_per_layer=") + (policy.rebuilds_plan_per_layer() ? "1" : "0"),
       std::string("splits_tokens=") + (policy.splits_tokens() ? "1" : "0"),
       std::string("reverses_request_order=") + (policy.reverses_request_order() ? "1" : "0"),
+      std::string("arrives_once_more(rank 0)=") + (policy.arrives_once_more(0) ? "1" : "0"),
+      std::string("arrives_once_more(rank 1)=") + (policy.arrives_once_more(1) ? "1" : "0"),
   };
 }
 
@@ -67,6 +69,7 @@ TEST(SimMutantPolicy, TheCorrectProtocolAnswersEveryQuestionAsPROTOCOLmdSays) {
   EXPECT_FALSE(correct.rebuilds_plan_per_layer());  // invariant 5: once per batch
   EXPECT_FALSE(correct.splits_tokens());            // section 2: page-aligned split
   EXPECT_FALSE(correct.reverses_request_order());   // section 3: merged-span order
+  EXPECT_FALSE(correct.arrives_once_more(0));       // section 9, invariant 4: drained at quiescence
 }
 
 TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
@@ -84,6 +87,7 @@ TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
   EXPECT_EQ(differences(Mutant::plan_rebuilt_per_layer), (S{"rebuilds_plan_per_layer=1"}));
   EXPECT_EQ(differences(Mutant::token_split), (S{"splits_tokens=1"}));
   EXPECT_EQ(differences(Mutant::reversed_request_order), (S{"reverses_request_order=1"}));
+  EXPECT_EQ(differences(Mutant::unmatched_arrival), (S{"arrives_once_more(rank 0)=1"}));
   for (Mutant m : kAllMutants) EXPECT_FALSE(differences(m).empty()) << to_string(m) << " changes nothing the machine asks";
 }
 

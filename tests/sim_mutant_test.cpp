@@ -211,6 +211,13 @@ MutantCase reversed_request_order_case() {
   return base_case(Mutant::reversed_request_order, small_setting(2), {model::Batch{{cached({5}, 6), fresh(9)}}}, round_robin(), {6});
 }
 
+// cp 2, each rank writes one page, one batch. Rank 0 arrives once more after the last layer; no one
+// waits for that arrival, so nothing blocks and no pass is early: only quiescence, where rank 0's
+// flag stands a phase past rank 1's, sees it. Invariant 4.
+MutantCase unmatched_arrival_case() {
+  return base_case(Mutant::unmatched_arrival, small_setting(2), {model::Batch{{fresh(8)}}}, round_robin(), {4});
+}
+
 MutantCase case_for(Mutant mutant) {
   switch (mutant) {
     case Mutant::single_half: return single_half_case();
@@ -226,6 +233,7 @@ MutantCase case_for(Mutant mutant) {
     case Mutant::barrier_passes_early: return barrier_passes_early_case();
     case Mutant::plan_rebuilt_per_layer: return plan_rebuilt_per_layer_case();
     case Mutant::reversed_request_order: return reversed_request_order_case();
+    case Mutant::unmatched_arrival: return unmatched_arrival_case();
     case Mutant::none: break;
   }
   ADD_FAILURE() << "no counterexample for mutant " << to_string(mutant);

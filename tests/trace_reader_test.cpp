@@ -1077,6 +1077,52 @@ TEST(TracePrefixPages, WriterRefusesARepeatedPage) {
   EXPECT_THROW(writer.write(batch), std::invalid_argument);
 }
 
+// The writer's bitset is clear again after every batch, refused or not: pages a request used in an
+// earlier batch (or a refused one) may be used again, and a repeat is still refused after them.
+TEST(TracePrefixPages, WriterChecksEachBatchOnItsOwn) {
+  TraceHeader header;
+  header.setting = TraceReader(stream_of(lines({good_header()})), "h.jsonl").header().setting;
+  std::ostringstream out;
+  TraceWriter writer(out, header);
+  const auto batch_of = [](std::vector<std::int64_t> first, std::vector<std::int64_t> second) {
+    model::Batch batch;
+    batch.requests.push_back(model::Request{.prefix_len = 4 * static_cast<std::int64_t>(first.size()), .extend_len = 1, .prefix_pages = first});
+    batch.requests.push_back(model::Request{.prefix_len = 4 * static_cast<std::int64_t>(second.size()), .extend_len = 1, .prefix_pages = second});
+    return batch;
+  };
+  EXPECT_NO_THROW(writer.write(batch_of({3, 5}, {5, 3})));
+  EXPECT_THROW(writer.write(batch_of({1, 2}, {4, 6, 4})), std::invalid_argument);
+  EXPECT_NO_THROW(writer.write(batch_of({3, 5, 4}, {6, 4})));
+  EXPECT_THROW(writer.write(batch_of({7, 0, 7}, {})), std::invalid_argument);
+  TraceReader reader(stream_of(out.str()), "written.jsonl");
+  ASSERT_TRUE(reader.next().has_value());
+  const std::optional<model::Batch> second = reader.next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->requests[0].prefix_pages, pages({3, 5, 4}));
+  EXPECT_FALSE(reader.next().has_value());
+}
+
+// The writer writes batch lines without building a DOM; they must be nlohmann's dump() of
+// batch_to_json byte for byte (keys sorted, no spaces), extreme integers and empty lists included.
+TEST(TraceWriter, BatchLinesAreTheBytesOfTheJsonDump) {
+  std::mt19937_64 rng(20261130);
+  const auto pick = [&rng](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  std::string line;
+  for (std::int32_t round = 0; round < 200; ++round) {
+    model::Batch batch;
+    const std::int64_t requests = pick(0, 4);
+    for (std::int64_t r = 0; r < requests; ++r) {
+      model::Request request{.prefix_len = pick(0, INT64_MAX), .extend_len = pick(0, 1) == 0 ? pick(1, 9) : INT64_MAX, .prefix_pages = {}};
+      const std::int64_t count = pick(0, 6);
+      for (std::int64_t k = 0; k < count; ++k) request.prefix_pages.push_back(pick(0, 2) == 0 ? 0 : pick(0, INT64_MAX));
+      batch.requests.push_back(std::move(request));
+    }
+    const std::int64_t index = round == 0 ? INT64_MAX : pick(0, 1'000'000);
+    append_batch_line(batch, index, line);
+    ASSERT_EQ(line, batch_to_json(batch, index).dump()) << "round " << round;
+  }
+}
+
 }  // namespace
 }  // namespace cpkv::traces
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpkv/sim/checkers.hpp"
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cpkv/sim/world.hpp"
@@ -59,10 +60,21 @@ struct Explorer {
     for (sim::RankMachine& m : machines) m.begin_batch(options.batches[static_cast<std::size_t>(next)], next);
   }
 
+  // The group has stopped: every rank finished its program and no batch is left to begin.
+  bool at_end() const {
+    for (const sim::RankMachine& m : machines) {
+      if (!m.finished()) return false;
+    }
+    return machines.front().batch_index() + 1 >= static_cast<std::int64_t>(options.batches.size());
+  }
+
   void visit() {
     if (stop) return;
     // A violation is found on the transition that made it, so it is checked before the visited-set
-    // pruning: a path into an already visited state still has its last step checked.
+    // pruning: a path into an already visited state still has its last step checked. So is
+    // quiescence, on every path that reaches the end: the end's program-counter vector is the same
+    // for every interleaving, the flags each one left behind need not be.
+    if (at_end()) sim::on_quiescence(world);
     if (world.violation_count() > 0) {
       const auto violations = world.violations();
       result.found = true;

@@ -154,6 +154,7 @@ void RankMachine::build_batch_program() {
   program_.push_back({Op::batch_wait});
   if (!overflow) {
     for (std::int32_t layer = 0; layer < options_.layers; ++layer) append_layer(plan_, layer);
+    if (plan_.barrier && mutant_.arrives_once_more(rank_)) program_.push_back({Op::arrive, options_.layers - 1});
   } else {
     ++totals_.overflows;
   }

@@ -20,6 +20,7 @@ std::string_view to_string(Mutant mutant) {
     case Mutant::barrier_passes_early: return "barrier_passes_early";
     case Mutant::plan_rebuilt_per_layer: return "plan_rebuilt_per_layer";
     case Mutant::reversed_request_order: return "reversed_request_order";
+    case Mutant::unmatched_arrival: return "unmatched_arrival";
   }
   return "?";
 }

@@ -5,10 +5,12 @@
 #include "cpkv/traces/trace.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <istream>
 #include <limits>
 #include <ostream>
@@ -605,11 +607,46 @@ nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index
   return {{"batch", batch_index}, {"requests", std::move(requests)}};
 }
 
+// nlohmann's objects are std::maps, so its dump() writes keys in sorted order; this writes them in
+// that order too, and integers in plain decimal as dump() does, so both give the same bytes. The
+// line is sized for its longest possible text first and written through a pointer: an append per
+// page id costs more than the digits themselves.
+void append_batch_line(const model::Batch& batch, std::int64_t batch_index, std::string& line) {
+  constexpr std::size_t kIntegerChars = 20;  // INT64_MIN, the longest an int64 prints
+  constexpr std::string_view kRequest = ",{\"extend_len\":,\"prefix_len\":,\"prefix_pages\":[]}";
+  std::size_t bound = 32 + kIntegerChars;  // {"batch":N,"requests":[ ... ]}
+  for (const model::Request& request : batch.requests) bound += kRequest.size() + (request.prefix_pages.size() + 2) * (kIntegerChars + 1);
+  line.resize(bound);
+  char* at = line.data();
+  char* const end = line.data() + line.size();
+  const auto text = [&](std::string_view part) { at = std::copy(part.begin(), part.end(), at); };
+  const auto integer = [&](std::int64_t value) { at = std::to_chars(at, end, value).ptr; };
+  text("{\"batch\":");
+  integer(batch_index);
+  text(",\"requests\":[");
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const model::Request& request = batch.requests[r];
+    text(r == 0 ? "{\"extend_len\":" : ",{\"extend_len\":");
+    integer(request.extend_len);
+    text(",\"prefix_len\":");
+    integer(request.prefix_len);
+    text(",\"prefix_pages\":[");
+    for (std::size_t k = 0; k < request.prefix_pages.size(); ++k) {
+      if (k > 0) *at++ = ',';
+      integer(request.prefix_pages[k]);
+    }
+    text("]}");
+  }
+  text("]}");
+  line.resize(static_cast<std::size_t>(at - line.data()));
+}
+
 // The writer refuses what the reader would refuse, so a written trace always reads back.
 TraceWriter::TraceWriter(std::ostream& out, const TraceHeader& header) : out_(out), setting_(header.setting) {
   if (const std::optional<model::Problem> problem = model::validate(header.setting)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid setting: {}: {}", problem->field, problem->reason));
   }
+  if (setting_.pool_pages <= kPageBitsPoolPagesMax) page_bits_.assign(static_cast<std::size_t>((setting_.pool_pages + 63) / 64), 0);
   if (!header.source.is_object()) throw std::invalid_argument("TraceWriter: source must be a JSON object");
   out_ << header_to_json(header).dump() << '\n';
   if (!out_) throw std::runtime_error("TraceWriter: writing the header failed");
@@ -619,11 +656,15 @@ void TraceWriter::write(const model::Batch& batch) {
   if (const std::optional<model::Problem> problem = model::validate(setting_, batch)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
   }
-  std::vector<std::int64_t> sorted;
-  if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, sorted)) {
-    throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+  // As the reader checks: the bitset says whether a request repeats a page, the sort names where.
+  if (page_bits_.empty() || has_repeated_page(batch, page_bits_)) {
+    if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, page_scratch_)) {
+      throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
+    }
   }
-  out_ << batch_to_json(batch, next_index_).dump() << '\n';
+  append_batch_line(batch, next_index_, line_);
+  line_ += '\n';
+  out_ << line_;
   if (!out_) throw std::runtime_error(fmt::format("TraceWriter: writing batch {} failed", next_index_));
   ++next_index_;
 }

@@ -33,6 +33,7 @@ enum class Mutant : std::uint8_t {
   barrier_passes_early,      // the barrier waits for the previous phase only: a rank passes one phase early (invariant 4)
   plan_rebuilt_per_layer,    // the compose plan is rebuilt on every layer instead of once per batch (invariant 5)
   reversed_request_order,    // the layout itself puts requests in reverse order: self-consistent, only a plain oracle sees it (invariant 6)
+  unmatched_arrival,         // rank 0 arrives once more after a batch's last layer, unwaited: only quiescence sees it (invariant 4)
 };
 
 enum class ExpectedBytesFrom : std::uint8_t { spec_oracle, batch_layout };

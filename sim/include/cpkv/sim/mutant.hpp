@@ -14,12 +14,12 @@ namespace cpkv::sim {
 
 using Mutant = harness::Mutant;  // harness/run.hpp: the switch travels in the run options
 
-inline constexpr std::array<Mutant, 13> kAllMutants = {
+inline constexpr std::array<Mutant, 14> kAllMutants = {
     Mutant::single_half,          Mutant::no_barrier,             Mutant::arrive_before_fill,
     Mutant::rank_local_overflow,  Mutant::address_keyed_plan_cache, Mutant::token_split,
     Mutant::skip_zero,            Mutant::unagreed_capability,    Mutant::barrier_reset_race,
     Mutant::skip_idle_barrier,    Mutant::barrier_passes_early,   Mutant::plan_rebuilt_per_layer,
-    Mutant::reversed_request_order,
+    Mutant::reversed_request_order, Mutant::unmatched_arrival,
 };
 
 std::string_view to_string(Mutant mutant);
@@ -58,6 +58,10 @@ class MutantPolicy {
   bool splits_tokens() const { return mutant_ == Mutant::token_split; }
   // Does the layout put the batch's requests in reverse order?
   bool reverses_request_order() const { return mutant_ == Mutant::reversed_request_order; }
+  // Does this rank arrive at the barrier once more after a batch's last layer (a closing arrival no
+  // peer makes and no one waits for)? Nothing blocks and no pass is early: only the flags, one phase
+  // apart once the group stops, show it.
+  bool arrives_once_more(std::int32_t rank) const { return mutant_ == Mutant::unmatched_arrival && rank == 0; }
 
  private:
   Mutant mutant_;

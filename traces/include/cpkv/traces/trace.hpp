@@ -108,6 +108,11 @@ BatchLine read_batch_line_dom(const std::string& text, const std::string& file, 
 
 nlohmann::json header_to_json(const TraceHeader& header);
 nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index);
+// The same line as batch_to_json(batch, batch_index).dump(), byte for byte, written straight into
+// `line` (cleared first, its capacity reused) with no DOM in between: an imported trace repeats each
+// chunked request's whole prefix page table on every chunk, so batch lines are most of an import's
+// output, and a DOM costs a node and an allocation per page id.
+void append_batch_line(const model::Batch& batch, std::int64_t batch_index, std::string& line);
 
 class TraceWriter {
  public:
@@ -117,6 +122,9 @@ class TraceWriter {
   std::ostream& out_;
   model::Setting setting_;  // batches are checked against it: what is written always reads back
   std::int64_t next_index_ = 0;
+  std::string line_;                        // the line being written, its capacity reused
+  std::vector<std::int64_t> page_scratch_;  // as the reader's: the check for repeated prefix pages
+  std::vector<std::uint64_t> page_bits_;
 };
 
 }  // namespace cpkv::traces
