@@ -532,20 +532,28 @@ TEST(CostModel, AllreduceCallFollowsTheMeasuredCurve) {
 // cp 2, page size 1, kv_fp8 only (a page is 656 B), F layer; rank 0 owns 3 prefix pages and writes 2
 // current ones, rank 1 owns 5 and writes 4; 14 slots, 6 current pages. Ceilings: peer 1000 B/us,
 // local 500 B/us, barrier 3 us, all-reduce 1000 B/us bus + 7 us per call, launch 11 us, gather fixed 13 us.
-TEST(CostModel, LayerTimeTermsByHand) {
+cpkv::model::Setting hand_setting(std::vector<cpkv::model::BufferKind> kinds, const std::string& pattern) {
   cpkv::model::Setting s;
   s.cp = 2;
   s.page_size = 1;
-  s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8")};
-  s.layer_pattern = "F";
+  s.kinds = std::move(kinds);
+  s.layer_pattern = pattern;
   s.pool_pages = 100;
   s.split = cpkv::model::SplitPolicy::zigzag;
+  return s;
+}
+
+cpkv::cli::BatchCounts hand_counts() {
   cpkv::cli::BatchCounts c;
   c.requests = 1;
   c.slot_count = 14;
   c.current_pages_total = 6;
   c.prefix_pages_by_owner = {3, 5};
   c.current_pages_by_writer = {2, 4};
+  return c;
+}
+
+cpkv::cli::Ceilings hand_ceilings() {
   cpkv::cli::Ceilings ceilings;
   ceilings.peer_gbps = 1.0;
   ceilings.local_gbps = 0.5;
@@ -554,6 +562,13 @@ TEST(CostModel, LayerTimeTermsByHand) {
   ceilings.allreduce_latency_us = 7.0;
   ceilings.launch_us = 11.0;
   ceilings.gather_fixed_us = 13.0;
+  return ceilings;
+}
+
+TEST(CostModel, LayerTimeTermsByHand) {
+  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8")}, "F");
+  cpkv::cli::BatchCounts c = hand_counts();
+  const cpkv::cli::Ceilings ceilings = hand_ceilings();
   const auto time_us = [&](cpkv::model::Variant v, std::int64_t dense_slots) {
     return cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, dense_slots);
   };
@@ -586,26 +601,9 @@ TEST(CostModel, LayerTimeTermsByHand) {
 // every layer) + indexer_k (132 B, full layers only), 20 slots x 788 B at 500 B/us, while the
 // compose launch and the all-reduce move kv_fp8 only. Counts and ceilings as above.
 TEST(CostModel, DenseZeroCoversEveryKindOnASharedLayer) {
-  cpkv::model::Setting s;
-  s.cp = 2;
-  s.page_size = 1;
-  s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
-  s.layer_pattern = "S";
-  s.pool_pages = 100;
-  cpkv::cli::BatchCounts c;
-  c.requests = 1;
-  c.slot_count = 14;
-  c.current_pages_total = 6;
-  c.prefix_pages_by_owner = {3, 5};
-  c.current_pages_by_writer = {2, 4};
-  cpkv::cli::Ceilings ceilings;
-  ceilings.peer_gbps = 1.0;
-  ceilings.local_gbps = 0.5;
-  ceilings.barrier_us = 3.0;
-  ceilings.allreduce_busbw_gbps = 1.0;
-  ceilings.allreduce_latency_us = 7.0;
-  ceilings.launch_us = 11.0;
-  ceilings.gather_fixed_us = 13.0;
+  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "S");
+  const cpkv::cli::BatchCounts c = hand_counts();
+  const cpkv::cli::Ceilings ceilings = hand_ceilings();
   const cpkv::model::Variant v = cpkv::model::Variant::fused_ar;
   const double us = cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, 20);
   EXPECT_NEAR(us, (11 + 31.52) + (13 + 3.936) + (7 + 9.184), 1e-9);
