@@ -344,37 +344,25 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
 }  // namespace
 
 void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
+  using PerBatch = double[kBenchBatchesMax];
+  // One figure of batch b over the ranks: the worst (longest time, most nodes), or the least for a minimum.
+  const auto fold = [&](PerBatch BenchRank::*field, std::int64_t b, bool least) {
+    double v = (boot.bench_results[0].*field)[b];
+    for (std::int32_t r = 1; r < cp; ++r) v = least ? std::min(v, (boot.bench_results[r].*field)[b]) : std::max(v, (boot.bench_results[r].*field)[b]);
+    return v;
+  };
+  const std::pair<PerBatch BenchRank::*, std::vector<double> BenchResult::*> worst[] = {
+      {&BenchRank::layer_us_median, &BenchResult::layer_us_median},       {&BenchRank::layer_us_max, &BenchResult::layer_us_max},
+      {&BenchRank::compose_us_median, &BenchResult::compose_us_median},   {&BenchRank::compose_us_max, &BenchResult::compose_us_max},
+      {&BenchRank::isolated_us_median, &BenchResult::isolated_us_median}, {&BenchRank::isolated_gather_us_median, &BenchResult::isolated_gather_us_median},
+      {&BenchRank::fill_us_median, &BenchResult::fill_us_median},         {&BenchRank::pre_us_median, &BenchResult::pre_us_median},
+      {&BenchRank::nodes_per_layer, &BenchResult::nodes_per_layer},       {&BenchRank::compose_nodes_per_layer, &BenchResult::compose_nodes_per_layer}};
+  const std::pair<PerBatch BenchRank::*, std::vector<double> BenchResult::*> least[] = {
+      {&BenchRank::layer_us_min, &BenchResult::layer_us_min}, {&BenchRank::compose_us_min, &BenchResult::compose_us_min}};
   const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
   for (std::int64_t b = 0; b < batches; ++b) {
-    double median = 0, low = 1e30, high = 0, compose = 0, compose_low = 1e30, compose_high = 0, isolated = 0, nodes = 0, compose_nodes = 0;
-    double gather_only = 0, fill = 0, pre = 0;
-    for (std::int32_t r = 0; r < cp; ++r) {
-      const BenchRank& br = boot.bench_results[r];
-      median = std::max(median, br.layer_us_median[b]);
-      low = std::min(low, br.layer_us_min[b]);
-      high = std::max(high, br.layer_us_max[b]);
-      compose = std::max(compose, br.compose_us_median[b]);
-      compose_low = std::min(compose_low, br.compose_us_min[b]);
-      compose_high = std::max(compose_high, br.compose_us_max[b]);
-      isolated = std::max(isolated, br.isolated_us_median[b]);
-      gather_only = std::max(gather_only, br.isolated_gather_us_median[b]);
-      fill = std::max(fill, br.fill_us_median[b]);
-      pre = std::max(pre, br.pre_us_median[b]);
-      nodes = std::max(nodes, br.nodes_per_layer[b]);
-      compose_nodes = std::max(compose_nodes, br.compose_nodes_per_layer[b]);
-    }
-    out.layer_us_median.push_back(median);
-    out.layer_us_min.push_back(low);
-    out.layer_us_max.push_back(high);
-    out.compose_us_median.push_back(compose);
-    out.compose_us_min.push_back(compose_low);
-    out.compose_us_max.push_back(compose_high);
-    out.isolated_us_median.push_back(isolated);
-    out.isolated_gather_us_median.push_back(gather_only);
-    out.fill_us_median.push_back(fill);
-    out.pre_us_median.push_back(pre);
-    out.nodes_per_layer.push_back(nodes);
-    out.compose_nodes_per_layer.push_back(compose_nodes);
+    for (const auto& [from, to] : worst) (out.*to).push_back(fold(from, b, false));
+    for (const auto& [from, to] : least) (out.*to).push_back(fold(from, b, true));
   }
   fold_ceilings(boot, cp, out.ceilings);
   for (std::int32_t r = 0; r < cp; ++r) {

@@ -12,23 +12,6 @@ namespace cpkv::kernels {
 namespace {
 
 
-// Polls word `peer` of this rank's pad until it reaches `phase`; on timeout writes who waited for
-// whom into `status` and gives up (the host reports it as invariant 8; the bytes read after it are
-// wrong and the verify kernel says so too).
-__device__ void wait_flag(std::uint64_t* const* pads, std::int32_t rank, std::int32_t peer, std::uint64_t phase, BarrierStatus* status) {
-  const std::uint64_t* word = pads[rank] + peer;
-  const long long start = clock64();
-  PollBackoff backoff;
-  while (load_acquire_sys(word) < phase) {
-    backoff.pause();
-    if (clock64() - start > kBarrierTimeoutCycles) {
-      status->timed_out_phase = phase;
-      status->rank = rank;
-      status->missing_peer = peer;
-      return;
-    }
-  }
-}
 __device__ void wait_flag(const ComposeArgs& a, std::int32_t peer, std::uint64_t phase) { wait_flag(a.peer_pads, a.rank, peer, phase, a.status); }
 
 // Lanes p < cp of one warp store `phase` into word `rank` of peer p's pad (this rank's earlier

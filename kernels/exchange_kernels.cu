@@ -72,19 +72,7 @@ __global__ void populate_pool_kernel(std::uint8_t* pool, std::uint32_t row_bytes
 // wait until peer p's signal in the own pad reaches `phase`. False (and `status` written) on timeout.
 __device__ bool signal_and_wait(std::uint64_t* const* peer_pads, std::int32_t rank, int p, std::uint64_t phase, BarrierStatus* status) {
   store_release_sys(peer_pads[p] + rank, phase);
-  const std::uint64_t* mine = peer_pads[rank] + p;
-  const long long start = clock64();
-  PollBackoff backoff;  // as every other flag wait, so the launch-free barrier is the same wait
-  while (load_acquire_sys(mine) < phase) {
-    backoff.pause();
-    if (clock64() - start > kBarrierTimeoutCycles) {
-      status->timed_out_phase = phase;
-      status->rank = rank;
-      status->missing_peer = p;
-      return false;
-    }
-  }
-  return true;
+  return wait_flag(peer_pads, rank, p, phase, status);
 }
 
 // One block; thread p < cp talks to peer p.

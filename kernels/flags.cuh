@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "launchers.cuh"  // BarrierStatus, kBarrierTimeoutCycles
+
 namespace cpkv::kernels {
 
 __device__ __forceinline__ void store_release_sys(std::uint64_t* address, std::uint64_t value) {
@@ -32,5 +34,24 @@ struct PollBackoff {
     if (sleep_ns < kPollSleepMaxNs) sleep_ns *= 2;
   }
 };
+
+// Polls word `peer` of this rank's pad until it reaches `phase`, backing off; on timeout writes who
+// waited for whom into `status` and gives up (false): the host reports it as invariant 8, and the
+// bytes read after it are wrong, which the verify kernel says too. Every barrier's wait is this one.
+__device__ inline bool wait_flag(std::uint64_t* const* pads, std::int32_t rank, std::int32_t peer, std::uint64_t phase, BarrierStatus* status) {
+  const std::uint64_t* word = pads[rank] + peer;
+  const long long start = clock64();
+  PollBackoff backoff;
+  while (load_acquire_sys(word) < phase) {
+    backoff.pause();
+    if (clock64() - start > kBarrierTimeoutCycles) {
+      status->timed_out_phase = phase;
+      status->rank = rank;
+      status->missing_peer = peer;
+      return false;
+    }
+  }
+  return true;
+}
 
 }  // namespace cpkv::kernels

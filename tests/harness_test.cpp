@@ -261,6 +261,15 @@ TEST(HarnessGroup, ARankHungOnItsDeviceIsNamedWithinAWindowWhilePeersRetryDevice
   expect_named(r, clock, "while other ranks did");
 }
 
+// A rank that keeps making progress (a layer every tenth of a window) for two windows, then ends.
+int progress_for_two_windows(RankProgress& progress) {
+  for (std::int32_t layer = 1; layer <= 20; ++layer) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
+    progress.at(0, layer);
+  }
+  return kRankExitOk;
+}
+
 // What must stay legal: a rank waiting on one named peer for two windows while that peer
 // keeps making progress (it is on its way), and a group that all went quiet waiting on each other
 // at nearly the same moment (a deadlock: nobody is named, however the beats were staggered).
@@ -272,11 +281,7 @@ TEST(HarnessGroup, AWaitOnAPeerThatKeepsProgressingIsNotAHang) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * kStuckMsMax));
       return kRankExitOk;
     }
-    for (std::int32_t layer = 1; layer <= 20; ++layer) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
-      progress.at(0, layer);
-    }
-    return kRankExitOk;
+    return progress_for_two_windows(progress);
   });
   EXPECT_TRUE(r.failure.empty()) << r.failure;
   EXPECT_TRUE(no_child_left());
@@ -464,11 +469,7 @@ TEST(HarnessGroup, SilentRanksWhoseWaitsLeadToAProgressingRankAreNotAHang) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * kStuckMsMax));
       return kRankExitOk;
     }
-    for (std::int32_t layer = 1; layer <= 20; ++layer) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kStuckMsMax / 10));
-      progress.at(0, layer);
-    }
-    return kRankExitOk;
+    return progress_for_two_windows(progress);
   });
   EXPECT_TRUE(r.failure.empty()) << r.failure;
   EXPECT_TRUE(no_child_left());
