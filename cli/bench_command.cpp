@@ -80,6 +80,7 @@ struct BenchSetup {
   std::int32_t timed_cycle = 0;  // the backend's timing cycle
   std::vector<model::Batch> batches;
   std::vector<RejectedBatch> rejected;
+  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the executor sizes it
 };
 
 BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
@@ -99,7 +100,9 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
   const std::int64_t staging_slots = model::staging_capacity(s.source.setting).staging_slots;
   sim::BatchCursor cursor(s.source);
   while (auto b = cursor.next()) {
-    const model::Verdict verdict = model::overflow_verdict(model::layout_batch(s.source.setting, *b).current_pages_total, staging_slots);
+    const model::BatchLayout layout = model::layout_batch(s.source.setting, *b);
+    s.dense_slots = std::max(s.dense_slots, layout.slot_count);
+    const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
     if (verdict.overflow) s.rejected.push_back({cursor.index(), verdict});
     s.batches.push_back(*b);
   }
@@ -116,13 +119,6 @@ double predicted_us(const model::Setting& setting, const model::Batch& batch, mo
   BatchCosts costs;
   CostModel(timed, ceilings, dense_slots).evaluate(batch, costs);
   return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
-}
-
-// The slots of the dense buffer: the trace's largest batch, as the executor sizes it.
-std::int64_t dense_slots(const BenchSetup& s) {
-  std::int64_t slots = 0;
-  for (const model::Batch& b : s.batches) slots = std::max(slots, model::layout_batch(s.source.setting, b).slot_count);
-  return slots;
 }
 
 Ceilings model_ceilings(const cuda::Ceilings& measured) {
@@ -143,7 +139,7 @@ Ceilings model_ceilings(const cuda::Ceilings& measured) {
 // alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
   const Ceilings model_c = model_ceilings(ceilings);
-  const std::int64_t slots = dense_slots(s);
+  const std::int64_t slots = s.dense_slots;
   for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);

@@ -72,8 +72,9 @@ void copy_all(int fd, int out_fd, const std::string& option, const std::string& 
   }
 }
 
-// Removes a spool file and forgets it (the interrupt watcher removes the ones it still tracks).
-void remove_spool(const std::string& name) {
+// Removes a temporary file (a spool file, an output's temporary) and forgets it (the interrupt
+// watcher removes the ones it still tracks).
+void remove_tracked(const std::string& name) {
   ::unlink(name.c_str());
   harness::untrack_file(name);
 }
@@ -93,7 +94,7 @@ std::string spool(const std::string& option, const std::string& path) {
     if (::close(out_fd) != 0) throw std::runtime_error(fmt::format("{}: cannot write the spool file {}: {}", option, name, errno_text(errno)));
   } catch (...) {
     if (fd >= 0) ::close(fd);
-    remove_spool(name);
+    remove_tracked(name);
     throw;
   }
   ::close(fd);
@@ -142,7 +143,7 @@ InputFile::InputFile(std::string option, std::string path, bool spool_pipes)
 InputFile::~InputFile() {
   if (!spooled_ || ::getpid() != owner_) return;
   // The name stays in spool_names(): main() prints the error that unwound this object afterwards.
-  remove_spool(read_path_);
+  remove_tracked(read_path_);
 }
 
 OutputFile::OutputFile(std::string option, std::string path) : option_(std::move(option)), path_(std::move(path)) {
@@ -178,7 +179,7 @@ OutputFile::OutputFile(std::string option, std::string path) : option_(std::move
 OutputFile::~OutputFile() {
   if (committed_ || temporary_.empty()) return;
   out_.reset();
-  ::unlink(temporary_.c_str());
+  remove_tracked(temporary_);
 }
 
 const std::string& OutputFile::temporary() {
@@ -189,7 +190,8 @@ const std::string& OutputFile::temporary() {
   std::string extension = target.extension().string();
   if (extension.size() > kExtensionCharsMax) extension.clear();
   std::string name = (target.parent_path() / (".cpkv-XXXXXX" + extension)).string();
-  const int fd = ::mkstemps(name.data(), static_cast<int>(extension.size()));
+  // Tracked from its creation, as a spool file: SIGINT or SIGTERM (no unwinding) removes it too.
+  const int fd = harness::create_tracked_file(name, static_cast<int>(extension.size()));
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside {}: {}", option_, path_, errno_text(errno)));
   ::close(fd);
   temporary_ = name;
@@ -207,7 +209,7 @@ std::ostream& OutputFile::stream() {
 void OutputFile::commit() {
   const auto fail = [&](const std::string& step, int error) {
     out_.reset();
-    ::unlink(temporary_.c_str());
+    remove_tracked(temporary_);
     temporary_.clear();
     throw std::runtime_error(fmt::format("{}: cannot write {}: {}: {}; the file was left as it was", option_, path_, step, errno_text(error)));
   };
@@ -237,6 +239,7 @@ void OutputFile::commit() {
   }
   if (::chmod(temporary_.c_str(), mode) != 0) fail("chmod", errno);
   if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail("rename", errno);
+  harness::untrack_file(temporary_);  // the name is gone: nothing left for the watcher to remove
   committed_ = true;
 }
 

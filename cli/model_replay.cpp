@@ -64,21 +64,15 @@ std::string brief(const nlohmann::json& p, double scale = 1.0, int digits = 0) {
   return fmt::format("min {} p50 {} p90 {} p99 {} max {}", f("min"), f("p50"), f("p90"), f("p99"), f("max"));
 }
 
-double positive(const nlohmann::json& j, const char* key, const std::string& file) {
+// The number at `key`: finite and positive, or (zero_allowed) finite and >= 0.
+double ceiling_number(const nlohmann::json& j, const char* key, const std::string& file, bool zero_allowed) {
   const auto it = j.find(key);
-  if (it == j.end() || !it->is_number() || !(it->get<double>() > 0) || !std::isfinite(it->get<double>())) {
-    throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a positive number", file, key));
-  }
+  const bool ok = it != j.end() && it->is_number() && std::isfinite(it->get<double>()) && (zero_allowed ? it->get<double>() >= 0 : it->get<double>() > 0);
+  if (!ok) throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be {}", file, key, zero_allowed ? "a number >= 0" : "a positive number"));
   return it->get<double>();
 }
-
-double non_negative(const nlohmann::json& j, const char* key, const std::string& file) {
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number() || !(it->get<double>() >= 0) || !std::isfinite(it->get<double>())) {
-    throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a number >= 0", file, key));
-  }
-  return it->get<double>();
-}
+double positive(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, false); }
+double non_negative(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, true); }
 
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..[,"allreduce_busbw_gbps":..,"allreduce_latency_us":..,
 // "launch_us":..,"gather_fixed_us":..]}: absent optional keys stay nominal and say so.

@@ -104,7 +104,8 @@ void run_plan(const PlanOptions& options) {
   std::int64_t batches = 0;
   {
     traces::TraceReader reader(trace.path());
-    while (reader.next()) ++batches;
+    model::Batch batch;  // one batch reused: this pass only checks and counts
+    while (reader.next(batch)) ++batches;
     if (options.rank && *options.rank >= reader.header().setting.cp) {
       throw OptionError(fmt::format("--rank: {} is not a rank of the trace's cp = {} group", *options.rank,
                                     reader.header().setting.cp));

@@ -55,6 +55,18 @@ double ce_batch_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t*
 #endif
 }
 
+// Whether the first and the last of `entries` landed: page dst_page of `dst` equals page src_page
+// of `src`, byte for byte (either may be a peer's mapping).
+bool ends_copied(const std::uint8_t* dst, const std::uint8_t* src, const std::vector<kernels::GatherEntry>& entries, std::uint64_t page_bytes) {
+  for (const kernels::GatherEntry& e : {entries.front(), entries.back()}) {
+    std::vector<std::uint8_t> got(page_bytes), want(page_bytes);
+    CPKV_CUDA_CHECK(cudaMemcpy(got.data(), dst + e.dst_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    CPKV_CUDA_CHECK(cudaMemcpy(want.data(), src + e.src_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+    if (got != want) return false;
+  }
+  return true;
+}
+
 // The same pages through the bulk-copy (TMA) gather; its bytes checked (first and last page) after
 // the timing. GB/s, or -1 when a load timed out or a byte is wrong.
 double bulk_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst, const kernels::PointerTable& table,
@@ -70,13 +82,7 @@ double bulk_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* dst
   kernels::BulkStatus found{};
   CPKV_CUDA_CHECK(cudaMemcpy(&found, status, sizeof(found), cudaMemcpyDeviceToHost));
   CPKV_CUDA_CHECK(cudaFree(status));
-  bool exact = found.timeouts == 0;
-  for (const kernels::GatherEntry& e : {entries.front(), entries.back()}) {
-    std::vector<std::uint8_t> got(page_bytes), want(page_bytes);
-    CPKV_CUDA_CHECK(cudaMemcpy(got.data(), dst + e.dst_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-    CPKV_CUDA_CHECK(cudaMemcpy(want.data(), table.base[0] + e.src_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-    exact = exact && got == want;
-  }
+  const bool exact = found.timeouts == 0 && ends_copied(dst, table.base[0], entries, page_bytes);
   return exact ? static_cast<double>(count * page_bytes) / (ms * 1e6) : -1.0;
 }
 
@@ -98,13 +104,7 @@ double push_gbps(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* pee
   const double ms = timed_ms(r, start, stop, [&] {
     CPKV_CUDA_CHECK(kernels::launch_gather(peer_dst, page_bytes, table, d_entries, count, r.stream));
   }, 10);
-  bool exact = true;
-  for (const kernels::GatherEntry& e : {entries.front(), entries.back()}) {
-    std::vector<std::uint8_t> got(page_bytes), want(page_bytes);
-    CPKV_CUDA_CHECK(cudaMemcpy(got.data(), peer_dst + e.dst_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-    CPKV_CUDA_CHECK(cudaMemcpy(want.data(), own + e.src_page * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-    exact = exact && got == want;
-  }
+  const bool exact = ends_copied(peer_dst, own, entries, page_bytes);
   r.barrier();
   return exact ? static_cast<double>(count * page_bytes) / (ms * 1e6) : -1.0;
 }
@@ -220,7 +220,6 @@ void allreduce_ceilings(Rank& r, cudaEvent_t start, cudaEvent_t stop, BenchRank&
     const std::vector<double> us = graph_layer_us(r, calls, 7, [&](std::int32_t) { r.all_reduce(r.mem.bench_buffer, none, 0, bytes); }, nodes);
     out.allreduce_curve_us[s] = us[us.size() / 2];
   }
-  out.allreduce_latency_us = out.allreduce_curve_us[0];
 }
 
 }  // namespace
@@ -317,6 +316,7 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
       for (std::int32_t r = 0; r < cp; ++r) us = std::max(us, boot.bench_results[r].allreduce_curve_us[s]);
       c.allreduce_curve.push_back({kAllreduceSizeBytes[s], us});
     }
+    c.allreduce_latency_us = c.allreduce_curve.front().us;
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
@@ -327,7 +327,6 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
     c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
     c.barrier_us_graph = std::max(c.barrier_us_graph, br.barrier_us_graph);
     c.allreduce_busbw_gbps = r == 0 ? br.allreduce_busbw_gbps : std::min(c.allreduce_busbw_gbps, br.allreduce_busbw_gbps);
-    c.allreduce_latency_us = std::max(c.allreduce_latency_us, br.allreduce_latency_us);
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
       for (int k = 0; k < kCeilingCounts; ++k) {
         Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];

@@ -60,7 +60,6 @@ struct BenchRank {
   double barrier_us_launch_free;
   double barrier_us_graph;       // back-to-back as nodes of one CUDA graph
   double allreduce_busbw_gbps;   // NCCL sum all-reduce of 64 MiB (0 where NCCL is not used)
-  double allreduce_latency_us;   // NCCL sum all-reduce of 4 KiB
   double allreduce_curve_us[kAllreduceSizes];  // per call at kAllreduceSizeBytes, as CUDA graph nodes
   double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page, or per 64-KiB chunk)
   double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)

@@ -47,7 +47,7 @@ struct Ceilings {
   double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
   double barrier_us_graph = 0;        // the same barrier as back-to-back nodes of one CUDA graph
   double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: no NCCL)
-  double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB, per call as CUDA graph nodes (median over replays)
+  double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB: the curve's first point
   struct AllreducePoint {
     std::uint64_t bytes;
     double us;  // per call, as nodes of a CUDA graph (median over replays, max over ranks)

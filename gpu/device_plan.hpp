@@ -20,10 +20,9 @@ struct BatchPlan {
   model::VariantPlan plan;
   bool overflow = false;
   std::vector<kernels::GatherEntry> local_prefix, zero_own, pack, gather1, publish, gather2, unpack;
-  // The fused compose launch's entries: pre-signal (local prefix, gather 1, pack, publish: each
-  // with its destination buffer) then post-wait (gather 2).
-  // The fused compose launch's entries: pre-signal (the pack and the publish, which read the fill)
-  // then post (local prefix, gather 1, gather 2), each with its destination buffer.
+  // The fused compose launch's entries, each with its destination buffer: pre-signal (the pack and
+  // the publish, which read the fill), then post (local prefix, gather 1, gather 2; gather 2 first
+  // where there are pre-signal entries: compose_entries says why).
   std::vector<kernels::GatherEntry> compose;
   std::int64_t compose_pre = 0;
   std::vector<std::int32_t> inv_request;

@@ -312,12 +312,12 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   }
   BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
   bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / layers);
-  std::vector<kernels::GatherEntry> current_only;
-  for (const kernels::GatherEntry& e : b.gather2) {
-    if (e.table_index >= r.cp() && e.table_index < 2 * r.cp()) current_only.push_back(e);
-  }
-  const kernels::GatherEntry* d_current_only = uploads.upload(current_only);
   if (r.ctx.cuda.timing_reps > 0) {
+    std::vector<kernels::GatherEntry> current_only;
+    for (const kernels::GatherEntry& e : b.gather2) {
+      if (e.table_index >= r.cp() && e.table_index < 2 * r.cp()) current_only.push_back(e);
+    }
+    const kernels::GatherEntry* d_current_only = uploads.upload(current_only);
     const LayerBodies bodies{[&](std::int32_t l) { run_layer(run, l, false); }, [&](std::int32_t l) { run_layer(run, l, false, false); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); },

@@ -188,11 +188,6 @@ void track_rank(int pid) {
   registry().ranks.push_back(pid);
 }
 
-void untrack_rank(int pid) {
-  const std::lock_guard<std::mutex> lock(registry().mutex);
-  std::erase(registry().ranks, pid);
-}
-
 int create_tracked_file(std::string& name_template, int suffix_chars) {
   const std::lock_guard<std::mutex> lock(registry().mutex);
   const int fd = ::mkstemps(name_template.data(), suffix_chars);

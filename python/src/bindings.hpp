@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <pybind11/numpy.h>
+#include <nlohmann/json.hpp>
 #include <pybind11/pybind11.h>
 
 #include "cpkv/model/batch.hpp"
@@ -20,6 +21,9 @@
 namespace cpkv::python {
 
 namespace py = pybind11;
+
+// A JSON value as the Python object json.loads gives (dicts, lists, numbers, strings).
+inline py::object to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
 // Bad input from Python: raised as cpkv.InputError(ValueError) with .field and .reason; str() is
 // "field: reason", or "where: field: reason" when `where` names the batch or call.

@@ -79,7 +79,6 @@ ReplayPlan check_options(const ReplayArgs& a) {
 
 // The CLI's JSON as Python objects: through the json module, so the dict is the text `cpkv replay
 // --json` writes, parsed, and nothing is restated here.
-py::object to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
 std::unique_ptr<sim::Backend> make_backend(const ReplayArgs& a, const ReplayPlan& plan) {
   sim::RunLimits limits;

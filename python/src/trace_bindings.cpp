@@ -14,7 +14,6 @@
 namespace cpkv::python {
 namespace {
 
-py::object json_to_python(const nlohmann::json& value) { return py::module_::import("json").attr("loads")(value.dump()); }
 
 nlohmann::json python_to_json(const py::object& value) {
   const auto text = py::module_::import("json").attr("dumps")(value).cast<std::string>();
@@ -73,7 +72,7 @@ class TraceFileWriter {
 void bind_reader(py::module_& m) {
   py::class_<traces::TraceHeader>(m, "TraceHeader", "A trace's header: the setting and where the trace came from.")
       .def_readonly("setting", &traces::TraceHeader::setting, "The trace's setting.")
-      .def_property_readonly("source", [](const traces::TraceHeader& h) { return json_to_python(h.source); }, "The free-form source object, as a dict.")
+      .def_property_readonly("source", [](const traces::TraceHeader& h) { return to_python(h.source); }, "The free-form source object, as a dict.")
       .def("to_json", [](const traces::TraceHeader& h) { return traces::header_to_json(h).dump(); }, "The header line the C++ writer writes.");
 
   py::class_<traces::TraceReader>(m, "TraceReader",

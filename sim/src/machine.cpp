@@ -18,15 +18,9 @@ namespace {
 constexpr std::uint8_t kDensePoison = 0x5A;  // fresh dense buffers hold garbage, as a GPU allocation would
 
 // The writers a token-granularity zigzag split gives (the token_split mutant): tokens are cut into
-// 2*cp blocks by count, so a page can straddle two ranks.
+// 2*cp blocks by count, so a page can straddle two ranks. The page split's formula, on tokens.
 std::int32_t token_writer(std::int64_t token_in_extend, std::int64_t extend_len, std::int32_t cp) {
-  const std::int64_t blocks = 2 * std::int64_t{cp};
-  const std::int64_t small = extend_len / blocks;
-  const std::int64_t big_blocks = extend_len % blocks;
-  const std::int64_t big_tokens = big_blocks * (small + 1);
-  const std::int64_t block =
-      token_in_extend < big_tokens ? token_in_extend / (small + 1) : big_blocks + (token_in_extend - big_tokens) / small;
-  return static_cast<std::int32_t>(block < cp ? block : blocks - 1 - block);
+  return model::writer_in_request(model::SplitPolicy::zigzag, token_in_extend, extend_len, cp);
 }
 
 // The reversed_request_order mutant: the layout of the batch with its requests in reverse order and
@@ -119,6 +113,7 @@ void RankMachine::begin_run() {
   program_.push_back({Op::coll_arrive, -1, CollectiveStep{0, 0, -1}});
   program_.push_back({Op::coll_wait});
   program_.push_back({Op::choose_path});
+  set_position(program_[0]);
 }
 
 void RankMachine::begin_batch(const model::Batch& batch, std::int64_t batch_index) {
@@ -183,12 +178,14 @@ void RankMachine::serve_plan() {
   CPKV_ASSERT(dense_address != nullptr);
   const bool cache_hit = mutant_.keys_plan_cache_on_address() ? plan_cache_ && plan_cache_->dense_address == dense_address
                                                               : plan_cache_ && plan_cache_->batch_index == batch_index_;
+  // The checker compares what is served with a fresh build; a miss caches that same build.
+  model::VariantPlan fresh = model::variant_plan(layout_, path_variant_, rank_);
   if (!cache_hit) {
-    plan_cache_ = CachedPlan{batch_index_, dense_address, model::variant_plan(layout_, path_variant_, rank_)};
+    plan_cache_ = CachedPlan{batch_index_, dense_address, fresh};
     ++plan_builds_this_batch_;
   }
   plan_ = plan_cache_->plan;
-  checker_.on_plan_served(plan_, model::variant_plan(layout_, path_variant_, rank_), layout_.slot_count);
+  checker_.on_plan_served(plan_, fresh, layout_.slot_count);
 }
 
 // The page inverse, built once per batch: token -> destination row, with each current page's first
@@ -369,8 +366,7 @@ std::string RankMachine::describe_position() const {
 void RankMachine::step() {
   CPKV_ASSERT(!finished());
   CPKV_ASSERT(pc_ < program_.size());
-  const Step s = program_[pc_];
-  set_position(s);
+  const Step s = program_[pc_];  // its position was published when it became the next step
   checker_.at(batch_index_, totals_.steps);
   run_step(s);
   ++pc_;

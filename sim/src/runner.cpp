@@ -27,10 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-WorldGeometry geometry_of(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
-  return world_geometry(source, options, shape);
-}
-
 void publish_totals(const World& world, const RankMachine& machine) { world.totals(machine.rank()) = machine.totals(); }
 
 // Batches every rank has finished (each rank publishes its totals after every batch).
@@ -44,7 +40,7 @@ void collect(const World& world, RunReport& report) {
   for (std::int32_t r = 0; r < world.geometry().cp; ++r) harness::add_rank(report, world.totals(r));
   report.violations = world.violations();
   report.violation_count = world.violation_count();
-  for (std::int32_t i = 1; i <= 8; ++i) report.violations_by_invariant[i] = world.violation_count(i);
+  for (std::int32_t i = 1; i <= harness::kInvariants; ++i) report.violations_by_invariant[i] = world.violation_count(i);
 }
 
 }  // namespace
@@ -168,7 +164,7 @@ RunReport run_scheduled(const BatchSource& source, const SimOptions& options, co
   report.variant = options.variant;
   report.mode = "scheduled";
   const SourceShape shape = measure(source);
-  World world(geometry_of(source, options, shape), options.seed);
+  World world(world_geometry(source, options, shape), options.seed);
   std::vector<RankMachine> machines;
   for (std::int32_t r = 0; r < source.setting.cp; ++r) machines.emplace_back(world, source.setting, options, r);
   Scheduler scheduler(schedule);
@@ -348,7 +344,7 @@ RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs
   }
   const SourceShape shape = measure(source);
   report.batches = shape.batches;
-  World world(geometry_of(source, options, shape), options.seed);
+  World world(world_geometry(source, options, shape), options.seed);
   if (ranks_as == RanksAs::threads) {
     run_rank_threads(world, source, options, faults, limits, report);
   } else {

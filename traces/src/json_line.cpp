@@ -67,8 +67,8 @@ class StrictDomBuilder {
 
   bool parse_error(std::size_t byte, const std::string&, const json::exception& error) {
     // 406 is nlohmann's out_of_range for a number beyond a double (1e400).
-    if (error.id == 406) return fail("json", "a number is out of range (larger than a double can hold)", true);
-    return fail("json", syntax_reason(byte, error), true);
+    if (error.id == 406) return fail("json", "a number is out of range (larger than a double can hold)");
+    return fail("json", syntax_reason(byte, error));
   }
 
   json& root() { return root_; }
@@ -125,8 +125,8 @@ class StrictDomBuilder {
     return text;
   }
 
-  bool fail(std::string field, std::string reason, bool syntax = false) {
-    problem_ = LineProblem{std::move(field), std::move(reason), syntax};
+  bool fail(std::string field, std::string reason) {
+    problem_ = LineProblem{std::move(field), std::move(reason)};
     return false;
   }
 

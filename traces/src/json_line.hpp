@@ -16,11 +16,10 @@
 namespace cpkv::traces::detail {
 
 // Why a line is not a JSON DOM we accept: `field` is a field path (`requests[0].extend_len`) or
-// `json` for a syntax error; `syntax` tells the two apart (the Mooncake reader words them its way).
+// `json` for a syntax error.
 struct LineProblem {
   std::string field;
   std::string reason;
-  bool syntax = false;
 };
 
 // The line's single JSON value, or nullopt with `problem` set: a syntax error (with nlohmann's

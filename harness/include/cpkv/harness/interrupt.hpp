@@ -30,8 +30,7 @@ int interrupted();
 // Tracking a name before creating it closes the window where a signal would leak it.
 void track_region(const std::string& name);
 void untrack_region(const std::string& name);
-void track_rank(int pid);
-void untrack_rank(int pid);
+void track_rank(int pid);  // reap_tracked forgets a rank once it has ended
 
 // Temporary files (a trace read from a pipe and spooled) the watcher removes on interruption.
 // create_tracked_file makes one with mkstemps(name_template, suffix_chars) under the registry's
