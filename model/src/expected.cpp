@@ -48,6 +48,15 @@ std::string Mismatch::describe(std::int32_t rank, std::int32_t layer, std::strin
                      rank, layer, kind_name, slot, row, byte, expected, actual, wrong_bytes);
 }
 
+void add_row_mismatches(const std::uint8_t* actual, std::span<const std::uint8_t> expected, std::int64_t slot, std::int32_t row, Mismatch& m) {
+  if (std::memcmp(actual, expected.data(), expected.size()) == 0) return;
+  for (std::uint32_t b = 0; b < expected.size(); ++b) {
+    if (actual[b] == expected[b]) continue;
+    if (m.wrong_bytes == 0) m = {0, slot, row, b, expected[b], actual[b]};
+    ++m.wrong_bytes;
+  }
+}
+
 std::optional<Mismatch> compare_dense(std::span<const std::uint8_t> actual, std::span<const std::uint8_t> expected,
                                       std::int32_t page_size, std::uint32_t row_bytes) {
   assert(actual.size() == expected.size());

@@ -64,18 +64,7 @@ std::optional<Mismatch> ByteOracle::check(std::span<const std::uint8_t> dense, s
     for (std::int32_t r = 0; r < page_size_; ++r) {
       const std::uint8_t* actual = dense.data() + (slot * page_size_ + r) * static_cast<std::int64_t>(row_bytes);
       row(seed, layer, kind, slot, r, expected);
-      if (std::memcmp(actual, expected.data(), row_bytes) == 0) continue;
-      for (std::uint32_t b = 0; b < row_bytes; ++b) {
-        if (actual[b] == expected[b]) continue;
-        if (mismatch.wrong_bytes == 0) {
-          mismatch.slot = slot;
-          mismatch.row = r;
-          mismatch.byte = b;
-          mismatch.expected = expected[b];
-          mismatch.actual = actual[b];
-        }
-        ++mismatch.wrong_bytes;
-      }
+      add_row_mismatches(actual, expected, slot, r, mismatch);
     }
   }
   if (mismatch.wrong_bytes == 0) return std::nullopt;

@@ -238,12 +238,7 @@ LayerCheck StateChecker::on_layer_end(std::int32_t layer, std::int32_t half, con
         } else {
           oracle.row(seed, layer, static_cast<std::uint32_t>(k), slot, row, expected);
         }
-        if (std::memcmp(actual, expected.data(), row_bytes) == 0) continue;
-        for (std::uint32_t b = 0; b < row_bytes; ++b) {
-          if (actual[b] == expected[b]) continue;
-          if (mismatch.wrong_bytes == 0) mismatch = {0, slot, row, b, expected[b], actual[b]};
-          ++mismatch.wrong_bytes;
-        }
+        model::add_row_mismatches(actual, expected, slot, row, mismatch);
       }
     }
     if (mismatch.wrong_bytes == 0) continue;

@@ -35,6 +35,9 @@ struct Mismatch {
   // The same line with the batch named too (replays of several batches).
   std::string describe(std::int32_t rank, std::int64_t batch, std::int32_t layer, std::string_view kind_name) const;
 };
+// Adds row `row` of slot `slot` to `m`: its wrong bytes counted, the first one located when `m`
+// has none yet. The one row comparison of every byte check (the oracle's, the simulator's).
+void add_row_mismatches(const std::uint8_t* actual, std::span<const std::uint8_t> expected, std::int64_t slot, std::int32_t row, Mismatch& m);
 std::optional<Mismatch> compare_dense(std::span<const std::uint8_t> actual,
                                       std::span<const std::uint8_t> expected,
                                       std::int32_t page_size, std::uint32_t row_bytes);
