@@ -133,7 +133,6 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       a.kind[0].dst[kernels::kToDense] = own + half;
       kernels::set_page_geometry(a.kind[0], kCeilingPageBytes[ps]);
       a.kind[0].table.base[0] = peer;
-      kernels::finish_compose_args(a);
       a.entries = d_entries;
       a.pre_count = a.count = kCeilingPageCounts[c];
       a.cp = r.cp();

@@ -73,7 +73,6 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
     kernels::set_page_geometry(ck, r.page_bytes(k));
     ck.table = run.tables[l][k];
   }
-  kernels::finish_compose_args(a);
   a.entries = run.d.compose;
   a.pre_count = run.b.compose_pre;
   a.count = static_cast<std::int64_t>(run.b.compose.size());

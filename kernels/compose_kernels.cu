@@ -47,10 +47,9 @@ __device__ void warp_copy_chunk(std::uint8_t* out, const std::uint8_t* in, std::
   }
 }
 
-// Work item `item`: entry item / items_per_entry, and within it a kind and a chunk of its page.
-__device__ void copy_item(const ComposeArgs& a, std::int64_t item, int lane) {
-  const GatherEntry e = a.entries[item / a.items_per_entry];
-  std::int32_t r = static_cast<std::int32_t>(item % a.items_per_entry);
+// Part `r` of entry `e` (a work item is entry item / items_per_entry, part item % items_per_entry):
+// a kind and a chunk of its page. The caller loads the entry once.
+__device__ void copy_item(const ComposeArgs& a, const GatherEntry& e, std::int32_t r, int lane) {
   std::int32_t kind = 0;
   while (r >= a.kind[kind].chunks) r -= a.kind[kind++].chunks;
   const ComposeKind& k = a.kind[kind];
@@ -106,7 +105,9 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   const std::uint64_t flag = phase - a.phase_lag;
   if (a.barrier == kSignalAtStart && warp == 0) signal_peers(a, flag, lane);
   const std::int64_t pre_items = a.pre_count * a.items_per_entry;
-  for (std::int64_t item = warp; item < pre_items; item += warps) copy_item(a, item, lane);
+  for (std::int64_t item = warp; item < pre_items; item += warps) {
+    copy_item(a, a.entries[item / a.items_per_entry], static_cast<std::int32_t>(item % a.items_per_entry), lane);
+  }
   if (a.barrier == kSignalAfterPre || a.order_pre) {
     const bool last = last_ticket(&a.state->arrived, static_cast<std::uint32_t>(warps), lane);
     if (a.barrier == kSignalAfterPre && last) signal_peers(a, flag, lane);
@@ -114,8 +115,8 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   if (a.order_pre) wait_pre_done(a, static_cast<std::uint32_t>(warps), lane);
   std::uint32_t waited = 0;  // peers whose flag this warp has seen (bit per rank)
   for (std::int64_t item = pre_items + warp; item < a.count * a.items_per_entry; item += warps) {
-    const std::int32_t t = a.entries[item / a.items_per_entry].table_index;
-    const std::int32_t peer = t - a.cp;
+    const GatherEntry e = a.entries[item / a.items_per_entry];
+    const std::int32_t peer = e.table_index - a.cp;
     if (a.barrier != kNoBarrier && peer >= 0 && peer < a.cp && !(waited >> peer & 1U)) {
       if (lane == 0) wait_flag(a, peer, flag);
       __syncwarp();
@@ -126,7 +127,7 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
       }
       waited |= 1U << peer;
     }
-    copy_item(a, item, lane);
+    copy_item(a, e, static_cast<std::int32_t>(item % a.items_per_entry), lane);
   }
   // The last warp out makes the launch a whole barrier (every peer arrived: they are done with the
   // previous layer's reads) and hands the phase to the next launch.
@@ -215,11 +216,6 @@ void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
   kind.chunk_bytes = (even + 15) / 16 * 16;
 }
 
-void finish_compose_args(ComposeArgs& args) {
-  args.items_per_entry = 0;
-  for (int k = 0; k < args.kinds; ++k) args.items_per_entry += args.kind[k].chunks;
-}
-
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
   CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
@@ -230,11 +226,12 @@ cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
     CPKV_HOST_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
     items_per_entry += kind.chunks;
   }
-  CPKV_HOST_ASSERT(items_per_entry == args.items_per_entry);
-  const std::int64_t items = args.count * args.items_per_entry;
+  ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
+  launched.items_per_entry = items_per_entry;
+  const std::int64_t items = args.count * items_per_entry;
   const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));
-  compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(args);
+  compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(launched);
   return cudaGetLastError();
 }
 

@@ -128,7 +128,7 @@ struct ComposeKind {
 struct ComposeArgs {
   ComposeKind kind[kKindsMax];
   std::int32_t kinds;
-  std::int32_t items_per_entry;  // chunks of all kinds (finish_compose_args)
+  std::int32_t items_per_entry;  // chunks of all kinds: set by launch_compose (callers leave it)
   const GatherEntry* entries;
   std::int64_t pre_count;
   std::int64_t count;
@@ -144,9 +144,8 @@ struct ComposeArgs {
                                  // reads fill pages that gather 1 then zeroes)
 };
 // The page geometry of one kind: page_bytes, cut into equal 16-byte-aligned chunks of at most
-// kChunkBytesMax; then finish_compose_args sums the chunks of the kinds.
+// kChunkBytesMax (launch_compose sums the chunks of the kinds).
 void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes);
-void finish_compose_args(ComposeArgs& args);
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream);
 
 // Per slot of the dense buffer, where its rows come from (uploaded once per batch).
