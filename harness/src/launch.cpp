@@ -330,6 +330,10 @@ std::vector<bool> Watcher::behind_cycles(const std::vector<std::int32_t>& next, 
 // reports it.
 void Watcher::end_on_wait_cycle(Clock::time_point now) {
   if (!result_.failure.empty()) return;
+  // Checked every poll: nothing to walk (or allocate) until some rank has been silent a window.
+  bool any_silent = false;
+  for (std::int32_t r = 0; r < o_.ranks && !any_silent; ++r) any_silent = !ranks_[r].reaped && ms_between(ranks_[r].last_progress, now) > o_.stuck_ms_max;
+  if (!any_silent) return;
   const std::vector<std::int32_t> next = stalled_waits(now);
   Clock::time_point silent_since;
   const std::vector<bool> lost = behind_cycles(next, &silent_since);
