@@ -502,6 +502,24 @@ TEST(ModelReplayCli, BenchJsonCeilingsAreDerivedFromTheMeasurements) {
   EXPECT_EQ(curve, (std::vector<std::pair<double, double>>{{4096.0, 6.0}, {1048576.0, 15.0}}));
 }
 
+// A bench run without NCCL (cp 1) writes its all-reduce ceilings as 0: not measured. Such a file is
+// read, the nominal all-reduce ceilings stay, and a negative value is still refused.
+TEST(ModelReplayCli, BenchJsonWithoutAllreduceMeasurementsIsRead) {
+  const char* ceilings = R"("ce_peer_gbps": 370, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5)";
+  const std::string bench = write_temp("bench_cp1.json", fmt::format(R"({{"ceilings": {{{}, "allreduce_busbw_gbps": 0, "allreduce_latency_us": 0}}}})", ceilings));
+  const std::string json_path = (temp_dir() / "tiny_cp1_ceilings.json").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", bench, json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json c = nlohmann::json::parse(slurp(json_path))["ceilings"];
+  EXPECT_DOUBLE_EQ(c["allreduce_busbw_gbps"].get<double>(), cpkv::cli::Ceilings{}.allreduce_busbw_gbps);
+  EXPECT_DOUBLE_EQ(c["allreduce_latency_us"].get<double>(), cpkv::cli::Ceilings{}.allreduce_latency_us);
+  const std::string negative = write_temp("bench_negative.json", fmt::format(R"({{"ceilings": {{{}, "allreduce_busbw_gbps": -1}}}})", ceilings));
+  const CliRun refused = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", negative));
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_TRUE(one_line(refused.err)) << refused.err;
+  EXPECT_NE(refused.err.find("allreduce_busbw_gbps"), std::string::npos) << refused.err;
+}
+
 TEST(ModelReplayCli, BenchJsonAllreduceCurveMustIncrease) {
   const std::string bench = write_temp("bench_bad_curve.json", R"({"ceilings": {
       "ce_peer_gbps": 370, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
