@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick]
-# (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed)
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe]
+# (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed, then the gather probe)
+# (probe: the gather probe alone, bench/gather_probe.cu)
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
@@ -87,6 +88,11 @@ if [[ "$what" == quick ]]; then
     grep -E "^\| [0-9] \| (v2|staging_direct|staging_publish) |^Ceilings" /tmp/bench-$name.txt
   done
   sed -n '/Scattered/,$p' /tmp/bench-seeds_batch.txt
+fi
+if [[ "$what" == quick || "$what" == probe ]]; then
+  # The gather's design space (bench/gather_probe.cu): one CSV row per configuration, best per case.
+  timeout 150 "$build/bench/cpkv.bench.gather_probe" > "$OUT/gather-probe.csv" 2> "$OUT/gather-probe.txt"
+  echo "gather probe: exit $?"; cat "$OUT/gather-probe.txt"
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1

@@ -1,0 +1,239 @@
+// The gather's design space on the GPUs, one process driving every visible GPU at once (each pulls
+// scattered pages from the next one through peer access), against the copy engines' contiguous
+// pull measured the same way. An experiment for issue 14 ("a faster gather"): it sweeps the knobs
+// the compose kernel's copy has (chunk per warp, 16-byte loads in flight per lane, blocks per SM)
+// and the load instruction's cache hints, and prints one CSV row per configuration, so the fastest
+// one can be carried into kernels/compose_kernels.cu with a measurement behind it.
+// Usage: cpkv.bench.gather_probe [--quick]   (CSV on stdout; a summary of the best per case on stderr)
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#define PROBE_CHECK(call)                                                                          \
+  do {                                                                                             \
+    const cudaError_t err_ = (call);                                                               \
+    if (err_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "gather_probe: %s failed: %s (%s:%d)\n", #call, cudaGetErrorString(err_), __FILE__, __LINE__); \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+namespace {
+
+struct Entry {
+  std::int64_t dst_page;
+  std::int64_t src_page;
+};
+
+// The load flavours: plain, non-coherent without L1 allocation, the same with a 256-byte L2
+// prefetch hint, and plain with the hint.
+enum Load { kPlain = 0, kNoAllocate = 1, kNoAllocate256 = 2, kPlain256 = 3, kLoads = 4 };
+const char* const kLoadNames[kLoads] = {"plain", "nc_noalloc", "nc_noalloc_L2_256", "plain_L2_256"};
+
+template <int L>
+__device__ __forceinline__ uint4 load16(const uint4* p) {
+  uint4 v;
+  if constexpr (L == kPlain) {
+    v = *p;
+  } else if constexpr (L == kNoAllocate) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  } else if constexpr (L == kNoAllocate256) {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  } else {
+    asm volatile("ld.global.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  }
+  return v;
+}
+
+// One warp per work item (a chunk of a page), U 16-byte loads per lane in flight before the stores:
+// the compose kernel's copy, with the chunk, the unroll and the load as parameters.
+template <int U, int L>
+__global__ void __launch_bounds__(256) warp_chunk_kernel(std::uint8_t* dst, const std::uint8_t* src, std::uint64_t page_bytes, std::uint64_t chunk_bytes,
+                                                          int chunks, const Entry* entries, std::int64_t items) {
+  const int lane = threadIdx.x % 32;
+  const std::int64_t warps = std::int64_t{gridDim.x} * blockDim.x / 32;
+  for (std::int64_t item = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; item < items; item += warps) {
+    const Entry e = entries[item / chunks];
+    const std::uint64_t offset = (item % chunks) * chunk_bytes;
+    const std::uint64_t n = (min(chunk_bytes, page_bytes - offset)) / 16;
+    const uint4* in = reinterpret_cast<const uint4*>(src + e.src_page * page_bytes + offset);
+    uint4* out = reinterpret_cast<uint4*>(dst + e.dst_page * page_bytes + offset);
+    for (std::uint64_t base = lane; base < n; base += 32 * U) {
+      uint4 v[U];
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        const std::uint64_t i = base + 32 * j;
+        if (i < n) v[j] = load16<L>(in + i);
+      }
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        const std::uint64_t i = base + 32 * j;
+        if (i < n) out[i] = v[j];
+      }
+    }
+  }
+}
+
+using KernelFn = void (*)(std::uint8_t*, const std::uint8_t*, std::uint64_t, std::uint64_t, int, const Entry*, std::int64_t);
+
+template <int U>
+KernelFn pick_load(int load) {
+  switch (load) {
+    case kPlain: return warp_chunk_kernel<U, kPlain>;
+    case kNoAllocate: return warp_chunk_kernel<U, kNoAllocate>;
+    case kNoAllocate256: return warp_chunk_kernel<U, kNoAllocate256>;
+    default: return warp_chunk_kernel<U, kPlain256>;
+  }
+}
+
+KernelFn pick(int unroll, int load) {
+  switch (unroll) {
+    case 4: return pick_load<4>(load);
+    case 8: return pick_load<8>(load);
+    default: return pick_load<16>(load);
+  }
+}
+
+struct Gpu {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::uint8_t* buffer = nullptr;  // [0, half): sources the next GPU pulls; [half, 2 half): destinations
+  Entry* entries = nullptr;
+};
+
+constexpr std::uint64_t kHalf = 256ULL << 20;
+constexpr std::int64_t kEntriesMax = 4096;
+
+// Runs `launch(g)` on every GPU: 2 warm-ups, then `reps` between events; the slowest GPU's ms per call.
+template <typename Launch>
+double time_all(std::vector<Gpu>& gpus, int reps, const Launch& launch) {
+  for (Gpu& g : gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    for (int w = 0; w < 2; ++w) launch(g);
+  }
+  for (Gpu& g : gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaStreamSynchronize(g.stream));
+  }
+  for (Gpu& g : gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaEventRecord(g.start, g.stream));
+    for (int i = 0; i < reps; ++i) launch(g);
+    PROBE_CHECK(cudaEventRecord(g.stop, g.stream));
+  }
+  double worst = 0;
+  for (Gpu& g : gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaEventSynchronize(g.stop));
+    float ms = 0;
+    PROBE_CHECK(cudaEventElapsedTime(&ms, g.start, g.stop));
+    worst = std::max(worst, static_cast<double>(ms) / reps);
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int n = 0;
+  PROBE_CHECK(cudaGetDeviceCount(&n));
+  if (n < 2) {
+    std::fprintf(stderr, "gather_probe: needs 2 GPUs with peer access, found %d\n", n);
+    return 1;
+  }
+  n = 2;
+  std::vector<Gpu> gpus(n);
+  int sms = 0;
+  for (int d = 0; d < n; ++d) {
+    Gpu& g = gpus[d];
+    g.device = d;
+    PROBE_CHECK(cudaSetDevice(d));
+    PROBE_CHECK(cudaDeviceEnablePeerAccess((d + 1) % n, 0));
+    PROBE_CHECK(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    PROBE_CHECK(cudaEventCreate(&g.start));
+    PROBE_CHECK(cudaEventCreate(&g.stop));
+    PROBE_CHECK(cudaMalloc(&g.buffer, 2 * kHalf));
+    PROBE_CHECK(cudaMemset(g.buffer, 0x10 + d, kHalf));
+    PROBE_CHECK(cudaMalloc(&g.entries, kEntriesMax * sizeof(Entry)));
+    PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+  }
+  const double ce_ms = time_all(gpus, 5, [&](Gpu& g) {
+    PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, kHalf, cudaMemcpyDeviceToDevice, g.stream));
+  });
+  const double ce_gbps = kHalf / (ce_ms * 1e6);
+  std::printf("page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
+  std::fprintf(stderr, "copy engines, contiguous pull, every GPU at once: %.1f GB/s (%d SMs)\n", ce_gbps, sms);
+  const std::uint64_t page_sizes[] = {41984, 8448};
+  const std::int64_t counts[] = {256, 1024, 4096};
+  const std::uint64_t chunk_choices[] = {2048, 4096, 8192, 16384, 1ULL << 30};
+  const int unrolls[] = {4, 8, 16};
+  const int per_sm_choices[] = {1, 2, 4, 8};
+  for (std::uint64_t page_bytes : page_sizes) {
+    for (std::int64_t count : counts) {
+      const std::int64_t source_pages = static_cast<std::int64_t>(kHalf / page_bytes);
+      std::vector<Entry> entries;
+      for (std::int64_t i = 0; i < count; ++i) entries.push_back({i, (i * 7919) % source_pages});
+      for (Gpu& g : gpus) {
+        PROBE_CHECK(cudaSetDevice(g.device));
+        PROBE_CHECK(cudaMemcpy(g.entries, entries.data(), entries.size() * sizeof(Entry), cudaMemcpyHostToDevice));
+      }
+      const double bytes = static_cast<double>(count) * page_bytes;
+      double best = 0;
+      char best_line[256] = "";
+      for (std::uint64_t chunk_wanted : chunk_choices) {
+        const std::uint64_t chunk = std::min(chunk_wanted, page_bytes);
+        if (chunk_wanted != chunk_choices[4] && chunk_wanted >= page_bytes) continue;  // same as a whole page
+        const int chunks = static_cast<int>((page_bytes + chunk - 1) / chunk);
+        const std::int64_t items = count * chunks;
+        for (int unroll : unrolls) {
+          for (int load = 0; load < kLoads; ++load) {
+            if (quick && load != kPlain && load != kNoAllocate) continue;
+            int previous_blocks = 0;
+            for (int per_sm : per_sm_choices) {
+              const int blocks = static_cast<int>(std::min<std::int64_t>((items + 7) / 8, std::int64_t{sms} * per_sm));
+              if (blocks == previous_blocks) continue;  // capped by the work: the same launch as the smaller per_sm
+              previous_blocks = blocks;
+              const KernelFn kernel = pick(unroll, load);
+              for (Gpu& g : gpus) {
+                PROBE_CHECK(cudaSetDevice(g.device));
+                PROBE_CHECK(cudaMemsetAsync(g.buffer + kHalf, 0, count * page_bytes, g.stream));
+              }
+              const double ms = time_all(gpus, 10, [&](Gpu& g) {
+                kernel<<<blocks, 256, 0, g.stream>>>(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, page_bytes, chunk, chunks, g.entries, items);
+                PROBE_CHECK(cudaGetLastError());
+              });
+              // Bytes: the last page pulled equals the peer's source page (every source byte is 0x10 + peer).
+              bool exact = true;
+              for (Gpu& g : gpus) {
+                std::vector<std::uint8_t> got(page_bytes);
+                PROBE_CHECK(cudaSetDevice(g.device));
+                PROBE_CHECK(cudaMemcpy(got.data(), g.buffer + kHalf + (count - 1) * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+                const auto want = static_cast<std::uint8_t>(0x10 + (g.device + 1) % n);
+                exact = exact && std::all_of(got.begin(), got.end(), [&](std::uint8_t b) { return b == want; });
+              }
+              const double gbps = bytes / (ms * 1e6);
+              char line[256];
+              std::snprintf(line, sizeof(line), "%llu,%lld,%llu,%d,%s,%d,%d,%.1f,%.3f,%d", static_cast<unsigned long long>(page_bytes),
+                            static_cast<long long>(count), static_cast<unsigned long long>(chunk), unroll, kLoadNames[load], per_sm, blocks, gbps,
+                            gbps / ce_gbps, exact ? 1 : 0);
+              std::printf("%s\n", line);
+              if (exact && gbps > best) {
+                best = gbps;
+                std::strcpy(best_line, line);
+              }
+            }
+          }
+        }
+      }
+      std::fprintf(stderr, "best %s\n", best_line);
+    }
+  }
+  return 0;
+}
