@@ -4,6 +4,7 @@
 #include "flags.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cpkv/model/content.hpp"
 
@@ -65,26 +66,31 @@ __device__ void copy_item(const ComposeArgs& a, const GatherEntry& e, std::int32
   warp_copy_chunk(k.dst[e.dest] + e.dst_page * k.page_bytes + offset, in, bytes, lane);
 }
 
-// Lane 0 takes a ticket; true on the lane-0 of the warp that took the last one.
-__device__ bool last_ticket(std::uint32_t* counter, std::uint32_t total, int lane) {
-  bool last = false;
-  if (lane == 0) {
-    __threadfence_system();  // this warp's copies are visible before it is counted
+// Thread 0 takes the block's ticket once every warp of the block is past this point (its copies
+// made visible system-wide first: the barrier orders the block's writes before the thread's
+// cumulative fence); true in every thread of the block that took the last of `total`. One atomic
+// per block, not per warp: thousands of warps on one counter serialize at its L2 slice.
+__device__ bool last_block_ticket(std::uint32_t* counter, std::uint32_t total) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
     last = atomicAdd(counter, 1U) == total - 1;
   }
-  return __shfl_sync(0xffffffffU, last, 0);
+  __syncthreads();
+  return last;
 }
 
-// Every warp of the launch is done with the pre-signal entries (they are visible: each fenced before
-// its ticket). Bounded like the barrier; a timeout names this rank as the one waited for.
-__device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t warps, int lane) {
-  if (lane == 0) {
+// Every block of the launch is done with the pre-signal entries (they are visible: each fenced
+// before its ticket). Bounded like the barrier; a timeout names this rank as the one waited for.
+__device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t blocks) {
+  if (threadIdx.x == 0) {
     const long long start = clock64();
     PollBackoff backoff;
     for (;;) {
       std::uint32_t arrived = 0;
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(arrived) : "l"(&a.state->arrived) : "memory");
-      if (arrived >= warps) break;
+      if (arrived >= blocks) break;
       if (clock64() - start > kBarrierTimeoutCycles) {
         a.status->timed_out_phase = a.state->phase + 1;
         a.status->rank = a.rank;
@@ -94,7 +100,7 @@ __device__ void wait_pre_done(const ComposeArgs& a, std::uint32_t warps, int lan
       backoff.pause();
     }
   }
-  __syncwarp();
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_constant__ ComposeArgs a) {
@@ -109,10 +115,10 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
     copy_item(a, a.entries[item / a.items_per_entry], static_cast<std::int32_t>(item % a.items_per_entry), lane);
   }
   if (a.barrier == kSignalAfterPre || a.order_pre) {
-    const bool last = last_ticket(&a.state->arrived, static_cast<std::uint32_t>(warps), lane);
-    if (a.barrier == kSignalAfterPre && last) signal_peers(a, flag, lane);
+    const bool last = last_block_ticket(&a.state->arrived, gridDim.x);
+    if (a.barrier == kSignalAfterPre && last && threadIdx.x < 32) signal_peers(a, flag, lane);
   }
-  if (a.order_pre) wait_pre_done(a, static_cast<std::uint32_t>(warps), lane);
+  if (a.order_pre) wait_pre_done(a, gridDim.x);
   std::uint32_t waited = 0;  // peers whose flag this warp has seen (bit per rank)
   for (std::int64_t item = pre_items + warp; item < a.count * a.items_per_entry; item += warps) {
     const GatherEntry e = a.entries[item / a.items_per_entry];
@@ -129,9 +135,9 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
     }
     copy_item(a, e, static_cast<std::int32_t>(item % a.items_per_entry), lane);
   }
-  // The last warp out makes the launch a whole barrier (every peer arrived: they are done with the
+  // The last block out makes the launch a whole barrier (every peer arrived: they are done with the
   // previous layer's reads) and hands the phase to the next launch.
-  if (!last_ticket(&a.state->finished, static_cast<std::uint32_t>(warps), lane)) return;
+  if (!last_block_ticket(&a.state->finished, gridDim.x) || threadIdx.x >= 32) return;
   if (a.barrier != kNoBarrier && lane < a.cp) {
     wait_flag(a, lane, flag);
   }
@@ -190,14 +196,17 @@ __global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_
   if (p == 0) state->phase = phase;
 }
 
-// Warps resident on the whole GPU at once: the compose grid's cap (its warps wait on each other).
+// The compose grid's cap: every block resident at once (its blocks wait on each other), and at most
+// kComposeBlocksPerSm per SM (CPKV_COMPOSE_BLOCKS_PER_SM overrides it, for the bench's A/B).
 int compose_blocks_max() {
   static const int blocks = [] {
     int device = 0, sms = 0, per_sm = 0;
     CPKV_CUDA_CHECK(cudaGetDevice(&device));
     CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     CPKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compose_kernel, kComposeThreads, 0));
-    return std::max(1, sms * per_sm);
+    int wanted = kComposeBlocksPerSm;
+    if (const char* text = std::getenv("CPKV_COMPOSE_BLOCKS_PER_SM"); text != nullptr && std::atoi(text) > 0) wanted = std::atoi(text);
+    return std::max(1, sms * std::min(per_sm, wanted));
   }();
   return blocks;
 }

@@ -71,8 +71,8 @@ cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, s
 // of the fused compose kernel's warps (zero between launches).
 struct BarrierState {
   std::uint64_t phase;
-  std::uint32_t arrived;   // warps done with the pre-signal entries
-  std::uint32_t finished;  // warps done with everything
+  std::uint32_t arrived;   // blocks done with the pre-signal entries
+  std::uint32_t finished;  // blocks done with everything
 };
 // launch_barrier with the phase taken from (and written back to) `state`: phase = state->phase + 1;
 // `lag` 1 signals and waits for phase - 1 (the planted bug barrier_passes_early).
@@ -110,13 +110,13 @@ cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream);
 // The compose exchange of one layer, every active kind, in one launch, with the counting barrier
 // folded in: warps copy the pre-signal entries (the pack and the publish, which read this layer's
 // fill), the rank signals every peer (at the start when nothing of this launch needs to be
-// visible first, else when the last warp is done with its pre-signal entries), each warp waits for
+// visible first, else when the last block is done with its pre-signal entries), each warp waits for
 // the flag of the peer whose staging (or symmetric dense) page it reads next while it copies the
 // post entries (local prefix pages, peers' pool pages, peers' current pages), and the launch ends
 // only once every peer has arrived (so the next layer may refill the other parity half). The phase
 // advances only when the launch has a barrier. Entries
 // [0, pre_count) are pre-signal, [pre_count, count) post-wait; a work item is one chunk of one
-// kind's page of one entry. The grid never exceeds what fits on the GPU at once (warps wait on each other).
+// kind's page of one entry. The grid never exceeds what fits on the GPU at once (blocks wait on each other).
 enum ComposeBarrier : std::int32_t { kNoBarrier = 0, kSignalAtStart = 1, kSignalAfterPre = 2 };
 struct ComposeKind {
   std::uint8_t* dst[kComposeDests];
