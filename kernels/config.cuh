@@ -39,6 +39,10 @@ inline constexpr int kComposeBlocksPerSm = 8;
 // staging_direct 29.6 -> 42.8 us) and no faster on the gather sweep past 256 pages, so a chunk is
 // a whole page up to 64 KiB (both DeepSeek-V3.2 page sizes).
 inline constexpr std::uint64_t kChunkBytesMax = 64ULL << 10;
+// A launch of few entries is cut finer (launch_compose), down to chunks of one warp pass (4 KiB),
+// until it has kComposeSpreadWarps work items (0: off; CPKV_COMPOSE_SPREAD_WARPS overrides it).
+inline constexpr std::uint64_t kChunkBytesMin = 4ULL << 10;
+inline constexpr std::int64_t kComposeSpreadWarps = 0;
 // The bulk-copy (TMA) gather: chunks of 16 KiB through two shared-memory stages (32 KiB per
 // one-thread block, so 7 blocks fit an H200 SM's 228 KiB), up to 8 blocks per SM.
 inline constexpr std::uint64_t kBulkChunkBytes = 16ULL << 10;

@@ -2,8 +2,8 @@
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
 # Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe]
-# (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_BLOCKS_PER_SM=N adds
-#  the seeds benchmark again with that compose grid cap)
+# (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
+#  the gpu tests and both benchmarks again under that environment)
 # (probe: the gather probe alone, bench/gather_probe.cu)
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
@@ -89,11 +89,16 @@ if [[ "$what" == quick ]]; then
     grep -E "^\| [0-9] \| (v2|staging_direct|staging_publish) |^Ceilings" /tmp/bench-$name.txt
   done
   sed -n '/Scattered/,$p' /tmp/bench-seeds_batch.txt
-  if [[ -n "${AB_BLOCKS_PER_SM:-}" ]]; then  # the same benchmark with another compose grid cap, for an A/B
-    CPKV_COMPOSE_BLOCKS_PER_SM="$AB_BLOCKS_PER_SM" timeout 200 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 \
-      --reps 60 --json "$OUT/bench-seeds_batch-cp2-bps$AB_BLOCKS_PER_SM.json" > /tmp/bench-ab.txt 2>&1
-    echo "bench seeds_batch, CPKV_COMPOSE_BLOCKS_PER_SM=$AB_BLOCKS_PER_SM: exit $?"
-    grep -E "^\| [0-9] \| (v2|symm_dense|staging_direct|staging_publish) " /tmp/bench-ab.txt
+  if [[ -n "${AB_ENV:-}" ]]; then  # the gpu tests and both benchmarks again under AB_ENV (VAR=VALUE ...), for an A/B
+    (cd "$build" && env $AB_ENV ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests-ab.log" 2>&1
+    echo "gpu tests under $AB_ENV: exit $?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests-ab.log" | tail -8
+    for name in seeds_batch mooncake_slice; do
+      env $AB_ENV timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+        --json "$OUT/bench-$name-cp2-ab.json" --markdown "$OUT/bench-$name-cp2-ab.md" > /tmp/bench-ab-$name.txt 2>&1
+      echo "bench $name under $AB_ENV: exit $?"
+      grep -E "^\| [0-9] \| (v2|symm_dense|staging_direct|staging_publish) " /tmp/bench-ab-$name.txt
+    done
+    sed -n '/Scattered/,$p' /tmp/bench-ab-seeds_batch.txt
   fi
 fi
 if [[ "$what" == probe ]]; then
