@@ -204,7 +204,9 @@ double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model:
   us += ceilings.gather_fixed_us;
   if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
   us += bytes.barriers * ceilings.barrier_us;
-  us += static_cast<double>(s.post_peer) * us_per_byte_peer + static_cast<double>(s.post_local) * us_per_byte_local;
+  // The post entries' peer pulls (NVLink) and own-memory copies (HBM) run at once on the launch's
+  // warps: the longer of the two.
+  us += std::max(static_cast<double>(s.post_peer) * us_per_byte_peer, static_cast<double>(s.post_local) * us_per_byte_local);
   if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
   return us;
 }

@@ -91,8 +91,10 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
 //     (max(batch slots, dense_slots)) at local_gbps;
 //   the fused compose launch: gather_fixed_us; its pre-signal entries (staging_publish's publish,
 //     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
-//     barrier's flag exchange barrier_us; then the post entries: gathers from peers at peer_gbps
-//     plus own-memory reads and local copies at local_gbps;
+//     barrier's flag exchange barrier_us; then the post entries: the longer of the gathers from
+//     peers at peer_gbps and the own-memory reads and local copies at local_gbps (they run at once
+//     on the launch's warps, over NVLink and HBM; measured on 2xH200 the truth lies between the max
+//     and the sum on the seeds batch, at the max on the Mooncake batches);
 //   all-reduces: allreduces_us, call by call;
 //   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.

@@ -591,21 +591,23 @@ TEST(CostModel, LayerTimeTermsByHand) {
     return cpkv::cli::layer_time_us(s, c, v, cpkv::cli::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, dense_slots);
   };
   using cpkv::model::Variant;
-  // symm_dense: launch 13 + barrier 3 + 9 peer pages 5904 B / 1000 + 3 own prefix pages 1968 B / 500.
-  EXPECT_NEAR(time_us(Variant::symm_dense, 0), 13 + 3 + 5.904 + 3.936, 1e-9);
-  // staging_direct: the own current pages are read from own staging after the barrier: 5 local pages.
-  EXPECT_NEAR(time_us(Variant::staging_direct, 0), 13 + 3 + 5.904 + 6.56, 1e-9);
+  // symm_dense: launch 13 + barrier 3 + the longer of 9 peer pages (5904 B / 1000) and 3 own prefix
+  // pages (1968 B / 500): pulls and own-memory copies run at once on the launch's warps.
+  EXPECT_NEAR(time_us(Variant::symm_dense, 0), 13 + 3 + std::max(5.904, 3.936), 1e-9);
+  // staging_direct: the own current pages are read from own staging after the barrier: 5 local pages
+  // (6.56 us), now longer than the pulls.
+  EXPECT_NEAR(time_us(Variant::staging_direct, 0), 13 + 3 + std::max(5.904, 6.56), 1e-9);
   // staging_publish: the publish (2 pages, 1312 B / 500) is serial before the signal, with its own fixed part.
-  EXPECT_NEAR(time_us(Variant::staging_publish, 0), 13 + (13 + 2.624) + 3 + 5.904 + 3.936, 1e-9);
+  EXPECT_NEAR(time_us(Variant::staging_publish, 0), 13 + (13 + 2.624) + 3 + std::max(5.904, 3.936), 1e-9);
   // fused_ar: memset of the dense buffer (launch 11 + 20 slots x 656 B / 500), the compose launch
   // (13 + own prefix 3.936), one all-reduce (7 + 14 x 656 B x 2(cp-1)/cp / 1000).
   EXPECT_NEAR(time_us(Variant::fused_ar, 20), (11 + 26.24) + (13 + 3.936) + (7 + 9.184), 1e-9);
   // ... a dense buffer smaller than the batch is the batch's 14 slots.
   EXPECT_NEAR(time_us(Variant::fused_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
-  // v2: compose launch 13 with the pack serial before the rest (13 + 2.624), prefix from the peer (5
-  // pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack launch
-  // (13 + 6 pages 3936 B / 500).
-  EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + 3.28 + 3.936 + (7 + 3.936) + (13 + 7.872), 1e-9);
+  // v2: compose launch 13 with the pack serial before the rest (13 + 2.624), the longer of prefix from
+  // the peer (5 pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack
+  // launch (13 + 6 pages 3936 B / 500).
+  EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + std::max(3.28, 3.936) + (7 + 3.936) + (13 + 7.872), 1e-9);
   // legacy_span_ar, two requests' spans: 8 prefix pages, none current; none prefix, 6 current. The
   // memset and the compose launch as fused_ar's, then one call per non-empty span (an empty one
   // enqueues nothing): (7 + 8 x 656 B / 1000) + (7 + 6 x 656 B / 1000).
