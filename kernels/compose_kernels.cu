@@ -213,35 +213,17 @@ int compose_blocks_max() {
 
 }  // namespace
 
-void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes, std::int64_t min_chunks) {
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
   kind.page_bytes = page_bytes;
   if (page_bytes % 16 != 0) {  // byte copies, one warp per page
     kind.chunks = 1;
     kind.chunk_bytes = page_bytes;
     return;
   }
-  const std::int64_t fewest = static_cast<std::int64_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
-  const std::int64_t most = static_cast<std::int64_t>((page_bytes + kChunkBytesMin - 1) / kChunkBytesMin);
-  const std::int64_t chunks = std::max(fewest, std::min(min_chunks, most));
-  const std::uint64_t even = (page_bytes + chunks - 1) / chunks;
+  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
+  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
   kind.chunk_bytes = (even + 15) / 16 * 16;
-  kind.chunks = static_cast<std::int32_t>((page_bytes + kind.chunk_bytes - 1) / kind.chunk_bytes);
 }
-
-namespace {
-
-// Work items a launch with few entries is spread over (CPKV_COMPOSE_SPREAD_WARPS, read once; 0:
-// a warp per page, as planned): a warp copies its page as a chain of round trips to the peer, so
-// 150 pages on 150 warps leave most SMs idle and the launch as long as one page's chain.
-std::int64_t compose_spread_warps() {
-  static const std::int64_t warps = [] {
-    const char* text = std::getenv("CPKV_COMPOSE_SPREAD_WARPS");
-    return text != nullptr ? std::max<std::int64_t>(0, std::atoll(text)) : kComposeSpreadWarps;
-  }();
-  return warps;
-}
-
-}  // namespace
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
@@ -254,13 +236,6 @@ cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
     items_per_entry += kind.chunks;
   }
   ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
-  if (const std::int64_t spread = compose_spread_warps(); spread > 0 && args.count > 0 && args.kinds > 0 && args.count * items_per_entry < spread) {
-    items_per_entry = 0;
-    for (int k = 0; k < args.kinds; ++k) {
-      set_page_geometry(launched.kind[k], args.kind[k].page_bytes, (spread + args.count * args.kinds - 1) / (args.count * args.kinds));
-      items_per_entry += launched.kind[k].chunks;
-    }
-  }
   launched.items_per_entry = items_per_entry;
   const std::int64_t items = args.count * items_per_entry;
   const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);

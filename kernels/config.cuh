@@ -37,12 +37,10 @@ inline constexpr int kComposeBlocksPerSm = 8;
 // (2026-11-30, cpkv bench, cp 2): chunks of one warp pass (4 KiB) were slower on real batches than
 // a warp per page (seeds batch staging_publish 153.8 -> 172.2 us, a 6.8 MB Mooncake batch
 // staging_direct 29.6 -> 42.8 us) and no faster on the gather sweep past 256 pages, so a chunk is
-// a whole page up to 64 KiB (both DeepSeek-V3.2 page sizes).
+// a whole page up to 64 KiB (both DeepSeek-V3.2 page sizes). Measured again with one ticket per
+// block (same date): spreading a launch of few entries over 2112 warps of finer chunks made the
+// 6.8 MB Mooncake batch's staging_direct 29.2 -> 35.3 us and staging_publish 41.7 -> 46.3 us.
 inline constexpr std::uint64_t kChunkBytesMax = 64ULL << 10;
-// A launch of few entries is cut finer (launch_compose), down to chunks of one warp pass (4 KiB),
-// until it has kComposeSpreadWarps work items (0: off; CPKV_COMPOSE_SPREAD_WARPS overrides it).
-inline constexpr std::uint64_t kChunkBytesMin = 4ULL << 10;
-inline constexpr std::int64_t kComposeSpreadWarps = 0;
 // The bulk-copy (TMA) gather: chunks of 16 KiB through two shared-memory stages (32 KiB per
 // one-thread block, so 7 blocks fit an H200 SM's 228 KiB), up to 8 blocks per SM.
 inline constexpr std::uint64_t kBulkChunkBytes = 16ULL << 10;

@@ -144,9 +144,8 @@ struct ComposeArgs {
                                  // reads fill pages that gather 1 then zeroes)
 };
 // The page geometry of one kind: page_bytes, cut into equal 16-byte-aligned chunks of at most
-// kChunkBytesMax, and into at least min_chunks where chunks stay kChunkBytesMin or more
-// (launch_compose sums the chunks of the kinds, and spreads a launch of few entries this way).
-void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes, std::int64_t min_chunks = 1);
+// kChunkBytesMax (launch_compose sums the chunks of the kinds).
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes);
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream);
 
 // Per slot of the dense buffer, where its rows come from (uploaded once per batch).
