@@ -544,11 +544,10 @@ LaunchResult launch_ranks(const LaunchOptions& o, const RankBody& body) {
   const pid_t parent = ::getpid();
   std::fflush(nullptr);  // a child must not flush the parent's buffered output a second time
   for (std::int32_t r = 0; r < o.ranks; ++r) {
-    const pid_t pid = ::fork();
+    const pid_t pid = fork_tracked_rank();
     if (pid < 0) abandon(watcher.ranks(), r, errno);
     if (pid == 0) run_child(body, o, area[r], r, parent);
     watcher.ranks()[r].pid = pid;
-    track_rank(pid);
   }
   return watcher.watch();
 }

@@ -4,13 +4,15 @@
 // The handler does nothing but record the signal and write its number to a pipe (both
 // async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
 // promise "no name left in /dev/shm within 1 s" even when a rank is slow to die: it removes every
-// tracked region name and temporary file first (ranks keep their mappings and open files),
-// forwards the signal to every tracked rank, kills with SIGKILL those alive after
-// kForwardGraceMs, reaps them within kReapMsMax, prints one
+// tracked region name first (ranks keep their mappings), forwards the signal to every tracked
+// rank, kills with SIGKILL those alive after kForwardGraceMs, reaps them within kReapMsMax,
+// removes the temporary files (after the ranks: a starting rank opens the spool file by name), prints one
 // line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
 // poll for the signal; loops that would otherwise report the dying ranks as failures ask
 // interrupted() and stay quiet.
 #pragma once
+
+#include <sys/types.h>
 
 #include <string>
 
@@ -30,7 +32,9 @@ int interrupted();
 // Tracking a name before creating it closes the window where a signal would leak it.
 void track_region(const std::string& name);
 void untrack_region(const std::string& name);
-void track_rank(int pid);  // reap_tracked forgets a rank once it has ended
+// fork() for a rank process, the child tracked before the watcher can see the registry again: 0 in
+// the child, the pid in the parent (tracked; reap_tracked forgets it once it has ended), -1 with errno.
+pid_t fork_tracked_rank();
 
 // Temporary files (a trace read from a pipe and spooled) the watcher removes on interruption.
 // create_tracked_file makes one with mkstemps(name_template, suffix_chars) under the registry's
