@@ -4,7 +4,8 @@
 // the compose kernel's copy has (chunk per warp, 16-byte loads in flight per lane, blocks per SM)
 // and the load instruction's cache hints, and prints one CSV row per configuration, so the fastest
 // one can be carried into kernels/compose_kernels.cu with a measurement behind it.
-// Usage: cpkv.bench.gather_probe [--quick]   (CSV on stdout; a summary of the best per case on stderr)
+// Usage: cpkv.bench.gather_probe [--quick]   (CSV on stdout; per case, the copy engines moving the same
+// bytes contiguously and the best pull and push, on stderr)
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -168,13 +169,16 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, kHalf, cudaMemcpyDeviceToDevice, g.stream));
   });
   const double ce_gbps = kHalf / (ce_ms * 1e6);
-  std::printf("page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
-  std::fprintf(stderr, "copy engines, contiguous pull, every GPU at once: %.1f GB/s (%d SMs)\n", ce_gbps, sms);
+  std::printf("direction,page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
+  std::fprintf(stderr, "copy engines, contiguous pull of %llu MiB, every GPU at once: %.1f GB/s (%d SMs)\n",
+               static_cast<unsigned long long>(kHalf >> 20), ce_gbps, sms);
   const std::uint64_t page_sizes[] = {41984, 8448};
-  const std::int64_t counts[] = {256, 1024, 4096};
+  const std::int64_t counts[] = {64, 256, 1024, 4096};
   const std::uint64_t chunk_choices[] = {2048, 4096, 8192, 16384, 1ULL << 30};
-  const int unrolls[] = {4, 8, 16};
   const int per_sm_choices[] = {1, 2, 4, 8};
+  // --quick: the knobs the first full run (2026-11-30) found to make no difference are held at one value.
+  const std::vector<int> unrolls = quick ? std::vector<int>{8} : std::vector<int>{4, 8, 16};
+  const int loads = quick ? 1 : kLoads;
   for (std::uint64_t page_bytes : page_sizes) {
     for (std::int64_t count : counts) {
       const std::int64_t source_pages = static_cast<std::int64_t>(kHalf / page_bytes);
@@ -185,54 +189,73 @@ int main(int argc, char** argv) {
         PROBE_CHECK(cudaMemcpy(g.entries, entries.data(), entries.size() * sizeof(Entry), cudaMemcpyHostToDevice));
       }
       const double bytes = static_cast<double>(count) * page_bytes;
-      double best = 0;
-      char best_line[256] = "";
-      for (std::uint64_t chunk_wanted : chunk_choices) {
-        const std::uint64_t chunk = std::min(chunk_wanted, page_bytes);
-        if (chunk_wanted != chunk_choices[4] && chunk_wanted >= page_bytes) continue;  // same as a whole page
-        const int chunks = static_cast<int>((page_bytes + chunk - 1) / chunk);
-        const std::int64_t items = count * chunks;
-        for (int unroll : unrolls) {
-          for (int load = 0; load < kLoads; ++load) {
-            if (quick && load != kPlain && load != kNoAllocate) continue;
-            int previous_blocks = 0;
-            for (int per_sm : per_sm_choices) {
-              const int blocks = static_cast<int>(std::min<std::int64_t>((items + 7) / 8, std::int64_t{sms} * per_sm));
-              if (blocks == previous_blocks) continue;  // capped by the work: the same launch as the smaller per_sm
-              previous_blocks = blocks;
-              const KernelFn kernel = pick(unroll, load);
-              for (Gpu& g : gpus) {
-                PROBE_CHECK(cudaSetDevice(g.device));
-                PROBE_CHECK(cudaMemsetAsync(g.buffer + kHalf, 0, count * page_bytes, g.stream));
-              }
-              const double ms = time_all(gpus, 10, [&](Gpu& g) {
-                kernel<<<blocks, 256, 0, g.stream>>>(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, page_bytes, chunk, chunks, g.entries, items);
-                PROBE_CHECK(cudaGetLastError());
-              });
-              // Bytes: the last page pulled equals the peer's source page (every source byte is 0x10 + peer).
-              bool exact = true;
-              for (Gpu& g : gpus) {
-                std::vector<std::uint8_t> got(page_bytes);
-                PROBE_CHECK(cudaSetDevice(g.device));
-                PROBE_CHECK(cudaMemcpy(got.data(), g.buffer + kHalf + (count - 1) * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-                const auto want = static_cast<std::uint8_t>(0x10 + (g.device + 1) % n);
-                exact = exact && std::all_of(got.begin(), got.end(), [&](std::uint8_t b) { return b == want; });
-              }
-              const double gbps = bytes / (ms * 1e6);
-              char line[256];
-              std::snprintf(line, sizeof(line), "%llu,%lld,%llu,%d,%s,%d,%d,%.1f,%.3f,%d", static_cast<unsigned long long>(page_bytes),
-                            static_cast<long long>(count), static_cast<unsigned long long>(chunk), unroll, kLoadNames[load], per_sm, blocks, gbps,
-                            gbps / ce_gbps, exact ? 1 : 0);
-              std::printf("%s\n", line);
-              if (exact && gbps > best) {
-                best = gbps;
-                std::strcpy(best_line, line);
+      // The copy engines moving the same bytes in one contiguous copy, pulled and pushed: what the
+      // link gives a transfer this small, latency and launch included.
+      const double ce_pull_same = bytes / (time_all(gpus, 10, [&](Gpu& g) {
+        PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
+      }) * 1e6);
+      const double ce_push_same = bytes / (time_all(gpus, 10, [&](Gpu& g) {
+        PROBE_CHECK(cudaMemcpyAsync(gpus[(g.device + 1) % n].buffer + kHalf, g.buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
+      }) * 1e6);
+      double best[2] = {0, 0};
+      char best_line[2][256] = {"", ""};
+      for (int push = 0; push < 2; ++push) {
+        for (std::uint64_t chunk_wanted : chunk_choices) {
+          const std::uint64_t chunk = std::min(chunk_wanted, page_bytes);
+          if (chunk_wanted != chunk_choices[4] && chunk_wanted >= page_bytes) continue;  // same as a whole page
+          const int chunks = static_cast<int>((page_bytes + chunk - 1) / chunk);
+          const std::int64_t items = count * chunks;
+          for (int unroll : unrolls) {
+            for (int load = 0; load < loads; ++load) {
+              if (push && (unroll != 8 || load != kPlain)) continue;  // pushing: the loads are local
+              int previous_blocks = 0;
+              for (int per_sm : per_sm_choices) {
+                const int blocks = static_cast<int>(std::min<std::int64_t>((items + 7) / 8, std::int64_t{sms} * per_sm));
+                if (blocks == previous_blocks) continue;  // capped by the work: the same launch as the smaller per_sm
+                previous_blocks = blocks;
+                const KernelFn kernel = pick(unroll, load);
+                for (Gpu& g : gpus) {
+                  PROBE_CHECK(cudaSetDevice(g.device));
+                  PROBE_CHECK(cudaMemsetAsync(g.buffer + kHalf, 0, count * page_bytes, g.stream));
+                  PROBE_CHECK(cudaStreamSynchronize(g.stream));
+                }
+                // Pulling: this GPU's destinations from the next GPU's sources. Pushing: this GPU's
+                // sources into the next GPU's destinations (remote stores).
+                const double ms = time_all(gpus, 10, [&](Gpu& g) {
+                  Gpu& next = gpus[(g.device + 1) % n];
+                  std::uint8_t* dst = push ? next.buffer + kHalf : g.buffer + kHalf;
+                  const std::uint8_t* src = push ? g.buffer : next.buffer;
+                  kernel<<<blocks, 256, 0, g.stream>>>(dst, src, page_bytes, chunk, chunks, g.entries, items);
+                  PROBE_CHECK(cudaGetLastError());
+                });
+                // Bytes: the last page landed equals the other GPU's source page (every source byte
+                // is 0x10 + its GPU; with 2 GPUs the next one is the previous one).
+                bool exact = true;
+                for (Gpu& g : gpus) {
+                  std::vector<std::uint8_t> got(page_bytes);
+                  PROBE_CHECK(cudaSetDevice(g.device));
+                  PROBE_CHECK(cudaMemcpy(got.data(), g.buffer + kHalf + (count - 1) * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
+                  const auto want = static_cast<std::uint8_t>(0x10 + (g.device + 1) % n);
+                  exact = exact && std::all_of(got.begin(), got.end(), [&](std::uint8_t b) { return b == want; });
+                }
+                const double gbps = bytes / (ms * 1e6);
+                char line[256];
+                std::snprintf(line, sizeof(line), "%s,%llu,%lld,%llu,%d,%s,%d,%d,%.1f,%.3f,%d", push ? "push" : "pull",
+                              static_cast<unsigned long long>(page_bytes), static_cast<long long>(count), static_cast<unsigned long long>(chunk), unroll,
+                              kLoadNames[load], per_sm, blocks, gbps, gbps / ce_gbps, exact ? 1 : 0);
+                std::printf("%s\n", line);
+                if (exact && gbps > best[push]) {
+                  best[push] = gbps;
+                  std::strcpy(best_line[push], line);
+                }
               }
             }
           }
         }
       }
-      std::fprintf(stderr, "best %s\n", best_line);
+      std::fprintf(stderr, "%llu B x %lld pages: copy engines, same bytes contiguous: pull %.3f, push %.3f of the big pull\n  best %s\n  best %s\n",
+                   static_cast<unsigned long long>(page_bytes), static_cast<long long>(count), ce_pull_same / ce_gbps, ce_push_same / ce_gbps,
+                   best_line[0], best_line[1]);
     }
   }
   return 0;

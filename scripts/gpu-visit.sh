@@ -4,7 +4,7 @@
 # Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe]
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
-# (probe: the gather probe alone, bench/gather_probe.cu)
+# (probe: the gather probe alone, bench/gather_probe.cu, built with nvcc, no project build)
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
@@ -25,8 +25,17 @@ if ! ls /usr/lib/x86_64-linux-gnu/cmake/rapidcheck >/dev/null 2>&1; then
   mkdir -p /tmp/rc && for deb in "$root"/.deps/librapidcheck-dev_*.deb; do dpkg -x "$deb" /tmp/rc; done
   export CMAKE_PREFIX_PATH="/tmp/rc/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 fi
-build="$root/build-gpu"
 start=$(date +%s)
+if [[ "$what" == probe ]]; then
+  # The gather probe alone (bench/gather_probe.cu, one file, no project build): --quick holds the
+  # knobs the first full run found to make no difference (PROBE_ARGS= for the full sweep).
+  /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/gather_probe "$root/bench/gather_probe.cu" || exit 1
+  timeout 300 /tmp/gather_probe ${PROBE_ARGS---quick} > "$OUT/gather-probe.csv" 2> "$OUT/gather-probe.txt"
+  echo "gather probe: exit $?"; cat "$OUT/gather-probe.txt"
+  echo "== done in $(( $(date +%s) - start )) s"
+  exit 0
+fi
+build="$root/build-gpu"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 grep "cpkv:" "$OUT/configure.log"
@@ -100,11 +109,6 @@ if [[ "$what" == quick ]]; then
     done
     sed -n '/Scattered/,$p' /tmp/bench-ab-seeds_batch.txt
   fi
-fi
-if [[ "$what" == probe ]]; then
-  # The gather's design space (bench/gather_probe.cu): one CSV row per configuration, best per case.
-  timeout 150 "$build/bench/cpkv.bench.gather_probe" > "$OUT/gather-probe.csv" 2> "$OUT/gather-probe.txt"
-  echo "gather probe: exit $?"; cat "$OUT/gather-probe.txt"
 fi
 if [[ "$what" == check ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
