@@ -7,6 +7,7 @@
 // Usage: cpkv.bench.gather_probe [--quick]   (CSV on stdout; per case, the copy engines moving the same
 // bytes contiguously and the best pull and push, on stderr)
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -100,18 +101,49 @@ KernelFn pick(int unroll, int load) {
   }
 }
 
+// Holds a stream until the host opens the gate (a host-mapped word), so every GPU's timed calls are
+// queued before any starts and all start together; gives up after about 2^32 cycles (~2 s).
+__global__ void gate_kernel(const volatile int* gate) {
+  const long long start = clock64();
+  while (*gate == 0 && clock64() - start < (1LL << 32)) {
+  }
+}
+
+// Source content that names its place: word w of GPU g's source half is (g << 56) | w.
+__global__ void pattern_kernel(std::uint64_t* words, std::uint64_t count, std::uint64_t gpu) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count; i += std::uint64_t{gridDim.x} * blockDim.x) {
+    words[i] = (gpu << 56) | i;
+  }
+}
+
+// Counts the words of every destination page that differ from the source page its entry names, on
+// the GPU `from` (the pattern above).
+__global__ void check_kernel(const std::uint64_t* dst, std::uint64_t page_bytes, const Entry* entries, std::int64_t count, std::uint64_t from,
+                             unsigned long long* wrong) {
+  const std::uint64_t words = page_bytes / 8;
+  for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < count * words; i += std::uint64_t{gridDim.x} * blockDim.x) {
+    const Entry e = entries[i / words];
+    const std::uint64_t want = (from << 56) | (e.src_page * words + i % words);
+    if (dst[e.dst_page * words + i % words] != want) atomicAdd(wrong, 1ULL);
+  }
+}
+
 struct Gpu {
   int device = 0;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   std::uint8_t* buffer = nullptr;  // [0, half): sources the next GPU pulls; [half, 2 half): destinations
   Entry* entries = nullptr;
+  unsigned long long* wrong = nullptr;
 };
+
+int* g_gate = nullptr;  // host-mapped (cudaHostAllocMapped | Portable): every GPU reads it
 
 constexpr std::uint64_t kHalf = 256ULL << 20;
 constexpr std::int64_t kEntriesMax = 4096;
 
-// Runs `launch(g)` on every GPU: 2 warm-ups, then `reps` between events; the slowest GPU's ms per call.
+// Runs `launch(g)` on every GPU: 2 warm-ups, then `reps` between events, every GPU's queued behind
+// one gate opened at once; the slowest GPU's ms per call.
 template <typename Launch>
 double time_all(std::vector<Gpu>& gpus, int reps, const Launch& launch) {
   for (Gpu& g : gpus) {
@@ -122,12 +154,18 @@ double time_all(std::vector<Gpu>& gpus, int reps, const Launch& launch) {
     PROBE_CHECK(cudaSetDevice(g.device));
     PROBE_CHECK(cudaStreamSynchronize(g.stream));
   }
+  *reinterpret_cast<volatile int*>(g_gate) = 0;
   for (Gpu& g : gpus) {
     PROBE_CHECK(cudaSetDevice(g.device));
+    int* gate = nullptr;
+    PROBE_CHECK(cudaHostGetDevicePointer(&gate, g_gate, 0));
+    gate_kernel<<<1, 1, 0, g.stream>>>(gate);
     PROBE_CHECK(cudaEventRecord(g.start, g.stream));
     for (int i = 0; i < reps; ++i) launch(g);
     PROBE_CHECK(cudaEventRecord(g.stop, g.stream));
   }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  *reinterpret_cast<volatile int*>(g_gate) = 1;  // every GPU's calls are queued: all start now
   double worst = 0;
   for (Gpu& g : gpus) {
     PROBE_CHECK(cudaSetDevice(g.device));
@@ -161,10 +199,14 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaEventCreate(&g.start));
     PROBE_CHECK(cudaEventCreate(&g.stop));
     PROBE_CHECK(cudaMalloc(&g.buffer, 2 * kHalf));
-    PROBE_CHECK(cudaMemset(g.buffer, 0x10 + d, kHalf));
+    pattern_kernel<<<1024, 256>>>(reinterpret_cast<std::uint64_t*>(g.buffer), kHalf / 8, static_cast<std::uint64_t>(d) + 1);
+    PROBE_CHECK(cudaGetLastError());
+    PROBE_CHECK(cudaDeviceSynchronize());
     PROBE_CHECK(cudaMalloc(&g.entries, kEntriesMax * sizeof(Entry)));
+    PROBE_CHECK(cudaMalloc(&g.wrong, sizeof(unsigned long long)));
     PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
   }
+  PROBE_CHECK(cudaHostAlloc(&g_gate, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
   const double ce_ms = time_all(gpus, 5, [&](Gpu& g) {
     PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, kHalf, cudaMemcpyDeviceToDevice, g.stream));
   });
@@ -228,15 +270,20 @@ int main(int argc, char** argv) {
                   kernel<<<blocks, 256, 0, g.stream>>>(dst, src, page_bytes, chunk, chunks, g.entries, items);
                   PROBE_CHECK(cudaGetLastError());
                 });
-                // Bytes: the last page landed equals the other GPU's source page (every source byte
-                // is 0x10 + its GPU; with 2 GPUs the next one is the previous one).
+                // Bytes: every word of every page landed equals the word of the source page its
+                // entry names on the other GPU (sources carry their GPU and place; with 2 GPUs the
+                // next one is the previous one).
                 bool exact = true;
                 for (Gpu& g : gpus) {
-                  std::vector<std::uint8_t> got(page_bytes);
                   PROBE_CHECK(cudaSetDevice(g.device));
-                  PROBE_CHECK(cudaMemcpy(got.data(), g.buffer + kHalf + (count - 1) * page_bytes, page_bytes, cudaMemcpyDeviceToHost));
-                  const auto want = static_cast<std::uint8_t>(0x10 + (g.device + 1) % n);
-                  exact = exact && std::all_of(got.begin(), got.end(), [&](std::uint8_t b) { return b == want; });
+                  PROBE_CHECK(cudaMemsetAsync(g.wrong, 0, sizeof(unsigned long long), g.stream));
+                  check_kernel<<<1024, 256, 0, g.stream>>>(reinterpret_cast<const std::uint64_t*>(g.buffer + kHalf), page_bytes, g.entries, count,
+                                                           static_cast<std::uint64_t>((g.device + 1) % n) + 1, g.wrong);
+                  PROBE_CHECK(cudaGetLastError());
+                  unsigned long long wrong = 0;
+                  PROBE_CHECK(cudaMemcpyAsync(&wrong, g.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, g.stream));
+                  PROBE_CHECK(cudaStreamSynchronize(g.stream));
+                  exact = exact && wrong == 0;
                 }
                 const double gbps = bytes / (ms * 1e6);
                 char line[256];

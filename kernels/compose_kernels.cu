@@ -68,14 +68,17 @@ __device__ void copy_item(const ComposeArgs& a, const GatherEntry& e, std::int32
 
 // Thread 0 takes the block's ticket once every warp of the block is past this point (its copies
 // made visible system-wide first: the barrier orders the block's writes before the thread's
-// cumulative fence); true in every thread of the block that took the last of `total`. One atomic
-// per block, not per warp: thousands of warps on one counter serialize at its L2 slice.
+// cumulative fence); true in every thread of the block that took the last of `total`, whose
+// thread 0 fences again after its ticket (the acquire side: what the other blocks wrote before
+// theirs is ordered before what this block does next, as a cooperative-groups grid sync does).
+// One atomic per block, not per warp: thousands of warps on one counter serialize at its L2 slice.
 __device__ bool last_block_ticket(std::uint32_t* counter, std::uint32_t total) {
   __shared__ bool last;
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
     last = atomicAdd(counter, 1U) == total - 1;
+    if (last) __threadfence_system();
   }
   __syncthreads();
   return last;
@@ -107,7 +110,7 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   const int lane = threadIdx.x % 32;
   const std::int64_t warp = (std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   const std::int64_t warps = std::int64_t{gridDim.x} * blockDim.x / 32;
-  const std::uint64_t phase = a.state->phase + 1;  // every warp reads it before the last one writes it
+  const std::uint64_t phase = a.state->phase + 1;  // every block reads it before the last one writes it
   const std::uint64_t flag = phase - a.phase_lag;
   if (a.barrier == kSignalAtStart && warp == 0) signal_peers(a, flag, lane);
   const std::int64_t pre_items = a.pre_count * a.items_per_entry;

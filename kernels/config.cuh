@@ -27,11 +27,13 @@ inline constexpr int kKindsMax = 4;
 inline constexpr int kComposeThreads = 256;
 inline constexpr int kComposeWarps = kComposeThreads / 32;
 inline constexpr int kCopyUnroll = 8;
-// Compose blocks per SM, capped by occupancy (8 blocks of 8 warps fill an H200 SM). The gather
-// probe (bench/gather_probe.cu, 2xH200, 2026-11-30) pulled at the same rate with 1, 2, 4 or 8 blocks
-// per SM (0.867-0.869 of the copy engines at 4096 pages of 41,984 B), but in the layers the warps
-// waiting on peers' flags need company: cpkv bench, seeds batch, cp 2, staging_direct 126.3 us with
-// 2 blocks per SM against 118.3 us with 8 (CPKV_COMPOSE_BLOCKS_PER_SM, same visit).
+// Compose blocks per SM wanted; the grid takes the smaller of this and the occupancy: at 63
+// registers a thread (ptxas -v, CUDA 13.0), 4 blocks of 8 warps fit an H200 SM, so the grid is
+// every resident block (528). The gather probe (bench/gather_probe.cu, 2xH200, 2026-11-30) pulled at
+// about the same rate with 1, 2, 4 or 8 blocks per SM (0.867-0.869 of the copy engines at 4096
+// pages of 41,984 B), but in the layers the warps waiting on peers' flags need company: cpkv
+// bench, seeds batch, cp 2, staging_direct 126.3 us with 2 blocks per SM against 118.3 us with
+// every resident block (CPKV_COMPOSE_BLOCKS_PER_SM, same visit).
 inline constexpr int kComposeBlocksPerSm = 8;
 // A page is cut into chunks of at most this many bytes, one warp each. Measured on 2xH200
 // (2026-11-30, cpkv bench, cp 2): chunks of one warp pass (4 KiB) were slower on real batches than

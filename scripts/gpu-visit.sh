@@ -20,20 +20,21 @@ echo "== $(date -u +%FT%TZ) gpu visit: $what"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv || true
 nvidia-smi topo -m || true
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# RapidCheck is not in the GPU image: unpack the carried Debian package.
-if ! ls /usr/lib/x86_64-linux-gnu/cmake/rapidcheck >/dev/null 2>&1; then
-  mkdir -p /tmp/rc && for deb in "$root"/.deps/librapidcheck-dev_*.deb; do dpkg -x "$deb" /tmp/rc; done
-  export CMAKE_PREFIX_PATH="/tmp/rc/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-fi
 start=$(date +%s)
 if [[ "$what" == probe ]]; then
   # The gather probe alone (bench/gather_probe.cu, one file, no project build): --quick holds the
   # knobs the first full run found to make no difference (PROBE_ARGS= for the full sweep).
   /usr/local/cuda/bin/nvcc -O2 -arch=sm_90 -std=c++17 -o /tmp/gather_probe "$root/bench/gather_probe.cu" || exit 1
   timeout 300 /tmp/gather_probe ${PROBE_ARGS---quick} > "$OUT/gather-probe.csv" 2> "$OUT/gather-probe.txt"
-  echo "gather probe: exit $?"; cat "$OUT/gather-probe.txt"
+  status=$?
+  echo "gather probe: exit $status"; cat "$OUT/gather-probe.txt"
   echo "== done in $(( $(date +%s) - start )) s"
-  exit 0
+  exit $status
+fi
+# RapidCheck is not in the GPU image: unpack the carried Debian package.
+if ! ls /usr/lib/x86_64-linux-gnu/cmake/rapidcheck >/dev/null 2>&1; then
+  mkdir -p /tmp/rc && for deb in "$root"/.deps/librapidcheck-dev_*.deb; do dpkg -x "$deb" /tmp/rc; done
+  export CMAKE_PREFIX_PATH="/tmp/rc/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 fi
 build="$root/build-gpu"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \

@@ -5,9 +5,9 @@
 // async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
 // promise "no name left in /dev/shm within 1 s" even when a rank is slow to die: it removes every
 // tracked region name first (ranks keep their mappings), forwards the signal to every tracked
-// rank, kills with SIGKILL those alive after kForwardGraceMs, reaps them within kReapMsMax,
-// removes the temporary files (after the ranks: a starting rank opens the spool file by name), prints one
-// line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
+// rank, kills with SIGKILL those alive after kForwardGraceMs, removes the temporary files (once no
+// rank runs: a starting rank opens the spool file by name), reaps the killed ranks within
+// kReapMsMax, prints one line to stderr and ends the process with _exit(128 + signal). Nothing else in the process has to
 // poll for the signal; loops that would otherwise report the dying ranks as failures ask
 // interrupted() and stay quiet.
 #pragma once
