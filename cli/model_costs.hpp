@@ -93,8 +93,8 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
 //     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
 //     barrier's flag exchange barrier_us; then the post entries: the longer of the gathers from
 //     peers at peer_gbps and the own-memory reads and local copies at local_gbps (they run at once
-//     on the launch's warps, over NVLink and HBM; measured on 2xH200 the truth lies between the max
-//     and the sum on the seeds batch, at the max on the Mooncake batches);
+//     on the launch's warps, over NVLink and HBM; on 2xH200 the max fit staging_direct and
+//     symm_dense within 8%, the sum over-predicted staging_direct by 6-11%);
 //   all-reduces: allreduces_us, call by call;
 //   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
