@@ -169,6 +169,8 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
                     {"barrier_share_us", model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather
                                              ? nlohmann::json(result.isolated_us_median[b] - result.isolated_gather_us_median[b])
                                              : nlohmann::json(nullptr)},
+                    {"barrier_share_in_layer_us", result.compose_no_barrier_us_median[b] > 0 ? nlohmann::json(us - result.compose_no_barrier_us_median[b])
+                                                                                               : nlohmann::json(nullptr)},
                     {"peer_bytes_per_rank_layer", bytes.peer},
                     {"local_bytes_per_rank_layer", bytes.local},
                     {"allreduce_bytes_per_layer", bytes.allreduce},
@@ -216,21 +218,22 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
       "Compose = the exchange alone (the fill done before the timed region); with fill = the layer including the producer step. "
       "us per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
       "ms/batch = compose x {} layers; pre-signal copies alone = the compose launch's publish (staging_publish) or pack (v2) launched by "
-      "itself, no barrier.\n\n"
+      "itself, no barrier; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked there).\n\n"
       "| batch | variant | compose us | min-max | pre-signal copies alone us | with fill us (fill alone) | launches/layer (compose, with fill) | ms/batch | isolated current us "
-      "(barrier's share) | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
+      "(barrier's share) | barrier in the layer us | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
       layer_count);
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : rows) {
     std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
     if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
     const std::string pre = r["pre_signal_alone_us_per_layer_median"].is_null() ? "-" : fmt::format("{:.1f}", r["pre_signal_alone_us_per_layer_median"].get<double>());
-    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {:.1f} ({:.1f}) | {:.0f}, {:.0f} | {:.2f} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
+    const std::string in_layer = r["barrier_share_in_layer_us"].is_null() ? "-" : fmt::format("{:.1f}", r["barrier_share_in_layer_us"].get<double>());
+    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {:.1f} ({:.1f}) | {:.0f}, {:.0f} | {:.2f} | {} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
                       r["batch"].get<int>(), r["variant"].get<std::string>(), r["compose_us_per_layer_median"].get<double>(),
                       r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(), pre,
                       r["with_fill_us_per_layer_median"].get<double>(), r["fill_alone_us_per_layer_median"].get<double>(),
                       r["launches_per_layer_compose"].get<double>(),
-                      r["launches_per_layer_with_fill"].get<double>(), r["ms_per_batch_compose"].get<double>(), isolated,
+                      r["launches_per_layer_with_fill"].get<double>(), r["ms_per_batch_compose"].get<double>(), isolated, in_layer,
                       r["peer_bytes_per_rank_layer"].get<double>() / 1e6, r["achieved_peer_gbps"].get<double>(), r["ratio_to_ideal"].get<double>(),
                       r["model_us_per_layer"].get<double>(), 100.0 * r["model_error"].get<double>(), r["byte_exact"].get<bool>() ? "yes" : "NO");
   }

@@ -297,6 +297,8 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   out.fill_us_median[batch_index] = fill[fill.size() / 2];
   const std::vector<double> pre = graph_layer_us(r, cycle, reps, bodies.pre_only, isolated_nodes);
   out.pre_us_median[batch_index] = pre[pre.size() / 2];
+  const std::vector<double> no_barrier = graph_layer_us(r, cycle, reps, bodies.compose_no_barrier, isolated_nodes);
+  out.compose_no_barrier_us_median[batch_index] = no_barrier[no_barrier.size() / 2];
 }
 
 namespace {
@@ -354,6 +356,7 @@ void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run
       {&BenchRank::compose_us_median, &BenchResult::compose_us_median},   {&BenchRank::compose_us_max, &BenchResult::compose_us_max},
       {&BenchRank::isolated_us_median, &BenchResult::isolated_us_median}, {&BenchRank::isolated_gather_us_median, &BenchResult::isolated_gather_us_median},
       {&BenchRank::fill_us_median, &BenchResult::fill_us_median},         {&BenchRank::pre_us_median, &BenchResult::pre_us_median},
+      {&BenchRank::compose_no_barrier_us_median, &BenchResult::compose_no_barrier_us_median},
       {&BenchRank::nodes_per_layer, &BenchResult::nodes_per_layer},       {&BenchRank::compose_nodes_per_layer, &BenchResult::compose_nodes_per_layer}};
   const std::pair<PerBatch BenchRank::*, std::vector<double> BenchResult::*> least[] = {
       {&BenchRank::layer_us_min, &BenchResult::layer_us_min}, {&BenchRank::compose_us_min, &BenchResult::compose_us_min}};

@@ -52,6 +52,7 @@ struct BenchRank {
   double isolated_gather_us_median[kBenchBatchesMax];  // the isolated exchange's gather without its barrier
   double fill_us_median[kBenchBatchesMax];             // the producer launch alone
   double pre_us_median[kBenchBatchesMax];              // the compose launch's pre-signal copies alone (0: none)
+  double compose_no_barrier_us_median[kBenchBatchesMax];  // the compose launch with its barrier taken out (0: it has none)
   double nodes_per_layer[kBenchBatchesMax];          // launches (graph nodes) per layer, with the fill
   double compose_nodes_per_layer[kBenchBatchesMax];  // the same, compose only
   double ce_peer_gbps;

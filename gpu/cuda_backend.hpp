@@ -77,6 +77,7 @@ struct BenchResult {
   std::vector<double> isolated_gather_us_median;  // per batch: its gather alone (the barrier's share is the difference)
   std::vector<double> fill_us_median;             // per batch: the producer launch alone (fill and zeroed tails)
   std::vector<double> pre_us_median;              // per batch: the pre-signal copies alone (publish, pack; 0: none)
+  std::vector<double> compose_no_barrier_us_median;  // per batch: the compose launch without its barrier (timing only; 0: none)
   std::vector<double> nodes_per_layer;     // per batch: launches per layer (CUDA graph nodes), with the fill
   std::vector<double> compose_nodes_per_layer;
   Ceilings ceilings;

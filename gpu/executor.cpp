@@ -218,6 +218,16 @@ void run_pre_only(BatchRun& run, std::int32_t l) {
   CPKV_CUDA_CHECK(kernels::launch_compose(a, run.r.stream));
 }
 
+// The compose launch of the layer with its barrier taken out, for the benchmark: what the barrier
+// costs inside the layer as run is the difference (timing only: without the flags the bytes read
+// from peers' staging may be stale). Nothing is launched where the launch has no barrier.
+void run_compose_no_barrier(BatchRun& run, std::int32_t l) {
+  kernels::ComposeArgs a = run.compose[l];
+  if (a.barrier == kernels::kNoBarrier) return;
+  a.barrier = kernels::kNoBarrier;
+  CPKV_CUDA_CHECK(kernels::launch_compose(a, run.r.stream));
+}
+
 // Pool content for the pages this rank owns (written once: it never changes), and garbage in the
 // dense buffers, as a fresh allocation would hold; then every pool is populated before anyone gathers.
 void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
@@ -321,7 +331,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
                              [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); },
                              [&](std::int32_t l) { CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream)); },
-                             [&](std::int32_t l) { run_pre_only(run, l); }};
+                             [&](std::int32_t l) { run_pre_only(run, l); }, [&](std::int32_t l) { run_compose_no_barrier(run, l); }};
     time_batch(r, batch_index, bodies, bench);
   }
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status

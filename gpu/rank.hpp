@@ -99,6 +99,7 @@ struct LayerBodies {
   std::function<void(std::int32_t)> isolated_gather_only;  // the same without the barrier (its share)
   std::function<void(std::int32_t)> fill_only;     // the producer step alone
   std::function<void(std::int32_t)> pre_only;      // the compose launch's pre-signal copies alone (publish, pack)
+  std::function<void(std::int32_t)> compose_no_barrier;  // the compose launch with its barrier taken out (its share in the layer)
 };
 void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 

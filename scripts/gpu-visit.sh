@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe|benches]
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
+# (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
 # (probe: the gather probe alone, bench/gather_probe.cu, built with nvcc, no project build)
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
@@ -85,6 +86,15 @@ if [[ "$what" == perf ]]; then
   echo "gpu-reliability (${REL_CASES:-seeds-stop-rank-10s}): exit $?"; grep -E "^\| (case|seeds|cp2)" /tmp/rel/gpu-reliability.md
   grep -h "made no progress\|stopped" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -3 | cut -c1-400
   cp /tmp/rel/gpu-reliability.md "$OUT/" 2>/dev/null
+fi
+if [[ "$what" == benches ]]; then
+  # The two benchmarks alone (no tests): for a visit after a change to the bench's host code only.
+  for name in seeds_batch mooncake_slice; do
+    timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md" > /tmp/bench-$name.txt 2>&1
+    echo "bench $name: exit $?"
+    grep -E "^\| [0-9] \| |^Ceilings" /tmp/bench-$name.txt
+  done
 fi
 if [[ "$what" == quick ]]; then
   # The gpu tests and the GPU mutants (the bytes), then the two benchmarks with the gather sweep.
