@@ -134,8 +134,7 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       kernels::set_page_geometry(a.kind[0], kCeilingPageBytes[ps]);
       a.kind[0].table.base[0] = peer;
       a.entries = d_entries;
-      a.pre_count = 0;  // the copy the layers use for peers' pages (pre-signal entries are cut finer)
-      a.count = kCeilingPageCounts[c];
+      a.pre_count = a.count = kCeilingPageCounts[c];
       a.cp = r.cp();
       a.state = r.mem.barrier_state;
       a.barrier = kernels::kNoBarrier;

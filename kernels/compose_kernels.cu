@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <tuple>
-#include <utility>
 
 #include "cpkv/model/content.hpp"
 
@@ -50,18 +48,16 @@ __device__ void warp_copy_chunk(std::uint8_t* out, const std::uint8_t* in, std::
   }
 }
 
-// Part `r` of entry `e` (a work item is entry item / items per entry, part item % items per entry):
-// a kind and a chunk of its page, cut as the pre-signal entries are (`pre`) or as the rest. The
-// caller loads the entry once.
-__device__ void copy_item(const ComposeArgs& a, const GatherEntry& e, std::int32_t r, int lane, bool pre) {
+// Part `r` of entry `e` (a work item is entry item / items_per_entry, part item % items_per_entry):
+// a kind and a chunk of its page. The caller loads the entry once.
+__device__ void copy_item(const ComposeArgs& a, const GatherEntry& e, std::int32_t r, int lane) {
   std::int32_t kind = 0;
-  while (r >= (pre ? a.kind[kind].pre_chunks : a.kind[kind].chunks)) r -= pre ? a.kind[kind++].pre_chunks : a.kind[kind++].chunks;
+  while (r >= a.kind[kind].chunks) r -= a.kind[kind++].chunks;
   const ComposeKind& k = a.kind[kind];
   // The host checked the same before upload (gpu/device_plan.cpp): a bad entry is a plan bug.
   CPKV_DEVICE_ASSERT(e.dest >= 0 && e.dest < kComposeDests && e.table_index < kTableEntriesMax);
-  const std::uint64_t chunk_bytes = pre ? k.pre_chunk_bytes : k.chunk_bytes;
-  const std::uint64_t offset = static_cast<std::uint64_t>(r) * chunk_bytes;
-  const std::uint64_t bytes = min(chunk_bytes, k.page_bytes - offset);
+  const std::uint64_t offset = static_cast<std::uint64_t>(r) * k.chunk_bytes;
+  const std::uint64_t bytes = min(k.chunk_bytes, k.page_bytes - offset);
   const std::uint8_t* in = nullptr;
   if (e.table_index >= 0) {
     CPKV_DEVICE_ASSERT(k.table.base[e.table_index] != nullptr && e.src_page >= 0);
@@ -117,11 +113,9 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   const std::uint64_t phase = a.state->phase + 1;  // every block reads it before the last one writes it
   const std::uint64_t flag = phase - a.phase_lag;
   if (a.barrier == kSignalAtStart && warp == 0) signal_peers(a, flag, lane);
-  // The pre-signal entries in finer chunks than the rest: the signal (or the pack's end) waits for
-  // the last of them, so they are spread over every warp rather than copied page by page.
-  const std::int64_t pre_items = a.pre_count * a.pre_items_per_entry;
+  const std::int64_t pre_items = a.pre_count * a.items_per_entry;
   for (std::int64_t item = warp; item < pre_items; item += warps) {
-    copy_item(a, a.entries[item / a.pre_items_per_entry], static_cast<std::int32_t>(item % a.pre_items_per_entry), lane, true);
+    copy_item(a, a.entries[item / a.items_per_entry], static_cast<std::int32_t>(item % a.items_per_entry), lane);
   }
   if (a.barrier == kSignalAfterPre || a.order_pre) {
     const bool last = last_block_ticket(&a.state->arrived, gridDim.x);
@@ -129,8 +123,8 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   }
   if (a.order_pre) wait_pre_done(a, gridDim.x);
   std::uint32_t waited = 0;  // peers whose flag this warp has seen (bit per rank)
-  for (std::int64_t item = warp; item < (a.count - a.pre_count) * a.items_per_entry; item += warps) {
-    const GatherEntry e = a.entries[a.pre_count + item / a.items_per_entry];
+  for (std::int64_t item = pre_items + warp; item < a.count * a.items_per_entry; item += warps) {
+    const GatherEntry e = a.entries[item / a.items_per_entry];
     const std::int32_t peer = e.table_index - a.cp;
     if (a.barrier != kNoBarrier && peer >= 0 && peer < a.cp && !(waited >> peer & 1U)) {
       if (lane == 0) wait_flag(a, peer, flag);
@@ -142,7 +136,7 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
       }
       waited |= 1U << peer;
     }
-    copy_item(a, e, static_cast<std::int32_t>(item % a.items_per_entry), lane, false);
+    copy_item(a, e, static_cast<std::int32_t>(item % a.items_per_entry), lane);
   }
   // The last block out makes the launch a whole barrier (every peer arrived: they are done with the
   // previous layer's reads) and hands the phase to the next launch.
@@ -222,46 +216,30 @@ int compose_blocks_max() {
 
 }  // namespace
 
-namespace {
-
-// Equal 16-byte-aligned chunks of at most `most` bytes: (chunks, chunk bytes).
-std::pair<std::int32_t, std::uint64_t> even_chunks(std::uint64_t page_bytes, std::uint64_t most) {
-  const auto chunks = static_cast<std::int32_t>((page_bytes + most - 1) / most);
-  const std::uint64_t even = (page_bytes + chunks - 1) / chunks;
-  const std::uint64_t bytes = (even + 15) / 16 * 16;
-  return {static_cast<std::int32_t>((page_bytes + bytes - 1) / bytes), bytes};
-}
-
-}  // namespace
-
 void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
   kind.page_bytes = page_bytes;
   if (page_bytes % 16 != 0) {  // byte copies, one warp per page
-    kind.chunks = kind.pre_chunks = 1;
-    kind.chunk_bytes = kind.pre_chunk_bytes = page_bytes;
+    kind.chunks = 1;
+    kind.chunk_bytes = page_bytes;
     return;
   }
-  std::tie(kind.chunks, kind.chunk_bytes) = even_chunks(page_bytes, kChunkBytesMax);
-  std::tie(kind.pre_chunks, kind.pre_chunk_bytes) = even_chunks(page_bytes, kPreChunkBytesMax);
+  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
+  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
+  kind.chunk_bytes = (even + 15) / 16 * 16;
 }
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
   CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
   std::int32_t items_per_entry = 0;
-  std::int32_t pre_items_per_entry = 0;
   for (int k = 0; k < args.kinds; ++k) {
     const ComposeKind& kind = args.kind[k];
-    for (const auto& [chunks, bytes] : {std::pair{kind.chunks, kind.chunk_bytes}, std::pair{kind.pre_chunks, kind.pre_chunk_bytes}}) {
-      CPKV_HOST_ASSERT(chunks >= 1 && bytes * chunks >= kind.page_bytes && bytes * (chunks - 1) < kind.page_bytes);
-      CPKV_HOST_ASSERT(kind.page_bytes % 16 != 0 || (bytes % 16 == 0 && bytes <= kChunkBytesMax));
-    }
+    CPKV_HOST_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
+    CPKV_HOST_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
     items_per_entry += kind.chunks;
-    pre_items_per_entry += kind.pre_chunks;
   }
   ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
   launched.items_per_entry = items_per_entry;
-  launched.pre_items_per_entry = pre_items_per_entry;
   const std::int64_t items = args.count * items_per_entry;
   const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
   const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));

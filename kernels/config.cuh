@@ -43,11 +43,6 @@ inline constexpr int kComposeBlocksPerSm = 8;
 // block (same date): spreading a launch of few entries over 2112 warps of finer chunks made the
 // 6.8 MB Mooncake batch's staging_direct 29.2 -> 35.3 us and staging_publish 41.7 -> 46.3 us.
 inline constexpr std::uint64_t kChunkBytesMax = 64ULL << 10;
-// The pre-signal entries (staging_publish's publish, v2's pack) are cut into chunks of one warp pass:
-// the peers wait for the last of them. On 2xH200 (2026-11-30) staging_publish's barrier cost 32 us
-// inside the seeds batch's layer (the launch less the same launch without its barrier) while the
-// publish alone took 17 us: a warp per page left the publish a chain of round trips on few warps.
-inline constexpr std::uint64_t kPreChunkBytesMax = 4ULL << 10;
 // The bulk-copy (TMA) gather: chunks of 16 KiB through two shared-memory stages (32 KiB per
 // one-thread block, so 7 blocks fit an H200 SM's 228 KiB), up to 8 blocks per SM.
 inline constexpr std::uint64_t kBulkChunkBytes = 16ULL << 10;

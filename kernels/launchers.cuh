@@ -123,15 +123,12 @@ struct ComposeKind {
   std::uint64_t page_bytes;
   std::uint64_t chunk_bytes;  // one warp's share of a page (set_page_geometry)
   std::int32_t chunks;        // chunks per page
-  std::uint64_t pre_chunk_bytes;  // the same for the pre-signal entries, cut finer (set_page_geometry)
-  std::int32_t pre_chunks;
   PointerTable table;
 };
 struct ComposeArgs {
   ComposeKind kind[kKindsMax];
   std::int32_t kinds;
   std::int32_t items_per_entry;  // chunks of all kinds: set by launch_compose (callers leave it)
-  std::int32_t pre_items_per_entry;  // the same for the pre-signal entries: set by launch_compose
   const GatherEntry* entries;
   std::int64_t pre_count;
   std::int64_t count;
