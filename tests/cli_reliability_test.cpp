@@ -284,7 +284,7 @@ TEST_F(CliReliability, MessagesAreOneBoundedLineNamingTheChoices) {
 TEST_F(CliReliability, RejectedBatchesAreReportedByEveryBackend) {
   // tiny.jsonl batch 2 needs 4 + 4 = 8 current pages > 6 staging slots (its header says so).
   const std::string line = "batch 2 rejected: overflow: 8 current pages > 6 staging slots";
-  for (const std::vector<std::string> backend : {std::vector<std::string>{"--backend", "model"},
+  for (const std::vector<std::string>& backend : {std::vector<std::string>{"--backend", "model"},
                                                  std::vector<std::string>{"--backend", "sim", "--variant", "staging_direct", "--ranks-as", "threads"},
                                                  std::vector<std::string>{"--backend", "sim", "--variant", "staging_direct", "--schedule", "random"}}) {
     std::vector<std::string> argv = {"replay", "traces/samples/tiny.jsonl", "--json", (dir_ / "r.json").string()};
