@@ -459,6 +459,32 @@ TEST(HarnessGroup, TwoRanksWaitingOnEachOtherAreNamedWithinAWindowWhileOthersRet
   EXPECT_TRUE(no_child_left());
 }
 
+// A rank that waits on a peer which has already exited 0 (it left the group early), while the
+// others keep retrying their own bounded waits: the waiting rank can never progress, yet it waits on
+// a named peer (the one-rank rule excuses it) and the retries keep the group's clock moving. It is
+// named with the ended rank within about one window of its silence, and the ended rank is blamed.
+TEST(HarnessGroup, ARankWaitingOnAnEndedPeerIsNamedWithinAWindowWhileOthersRetry) {
+  LastProgressClock clock;
+  const LaunchResult r = launch_ranks(group_options(), [&](std::int32_t rank, RankProgress& progress) {
+    progress.at(2, 5);
+    if (rank > 1) return wait_and_retry(progress, kWaitingOnPeers);
+    if (rank == 1) return kRankExitOk;  // leaves at once
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 1 has ended by now
+    progress.step("exchange");
+    clock.mark();
+    const Waiting waiting(progress, 1);
+    while (true) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return kRankExitOk;
+  });
+  EXPECT_LT(clock.ms_since_mark(), kNamedMsMax) << r.failure;
+  EXPECT_TRUE(r.stuck) << r.failure;
+  EXPECT_EQ(r.culprit, 1) << "the rank that left is blamed: " << r.failure;
+  EXPECT_EQ(r.failure.rfind("rank 0 (pid ", 0), 0U) << "the line must begin with the waiting rank: " << r.failure;
+  EXPECT_NE(r.failure.find("it waits for rank 1, which has ended (exited 0)"), std::string::npos) << r.failure;
+  EXPECT_EQ(r.failure.find('\n'), std::string::npos) << r.failure;
+  EXPECT_TRUE(no_child_left());
+}
+
 // What must stay legal: several ranks silent for two windows, each waiting on a named peer, where
 // the chain of waits (0 -> 1 -> 2, 3 -> 2) ends at a rank that keeps making progress.
 TEST(HarnessGroup, SilentRanksWhoseWaitsLeadToAProgressingRankAreNotAHang) {

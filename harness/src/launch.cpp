@@ -145,6 +145,7 @@ class Watcher {
   void read_states(Clock::time_point now);
   void end_on_silent_rank(Clock::time_point now);
   void end_on_wait_cycle(Clock::time_point now);
+  void end_on_wait_for_ended_rank(Clock::time_point now);
   void end_on_silent_group(Clock::time_point now);
   std::vector<std::int32_t> stalled_waits(Clock::time_point now) const;
   std::vector<bool> behind_cycles(const std::vector<std::int32_t>& next, Clock::time_point* silent_since) const;
@@ -353,6 +354,23 @@ void Watcher::end_on_wait_cycle(Clock::time_point now) {
         -1);
 }
 
+// The rule of an ended peer: a live rank silent for its own window while waiting on a rank that has
+// already ended (exited 0: a rank that exits otherwise ends the run at once) can never progress; the
+// one-rank rule excuses it (it waits on a named peer) and peers whose bounded waits retry keep the
+// group's clock moving. The run ends naming it and the rank it waits for, which is blamed: it left
+// the group while a peer still needed it.
+void Watcher::end_on_wait_for_ended_rank(Clock::time_point now) {
+  if (!result_.failure.empty()) return;
+  for (std::int32_t r = 0; r < o_.ranks; ++r) {
+    const std::int32_t who = area_[r].waiting_on.load();
+    if (ranks_[r].reaped || area_[r].started.load() == 2 || who < 0 || who >= o_.ranks || !ranks_[who].reaped) continue;
+    if (ms_between(ranks_[r].last_progress, now) <= own_window(r)) continue;
+    return stuck(fmt::format("{}; it waits for rank {}, which has ended ({}) and cannot answer (window {} ms)", blame(r, now), who,
+                             ranks_[who].end, own_window(r)),
+                 who);
+  }
+}
+
 // The group's rule: no rank made progress for the group's window.
 void Watcher::end_on_silent_group(Clock::time_point now) {
   if (!result_.failure.empty() || ms_between(group_progress_, now) <= window()) return;
@@ -510,6 +528,7 @@ LaunchResult Watcher::watch() {
     read_states(now);
     end_on_silent_rank(now);
     end_on_wait_cycle(now);
+    end_on_wait_for_ended_rank(now);
     end_on_silent_group(now);
     if (!limit_reported && ms_between(start, now) > o_.run_ms_max) {
       limit_reported = true;
