@@ -87,14 +87,21 @@ if [[ "$what" == perf ]]; then
   grep -h "made no progress\|stopped" /tmp/rel/rel-*.out /tmp/rel/rel-*.err 2>/dev/null | head -3 | cut -c1-400
   cp /tmp/rel/gpu-reliability.md "$OUT/" 2>/dev/null
 fi
+# The seeds batch and the Mooncake slice at cp 2 under the environment VAR=VALUE... given after
+# SUFFIX and ROWS (files bench-NAME-cp2SUFFIX.*), printing the table rows that match ROWS.
+bench_pair() {
+  local suffix="$1" rows="$2"
+  shift 2
+  for name in seeds_batch mooncake_slice; do
+    env "$@" timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
+      --json "$OUT/bench-$name-cp2$suffix.json" --markdown "$OUT/bench-$name-cp2$suffix.md" > "/tmp/bench-$name$suffix.txt" 2>&1
+    echo "bench $name${*:+ under $*}: exit $?"
+    grep -E "$rows" "/tmp/bench-$name$suffix.txt"
+  done
+}
 if [[ "$what" == benches ]]; then
   # The two benchmarks alone (no tests): for a visit after a change to the bench's host code only.
-  for name in seeds_batch mooncake_slice; do
-    timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
-      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md" > /tmp/bench-$name.txt 2>&1
-    echo "bench $name: exit $?"
-    grep -E "^\| [0-9] \| |^Ceilings" /tmp/bench-$name.txt
-  done
+  bench_pair "" "^\| [0-9] \| |^Ceilings"
 fi
 if [[ "$what" == quick ]]; then
   # The gpu tests and the GPU mutants (the bytes), then the two benchmarks with the gather sweep.
@@ -102,23 +109,14 @@ if [[ "$what" == quick ]]; then
   echo "gpu tests: exit $?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests.log" | tail -8
   timeout 200 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; tail -4 "$OUT/gpu-mutants.txt"
-  for name in seeds_batch mooncake_slice; do
-    timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
-      --json "$OUT/bench-$name-cp2.json" --markdown "$OUT/bench-$name-cp2.md" > /tmp/bench-$name.txt 2>&1
-    echo "bench $name: exit $?"
-    grep -E "^\| [0-9] \| (v2|staging_direct|staging_publish) |^Ceilings" /tmp/bench-$name.txt
-  done
+  bench_pair "" "^\| [0-9] \| (v2|staging_direct|staging_publish) |^Ceilings"
   sed -n '/Scattered/,$p' /tmp/bench-seeds_batch.txt
   if [[ -n "${AB_ENV:-}" ]]; then  # the gpu tests and both benchmarks again under AB_ENV (VAR=VALUE ...), for an A/B
     (cd "$build" && env $AB_ENV ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests-ab.log" 2>&1
     echo "gpu tests under $AB_ENV: exit $?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu-tests-ab.log" | tail -8
-    for name in seeds_batch mooncake_slice; do
-      env $AB_ENV timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
-        --json "$OUT/bench-$name-cp2-ab.json" --markdown "$OUT/bench-$name-cp2-ab.md" > /tmp/bench-ab-$name.txt 2>&1
-      echo "bench $name under $AB_ENV: exit $?"
-      grep -E "^\| [0-9] \| (v2|symm_dense|staging_direct|staging_publish) " /tmp/bench-ab-$name.txt
-    done
-    sed -n '/Scattered/,$p' /tmp/bench-ab-seeds_batch.txt
+    # shellcheck disable=SC2086  # AB_ENV is a list of VAR=VALUE words
+    bench_pair -ab "^\| [0-9] \| (v2|symm_dense|staging_direct|staging_publish) " $AB_ENV
+    sed -n '/Scattered/,$p' /tmp/bench-seeds_batch-ab.txt
   fi
 fi
 if [[ "$what" == check ]]; then
