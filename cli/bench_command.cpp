@@ -139,7 +139,6 @@ Ceilings model_ceilings(const cuda::Ceilings& measured) {
 // alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
   const Ceilings model_c = model_ceilings(ceilings);
-  const std::int64_t slots = s.dense_slots;
   for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
@@ -147,7 +146,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
     const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
     const double us = result.compose_us_median[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
-    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, slots);
+    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
     // The isolated current-page exchange exists where current pages move on their own: barrier +
     // gather (staging and symmetric variants) or the compact all-reduce (v2).
     const bool isolated_applies = model::info(variant).isolated != model::IsolatedExchange::none;

@@ -3,6 +3,7 @@
 // replay), folded over the ranks (worst rank).
 #include <algorithm>
 #include <cstdlib>
+#include <utility>
 
 #include "device_plan.hpp"
 #include "rank.hpp"
@@ -288,17 +289,16 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   out.compose_us_median[batch_index] = compose[compose.size() / 2];
   out.compose_us_min[batch_index] = compose.front();
   out.compose_us_max[batch_index] = compose.back();
-  double isolated_nodes = 0;
-  const std::vector<double> isolated = graph_layer_us(r, cycle, reps, bodies.isolated, isolated_nodes);
-  out.isolated_us_median[batch_index] = isolated[isolated.size() / 2];
-  const std::vector<double> gather_only = graph_layer_us(r, cycle, reps, bodies.isolated_gather_only, isolated_nodes);
-  out.isolated_gather_us_median[batch_index] = gather_only[gather_only.size() / 2];
-  const std::vector<double> fill = graph_layer_us(r, cycle, reps, bodies.fill_only, isolated_nodes);
-  out.fill_us_median[batch_index] = fill[fill.size() / 2];
-  const std::vector<double> pre = graph_layer_us(r, cycle, reps, bodies.pre_only, isolated_nodes);
-  out.pre_us_median[batch_index] = pre[pre.size() / 2];
-  const std::vector<double> no_barrier = graph_layer_us(r, cycle, reps, bodies.compose_no_barrier, isolated_nodes);
-  out.compose_no_barrier_us_median[batch_index] = no_barrier[no_barrier.size() / 2];
+  // The parts timed alone, medians only.
+  const std::pair<const std::function<void(std::int32_t)>*, double(BenchRank::*)[kBenchBatchesMax]> parts[] = {
+      {&bodies.isolated, &BenchRank::isolated_us_median},     {&bodies.isolated_gather_only, &BenchRank::isolated_gather_us_median},
+      {&bodies.fill_only, &BenchRank::fill_us_median},        {&bodies.pre_only, &BenchRank::pre_us_median},
+      {&bodies.compose_no_barrier, &BenchRank::compose_no_barrier_us_median}};
+  for (const auto& [body, field] : parts) {
+    double nodes = 0;
+    const std::vector<double> us = graph_layer_us(r, cycle, reps, *body, nodes);
+    (out.*field)[batch_index] = us[us.size() / 2];
+  }
 }
 
 namespace {

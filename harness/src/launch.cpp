@@ -147,6 +147,7 @@ class Watcher {
   void end_on_wait_cycle(Clock::time_point now);
   void end_on_wait_for_ended_rank(Clock::time_point now);
   void end_on_silent_group(Clock::time_point now);
+  std::int32_t stalled_on(std::int32_t r, Clock::time_point now) const;
   std::vector<std::int32_t> stalled_waits(Clock::time_point now) const;
   std::vector<bool> behind_cycles(const std::vector<std::int32_t>& next, Clock::time_point* silent_since) const;
   std::string cycles_text(const std::vector<std::int32_t>& next) const;
@@ -267,16 +268,18 @@ void Watcher::end_on_silent_rank(Clock::time_point now) {
   }
 }
 
-// Whom each rank waits for, where that wait has lasted its whole window: a live rank silent for
-// its own window while waiting on one named peer; -1 for every other rank. Read once per check, so
-// that one walk sees one value per rank.
+// The peer rank r waits for, where that wait has lasted its whole window: r is live, silent for its
+// own window and waiting on one named peer; else -1.
+std::int32_t Watcher::stalled_on(std::int32_t r, Clock::time_point now) const {
+  const std::int32_t who = area_[r].waiting_on.load();
+  if (ranks_[r].reaped || area_[r].started.load() == 2 || who < 0 || who >= o_.ranks) return -1;
+  return ms_between(ranks_[r].last_progress, now) > own_window(r) ? who : -1;
+}
+
+// stalled_on of every rank, read once per check, so that one walk sees one value per rank.
 std::vector<std::int32_t> Watcher::stalled_waits(Clock::time_point now) const {
   std::vector<std::int32_t> next(static_cast<std::size_t>(o_.ranks), -1);
-  for (std::int32_t r = 0; r < o_.ranks; ++r) {
-    const std::int32_t who = area_[r].waiting_on.load();
-    if (ranks_[r].reaped || area_[r].started.load() == 2 || who < 0 || who >= o_.ranks) continue;
-    if (ms_between(ranks_[r].last_progress, now) > own_window(r)) next[r] = who;
-  }
+  for (std::int32_t r = 0; r < o_.ranks; ++r) next[r] = stalled_on(r, now);
   return next;
 }
 
@@ -362,9 +365,8 @@ void Watcher::end_on_wait_cycle(Clock::time_point now) {
 void Watcher::end_on_wait_for_ended_rank(Clock::time_point now) {
   if (!result_.failure.empty()) return;
   for (std::int32_t r = 0; r < o_.ranks; ++r) {
-    const std::int32_t who = area_[r].waiting_on.load();
-    if (ranks_[r].reaped || area_[r].started.load() == 2 || who < 0 || who >= o_.ranks || !ranks_[who].reaped) continue;
-    if (ms_between(ranks_[r].last_progress, now) <= own_window(r)) continue;
+    const std::int32_t who = stalled_on(r, now);
+    if (who < 0 || !ranks_[who].reaped) continue;
     return stuck(fmt::format("{}; it waits for rank {}, which has ended ({}) and cannot answer (window {} ms)", blame(r, now), who,
                              ranks_[who].end, own_window(r)),
                  who);

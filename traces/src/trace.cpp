@@ -309,6 +309,20 @@ bool has_repeated_page(const model::Batch& batch, std::vector<std::uint64_t>& bi
   return false;
 }
 
+}  // namespace
+
+void detail::RepeatedPages::size_for(std::int64_t pool_pages) {
+  bits_.clear();
+  if (pool_pages <= kPageBitsPoolPagesMax) bits_.assign(static_cast<std::size_t>((pool_pages + 63) / 64), 0);
+}
+
+std::optional<model::Problem> detail::RepeatedPages::find(const model::Batch& batch) {
+  if (!bits_.empty() && !has_repeated_page(batch, bits_)) return std::nullopt;
+  return repeated_prefix_page(batch, sorted_);
+}
+
+namespace {
+
 void check_batch_number(const LineChecker& checker, std::int64_t index, std::int64_t expected_index) {
   if (index != expected_index) {
     checker.fail("batch", fmt::format("{} is out of order: batches are numbered 0, 1, 2, ... and this is batch {}", index, expected_index));
@@ -528,9 +542,7 @@ void TraceReader::read_header() {
   line_ = 1;
   const LineChecker checker(name_, line_);
   header_ = parse_header(checker, checker.parse_object(text));
-  if (header_.setting.pool_pages <= kPageBitsPoolPagesMax) {
-    page_bits_.assign(static_cast<std::size_t>((header_.setting.pool_pages + 63) / 64), 0);
-  }
+  repeated_pages_.size_for(header_.setting.pool_pages);
 }
 
 std::optional<model::Batch> TraceReader::next() {
@@ -554,8 +566,7 @@ bool TraceReader::next(model::Batch& batch) {
   batch = std::move(line.batch);
   check_batch_number(checker, line.index, expected_index);
   checker.check(model::validate(header_.setting, batch));
-  // The bitset only says whether a request repeats a page; the sort names where (the same message).
-  if (page_bits_.empty() || has_repeated_page(batch, page_bits_)) checker.check(repeated_prefix_page(batch, page_scratch_));
+  checker.check(repeated_pages_.find(batch));
   ++batch_index_;
   return true;
 }
@@ -646,7 +657,7 @@ TraceWriter::TraceWriter(std::ostream& out, const TraceHeader& header) : out_(ou
   if (const std::optional<model::Problem> problem = model::validate(header.setting)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid setting: {}: {}", problem->field, problem->reason));
   }
-  if (setting_.pool_pages <= kPageBitsPoolPagesMax) page_bits_.assign(static_cast<std::size_t>((setting_.pool_pages + 63) / 64), 0);
+  repeated_pages_.size_for(setting_.pool_pages);
   if (!header.source.is_object()) throw std::invalid_argument("TraceWriter: source must be a JSON object");
   out_ << header_to_json(header).dump() << '\n';
   if (!out_) throw std::runtime_error("TraceWriter: writing the header failed");
@@ -656,11 +667,8 @@ void TraceWriter::write(const model::Batch& batch) {
   if (const std::optional<model::Problem> problem = model::validate(setting_, batch)) {
     throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
   }
-  // As the reader checks: the bitset says whether a request repeats a page, the sort names where.
-  if (page_bits_.empty() || has_repeated_page(batch, page_bits_)) {
-    if (const std::optional<model::Problem> problem = repeated_prefix_page(batch, page_scratch_)) {
-      throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
-    }
+  if (const std::optional<model::Problem> problem = repeated_pages_.find(batch)) {  // as the reader checks
+    throw std::invalid_argument(fmt::format("TraceWriter: invalid batch {}: {}: {}", next_index_, problem->field, problem->reason));
   }
   append_batch_line(batch, next_index_, line_);
   line_ += '\n';

@@ -62,6 +62,21 @@ class TraceError : public std::runtime_error {
   std::string reason_;
 };
 
+namespace detail {
+// The check for a request that names one prefix page twice (a corrupt trace, traces/README.md),
+// the reader's and the writer's alike: a bitset over the pool's pages says in one pass whether a
+// batch has one, and only then a sort names where. Its buffers are reused from batch to batch.
+class RepeatedPages {
+ public:
+  void size_for(std::int64_t pool_pages);  // before the first batch
+  std::optional<model::Problem> find(const model::Batch& batch);
+
+ private:
+  std::vector<std::int64_t> sorted_;  // the sort's scratch
+  std::vector<std::uint64_t> bits_;   // one bit per pool page, all clear between batches; empty: the sort alone
+};
+}  // namespace detail
+
 class TraceReader {
  public:
   // Opens the file and reads and validates the header; throws TraceError.
@@ -88,8 +103,7 @@ class TraceReader {
   std::int64_t line_ = 0;
   std::int64_t batch_index_ = -1;
   std::string text_;                        // the line being read, its capacity reused
-  std::vector<std::int64_t> page_scratch_;  // reused by the check for repeated prefix pages
-  std::vector<std::uint64_t> page_bits_;    // one bit per pool page, all clear between batches (trace.cpp)
+  detail::RepeatedPages repeated_pages_;
 };
 
 namespace detail {
@@ -122,9 +136,8 @@ class TraceWriter {
   std::ostream& out_;
   model::Setting setting_;  // batches are checked against it: what is written always reads back
   std::int64_t next_index_ = 0;
-  std::string line_;                        // the line being written, its capacity reused
-  std::vector<std::int64_t> page_scratch_;  // as the reader's: the check for repeated prefix pages
-  std::vector<std::uint64_t> page_bits_;
+  std::string line_;  // the line being written, its capacity reused
+  detail::RepeatedPages repeated_pages_;
 };
 
 }  // namespace cpkv::traces
