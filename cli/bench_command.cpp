@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "model_costs.hpp"
+#include "cpkv/model/costs.hpp"
 #include "files.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
@@ -112,33 +112,20 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
 // The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
 // ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
 // The dense buffer the executor zeroes holds the trace's largest batch (harness shape.slot_count_max).
-double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const Ceilings& ceilings,
+double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle, const model::CostParameters& ceilings,
                     std::int64_t dense_slots) {
   model::Setting timed = setting;
   timed.layer_pattern = setting.layer_pattern.substr(0, static_cast<std::size_t>(cycle));
-  BatchCosts costs;
-  CostModel(timed, ceilings, dense_slots).evaluate(batch, costs);
+  model::BatchCosts costs;
+  model::CostModel(timed, ceilings, dense_slots).evaluate(batch, costs);
   return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
 }
 
-Ceilings model_ceilings(const cuda::Ceilings& measured) {
-  MeasuredCeilings m;
-  m.ce_peer_gbps = measured.ce_peer_gbps;
-  m.local_copy_gbps = measured.local_copy_gbps;
-  m.barrier_us = measured.barrier_us;
-  m.barrier_us_graph = measured.barrier_us_graph;
-  m.barrier_us_launch_free = measured.barrier_us_launch_free;
-  m.allreduce_busbw_gbps = measured.allreduce_busbw_gbps;
-  m.allreduce_latency_us = measured.allreduce_latency_us;
-  for (const auto& point : measured.allreduce_curve) m.allreduce_curve.emplace_back(static_cast<double>(point.bytes), point.us);
-  for (const auto& g : measured.gather) m.gather.push_back({g.page_bytes, g.pages, g.gbps});
-  return derive_ceilings(m);
-}
 
 // One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
 // alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
-  const Ceilings model_c = model_ceilings(ceilings);
+  const model::CostParameters model_c = model::derive_ceilings(ceilings);
   for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
@@ -191,7 +178,7 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
                        {"push_block_per_page_gbps", g.push_gbps}});
   }
   nlohmann::json curve = nlohmann::json::array();
-  for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.bytes}, {"us", point.us}});
+  for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.first}, {"us", point.second}});
   out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
                      {"ce_push_gbps", ceilings.ce_push_gbps},
                      {"local_copy_gbps", ceilings.local_copy_gbps},
@@ -202,7 +189,7 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
                      {"allreduce_latency_us", ceilings.allreduce_latency_us},
                      {"allreduce_curve", curve},
                      {"gather", gathers}};
-  const Ceilings model_c = model_ceilings(ceilings);
+  const model::CostParameters model_c = model::derive_ceilings(ceilings);
   out["peer_gbps"] = model_c.peer_gbps;
   out["local_gbps"] = model_c.local_gbps;
   out["barrier_us"] = model_c.barrier_us;
@@ -243,7 +230,7 @@ std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& cei
                     ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
   if (!ceilings.allreduce_curve.empty()) {
     std::vector<std::string> points;
-    for (const auto& point : ceilings.allreduce_curve) points.push_back(fmt::format("{} KiB {:.1f} us", point.bytes >> 10, point.us));
+    for (const auto& point : ceilings.allreduce_curve) points.push_back(fmt::format("{} KiB {:.1f} us", static_cast<std::uint64_t>(point.first) >> 10, point.second));
     md += fmt::format("NCCL all-reduce per call as CUDA graph nodes, by size (the model's curve): {}.\n", fmt::join(points, ", "));
   }
   md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"

@@ -48,7 +48,7 @@ bool explore_shapes(const ExploreCliOptions& o) {
   }
   fmt::print("\nplanted bugs: the first shape (cp 2, then 3) in which exploration reaches a violation or deadlock\n");
   fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9}  {}\n", "mutant", "shape", "cp", "states", "seconds", "finding");
-  for (sim::Mutant mutant : sim::kAllMutants) {
+  for (sim::Mutant mutant : harness::kAllMutants) {
     bool found = false;
     for (std::int32_t cp = 2; cp <= std::max(2, cp_top) && !found; ++cp) {
       for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
@@ -57,11 +57,11 @@ bool explore_shapes(const ExploreCliOptions& o) {
         const properties::ExploreResult r = properties::explore(options);
         if (!r.found) continue;
         found = true;
-        fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}\n", sim::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
+        fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}\n", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
         break;
       }
     }
-    if (!found) fmt::print("{:<26} {:<21}\n", sim::to_string(mutant), "NOT FOUND in any shape");
+    if (!found) fmt::print("{:<26} {:<21}\n", harness::to_string(mutant), "NOT FOUND in any shape");
     ok = ok && found;
     std::fflush(stdout);
   }
@@ -93,7 +93,7 @@ void run_explore(const ExploreCliOptions& o) {
     }
     const bool expected = mutant == sim::Mutant::none ? (!r.found && r.complete) : r.found;
     all_as_expected = all_as_expected && expected;
-    fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}\n", cp, layers, sim::to_string(mutant), r.states, r.transitions, r.seconds, result);
+    fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}\n", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
     std::fflush(stdout);
   };
   for (std::int32_t cp = 1; cp <= o.cp_max; ++cp) {

@@ -38,12 +38,12 @@ void run_gpu_mutants() {
     const sim::RunReport clean = backend->run(source, options);
     ok = ok && clean.passed();
     fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "none", cp, std::min(gpus, cp), clean.passed() ? "passes" : "FAILS", cuda::first_finding(clean));
-    for (sim::Mutant mutant : cuda::kGpuMutants) {
+    for (harness::Mutant mutant : harness::kGpuMutants) {
       options.mutant = mutant;
       const sim::RunReport report = backend->run(source, options);
       const bool caught = !report.passed();
       ok = ok && caught;
-      fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", sim::to_string(mutant), cp, std::min(gpus, cp), caught ? "yes" : "NO", cuda::first_finding(report));
+      fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", harness::to_string(mutant), cp, std::min(gpus, cp), caught ? "yes" : "NO", cuda::first_finding(report));
       std::fflush(stdout);
     }
     options.mutant = sim::Mutant::none;

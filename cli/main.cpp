@@ -17,7 +17,7 @@ namespace {
 
 // An error line longer than this is cut (a trace line or a file name can be megabytes long; a
 // terminal line must stay readable and a log line bounded).
-constexpr std::size_t kErrorLineCharsMax = 300;
+constexpr std::size_t kErrorLineCharsMax = 480;  // room for the list of valid names an unknown one is told
 
 // Every error the CLI reports goes through here: one line, the user's file names (not the spool's),
 // at most kErrorLineCharsMax characters, never cutting a UTF-8 sequence in two.

@@ -26,7 +26,8 @@
 
 #include "commands.hpp"
 #include "files.hpp"
-#include "model_costs.hpp"
+#include "cpkv/harness/model_replay.hpp"
+#include "cpkv/model/costs.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
 #include "subprocess.hpp"
@@ -43,27 +44,6 @@ constexpr std::chrono::milliseconds kChartProbeLimit{30'000};
 // Drawing a few thousand batches takes seconds; two minutes means the plotting process is stuck.
 constexpr std::chrono::milliseconds kChartDrawLimit{120'000};
 
-// Nearest-rank percentiles of a sample (sorted here).
-template <typename T>
-nlohmann::json percentiles(std::vector<T>& values) {
-  if (values.empty()) return nullptr;
-  std::sort(values.begin(), values.end());
-  const auto at = [&](double q) {
-    const auto rank = static_cast<std::size_t>(std::max(1.0, std::ceil(q * static_cast<double>(values.size()))));
-    return values[std::min(rank, values.size()) - 1];
-  };
-  double sum = 0;
-  for (const T& v : values) sum += static_cast<double>(v);
-  return {{"min", values.front()}, {"p50", at(0.50)}, {"p90", at(0.90)}, {"p99", at(0.99)}, {"max", values.back()},
-          {"mean", sum / static_cast<double>(values.size())}, {"count", values.size()}};
-}
-
-std::string brief(const nlohmann::json& p, double scale = 1.0, int digits = 0) {
-  if (p.is_null()) return "(no samples)";
-  const auto f = [&](const char* key) { return fmt::format("{:.{}f}", p[key].get<double>() * scale, digits); };
-  return fmt::format("min {} p50 {} p90 {} p99 {} max {}", f("min"), f("p50"), f("p90"), f("p99"), f("max"));
-}
-
 // The number at `key`: finite and positive, or (zero_allowed) finite and >= 0.
 double ceiling_number(const nlohmann::json& j, const char* key, const std::string& file, bool zero_allowed) {
   const auto it = j.find(key);
@@ -76,8 +56,8 @@ double non_negative(const nlohmann::json& j, const char* key, const std::string&
 
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..[,"allreduce_busbw_gbps":..,"allreduce_latency_us":..,
 // "launch_us":..,"gather_fixed_us":..]}: absent optional keys stay nominal and say so.
-Ceilings flat_ceilings(const nlohmann::json& j, const std::string& file) {
-  Ceilings c;
+model::CostParameters flat_ceilings(const nlohmann::json& j, const std::string& file) {
+  model::CostParameters c;
   c.peer_gbps = positive(j, "peer_gbps", file);
   c.local_gbps = positive(j, "local_gbps", file);
   c.barrier_us = positive(j, "barrier_us", file);
@@ -99,9 +79,9 @@ Ceilings flat_ceilings(const nlohmann::json& j, const std::string& file) {
 }
 
 // The "ceilings" object of a cpkv bench JSON (cli/bench_command.cpp add_ceilings).
-Ceilings bench_ceilings(const nlohmann::json& m, const std::string& file) {
+model::CostParameters bench_ceilings(const nlohmann::json& m, const std::string& file) {
   const std::string where = file + " ceilings";
-  MeasuredCeilings measured;
+  model::MeasuredCeilings measured;
   measured.ce_peer_gbps = positive(m, "ce_peer_gbps", where);
   measured.local_copy_gbps = positive(m, "local_copy_gbps", where);
   measured.barrier_us = positive(m, "barrier_us", where);
@@ -128,14 +108,14 @@ Ceilings bench_ceilings(const nlohmann::json& m, const std::string& file) {
       measured.gather.push_back({static_cast<std::uint64_t>(page_bytes), static_cast<std::int64_t>(pages), positive(g, "gbps", where + " gather")});
     }
   }
-  Ceilings c = derive_ceilings(measured);
+  model::CostParameters c = model::derive_ceilings(measured);
   c.source = fmt::format("{} (measured by cpkv bench{})", file, measured.gather.empty() ? "; gather_fixed_us nominal: no gather sweep" : "");
   return c;
 }
 }  // namespace
 
-Ceilings load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
-  Ceilings c;
+model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
+  model::CostParameters c;
   if (o.ceilings_path) {
     std::ifstream in(file->path());
     if (!in) throw OptionError(fmt::format("--ceilings: cannot open {}", *o.ceilings_path));
@@ -181,7 +161,7 @@ namespace {
 // The per-batch modelled time per variant as a PNG, drawn by python3 + matplotlib from a CSV. The
 // file names and the title reach python3 as arguments, never through a shell.
 void write_chart(OutputFile& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
-                 const std::vector<std::array<double, kVariantCount>>& ms) {
+                 const std::vector<std::array<double, model::kVariantCount>>& ms) {
   std::string dir_template = (std::filesystem::temp_directory_path() / "cpkv-chart-XXXXXX").string();
   if (::mkdtemp(dir_template.data()) == nullptr) throw std::runtime_error(fmt::format("--chart: cannot create a temporary folder: {}", std::strerror(errno)));
   const std::filesystem::path dir = dir_template;
@@ -209,26 +189,6 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
   std::filesystem::remove_all(dir);
   if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: python3 failed to draw {} ({})", png.path(), drawn.describe()));
   png.commit();
-}
-
-// --exact-model: the model's own plans and byte counts for every rank, variant and layer.
-void check_against_model(const model::Setting& setting, const model::Batch& batch, const BatchCounts& counts, std::int64_t index) {
-  const model::BatchLayout layout = model::layout_batch(setting, batch);
-  for (model::Variant variant : model::kAllVariants) {
-    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
-      const model::VariantPlan plan = model::variant_plan(layout, variant, rank);
-      for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
-        const model::LayerBytes want = model::layer_bytes(setting, plan, layer);
-        const model::LayerBytes got = layer_bytes_from_counts(setting, counts, variant, rank, layer);
-        if (want.pulled_from != got.pulled_from || want.allreduce_bytes != got.allreduce_bytes ||
-            want.local_copy_bytes != got.local_copy_bytes || want.allreduces != got.allreduces || want.barriers != got.barriers ||
-            want.gathers != got.gathers) {
-          throw std::logic_error(fmt::format("--exact-model: batch {} variant {} rank {} layer {}: closed-form bytes differ from model::layer_bytes",
-                                             index, model::to_string(variant), rank, layer));
-        }
-      }
-    }
-  }
 }
 
 }  // namespace
@@ -259,130 +219,27 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   cmd->add_flag("--exact-model", o.exact_model, "model: also build every rank's plan with the model and check the bytes agree (slow)")->group(group);
 }
 
-namespace {
-
-// What one pass over the trace gathers.
-struct ModelTotals {
-  std::int64_t batches = 0, requests = 0, prefix_tokens = 0, extend_tokens = 0;
-  std::vector<std::int64_t> current_pages;
-  std::vector<RejectedBatch> rejected;
-  std::vector<std::int64_t> batch_index;                                     // batches that moved bytes
-  std::array<std::vector<double>, kVariantCount> pulled_per_rank_per_layer;  // samples: (batch, rank)
-  std::vector<std::array<double, kVariantCount>> batch_ms;
-  std::array<double, kVariantCount> total_ms{};
-  double model_seconds = 0, read_seconds = 0;
-  std::int64_t evaluations = 0;
-};
-
-void add_batch(const model::Setting& setting, const BatchCosts& costs, std::int64_t index, ModelTotals& t) {
-  ++t.batches;
-  t.requests += costs.counts.requests;
-  t.prefix_tokens += costs.counts.prefix_tokens;
-  t.extend_tokens += costs.counts.extend_tokens;
-  t.current_pages.push_back(costs.counts.current_pages_total);
-  if (costs.verdict.overflow) {
-    t.rejected.push_back({index, costs.verdict});
-    return;
-  }
-  const double layers = setting.layer_count();
-  std::array<double, kVariantCount> ms{};
-  for (std::size_t v = 0; v < kVariantCount; ++v) {
-    for (std::uint64_t bytes : costs.pulled_from_peers_all_layers[v]) t.pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
-    ms[v] = costs.modelled_us[v] / 1000.0;
-    t.total_ms[v] += ms[v];
-  }
-  t.batch_index.push_back(index);
-  t.batch_ms.push_back(ms);
-}
-
-ModelTotals read_all(traces::TraceReader& reader, const CostModel& cost_model, const ModelReplayRun& run, const ModelReplayOptions& o) {
-  const model::Setting& setting = reader.header().setting;
-  ModelTotals t;
-  BatchCosts costs;
-  model::Batch batch;  // reused: the reader refills its vectors in place
-  auto read_start = Clock::now();
-  while (reader.next(batch)) {
-    t.read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
-    if (!run.batch || reader.batch_index() == *run.batch) {
-      const auto model_start = Clock::now();
-      for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(batch, costs);
-      t.model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
-      t.evaluations += o.repeat;
-      if (o.exact_model) check_against_model(setting, batch, costs.counts, reader.batch_index());
-      add_batch(setting, costs, reader.batch_index(), t);
-    }
-    read_start = Clock::now();
-  }
-  return t;
-}
-
-}  // namespace
-
 // The summary is composed in memory and printed only after every output file is written: a failed
 // write leaves nothing on stdout but the error.
 void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
-  const Ceilings& ceilings = run.ceilings;
-  traces::TraceReader reader(run.trace_path);
-  const model::Setting setting = reader.header().setting;
-  const CostModel cost_model(setting, ceilings, o.dense_slots.value_or(0));
-  ModelTotals t = read_all(reader, cost_model, run, o);
-  if (run.batch && t.batches == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
-
-  const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
-  const double hit_rate = t.prefix_tokens + t.extend_tokens == 0 ? 0.0 : static_cast<double>(t.prefix_tokens) / static_cast<double>(t.prefix_tokens + t.extend_tokens);
-  const double batches_per_second = t.model_seconds > 0 ? static_cast<double>(t.evaluations) / t.model_seconds : 0.0;
-  nlohmann::json pages_p = percentiles(t.current_pages);
-  std::string text;
-  auto out = std::back_inserter(text);
-  fmt::format_to(out, "cpkv replay: {} | backend model | cp {} page {} | {} layers ({} F) | staging_slots {} ({})\n", run.trace_name, setting.cp,
-                 setting.page_size, setting.layer_count(), full_layers, cost_model.staging_slots(), model::to_string(model::staging_capacity(setting).source));
-  fmt::format_to(out, "  batches {}, requests {}, extend tokens {}, prefix tokens {}, prefix hit rate {:.4f} (prefix / (prefix + extend) tokens)\n",
-                 t.batches, t.requests, t.extend_tokens, t.prefix_tokens, hit_rate);
-  fmt::format_to(out, "  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", t.rejected.size());
-  fmt::format_to(out, "  current_pages_total: {}\n", brief(pages_p));
-  fmt::format_to(out, "  ceilings: peer {:.4g} GB/s, local {:.4g} GB/s, barrier {:.4g} us, all-reduce {:.4g} GB/s bus + {:.4g} us per call, launch {:.4g} us, gather fixed {:.4g} us [{}]\n",
-                 ceilings.peer_gbps, ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us,
-                 ceilings.launch_us, ceilings.gather_fixed_us, ceilings.source);
-  fmt::format_to(out, "  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
-  nlohmann::json variants = nlohmann::json::array();
-  for (std::size_t v = 0; v < kVariantCount; ++v) {
-    std::vector<double> per_batch;
-    per_batch.reserve(t.batch_ms.size());
-    for (const auto& ms : t.batch_ms) per_batch.push_back(ms[v]);
-    nlohmann::json bytes_p = percentiles(t.pulled_per_rank_per_layer[v]);
-    nlohmann::json ms_p = percentiles(per_batch);
-    fmt::format_to(out, "  {:<16} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), brief(bytes_p, 1e-6, 2), t.total_ms[v], brief(ms_p, 1.0, 3));
-    variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
-                        {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
-                        {"modelled_ms_total", t.total_ms[v]},
-                        {"modelled_ms_per_batch", ms_p}});
-  }
-  fmt::format_to(out, "  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
-                 t.evaluations, t.model_seconds, batches_per_second, t.read_seconds);
-  if (run.json) {
-    const nlohmann::json summary = {
-        {"trace", run.trace_name}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
-        {"staging_slots", cost_model.staging_slots()}, {"batches", t.batches}, {"requests", t.requests}, {"extend_tokens", t.extend_tokens},
-        {"prefix_tokens", t.prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", t.rejected.size()},
-        {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
-        {"ceilings", {{"peer_gbps", ceilings.peer_gbps}, {"local_gbps", ceilings.local_gbps}, {"barrier_us", ceilings.barrier_us},
-                      {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps}, {"allreduce_latency_us", ceilings.allreduce_latency_us},
-                      {"launch_us", ceilings.launch_us}, {"gather_fixed_us", ceilings.gather_fixed_us},
-                      {"allreduce_curve", ceilings.allreduce_curve}, {"source", ceilings.source}}},
-        {"variants", variants},
-        {"timing", {{"evaluations", t.evaluations}, {"model_seconds", t.model_seconds}, {"batches_per_second", batches_per_second},
-                    {"read_seconds", t.read_seconds}}}};
-    run.json->write(summary.dump(2) + "\n");
-  }
+  const harness::BatchSource source = harness::BatchSource::from_trace(run.trace_path, run.batch);
+  harness::ModelReplayOptions options;
+  options.dense_slots = o.dense_slots.value_or(0);
+  options.repeat = o.repeat;
+  options.exact_model = o.exact_model;
+  harness::ModelReplayOutput out = harness::model_replay(source, run.trace_name, run.ceilings, options);
+  if (run.batch && out.json["batches"].get<std::int64_t>() == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
+  if (run.json) run.json->write(out.json.dump(2) + "\n");
   if (run.chart) {
+    const model::Setting& setting = source.setting;
     write_chart(*run.chart, fmt::format("{}: modelled exchange time per batch (cp {}, {} layers; ceilings: {})", run.trace_name, setting.cp,
-                                        setting.layer_count(), ceilings.source),
-                t.batch_index, t.batch_ms);
-    fmt::format_to(out, "  chart: {}\n", run.chart->path());
+                                        setting.layer_count(), run.ceilings.source),
+                out.batch_index, out.batch_ms);
+    out.text += fmt::format("  chart: {}\n", run.chart->path());
   }
-  fmt::print("{}", text);
+  fmt::print("{}", out.text);
   std::fflush(stdout);
-  print_rejected("cpkv replay", t.rejected);
+  print_rejected("cpkv replay", out.rejected);
   exit_status() = kExitOk;
 }
 

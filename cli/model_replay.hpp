@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "model_costs.hpp"
+#include "cpkv/model/costs.hpp"
 
 namespace cpkv::cli {
 
@@ -36,7 +36,7 @@ void add_model_replay_options(CLI::App* replay, ModelReplayOptions& options);
 
 // The ceilings of the modelled time: the --ceilings file (already checked as an input) and the
 // command-line values. Throws OptionError (exit 2) for a bad file or value.
-Ceilings load_ceilings(const ModelReplayOptions& options, const InputFile* ceilings_file);
+model::CostParameters load_ceilings(const ModelReplayOptions& options, const InputFile* ceilings_file);
 
 // --chart needs python3 with matplotlib: refused before any work when it is missing.
 void check_chart_tools();
@@ -46,7 +46,7 @@ struct ModelReplayRun {
   std::string trace_name;               // as the user gave it (reports)
   std::string trace_path;               // what to open (a spool for a pipe)
   std::optional<std::int64_t> batch;
-  Ceilings ceilings;
+  model::CostParameters ceilings;
   OutputFile* json = nullptr;           // --json, checked
   OutputFile* chart = nullptr;          // --chart, checked
 };

@@ -42,7 +42,7 @@ std::string invariant_cell(const properties::MutantRow& row) {
 
 void print_row(const properties::MutantRow& row) {
   const bool none = row.mutant == sim::Mutant::none;
-  const std::string name = none ? "none (correct protocol)" : std::string(sim::to_string(row.mutant));
+  const std::string name = none ? "none (correct protocol)" : std::string(harness::to_string(row.mutant));
   const std::string verdict = none ? (row.caught ? "FAILED" : "passes") : (row.caught ? "yes" : "NO");
   fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9.2f}\n", name, verdict, row.caught ? row.caught_by : "-", invariant_cell(row),
              row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);

@@ -82,6 +82,9 @@ class CudaBackend final : public harness::Backend {
   explicit CudaBackend(CudaOptions options) : options_(options) {}
   std::string name() const override { return "cuda"; }
   harness::RunReport run(const harness::BatchSource& source, const harness::RunOptions& options) override {
+    if (!harness::held_by(options.mutant, harness::kGpuHolds)) {
+      throw std::invalid_argument(fmt::format("the GPU backend does not hold planted bug '{}'", harness::to_string(options.mutant)));
+    }
     return run_group(source, options, options_, nullptr);
   }
 
@@ -97,6 +100,23 @@ BenchResult run_bench(const harness::BatchSource& source, const harness::RunOpti
   BenchResult result;
   result.report = run_group(source, options, cuda, &result);
   return result;
+}
+
+void register_backend(harness::Registry& registry) {
+  harness::BackendEntry cuda;
+  cuda.name = "cuda";
+  cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device";
+  cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault;
+  cuda.mutants = harness::kGpuHolds;
+  cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
+    if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
+    CudaOptions options;
+    if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;
+    if (c.request.wait_ms_max) options.wait_ms_max = *c.request.wait_ms_max;
+    options.on_progress = progress;
+    return make_cuda_backend(options);
+  };
+  registry.add(std::move(cuda));
 }
 
 }  // namespace cpkv::cuda

@@ -315,9 +315,9 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
     for (int s = 0; s < kAllreduceSizes; ++s) {
       double us = 0;
       for (std::int32_t r = 0; r < cp; ++r) us = std::max(us, boot.bench_results[r].allreduce_curve_us[s]);
-      c.allreduce_curve.push_back({kAllreduceSizeBytes[s], us});
+      c.allreduce_curve.emplace_back(static_cast<double>(kAllreduceSizeBytes[s]), us);
     }
-    c.allreduce_latency_us = c.allreduce_curve.front().us;
+    c.allreduce_latency_us = c.allreduce_curve.front().second;
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/harness/request.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/model/costs.hpp"
 #include "cpkv/model/setting.hpp"
 
 namespace cpkv::cuda {
@@ -38,32 +40,8 @@ struct CudaOptions {
   std::function<void(std::int64_t batches_done)> on_progress;
 };
 
-// Ceilings measured in the same run (all ranks at once), worst rank.
-struct Ceilings {
-  double ce_peer_gbps = 0;       // cudaMemcpyAsync from a peer's IPC buffer, every rank pulling at once
-  double ce_push_gbps = 0;       // cudaMemcpyAsync into a peer's IPC buffer, every rank pushing at once
-  double local_copy_gbps = 0;    // device-to-device copy within one GPU (bytes copied per second)
-  double barrier_us = 0;         // one counting barrier, back-to-back, launch included (max over ranks)
-  double barrier_us_launch_free = 0;  // the same barrier looped inside one kernel
-  double barrier_us_graph = 0;        // the same barrier as back-to-back nodes of one CUDA graph
-  double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: no NCCL)
-  double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB: the curve's first point
-  struct AllreducePoint {
-    std::uint64_t bytes;
-    double us;  // per call, as nodes of a CUDA graph (median over replays, max over ranks)
-  };
-  std::vector<AllreducePoint> allreduce_curve;  // NCCL sum all-reduce, time per call by size (empty: no NCCL)
-  struct Gather {
-    std::uint64_t page_bytes;
-    std::int64_t pages;
-    double gbps;                 // the fused compose copy (a warp per page, or per 64-KiB chunk) pulling from the peer, every rank at once
-    double block_gbps;           // the single-list gather kernel (block per page), the same pages
-    double ce_batch_gbps;        // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
-    double bulk_gbps;            // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; 0: not measured, -1: wrong bytes or a timeout)
-    double push_gbps;            // the same pages pushed (block per page, loads local, stores into the peer; -1: wrong bytes)
-  };
-  std::vector<Gather> gather;
-};
+// Ceilings measured in the same run (all ranks at once), worst rank: the cost model's own input type.
+using Ceilings = model::MeasuredCeilings;
 
 struct BenchResult {
   harness::RunReport report;
@@ -93,6 +71,10 @@ int gpu_count();
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
+// Registers "cuda": one process per rank, rank r on GPU r % gpu_count; the planted bugs marked
+// kGpuHolds; wait_ms_max and stuck_ms_max (defaults: CudaOptions'). Refuses a machine with no GPU.
+void register_backend(harness::Registry& registry);
+
 // The counting barrier on its own, one process per rank: `iterations` barriers with a slow
 // producer rotating over the ranks (rank i % cp spins `slow_delay_us` before stamping), each rank
 // stamping the phase into a parity word before arriving and checking every peer's stamp after
@@ -114,11 +96,8 @@ struct BarrierStressReport {
 };
 BarrierStressReport barrier_stress(const BarrierStressOptions& options);
 
-// Planted bugs the GPU backend can switch on (gpu/mutants.cpp): single_half, no_barrier,
-// skip_zero, barrier_passes_early. Any other is refused: the simulator holds the rest.
-bool gpu_supports_mutant(harness::Mutant mutant);
-inline constexpr harness::Mutant kGpuMutants[] = {harness::Mutant::single_half, harness::Mutant::no_barrier, harness::Mutant::skip_zero,
-                                              harness::Mutant::barrier_passes_early};
+// Planted bugs the GPU backend can switch on: the rows of harness::kMutantTable marked kGpuHolds
+// (harness::kGpuMutants); any other is refused, the simulator holds the rest.
 // The small setting of the GPU planted-bug runs and the GPU tests: cp ranks, page 16, kv_fp8 +
 // indexer_k, layers FSFS, 64 pool pages, batches of up to 8 requests and 1024 new tokens.
 model::Setting gpu_small_setting(std::int32_t cp);

@@ -82,7 +82,7 @@ void produce_rows(BatchPlan& b, std::int32_t page_size) {
   for (std::size_t t = 0; t < b.inv_dest.size(); ++t) {
     const std::size_t i = page_index(b.inv_dest[t] / page_size, kernels::kRowUntouched);
     std::int32_t& row = b.row_token[i * page_size + b.inv_dest[t] % page_size];
-    CPKV_HOST_ASSERT(row < 0);  // one token per row
+    CPKV_ASSERT(row < 0);  // one token per row
     row = static_cast<std::int32_t>(t);
   }
 }
@@ -127,13 +127,13 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
 
 void check_entries(const Entries& entries, const TableBounds& bounds) {
   for (const kernels::GatherEntry& e : entries) {
-    CPKV_HOST_ASSERT(e.dest >= 0 && e.dest < kernels::kComposeDests);
+    CPKV_ASSERT(e.dest >= 0 && e.dest < kernels::kComposeDests);
     if (e.table_index < 0) continue;  // zeros
     const bool own = e.table_index == kernels::kTableOwnDense || e.table_index == kernels::kTableOwnCompact;
-    CPKV_HOST_ASSERT(own || e.table_index < 2 * bounds.cp);
-    CPKV_HOST_ASSERT(e.src_page >= 0 && e.dst_page >= 0);
-    if (e.table_index < bounds.cp) CPKV_HOST_ASSERT(e.src_page < bounds.pool_pages);
-    if (e.table_index >= bounds.cp && !own) CPKV_HOST_ASSERT(e.src_page < bounds.shared_pages);
+    CPKV_ASSERT(own || e.table_index < 2 * bounds.cp);
+    CPKV_ASSERT(e.src_page >= 0 && e.dst_page >= 0);
+    if (e.table_index < bounds.cp) CPKV_ASSERT(e.src_page < bounds.pool_pages);
+    if (e.table_index >= bounds.cp && !own) CPKV_ASSERT(e.src_page < bounds.shared_pages);
   }
 }
 

@@ -115,7 +115,7 @@ kernels::ProduceArgs produce_args(const BatchRun& run, std::int32_t l) {
 void build_launches(BatchRun& run) {
   const std::int32_t layers = run.r.ctx.options.layers;
   const std::size_t kinds = run.r.ctx.source.setting.kinds.size();
-  CPKV_HOST_ASSERT(kinds <= static_cast<std::size_t>(kernels::kKindsMax));
+  CPKV_ASSERT(kinds <= static_cast<std::size_t>(kernels::kKindsMax));
   run.tables.assign(layers, std::vector<kernels::PointerTable>(kinds));
   for (std::int32_t l = 0; l < layers; ++l) {
     for (std::size_t k = 0; k < kinds; ++k) run.tables[l][k] = pointer_table(run, l, k);

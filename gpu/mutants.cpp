@@ -18,19 +18,6 @@
 
 namespace cpkv::cuda {
 
-bool gpu_supports_mutant(harness::Mutant mutant) {
-  switch (mutant) {
-    case harness::Mutant::none:
-    case harness::Mutant::single_half:
-    case harness::Mutant::no_barrier:
-    case harness::Mutant::skip_zero:
-    case harness::Mutant::barrier_passes_early:
-      return true;
-    default:
-      return false;
-  }
-}
-
 model::Setting gpu_small_setting(std::int32_t cp) {
   model::Setting s;
   s.cp = cp;

@@ -61,7 +61,7 @@ __global__ void bulk_gather_kernel(std::uint8_t* dst, std::uint64_t page_bytes, 
 
 cudaError_t launch_bulk_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries,
                                std::int64_t count, BulkStatus* status, cudaStream_t stream) {
-  CPKV_HOST_ASSERT(page_bytes % 16 == 0);  // bulk copies move 16-byte multiples between 16-byte-aligned addresses
+  CPKV_ASSERT(page_bytes % 16 == 0);  // bulk copies move 16-byte multiples between 16-byte-aligned addresses
   if (count == 0) return cudaSuccess;
   const std::int64_t chunks = count * static_cast<std::int64_t>((page_bytes + kBulkChunkBytes - 1) / kBulkChunkBytes);
   const int blocks = static_cast<int>(std::min<std::int64_t>(chunks, kBulkBlocksMax));

@@ -9,6 +9,8 @@
 
 #include <cuda_runtime.h>
 
+#include "cpkv/model/assert.hpp"
+
 // Every CUDA call is checked: file, line, the call and the error, then abort (a rank process).
 #define CPKV_CUDA_CHECK(call)                                                                             \
   do {                                                                                                    \
@@ -29,14 +31,8 @@
     }                                                                                                                  \
   } while (0)
 
-// A host assertion on plan data before it is uploaded (always on: it guards device memory).
-#define CPKV_HOST_ASSERT(condition)                                                                  \
-  do {                                                                                               \
-    if (!(condition)) {                                                                              \
-      std::fprintf(stderr, "cpkv: %s:%d: assertion failed: %s\n", __FILE__, __LINE__, #condition); \
-      std::abort();                                                                                  \
-    }                                                                                                \
-  } while (0)
+// Host assertions on plan data before it is uploaded are the one host macro, CPKV_ASSERT
+// (model/assert.hpp: file, line, condition; always on: it guards device memory).
 
 // The device twin, where the kernel reads the same data: printf, then trap (the launch fails).
 #define CPKV_DEVICE_ASSERT(condition)                                                                                  \

@@ -229,13 +229,13 @@ void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
 }
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
-  CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
-  CPKV_HOST_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
+  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
+  CPKV_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
   std::int32_t items_per_entry = 0;
   for (int k = 0; k < args.kinds; ++k) {
     const ComposeKind& kind = args.kind[k];
-    CPKV_HOST_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
-    CPKV_HOST_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
+    CPKV_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
+    CPKV_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
     items_per_entry += kind.chunks;
   }
   ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
@@ -248,7 +248,7 @@ cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
-  CPKV_HOST_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
+  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
   if (args.page_count == 0 || args.kinds == 0) return cudaSuccess;
   constexpr int kWarpsPerBlock = 8;
   const std::int64_t rows = args.page_count * args.page_size;

@@ -5,10 +5,13 @@
 
 #include <cuda_runtime.h>
 
+#include "cpkv/model/limits.hpp"
+
 namespace cpkv::kernels {
 
 // Ranks of one group: one node's GPUs.
 inline constexpr int kCpMax = 8;
+static_assert(kCpMax == cpkv::model::limits::cp_max, "the kernels hold every rank count the model accepts, and no more");
 // The pointer table: 2*cp gather entries (pools, then staging or symmetric dense) plus the own
 // dense and compact bases, for cp up to kCpMax.
 inline constexpr int kTableEntriesMax = 2 * kCpMax + 2;

@@ -119,15 +119,15 @@ TEST(Explorer, EveryPlantedBugIsFoundInOneOfTheShapes) {
       {sim::Mutant::reversed_request_order, "staging_publish", 2, "invariant 6"},
       {sim::Mutant::unmatched_arrival, "staging_direct", 2, "flags not drained at quiescence"},
   };
-  ASSERT_EQ(expected.size(), sim::kAllMutants.size());
+  ASSERT_EQ(expected.size(), harness::kAllMutants.size());
   for (const Expected& e : expected) {
     bool ran = false;
     for (const ExploreShape& shape : exploration_shapes(e.cp)) {
       if (shape.name != e.shape) continue;
       ran = true;
       const ExploreResult r = explore(options_for(shape, 3, e.mutant));
-      ASSERT_TRUE(r.found) << sim::to_string(e.mutant) << " not found in " << e.shape;
-      EXPECT_NE(r.finding.find(e.invariant), std::string::npos) << sim::to_string(e.mutant) << ": " << r.finding;
+      ASSERT_TRUE(r.found) << harness::to_string(e.mutant) << " not found in " << e.shape;
+      EXPECT_NE(r.finding.find(e.invariant), std::string::npos) << harness::to_string(e.mutant) << ": " << r.finding;
       EXPECT_FALSE(r.schedule.empty());
     }
     EXPECT_TRUE(ran) << "no shape named " << e.shape;

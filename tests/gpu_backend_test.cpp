@@ -185,16 +185,16 @@ void expect_every_gpu_mutant_reported(std::int32_t cp) {
   options.seed = 7;
   const sim::RunReport clean = backend->run(source, options);
   EXPECT_TRUE(clean.passed()) << "cp " << cp << ": the setup itself fails: " << cuda::first_finding(clean);
-  for (sim::Mutant mutant : cuda::kGpuMutants) {
+  for (harness::Mutant mutant : harness::kGpuMutants) {
     options.mutant = mutant;
     const sim::RunReport report = backend->run(source, options);
-    EXPECT_FALSE(report.passed()) << sim::to_string(mutant) << " went unnoticed on cp " << cp;
+    EXPECT_FALSE(report.passed()) << harness::to_string(mutant) << " went unnoticed on cp " << cp;
     const std::string finding = cuda::first_finding(report);
     if (mutant == sim::Mutant::barrier_passes_early && report.mismatches() == 0) {
       EXPECT_NE(finding.find("invariant 4"), std::string::npos) << finding;  // at least the pads are not drained
       continue;
     }
-    EXPECT_GT(report.mismatches(), 0) << sim::to_string(mutant) << " cp " << cp << ": " << finding;
+    EXPECT_GT(report.mismatches(), 0) << harness::to_string(mutant) << " cp " << cp << ": " << finding;
     for (const char* field : {"rank ", "layer ", "slot ", "byte "}) EXPECT_NE(finding.find(field), std::string::npos) << finding;
   }
 }
@@ -210,10 +210,25 @@ TEST(GpuMutants, EveryGpuPlantedBugIsReportedOversubscribed) {
   expect_every_gpu_mutant_reported(8);
 }
 
+// The registry's cuda entry offers exactly the table's GPU rows: a request for any other planted bug
+// is refused before any rank starts, and the backend itself refuses one passed around the registry.
 TEST(GpuMutants, OnlyTheGpuMutantsAreOfferedOnTheGpu) {
-  for (sim::Mutant mutant : cuda::kGpuMutants) EXPECT_TRUE(cuda::gpu_supports_mutant(mutant)) << sim::to_string(mutant);
-  EXPECT_FALSE(cuda::gpu_supports_mutant(sim::Mutant::token_split));
-  EXPECT_TRUE(cuda::gpu_supports_mutant(sim::Mutant::none));
+  harness::Registry registry;
+  cuda::register_backend(registry);
+  harness::ReplayRequest request;
+  request.backend = "cuda";
+  for (harness::Mutant mutant : harness::kAllMutants) {
+    request.mutant = std::string(harness::to_string(mutant));
+    if (harness::held_by(mutant, harness::kGpuHolds)) {
+      EXPECT_NO_THROW(harness::check_request(request, registry)) << request.mutant;
+    } else {
+      EXPECT_THROW(harness::check_request(request, registry), harness::RequestError) << request.mutant;
+    }
+  }
+  EXPECT_EQ(harness::kGpuMutants.size(), 4u);  // single_half, no_barrier, skip_zero, barrier_passes_early
+  harness::RunOptions options;
+  options.mutant = harness::Mutant::token_split;
+  EXPECT_THROW(cuda::make_cuda_backend({})->run(cuda::gpu_mutant_source(2), options), std::invalid_argument);
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
   EXPECT_EQ(differences(Mutant::token_split), (S{"splits_tokens=1"}));
   EXPECT_EQ(differences(Mutant::reversed_request_order), (S{"reverses_request_order=1"}));
   EXPECT_EQ(differences(Mutant::unmatched_arrival), (S{"arrives_once_more(rank 0)=1"}));
-  for (Mutant m : kAllMutants) EXPECT_FALSE(differences(m).empty()) << to_string(m) << " changes nothing the machine asks";
+  for (Mutant m : harness::kAllMutants) EXPECT_FALSE(differences(m).empty()) << to_string(m) << " changes nothing the machine asks";
 }
 
 // The scheduled runner's event log writes "rank op layer a b c": a step's named operands in order.

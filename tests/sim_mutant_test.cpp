@@ -1,4 +1,4 @@
-// Planted bugs (PROTOCOL.md section 9): every mutant in kAllMutants, switched on over a small
+// Planted bugs (PROTOCOL.md section 9): every mutant in harness::kAllMutants, switched on over a small
 // hand-built batch and, where interleaving matters, a schedule chosen to open the bug's window,
 // makes the run report the invariant that mutant breaks. The same setup with Mutant::none passes,
 // so each test proves that the mutant, not the setup, is what the checkers catch.
@@ -242,18 +242,18 @@ MutantCase case_for(Mutant mutant) {
 
 // ---------------------------------------------------------------------------------------------
 
-// The suite's promise is that every planted bug is caught; a mutant added to kAllMutants without a
+// The suite's promise is that every planted bug is caught; a mutant added to harness::kAllMutants without a
 // counterexample here would lower the share caught without anyone noticing.
 TEST(SimMutant, EveryPlantedBugHasACounterexampleThatIsCaught) {
   std::int32_t caught = 0;
-  for (Mutant mutant : kAllMutants) {
+  for (Mutant mutant : harness::kAllMutants) {
     const MutantCase c = case_for(mutant);
     ASSERT_EQ(c.mutant, mutant);
     const RunReport planted = run_case(c, mutant);
     if (reports_any(planted, c.caught_by)) ++caught;
     else ADD_FAILURE() << to_string(mutant) << " not caught:\n" << explain(planted);
   }
-  EXPECT_EQ(caught, static_cast<std::int32_t>(kAllMutants.size()));
+  EXPECT_EQ(caught, static_cast<std::int32_t>(harness::kAllMutants.size()));
 }
 
 // Section 6: with one half, a rank's layer l+1 zero/fill can overwrite slots a slow peer is still
@@ -385,9 +385,9 @@ TEST(SimMutant, InterleavingBugsAreCaughtUnderRandomSchedules) {
 // A mutant must never be on by accident: the defaults are off, and parsing knows every name.
 TEST(SimMutant, MutantsAreOffByDefaultAndEveryNameParses) {
   EXPECT_EQ(SimOptions{}.mutant, Mutant::none);
-  EXPECT_EQ(parse_mutant("none"), Mutant::none);
-  for (Mutant mutant : kAllMutants) EXPECT_EQ(parse_mutant(to_string(mutant)), mutant);
-  EXPECT_EQ(parse_mutant("no_such_mutant"), std::nullopt);
+  EXPECT_EQ(harness::parse_mutant("none"), Mutant::none);
+  for (Mutant mutant : harness::kAllMutants) EXPECT_EQ(harness::parse_mutant(to_string(mutant)), mutant);
+  EXPECT_EQ(harness::parse_mutant("no_such_mutant"), std::nullopt);
 }
 
 }  // namespace

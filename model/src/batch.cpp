@@ -1,6 +1,6 @@
 #include "cpkv/model/batch.hpp"
 
-#include <cassert>
+#include "cpkv/model/assert.hpp"
 
 #include <fmt/format.h>
 
@@ -41,21 +41,21 @@ std::int64_t current_page_count(std::int64_t extend_len, std::int32_t page_size)
 }
 
 std::int32_t writer_in_request(SplitPolicy policy, std::int64_t page, std::int64_t count, std::int32_t cp) {
-  assert(page >= 0);
-  assert(page < count);
-  assert(cp >= 1);
+  CPKV_ASSERT(page >= 0);
+  CPKV_ASSERT(page < count);
+  CPKV_ASSERT(cp >= 1);
   if (policy == SplitPolicy::contiguous) {
     // Rank k owns [count*k/cp, count*(k+1)/cp): the largest k whose range starts at or before `page`.
     return static_cast<std::int32_t>(((page + 1) * cp - 1) / count);
   }
-  assert(policy == SplitPolicy::zigzag);
+  CPKV_ASSERT(policy == SplitPolicy::zigzag);
   // 2*cp blocks: the first `count % (2cp)` hold one page more than the rest.
   const std::int64_t blocks = 2 * std::int64_t{cp};
   const std::int64_t small = count / blocks;
   const std::int64_t big_blocks = count % blocks;
   const std::int64_t big_pages = big_blocks * (small + 1);
   const std::int64_t block = page < big_pages ? page / (small + 1) : big_blocks + (page - big_pages) / small;
-  assert(block < blocks);
+  CPKV_ASSERT(block < blocks);
   return static_cast<std::int32_t>(block < cp ? block : blocks - 1 - block);
 }
 
@@ -120,7 +120,7 @@ BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
         const auto writer = static_cast<std::int32_t>(b < setting.cp ? b : blocks - 1 - b);
         for (std::int64_t k = 0; k < len; ++k) (out++)->writer = writer;
       }
-      assert(out == layout.current.data() + first_index + count);
+      CPKV_ASSERT(out == layout.current.data() + first_index + count);
     }
   }
   layout.slot_count = slot;
@@ -129,8 +129,8 @@ BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
 }
 
 std::optional<RowSource> row_source(const BatchLayout& layout, std::int64_t slot, std::int32_t row) {
-  assert(slot >= 0 && slot < layout.slot_count);
-  assert(row >= 0 && row < layout.page_size);
+  CPKV_ASSERT(slot >= 0 && slot < layout.slot_count);
+  CPKV_ASSERT(row >= 0 && row < layout.page_size);
   const Slot& s = layout.slots[slot];
   if (s.kind == SlotKind::prefix) {
     const std::int64_t token = (slot - layout.request_first_slot[s.request]) * layout.page_size + row;

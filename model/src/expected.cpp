@@ -1,6 +1,6 @@
 #include "cpkv/model/expected.hpp"
 
-#include <cassert>
+#include "cpkv/model/assert.hpp"
 #include <cstring>
 
 #include <fmt/format.h>
@@ -59,7 +59,7 @@ void add_row_mismatches(const std::uint8_t* actual, std::span<const std::uint8_t
 
 std::optional<Mismatch> compare_dense(std::span<const std::uint8_t> actual, std::span<const std::uint8_t> expected,
                                       std::int32_t page_size, std::uint32_t row_bytes) {
-  assert(actual.size() == expected.size());
+  CPKV_ASSERT(actual.size() == expected.size());
   if (std::memcmp(actual.data(), expected.data(), actual.size()) == 0) return std::nullopt;
   Mismatch m;
   bool located = false;

@@ -1,7 +1,7 @@
 #include "cpkv/model/plan.hpp"
 
 #include <bit>
-#include <cassert>
+#include "cpkv/model/assert.hpp"
 #include <cstddef>
 #include <iterator>
 #include <string>
@@ -164,7 +164,7 @@ void staging_direct(const BatchLayout& layout, std::int32_t /*rank*/, VariantPla
 }  // namespace plans
 
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
-  assert(rank >= 0 && rank < layout.cp);
+  CPKV_ASSERT(rank >= 0 && rank < layout.cp);
   VariantPlan plan;
   plan.variant = variant;
   plan.rank = rank;

@@ -106,7 +106,7 @@ std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool
                                       const std::function<void(const MutantRow&)>& on_row) {
   std::vector<MutantRow> rows;
   std::vector<sim::Mutant> mutants = {sim::Mutant::none};
-  mutants.insert(mutants.end(), sim::kAllMutants.begin(), sim::kAllMutants.end());
+  mutants.insert(mutants.end(), harness::kAllMutants.begin(), harness::kAllMutants.end());
   rc::detail::TestParams quick = params;
   quick.maxSuccess = std::min(kQuickCases, params.maxSuccess);
   for (sim::Mutant mutant : mutants) {

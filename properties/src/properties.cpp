@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpkv/harness/request.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/sim/backend.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace cpkv::properties {
@@ -104,18 +106,28 @@ std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& d
     traces::TraceWriter writer(out, header);
     for (const model::Batch& b : c.batches) writer.write(b);
   }
-  std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {}", trace.string(), variant_name(c.variant), c.seed, c.layers);
+  harness::ReplayRequest request;
+  request.trace_label = trace.string();
+  request.variant = std::string(model::to_string(c.variant));
+  request.seed = c.seed;
+  request.layers = c.layers;
+  request.mutant = std::string(harness::to_string(mutant));
+  request.ipc_missing_rank = c.ipc_missing_rank;
   if (free_running) {
     // The knobs are drawn from the seed again; the interleaving itself is not replayable.
-    line += fmt::format(" --ranks-as processes --swarm --wait-ms-max {}", kFreeWaitMsMax);
+    request.ranks_as = "processes";
+    request.swarm = true;
+    request.wait_ms_max = kFreeWaitMsMax;
   } else {
     std::ofstream out(schedule);
     out << fmt::format("{}\n", fmt::join(c.schedule, " "));
     // An empty choice list runs round-robin, which is what --schedule round-robin does.
-    line += fmt::format(" --schedule {}", c.schedule.empty() ? "round-robin" : schedule.string());
+    request.schedule = c.schedule.empty() ? "round-robin" : schedule.string();
   }
-  if (mutant != sim::Mutant::none) line += fmt::format(" --mutant {}", sim::to_string(mutant));
-  if (c.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", c.ipc_missing_rank);
+  // The one replay-line builder (harness/request.hpp), the one `cpkv replay` prints.
+  harness::Registry registry;
+  sim::register_backends(registry);
+  const std::string line = harness::replay_line(harness::check_request(request, registry), c.variant, c.layers);
   return line;
 }
 
@@ -135,7 +147,7 @@ std::int64_t case_size(const Case& c) {
   g_last_size = case_size(c);
   g_last_invariant = invariant;
   const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
-  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, sim::to_string(mutant)), free_running);
+  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, harness::to_string(mutant)), free_running);
   const std::string knobs = free_running ? "\n  " + sim::describe(sim::swarm_faults(c.seed)) : "";
   RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, g_last_replay));
 }

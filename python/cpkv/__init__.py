@@ -74,6 +74,7 @@ from ._cpkv import (
     prefix_row_key,
     ragged_index_plan,
     read_trace,
+    MUTANTS,
     replay,
     replay_batches,
     row_content,
@@ -104,7 +105,7 @@ __all__ = [
     "prefix_row_key", "current_row_key", "row_content", "prefix_page_rows", "current_rows",
     "expected_row", "expected_dense", "compare_dense", "check_dense", "Mismatch", "first_mismatch", "assert_dense_equal",
     # plan and replay
-    "plan", "plan_batch", "replay", "replay_batches",
+    "plan", "plan_batch", "replay", "replay_batches", "MUTANTS",
 ]
 
 # help(cpkv) and reprs name the package, not the extension module.

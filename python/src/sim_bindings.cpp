@@ -9,153 +9,152 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/replay_report.hpp"
+#include "cpkv/harness/request.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cpkv/sim/backend.hpp"
-#include "cpkv/sim/mutant.hpp"
-#include "cpkv/sim/runner.hpp"
-#include "cpkv/sim/shared_region.hpp"
 
 namespace cpkv::python {
 namespace {
 
-struct ReplayArgs {
-  std::string backend = "sim";
-  std::string variant = "all";
-  std::string ranks_as = "processes";
-  std::optional<std::string> schedule;
-  std::uint64_t seed = 1;
-  py::object layers;  // an int or "all"
-  std::optional<std::int64_t> batch;
-  std::string mutant = "none";
-  std::int64_t wait_ms_max = 20000;
-  std::int32_t ipc_missing_rank = -1;
-};
+// The registry Python replays through: the simulator and the model (the GPU backend runs through
+// the cpkv command and the conformance harness).
+const harness::Registry& python_backends() {
+  static const harness::Registry registry = [] {
+    harness::Registry r;
+    sim::register_backends(r);
+    harness::register_model_backend(r);
+    return r;
+  }();
+  return registry;
+}
 
-// What to run, checked before any rank starts.
-struct ReplayPlan {
-  std::vector<model::Variant> variants;
-  sim::Mutant mutant = sim::Mutant::none;
-  std::int32_t layers = 1;
-  std::optional<sim::Schedule> schedule;
-};
+// A RequestError as the package's InputError, named by the Python parameter.
+template <typename Function>
+auto as_input_error(Function&& function) {
+  try {
+    return function();
+  } catch (const harness::RequestError& e) {
+    throw InputError(e.option(), e.reason());
+  }
+}
 
-std::int32_t checked_layers(const py::object& layers, std::int32_t layer_count) {
+std::optional<std::int32_t> checked_layers(const py::object& layers) {
   if (py::isinstance<py::str>(layers)) {
-    if (layers.cast<std::string>() == "all") return layer_count;
+    if (layers.cast<std::string>() == "all") return std::nullopt;
     throw InputError("layers", fmt::format("'{}' is not a number or 'all'", layers.cast<std::string>()));
   }
   const auto value = layers.cast<std::int64_t>();
-  if (value < 1) throw InputError("layers", fmt::format("{} is less than 1", value));
-  return static_cast<std::int32_t>(std::min<std::int64_t>(value, layer_count));
-}
-
-std::optional<sim::Schedule> checked_schedule(const ReplayArgs& a) {
-  if (!a.schedule) return std::nullopt;
-  if (auto named = sim::named_schedule(*a.schedule, a.seed)) return named;
-  try {
-    return sim::read_schedule_file(*a.schedule);
-  } catch (const std::exception& e) {
-    throw InputError("schedule", e.what());
+  if (value < 1 || value > model::limits::layer_count_max) {
+    throw InputError("layers", fmt::format("{} is not 'all' or a number in 1..{}", value, model::limits::layer_count_max));
   }
+  return static_cast<std::int32_t>(value);
 }
 
-ReplayPlan check_options(const ReplayArgs& a) {
-  if (a.backend != "sim") {
-    throw InputError("backend", fmt::format("'{}' is not available from Python (sim; the model replay and the GPU backend run through the cpkv command)", a.backend));
-  }
-  ReplayPlan plan;
-  const auto mutant = sim::parse_mutant(a.mutant);
-  if (!mutant) throw InputError("mutant", fmt::format("unknown mutant '{}'", a.mutant));
-  plan.mutant = *mutant;
-  auto variants = harness::variants_named(a.variant);
-  if (!variants) throw InputError("variant", fmt::format("unknown variant '{}' (or 'all')", a.variant));
-  plan.variants = *std::move(variants);
-  if (a.ranks_as != "processes" && a.ranks_as != "threads") throw InputError("ranks_as", fmt::format("'{}' is not processes or threads", a.ranks_as));
-  if (a.wait_ms_max < 1) throw InputError("wait_ms_max", fmt::format("{} is less than 1", a.wait_ms_max));
-  if (a.batch && *a.batch < 0) throw InputError("batch", fmt::format("{} is negative", *a.batch));
-  if (a.ipc_missing_rank < -1) throw InputError("ipc_missing_rank", fmt::format("{} is negative (-1: none)", a.ipc_missing_rank));
-  return plan;
-}
-
-// The CLI's JSON as Python objects: through the json module, so the dict is the text `cpkv replay
-// --json` writes, parsed, and nothing is restated here.
-
-std::unique_ptr<sim::Backend> make_backend(const ReplayArgs& a, const ReplayPlan& plan) {
-  sim::RunLimits limits;
-  limits.wait_ms_max = a.wait_ms_max;
-  if (plan.schedule) return sim::make_scheduled_backend(*plan.schedule, limits, false);
-  sim::FaultOptions faults;
-  faults.seed = a.seed;
-  return sim::make_free_backend(a.ranks_as == "threads" ? sim::RanksAs::threads : sim::RanksAs::processes, faults, limits);
-}
-
-py::dict run_source(const sim::BatchSource& source, const py::object& trace_label, const ReplayArgs& a) {
-  ReplayPlan plan = check_options(a);
+py::dict run_source(const harness::BatchSource& source, const py::object& trace_label, const harness::CheckedRequest& checked) {
   // Validates every batch before any rank starts; the batches the overflow verdict rejects are
   // listed as the CLI's report lists them (PROTOCOL.md section 4: a rejected batch is named).
-  const harness::SourceScan scanned = harness::scan(source);
-  if (a.batch && scanned.shape.batches == 0) throw InputError("batch", fmt::format("{} is not in {}", *a.batch, py::str(trace_label).cast<std::string>()));
-  plan.layers = checked_layers(a.layers, source.setting.layer_count());
-  if (a.ipc_missing_rank >= source.setting.cp) {
-    throw InputError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", a.ipc_missing_rank, source.setting.cp));
+  const harness::ScannedSource scanned = as_input_error([&] { return harness::check_source(checked, source); });
+  const std::unique_ptr<harness::Backend> backend = as_input_error([&] { return checked.backend->make(checked, {}); });
+  nlohmann::json runs = nlohmann::json::array();
+  {
+    py::gil_scoped_release release;  // ranks may be threads or forked processes: none touches Python
+    harness::run_variants(checked, source, scanned, *backend, {}, [&](const harness::VariantRun& run) {
+      runs.push_back(harness::run_json(run.report, run.seconds));
+    });
   }
-  plan.schedule = checked_schedule(a);
-  sim::sweep_stale_regions();
-  const std::unique_ptr<sim::Backend> backend = make_backend(a, plan);
-  py::list runs;
-  for (model::Variant variant : plan.variants) {
-    sim::SimOptions options;
-    options.variant = variant;
-    options.layers = plan.layers;
-    options.seed = a.seed;
-    options.mutant = plan.mutant;
-    options.ipc_missing_rank = a.ipc_missing_rank;
-    const auto start = std::chrono::steady_clock::now();
-    sim::RunReport report;
-    {
-      py::gil_scoped_release release;  // ranks may be threads or forked processes: none touches Python
-      report = backend->run(source, options);
-    }
-    runs.append(to_python(harness::run_json(report, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count())));
-  }
-  return py::dict(py::arg("trace") = trace_label, py::arg("seed") = a.seed, py::arg("layers") = plan.layers, py::arg("mode") = backend->name(),
-                  py::arg("mutant") = a.mutant, py::arg("rejected_batches") = to_python(harness::rejected_json(scanned.rejected)), py::arg("runs") = runs);
+  py::dict out = to_python(harness::replay_json(checked, scanned, backend->name(), runs));
+  out["trace"] = trace_label;
+  return out;
 }
 
-ReplayArgs args_of(std::string backend, std::string variant, std::string ranks_as, std::optional<std::string> schedule, std::uint64_t seed,
-                   py::object layers, std::optional<std::int64_t> batch, std::string mutant, std::int64_t wait_ms_max, std::int32_t ipc_missing_rank) {
-  return ReplayArgs{std::move(backend), std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), batch,
-                    std::move(mutant), wait_ms_max, ipc_missing_rank};
+struct PyRequest {
+  std::string variant;
+  std::optional<std::string> ranks_as;
+  std::optional<std::string> schedule;
+  std::uint64_t seed;
+  py::object layers;
+  std::string mutant;
+  std::optional<std::int64_t> wait_ms_max;
+  std::optional<std::int64_t> stuck_ms_max;
+  bool swarm;
+  std::int32_t ipc_missing_rank;
+};
+
+harness::CheckedRequest checked_request(std::string backend, std::string label, std::optional<std::int64_t> batch, const PyRequest& p) {
+  harness::ReplayRequest r;
+  r.backend = std::move(backend);
+  r.trace_label = std::move(label);
+  r.batch = batch;
+  r.variant = p.variant;
+  r.ranks_as = p.ranks_as;
+  r.schedule = p.schedule;
+  r.seed = p.seed;
+  r.mutant = p.mutant;
+  r.wait_ms_max = p.wait_ms_max;
+  r.stuck_ms_max = p.stuck_ms_max;
+  r.swarm = p.swarm;
+  r.ipc_missing_rank = p.ipc_missing_rank;
+  // The request's own checks come first, in the CLI's order; layers is checked here as the CLI parses it.
+  harness::CheckedRequest checked = as_input_error([&] { return harness::check_request(r, python_backends()); });
+  checked.request.layers = checked_layers(p.layers);
+  return checked;
+}
+
+// backend="model": what `cpkv replay --backend model --json F` writes, with the nominal ceilings.
+py::dict run_model(const std::string& path, std::optional<std::int64_t> batch) {
+  harness::ModelReplayOutput out;
+  {
+    py::gil_scoped_release release;
+    out = harness::model_replay(harness::BatchSource::from_trace(path, batch), path, model::CostParameters{}, {});
+  }
+  return to_python(out.json);
 }
 
 }  // namespace
 
 void bind_sim(py::module_& m) {
-  m.def("replay", [](const std::string& path, std::string backend, std::string variant, std::string ranks_as, std::optional<std::string> schedule,
-                     std::uint64_t seed, py::object layers, std::optional<std::int64_t> batch, std::string mutant, std::int64_t wait_ms_max,
-                     std::int32_t ipc_missing_rank) {
-    const ReplayArgs a = args_of(std::move(backend), std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), batch,
-                                 std::move(mutant), wait_ms_max, ipc_missing_rank);
-    check_options(a);  // option errors before the trace is opened, as the CLI does
-    return run_source(sim::BatchSource::from_trace(path, batch), py::str(path), a);
-  }, py::arg("path"), py::arg("backend") = "sim", py::arg("variant") = "all", py::arg("ranks_as") = "processes", py::arg("schedule") = py::none(),
-        py::arg("seed") = 1, py::arg("layers") = 4, py::arg("batch") = py::none(), py::arg("mutant") = "none", py::arg("wait_ms_max") = 20000,
-        py::arg("ipc_missing_rank") = -1,
-        "Replay every batch of a trace through the rank simulator with one variant or 'all', checking every dense byte "
-        "against the model. Returns the dict `cpkv replay --json FILE` writes: trace, seed, layers, mode, mutant, and per "
-        "variant run: passed, mismatches, violations, deadlock, failure, steps, seconds, per-rank totals, violation details. "
-        "schedule: None (free-running ranks_as processes or threads), 'random', 'round-robin' or a schedule file.");
+  // The planted bugs, from the one table (harness/mutants.hpp): name -> (invariant, backends holding it).
+  py::dict mutants;
+  for (const harness::MutantInfo& row : harness::kMutantTable) {
+    if (row.mutant == harness::Mutant::none) continue;
+    py::list held;
+    if (row.backends & harness::kSimulatorHolds) held.append("sim");
+    if (row.backends & harness::kGpuHolds) held.append("cuda");
+    mutants[py::str(std::string(row.name))] = py::make_tuple(row.invariant, py::tuple(held));
+  }
+  m.attr("MUTANTS") = mutants;
+  m.def("replay", [](const std::string& path, std::string backend, std::string variant, std::optional<std::string> ranks_as,
+                     std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::optional<std::int64_t> batch, std::string mutant,
+                     std::optional<std::int64_t> wait_ms_max, std::optional<std::int64_t> stuck_ms_max, bool swarm, std::int32_t ipc_missing_rank) {
+    const PyRequest p{std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), std::move(mutant),
+                      wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank};
+    const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
+    if (!checked.backend->moves_content) return run_model(path, batch);
+    return run_source(harness::BatchSource::from_trace(path, batch), py::str(path), checked);
+  }, py::arg("path"), py::arg("backend") = "sim", py::arg("variant") = "all", py::arg("ranks_as") = py::none(), py::arg("schedule") = py::none(),
+        py::arg("seed") = 1, py::arg("layers") = 4, py::arg("batch") = py::none(), py::arg("mutant") = "none", py::arg("wait_ms_max") = py::none(),
+        py::arg("stuck_ms_max") = py::none(), py::arg("swarm") = false, py::arg("ipc_missing_rank") = -1,
+        "Replay every batch of a trace through a backend with one variant, a comma-separated list or 'all', as `cpkv replay` "
+        "does (the same request checks, in harness/request.hpp). backend='sim': the rank simulator, checking every dense "
+        "byte; returns the dict `cpkv replay --json FILE` writes: trace, seed, layers, mode, mutant, and per variant run: "
+        "passed, mismatches, violations, deadlock, failure, steps, seconds, per-rank totals, violation details. schedule: "
+        "None (free-running ranks_as processes or threads; swarm draws every fault knob from the seed), 'random', "
+        "'round-robin' or a schedule file. backend='model': the dict `cpkv replay --backend model --json FILE` writes "
+        "(the nominal ceilings).");
   m.def("replay_batches", [](const model::Setting& setting, std::vector<model::Batch> batches, std::string variant, std::string ranks_as,
-                             std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::string mutant, std::int64_t wait_ms_max,
-                             std::int32_t ipc_missing_rank) {
+                             std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::string mutant,
+                             std::optional<std::int64_t> wait_ms_max, std::int32_t ipc_missing_rank) {
     require_valid(setting);
     if (batches.empty()) throw InputError("batches", "no batch given");
     for (std::size_t b = 0; b < batches.size(); ++b) require_valid(setting, batches[b], fmt::format("batch {}", b));
-    const ReplayArgs a = args_of("sim", std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), std::nullopt,
-                                 std::move(mutant), wait_ms_max, ipc_missing_rank);
-    return run_source(sim::BatchSource::from_batches(setting, std::move(batches)), py::none(), a);
+    const PyRequest p{std::move(variant), schedule ? std::nullopt : std::optional<std::string>(std::move(ranks_as)), std::move(schedule), seed,
+                      std::move(layers), std::move(mutant), wait_ms_max, std::nullopt, false, ipc_missing_rank};
+    const harness::CheckedRequest checked = checked_request("sim", "batches", std::nullopt, p);
+    return run_source(harness::BatchSource::from_batches(setting, std::move(batches)), py::none(), checked);
   }, py::arg("setting"), py::arg("batches"), py::arg("variant") = "all", py::arg("ranks_as") = "threads", py::arg("schedule") = py::none(),
-        py::arg("seed") = 1, py::arg("layers") = 4, py::arg("mutant") = "none", py::arg("wait_ms_max") = 20000, py::arg("ipc_missing_rank") = -1,
+        py::arg("seed") = 1, py::arg("layers") = 4, py::arg("mutant") = "none", py::arg("wait_ms_max") = py::none(), py::arg("ipc_missing_rank") = -1,
         "replay() over batches held in memory (for property tests): the same dict, with trace None.");
 }
 

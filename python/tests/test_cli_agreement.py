@@ -103,3 +103,54 @@ def test_replay_refuses_impossible_options_before_any_rank_starts(tiny, kwargs, 
     with pytest.raises(cpkv.InputError) as error:
         cpkv.replay(tiny, **kwargs)
     assert error.value.field == field
+
+
+def without_timing(summary):
+    assert summary.pop("timing")["evaluations"] >= 1
+    return summary
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
+def test_replay_model_equals_the_cli_json(cli, sample, tmp_path):
+    """backend='model' goes through the same request and the same model replay (harness/model_replay.hpp)."""
+    ours = without_timing(cpkv.replay(str(sample), backend="model"))
+    out = tmp_path / "model.json"
+    subprocess.run([cli, "replay", str(sample), "--backend", "model", "--json", str(out)], check=True, capture_output=True)
+    theirs = without_timing(json.loads(out.read_text()))
+    assert ours == theirs
+    assert ours["backend"] == "model" and len(ours["variants"]) == len(cpkv.VARIANTS)
+
+
+def test_replay_takes_a_comma_separated_list_of_variants_in_the_order_given(tiny):
+    report = cpkv.replay(tiny, variant="v2,staging_direct,v2", schedule="round-robin")
+    assert [run["variant"] for run in report["runs"]] == ["v2", "staging_direct"]
+
+
+@pytest.mark.parametrize("kwargs, option", [
+    ({"mutant": "nope"}, ["--mutant", "nope"]),
+    ({"variant": "v2,nope"}, ["--variant", "v2,nope"]),
+    ({"backend": "model", "mutant": "skip_zero"}, ["--backend", "model", "--mutant", "skip_zero"]),
+    ({"backend": "model", "swarm": True}, ["--backend", "model", "--swarm"]),
+    ({"schedule": "random", "swarm": True}, ["--schedule", "random", "--swarm"]),
+    ({"stuck_ms_max": 0}, ["--stuck-ms-max", "0"]),
+])
+def test_replay_refuses_what_the_cli_refuses_with_the_same_reason(cli, tiny, kwargs, option):
+    """One request check (harness/request.hpp) behind both front ends: the same field, the same reason."""
+    run = subprocess.run([cli, "replay", tiny, *option], capture_output=True, text=True)
+    assert run.returncode == 2 and run.stdout == ""
+    with pytest.raises(cpkv.InputError) as error:
+        cpkv.replay(tiny, **kwargs)
+    flag = error.value.field.replace("_", "-")
+    assert run.stderr.startswith(f"cpkv: error: --{flag}: ")
+    if option != ["--stuck-ms-max", "0"]:  # CLI11 range-checks that one itself, in its own words
+        assert run.stderr == f"cpkv: error: --{flag}: {error.value.reason}\n"
+
+
+def test_mutants_are_the_table_the_cli_lists(cli, tiny):
+    """cpkv.MUTANTS and the CLI's unknown-mutant message both come from harness/mutants.hpp."""
+    run = subprocess.run([cli, "replay", tiny, "--backend", "cuda", "--mutant", "token_split"], capture_output=True, text=True)
+    gpu = [name for name, (_, held) in cpkv.MUTANTS.items() if "cuda" in held]
+    assert gpu == ["single_half", "no_barrier", "skip_zero", "barrier_passes_early"]
+    assert all(1 <= invariant <= 8 and "sim" in held for invariant, held in cpkv.MUTANTS.values())
+    if "'cuda' is not one of" not in run.stderr:  # a build with the GPU backend: the GPU subset is named
+        assert run.stderr.endswith(f"(it holds: none, {', '.join(gpu)})\n"), run.stderr

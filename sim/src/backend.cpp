@@ -1,10 +1,14 @@
 #include "cpkv/sim/backend.hpp"
 
+#include <fmt/format.h>
+
+#include "cpkv/sim/world.hpp"
+
 namespace cpkv::sim {
 
 namespace {
 
-class FreeBackend final : public Backend {
+class FreeBackend final : public harness::Backend {
  public:
   FreeBackend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) : ranks_as_(ranks_as), faults_(faults), limits_(limits) {}
   std::string name() const override { return ranks_as_ == RanksAs::processes ? "sim/processes" : "sim/threads"; }
@@ -16,7 +20,7 @@ class FreeBackend final : public Backend {
   RunLimits limits_;
 };
 
-class ScheduledBackend final : public Backend {
+class ScheduledBackend final : public harness::Backend {
  public:
   ScheduledBackend(Schedule schedule, RunLimits limits, bool record_events)
       : schedule_(std::move(schedule)), limits_(limits), record_events_(record_events) {}
@@ -33,12 +37,92 @@ class ScheduledBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) {
+std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) {
   return std::make_unique<FreeBackend>(ranks_as, faults, limits);
 }
 
-std::unique_ptr<Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events) {
+std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events) {
   return std::make_unique<ScheduledBackend>(std::move(schedule), limits, record_events);
+}
+
+}  // namespace cpkv::sim
+
+namespace cpkv::sim {
+
+FaultOptions fault_options(const harness::ReplayRequest& request) {
+  if (request.swarm) return swarm_faults(request.seed);
+  FaultOptions faults;
+  faults.seed = request.seed;
+  return faults;
+}
+
+namespace {
+
+// The schedule a request names, parsed once by the entry's check.
+std::shared_ptr<const Schedule> schedule_of(const harness::CheckedRequest& c) {
+  return std::static_pointer_cast<const Schedule>(c.backend_state);
+}
+
+void check_sim_request(harness::CheckedRequest& c) {
+  const harness::ReplayRequest& r = c.request;
+  if (r.ranks_as && *r.ranks_as != "processes" && *r.ranks_as != "threads") {
+    throw harness::RequestError("ranks_as", fmt::format("'{}' is not processes or threads", *r.ranks_as));
+  }
+  if (r.swarm && r.schedule) throw harness::RequestError("swarm", "fault knobs exist only for free-running ranks (no schedule)");
+  if (r.event_log && !r.schedule) throw harness::RequestError("event_log", "only scheduled runs (a schedule) have an event log");
+  if (!r.schedule) return;
+  std::optional<Schedule> schedule = named_schedule(*r.schedule, r.seed);
+  if (!schedule) {
+    try {
+      schedule = read_schedule_file(*r.schedule);
+    } catch (const std::exception& e) {
+      throw harness::RequestError("schedule", e.what());
+    }
+  }
+  c.backend_state = std::make_shared<const Schedule>(*std::move(schedule));
+}
+
+RunLimits limits_of(const harness::ReplayRequest& r, const harness::ProgressFunction& progress) {
+  RunLimits limits;
+  if (r.wait_ms_max) limits.wait_ms_max = *r.wait_ms_max;
+  if (r.stuck_ms_max) limits.stuck_ms_max = *r.stuck_ms_max;
+  limits.on_progress = progress;
+  return limits;
+}
+
+std::unique_ptr<harness::Backend> make_sim(const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
+  const harness::ReplayRequest& r = c.request;
+  if (const auto schedule = schedule_of(c)) return make_scheduled_backend(*schedule, limits_of(r, progress), r.event_log);
+  const RanksAs ranks_as = r.ranks_as.value_or("processes") == "threads" ? RanksAs::threads : RanksAs::processes;
+  return make_free_backend(ranks_as, fault_options(r), limits_of(r, progress));
+}
+
+// A /dev/shm too small is one line before any output, not a SIGBUS mid-run.
+void check_sim_space(const harness::CheckedRequest&, const harness::BatchSource& source, const harness::SourceShape& shape, std::int32_t layers) {
+  SimOptions sized;
+  sized.layers = layers;
+  World::check_space(world_geometry(source, sized, shape));
+}
+
+std::string sim_knobs_line(const harness::CheckedRequest& c) {
+  if (c.request.schedule) return {};
+  return fmt::format("{}: {}", c.request.swarm ? "swarm knobs" : "fault knobs", describe(fault_options(c.request)));
+}
+
+}  // namespace
+
+void register_backends(harness::Registry& registry) {
+  harness::BackendEntry sim;
+  sim.name = "sim";
+  sim.summary = "the rank simulator: cp fake ranks over real shared memory, free-running (processes or threads) or under a schedule";
+  sim.options = harness::kTakesRanksAs | harness::kTakesSchedule | harness::kTakesSwarm | harness::kTakesWaitMsMax | harness::kTakesStuckMsMax |
+                harness::kTakesIpcFault | harness::kTakesEventLog;
+  sim.mutants = harness::kSimulatorHolds;
+  sim.check = check_sim_request;
+  sim.check_source = check_sim_space;
+  sim.make = make_sim;
+  sim.knobs_line = sim_knobs_line;
+  registry.add(std::move(sim));
 }
 
 }  // namespace cpkv::sim

@@ -2,7 +2,7 @@
 #include "cpkv/traces/mooncake.hpp"
 
 #include <algorithm>
-#include <cassert>
+#include "cpkv/model/assert.hpp"
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -120,7 +120,7 @@ MooncakeRequest MooncakeReader::parse(const std::string& text) const {
 // ---------------------------------------------------------------------------------------------
 // Pool allocator
 
-PageAllocator::PageAllocator(std::int64_t pool_pages) : pool_pages_(pool_pages) { assert(pool_pages >= 1); }
+PageAllocator::PageAllocator(std::int64_t pool_pages) : pool_pages_(pool_pages) { CPKV_ASSERT(pool_pages >= 1); }
 
 std::optional<std::int64_t> PageAllocator::allocate() {
   if (next_fresh_ < pool_pages_) return next_fresh_++;
@@ -131,9 +131,9 @@ std::optional<std::int64_t> PageAllocator::allocate() {
 }
 
 void PageAllocator::release(std::int64_t page) {
-  assert(page >= 0 && page < next_fresh_);
+  CPKV_ASSERT(page >= 0 && page < next_fresh_);
   freed_.push_back(page);
-  assert(static_cast<std::int64_t>(freed_.size()) <= next_fresh_);
+  CPKV_ASSERT(static_cast<std::int64_t>(freed_.size()) <= next_fresh_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ void PageAllocator::release(std::int64_t page) {
 
 PrefixCache::PrefixCache(std::int64_t pages_per_block, std::optional<std::int64_t> capacity_pages)
     : pages_per_block_(pages_per_block), capacity_pages_(capacity_pages) {
-  assert(pages_per_block >= 1);
+  CPKV_ASSERT(pages_per_block >= 1);
 }
 
 std::int64_t PrefixCache::peek(std::span<const std::int64_t> hash_ids) const {
@@ -169,9 +169,9 @@ void PrefixCache::unlock(std::span<const std::int64_t> hash_ids, std::int64_t bl
   // Deepest first: the parent ends up more recent than its child.
   for (std::int64_t k = blocks - 1; k >= 0; --k) {
     const auto it = blocks_.find(hash_ids[k]);
-    assert(it != blocks_.end());
+    CPKV_ASSERT(it != blocks_.end());
     Block& block = it->second;
-    assert(block.locks > 0);
+    CPKV_ASSERT(block.locks > 0);
     if (--block.locks == 0) {
       lru_.push_front(hash_ids[k]);
       block.lru = lru_.begin();
@@ -180,7 +180,7 @@ void PrefixCache::unlock(std::span<const std::int64_t> hash_ids, std::int64_t bl
 }
 
 bool PrefixCache::insert(std::int64_t hash_id, std::span<const std::int64_t> pages) {
-  assert(static_cast<std::int64_t>(pages.size()) == pages_per_block_);
+  CPKV_ASSERT(static_cast<std::int64_t>(pages.size()) == pages_per_block_);
   const auto [it, inserted] = blocks_.try_emplace(hash_id);
   Block& block = it->second;
   if (!inserted) {
@@ -199,7 +199,7 @@ bool PrefixCache::evict_one(PageAllocator& pool) {
   const std::int64_t victim = lru_.back();
   lru_.pop_back();
   const auto it = blocks_.find(victim);
-  assert(it != blocks_.end() && it->second.locks == 0);
+  CPKV_ASSERT(it != blocks_.end() && it->second.locks == 0);
   for (std::int64_t page : it->second.pages) pool.release(page);
   blocks_.erase(it);
   cached_pages_ -= pages_per_block_;
@@ -300,8 +300,8 @@ bool BatchScheduler::admit(InFlight& flight, std::int64_t budget_tokens, model::
   // A chunk that is not the last ends on a page boundary, so the next chunk's prefix is whole pages.
   const std::int64_t chunk = remaining <= budget_tokens ? remaining : budget_tokens / page_size * page_size;
   if (chunk == 0) return false;
-  assert(flight.computed_tokens % page_size == 0);
-  assert(static_cast<std::int64_t>(flight.pages.size()) == flight.computed_tokens / page_size);
+  CPKV_ASSERT(flight.computed_tokens % page_size == 0);
+  CPKV_ASSERT(static_cast<std::int64_t>(flight.pages.size()) == flight.computed_tokens / page_size);
   const std::int64_t pages_needed = ceil_div(flight.computed_tokens + chunk, page_size) - static_cast<std::int64_t>(flight.pages.size());
   if (!allocate_pages(pages_needed, flight.pages)) return false;
   model::Request request;
@@ -324,7 +324,7 @@ void BatchScheduler::finish(InFlight& flight) {
   // parents stay more recent than children.
   for (std::int64_t block = full_blocks - 1; block >= flight.hit_blocks; --block) {
     const std::int64_t first = block * pages_per_block_;
-    assert(first >= flight.borrowed_pages);
+    CPKV_ASSERT(first >= flight.borrowed_pages);
     const std::span<const std::int64_t> pages(flight.pages.data() + first, static_cast<std::size_t>(pages_per_block_));
     if (cache_.insert(flight.request.hash_ids[block], pages)) {
       std::fill(given_to_cache.begin() + first, given_to_cache.begin() + first + pages_per_block_, true);

@@ -10,31 +10,11 @@
 #include <string_view>
 #include <vector>
 
+#include "cpkv/harness/mutants.hpp"
 #include "cpkv/harness/source.hpp"
 #include "cpkv/model/plan.hpp"
 
 namespace cpkv::harness {
-
-// Planted bugs (PROTOCOL.md section 9). Each is a run-time switch, off by default; the only way to
-// turn one on is to pass it explicitly in RunOptions (the CLI's --mutant). The names and which
-// backend holds which live with the backends (sim/mutant.hpp, gpu/cuda_backend.hpp).
-enum class Mutant : std::uint8_t {
-  none,
-  single_half,               // every layer uses staging half 0 (invariant 2)
-  no_barrier,                // the counting barrier is skipped (invariant 2)
-  arrive_before_fill,        // arrive at the barrier before the fill, wait after it (invariant 2)
-  rank_local_overflow,       // overflow judged on this rank's own pages (invariant 3)
-  address_keyed_plan_cache,  // plan cache keyed on the dense buffer address (invariant 5)
-  token_split,               // in-seq split at token granularity: a page can get two writers (invariant 1)
-  skip_zero,                 // the zero step is skipped: stale tails survive (invariant 6)
-  unagreed_capability,       // each rank takes its own IPC probe, not the group's MIN (invariant 7)
-  barrier_reset_race,        // one shared count reset by the first leaver (invariants 4 and 8)
-  skip_idle_barrier,         // a rank with no page to write skips the barrier (invariants 4 and 8)
-  barrier_passes_early,      // the barrier waits for the previous phase only: a rank passes one phase early (invariant 4)
-  plan_rebuilt_per_layer,    // the compose plan is rebuilt on every layer instead of once per batch (invariant 5)
-  reversed_request_order,    // the layout itself puts requests in reverse order: self-consistent, only a plain oracle sees it (invariant 6)
-  unmatched_arrival,         // rank 0 arrives once more after a batch's last layer, unwaited: only quiescence sees it (invariant 4)
-};
 
 enum class ExpectedBytesFrom : std::uint8_t { spec_oracle, batch_layout };
 

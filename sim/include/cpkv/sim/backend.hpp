@@ -5,13 +5,23 @@
 #include <memory>
 #include <string>
 
+#include "cpkv/harness/request.hpp"
 #include "cpkv/sim/runner.hpp"
 
 namespace cpkv::sim {
 
 using harness::Backend;  // the one interface (harness/run.hpp)
 
-std::unique_ptr<Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits);
-std::unique_ptr<Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events);
+std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits);
+std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events);
+
+// Registers "sim": free-running ranks (ranks_as processes or threads; swarm draws every fault knob
+// from the seed) or step machines under a schedule; every planted bug; the /dev/shm space checked
+// before any rank starts.
+void register_backends(harness::Registry& registry);
+
+// The free-running fault knobs a request runs with: the fixed defaults, or (swarm) every knob drawn
+// from the seed.
+FaultOptions fault_options(const harness::ReplayRequest& request);
 
 }  // namespace cpkv::sim

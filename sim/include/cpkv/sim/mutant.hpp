@@ -12,18 +12,7 @@
 
 namespace cpkv::sim {
 
-using Mutant = harness::Mutant;  // harness/run.hpp: the switch travels in the run options
-
-inline constexpr std::array<Mutant, 14> kAllMutants = {
-    Mutant::single_half,          Mutant::no_barrier,             Mutant::arrive_before_fill,
-    Mutant::rank_local_overflow,  Mutant::address_keyed_plan_cache, Mutant::token_split,
-    Mutant::skip_zero,            Mutant::unagreed_capability,    Mutant::barrier_reset_race,
-    Mutant::skip_idle_barrier,    Mutant::barrier_passes_early,   Mutant::plan_rebuilt_per_layer,
-    Mutant::reversed_request_order, Mutant::unmatched_arrival,
-};
-
-std::string_view to_string(Mutant mutant);
-std::optional<Mutant> parse_mutant(std::string_view text);
+using harness::Mutant;  // harness/mutants.hpp: the table; this file holds the simulator's policy only
 
 // The one place the step machine learns which bug is planted: it asks these named questions and
 // never compares against a Mutant itself. Every answer is the correct protocol's for Mutant::none.

@@ -1,9 +1,9 @@
-#include "model_costs.hpp"
+#include "cpkv/model/costs.hpp"
 
 #include <algorithm>
-#include <cassert>
+#include "cpkv/model/assert.hpp"
 
-namespace cpkv::cli {
+namespace cpkv::model {
 
 void count_batch(const model::Setting& setting, const model::Batch& batch, BatchCounts& counts) {
   const std::int32_t cp = setting.cp;
@@ -93,8 +93,8 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
   return bytes;
 }
 
-Ceilings derive_ceilings(const MeasuredCeilings& m) {
-  Ceilings c;
+CostParameters derive_ceilings(const MeasuredCeilings& m) {
+  CostParameters c;
   c.peer_gbps = m.ce_peer_gbps;
   c.local_gbps = m.local_copy_gbps;
   c.barrier_us = m.barrier_us_launch_free;
@@ -152,7 +152,7 @@ LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, mode
 
 }  // namespace
 
-double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp) {
+double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int32_t cp) {
   const double factor = cp > 1 ? 2.0 * (cp - 1) / cp : 0.0;
   const double us_per_byte_busbw = 1e-3 / ceilings.allreduce_busbw_gbps;
   const auto& curve = ceilings.allreduce_curve;
@@ -166,7 +166,7 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
   return curve.back().second + (bytes - curve.back().first) * factor * us_per_byte_busbw;
 }
 
-double allreduces_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, std::int32_t layer, const Ceilings& ceilings) {
+double allreduces_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, std::int32_t layer, const CostParameters& ceilings) {
   using model::AllReduceFamily;
   const std::int32_t cp = setting.cp;
   if (cp <= 1) return 0.0;
@@ -194,7 +194,7 @@ double allreduces_us(const model::Setting& setting, const BatchCounts& c, model:
 }
 
 double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
+                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
   const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
@@ -212,11 +212,11 @@ double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model:
 }
 
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const Ceilings& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
+                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
   return layer_copy_us(setting, c, variant, bytes, ceilings, page_bytes, dense_slots) + allreduces_us(setting, c, variant, layer, ceilings);
 }
 
-CostModel::CostModel(const model::Setting& setting, const Ceilings& ceilings, std::int64_t dense_slots)
+CostModel::CostModel(const model::Setting& setting, const CostParameters& ceilings, std::int64_t dense_slots)
     : setting_(setting), ceilings_(ceilings), dense_slots_(dense_slots), capacity_(model::staging_capacity(setting)) {
   for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
     if (setting.layer_is_full(layer)) {
@@ -257,4 +257,4 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
   }
 }
 
-}  // namespace cpkv::cli
+}  // namespace cpkv::model

@@ -2,7 +2,7 @@
 // per-rank slot descriptors: every byte count model::layer_bytes(variant_plan(...)) gives depends on
 // the batch only through a few counts (prefix pages per storage owner, current pages per writer,
 // slots, requests), so one pass over the batch gives every variant and rank. The closed form is
-// checked against model::layer_bytes field by field (tests/import_test.cpp, and `--exact-model`).
+// checked against model::layer_bytes field by field (tests/model_costs_test.cpp, and `--exact-model`).
 #pragma once
 
 #include <array>
@@ -16,9 +16,8 @@
 #include "cpkv/model/setting.hpp"
 #include "cpkv/model/staging.hpp"
 
-namespace cpkv::cli {
+namespace cpkv::model {
 
-using model::kVariantCount;
 
 // The batch-logical counts every byte count depends on.
 struct BatchCounts {
@@ -41,7 +40,7 @@ model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const B
 
 // Bandwidth and latency ceilings of the modelled time. gbps = 1e9 bytes per second (GB/s), as
 // nccl-tests reports bus bandwidth.
-struct Ceilings {
+struct CostParameters {
   double peer_gbps = 350.0;            // one rank's aggregate read bandwidth from peers' memory (IPC, NVLink)
   double local_gbps = 2000.0;          // local copy bandwidth (HBM read + write)
   double barrier_us = 2.0;             // the flag exchange of the barrier inside a compose launch (its launch counted apart)
@@ -56,34 +55,41 @@ struct Ceilings {
   std::string source = "nominal H200 defaults (assumed, not measured)";
 };
 
-// What `cpkv bench` measures in the same run (gpu/bench.cpp measure_ceilings, worst rank), and the
-// model's ceilings derived from it: the one derivation `cpkv bench` and `cpkv replay --ceilings
-// BENCH.json` share.
+// What `cpkv bench` measures in the same run (gpu/bench.cpp measure_ceilings, worst rank; the GPU
+// backend fills this type itself), and the model's ceilings derived from it: the one derivation
+// `cpkv bench` and `cpkv replay --ceilings BENCH.json` share.
 struct MeasuredCeilings {
-  double ce_peer_gbps = 0;
-  double local_copy_gbps = 0;
-  double barrier_us = 0;              // a barrier kernel back to back, launch included
+  double ce_peer_gbps = 0;            // cudaMemcpyAsync from a peer's IPC buffer, every rank pulling at once
+  double ce_push_gbps = 0;            // cudaMemcpyAsync into a peer's IPC buffer, every rank pushing at once (reported, not modelled)
+  double local_copy_gbps = 0;         // device-to-device copy within one GPU (bytes copied per second)
+  double barrier_us = 0;              // a barrier kernel back to back, launch included (max over ranks)
   double barrier_us_graph = 0;        // the same as nodes of a CUDA graph (how the layers run)
   double barrier_us_launch_free = 0;  // the same looped inside one kernel: the flag exchange alone
-  double allreduce_busbw_gbps = 0;    // 0: not measured (no NCCL)
-  double allreduce_latency_us = 0;
-  std::vector<std::pair<double, double>> allreduce_curve;  // (bytes, us per call as graph nodes), bytes ascending
+  double allreduce_busbw_gbps = 0;    // NCCL sum all-reduce, 64 MiB, bus bandwidth (0: not measured, no NCCL)
+  double allreduce_latency_us = 0;    // NCCL sum all-reduce of 4 KiB: the curve's first point
+  // (bytes, us per call as CUDA graph nodes: median over replays, max over ranks), bytes ascending.
+  std::vector<std::pair<double, double>> allreduce_curve;
   struct Gather {
     std::uint64_t page_bytes = 0;
     std::int64_t pages = 0;
-    double gbps = 0;                  // the fused compose copy pulling the pages from the peer
+    double gbps = 0;           // the fused compose copy (a warp per page, or per 64-KiB chunk) pulling from the peer: what the model reads
+    // Reported beside it by the bench, not modelled:
+    double block_gbps = 0;     // the single-list gather kernel (block per page), the same pages
+    double ce_batch_gbps = 0;  // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
+    double bulk_gbps = 0;      // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; 0: not measured, -1: wrong bytes or a timeout)
+    double push_gbps = 0;      // the same pages pushed (block per page, loads local, stores into the peer; -1: wrong bytes)
   };
   std::vector<Gather> gather;
 };
 // launch_us = barrier_us_graph - barrier_us_launch_free (a graph node less what its kernel does);
 // gather_fixed_us = the gather sweep's time at its fewest pages of its largest page, less those bytes
 // at the copy-engine rate, less the launch a graph saves over a stream (barrier_us - barrier_us_graph).
-Ceilings derive_ceilings(const MeasuredCeilings& measured);
+CostParameters derive_ceilings(const MeasuredCeilings& measured);
 
 // One all-reduce call of `bytes` on `cp` ranks: the measured curve, linear between its points, the
 // first point's time below it, and past its last point the extra bytes at the bus bandwidth; without
 // a curve, allreduce_latency_us + bytes x 2(cp-1)/cp / allreduce_busbw_gbps.
-double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp);
+double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int32_t cp);
 
 // Modelled exchange time of one rank for one layer (microseconds), as the executor runs the layer
 // (gpu/executor.cpp run_layer, PROTOCOL.md section 7):
@@ -99,18 +105,18 @@ double allreduce_call_us(const Ceilings& ceilings, double bytes, std::int32_t cp
 //   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
-                     const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes,
+                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes,
                      std::int32_t layer, std::int64_t dense_slots = 0);
 
 // layer_time_us less the all-reduces: the copies, launches and barrier of one rank.
 double layer_copy_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
-                     const model::LayerBytes& bytes, const Ceilings& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots = 0);
+                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots = 0);
 
 // The all-reduces of one layer, call by call with allreduce_call_us, per active kind (each kind is
 // its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
 // the dense buffer's slots for fused_ar and v2_fallback, v2's compact buffer of current pages.
 double allreduces_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant, std::int32_t layer,
-                     const Ceilings& ceilings);
+                     const CostParameters& ceilings);
 
 // Everything the model replay reports for one batch.
 struct BatchCosts {
@@ -126,14 +132,14 @@ class CostModel {
  public:
   // dense_slots: the slots of the dense buffer the dense all-reduce variants zero every layer (the
   // executor sizes it for the trace's largest batch); 0: each batch's own slots.
-  CostModel(const model::Setting& setting, const Ceilings& ceilings, std::int64_t dense_slots = 0);
+  CostModel(const model::Setting& setting, const CostParameters& ceilings, std::int64_t dense_slots = 0);
   // Reuses `out`'s storage: no allocation per batch once warm.
   void evaluate(const model::Batch& batch, BatchCosts& out) const;
   std::int64_t staging_slots() const { return capacity_.staging_slots; }
 
  private:
   model::Setting setting_;
-  Ceilings ceilings_;
+  CostParameters ceilings_;
   std::int64_t dense_slots_ = 0;
   model::StagingCapacity capacity_;
   std::int32_t full_layers_ = 0;
@@ -142,4 +148,4 @@ class CostModel {
   std::int32_t first_shared_ = -1;
 };
 
-}  // namespace cpkv::cli
+}  // namespace cpkv::model

@@ -1,0 +1,21 @@
+// The CLI's side of the backend registry (harness/request.hpp): the registry of this build (sim,
+// cuda where it was built, model), and the request's checks with a RequestError turned into the
+// CLI's one-line bad-input error (exit 2), the option spelled as on the command line.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "cpkv/harness/request.hpp"
+
+namespace cpkv::cli {
+
+const harness::Registry& backends();
+// "sim (...), cuda (...) or model (...)": the --backend help text, from the registry.
+std::string backends_help();
+
+harness::CheckedRequest checked_request(const harness::ReplayRequest& request);
+harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source);
+std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::ProgressFunction& progress);
+
+}  // namespace cpkv::cli

@@ -1,0 +1,39 @@
+// The model replay (`cpkv replay --backend model`, Python's replay(backend="model")): for every
+// batch of a source, in one pass over its BatchCursor, the overflow verdict, the bytes every rank
+// pulls under every variant and the modelled exchange time (model/costs.hpp), without moving a byte
+// of content. The front ends only print `text`, write `json` and draw the per-batch times.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cpkv/harness/replay_report.hpp"
+#include "cpkv/harness/source.hpp"
+#include "cpkv/model/costs.hpp"
+
+namespace cpkv::harness {
+
+struct ModelReplayOptions {
+  std::int64_t dense_slots = 0;  // slots the dense all-reduce variants zero every layer (0: each batch's own)
+  std::int64_t repeat = 1;       // evaluate every batch this many times (timing only)
+  bool exact_model = false;      // also build every rank's plan with the model and check the bytes agree
+};
+
+struct ModelReplayOutput {
+  std::string text;                      // the summary the CLI prints
+  nlohmann::json json;                   // what `--json` writes and Python returns
+  std::vector<RejectedBatch> rejected;   // batches the overflow verdict rejects
+  std::vector<std::int64_t> batch_index; // batches that moved bytes, and their modelled ms per variant
+  std::vector<std::array<double, model::kVariantCount>> batch_ms;
+};
+
+// `label` names the source in the summary (the trace as the user gave it). An --exact-model
+// disagreement throws std::logic_error.
+ModelReplayOutput model_replay(const BatchSource& source, const std::string& label, const model::CostParameters& parameters,
+                               const ModelReplayOptions& options);
+
+}  // namespace cpkv::harness

@@ -1,0 +1,119 @@
+// Planted bugs (PROTOCOL.md section 9), as one table (as the variants are one table in
+// model/variants.hpp): each row names the bug, the invariant it breaks, and which backends hold it.
+// Every list, parser, help text and error message of planted bugs derives from this table: the CLI's
+// --mutant, the mutants and explore commands, the GPU subset, Python's cpkv.MUTANTS.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cpkv::harness {
+
+// Each is a run-time switch, off by default; the only way to turn one on is to pass it explicitly
+// in RunOptions (the CLI's --mutant).
+enum class Mutant : std::uint8_t {
+  none,
+  single_half,
+  no_barrier,
+  arrive_before_fill,
+  rank_local_overflow,
+  address_keyed_plan_cache,
+  token_split,
+  skip_zero,
+  unagreed_capability,
+  barrier_reset_race,
+  skip_idle_barrier,
+  barrier_passes_early,
+  plan_rebuilt_per_layer,
+  reversed_request_order,
+  unmatched_arrival,
+};
+
+// Which backends can switch a planted bug on (a bit set: a bug may live in several).
+enum BackendBits : std::uint8_t {
+  kSimulatorHolds = 1u << 0,  // sim/: the step machine asks sim::MutantPolicy
+  kGpuHolds = 1u << 1,        // gpu/: the executor asks cuda::GpuMutantPolicy
+};
+
+struct MutantInfo {
+  Mutant mutant;
+  std::string_view name;
+  std::int32_t invariant;     // PROTOCOL.md section 9: the invariant it breaks (the first, when it breaks two)
+  std::uint8_t backends;      // BackendBits
+  std::string_view what;      // the bug, in one line
+};
+
+inline constexpr MutantInfo kMutantTable[] = {
+    {Mutant::none, "none", 0, kSimulatorHolds | kGpuHolds, "the correct protocol"},
+    {Mutant::single_half, "single_half", 2, kSimulatorHolds | kGpuHolds, "every layer uses staging half 0"},
+    {Mutant::no_barrier, "no_barrier", 2, kSimulatorHolds | kGpuHolds, "the counting barrier is skipped"},
+    {Mutant::arrive_before_fill, "arrive_before_fill", 2, kSimulatorHolds, "arrive at the barrier before the fill, wait after it"},
+    {Mutant::rank_local_overflow, "rank_local_overflow", 3, kSimulatorHolds, "overflow judged on this rank's own pages"},
+    {Mutant::address_keyed_plan_cache, "address_keyed_plan_cache", 5, kSimulatorHolds, "plan cache keyed on the dense buffer address"},
+    {Mutant::token_split, "token_split", 1, kSimulatorHolds, "in-seq split at token granularity: a page can get two writers"},
+    {Mutant::skip_zero, "skip_zero", 6, kSimulatorHolds | kGpuHolds, "the zero step is skipped: stale tails survive"},
+    {Mutant::unagreed_capability, "unagreed_capability", 7, kSimulatorHolds, "each rank takes its own IPC probe, not the group's MIN"},
+    {Mutant::barrier_reset_race, "barrier_reset_race", 4, kSimulatorHolds, "one shared count reset by the first leaver (invariants 4 and 8)"},
+    {Mutant::skip_idle_barrier, "skip_idle_barrier", 4, kSimulatorHolds, "a rank with no page to write skips the barrier (invariants 4 and 8)"},
+    {Mutant::barrier_passes_early, "barrier_passes_early", 4, kSimulatorHolds | kGpuHolds,
+     "the barrier waits for the previous phase only: a rank passes one phase early"},
+    {Mutant::plan_rebuilt_per_layer, "plan_rebuilt_per_layer", 5, kSimulatorHolds, "the compose plan is rebuilt on every layer, not once per batch"},
+    {Mutant::reversed_request_order, "reversed_request_order", 6, kSimulatorHolds,
+     "the layout puts requests in reverse order: self-consistent, only a plain oracle sees it"},
+    {Mutant::unmatched_arrival, "unmatched_arrival", 4, kSimulatorHolds,
+     "rank 0 arrives once more after a batch's last layer, unwaited: only quiescence sees it"},
+};
+inline constexpr std::size_t kMutantRows = std::size(kMutantTable);
+
+namespace detail {
+constexpr bool mutant_table_follows_enum() {
+  for (std::size_t i = 0; i < kMutantRows; ++i) {
+    const MutantInfo& row = kMutantTable[i];
+    if (static_cast<std::size_t>(row.mutant) != i || row.name.empty() || row.backends == 0) return false;
+    if ((i == 0) != (row.invariant == 0) || row.invariant < 0 || row.invariant > 8) return false;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (kMutantTable[j].name == row.name) return false;
+    }
+  }
+  return true;
+}
+constexpr std::size_t count_held(std::uint8_t backend) {
+  std::size_t n = 0;
+  for (std::size_t i = 1; i < kMutantRows; ++i) n += (kMutantTable[i].backends & backend) != 0 ? 1 : 0;
+  return n;
+}
+template <std::uint8_t Backend>
+constexpr std::array<Mutant, count_held(Backend)> held_by() {
+  std::array<Mutant, count_held(Backend)> out{};
+  std::size_t n = 0;
+  for (std::size_t i = 1; i < kMutantRows; ++i) {
+    if ((kMutantTable[i].backends & Backend) != 0) out[n++] = kMutantTable[i].mutant;
+  }
+  return out;
+}
+}  // namespace detail
+static_assert(detail::mutant_table_follows_enum(),
+              "kMutantTable: one row per Mutant in enum order, unique names, none first with invariant 0, the rest 1..8, each held somewhere");
+static_assert(static_cast<std::size_t>(Mutant::unmatched_arrival) + 1 == kMutantRows,
+              "kMutantTable: a row is missing (the last enumerator must close the table)");
+
+// Every planted bug (none excluded), and the subsets each backend holds, in the table's order.
+inline constexpr std::array<Mutant, detail::count_held(kSimulatorHolds | kGpuHolds)> kAllMutants =
+    detail::held_by<kSimulatorHolds | kGpuHolds>();
+inline constexpr auto kSimulatorMutants = detail::held_by<kSimulatorHolds>();
+inline constexpr auto kGpuMutants = detail::held_by<kGpuHolds>();
+static_assert(kAllMutants.size() + 1 == kMutantRows, "every planted bug is held by some backend");
+
+constexpr const MutantInfo& info(Mutant mutant) { return kMutantTable[static_cast<std::size_t>(mutant)]; }
+constexpr std::string_view to_string(Mutant mutant) { return info(mutant).name; }
+constexpr bool held_by(Mutant mutant, std::uint8_t backends) { return (info(mutant).backends & backends) != 0; }
+// "none" or a row's name; anything else: nullopt.
+std::optional<Mutant> parse_mutant(std::string_view text);
+// "none, single_half, ..." of the mutants a backend set holds (none included), for help texts and errors.
+std::string mutant_names(std::uint8_t backends = kSimulatorHolds | kGpuHolds);
+
+}  // namespace cpkv::harness

@@ -1,0 +1,167 @@
+// One replay request and the backend registry: what `cpkv replay`, `cpkv bench`, `cpkv mutants`, the
+// property suite's replay lines and Python's replay() all go through. A front end only parses its
+// own syntax into a ReplayRequest; every check, the backend's construction, the run of each variant
+// and the one-line reproducer live here, so the front ends cannot drift apart.
+//
+// Adding a backend is one registration: a BackendEntry (its name, the options it takes, the planted
+// bugs it holds, a factory) added to the Registry by the library that implements it
+// (sim::register_backends, cuda::register_backend, harness::register_model_backend).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cpkv/harness/mutants.hpp"
+#include "cpkv/harness/replay_report.hpp"
+#include "cpkv/harness/run.hpp"
+#include "cpkv/harness/source.hpp"
+
+namespace cpkv::harness {
+
+// A bad request, naming the option in its Python spelling ("stuck_ms_max"); the CLI prints it as
+// "--stuck-ms-max". The source is named "trace".
+class RequestError : public std::runtime_error {
+ public:
+  RequestError(std::string option, std::string reason);
+  const std::string& option() const { return option_; }
+  const std::string& reason() const { return reason_; }
+  // "--stuck-ms-max: reason" (the source: "trace: reason").
+  std::string cli_message() const;
+
+ private:
+  std::string option_;
+  std::string reason_;
+};
+
+// The options a backend takes beyond the ones every backend takes (variant, layers, seed, batch,
+// mutant). Giving one a backend does not take is refused, naming the backend.
+enum RequestOptionBits : std::uint32_t {
+  kTakesRanksAs = 1u << 0,       // ranks_as: processes or threads
+  kTakesSchedule = 1u << 1,      // schedule: step machines under a schedule
+  kTakesSwarm = 1u << 2,         // swarm: fault knobs drawn from the seed
+  kTakesWaitMsMax = 1u << 3,     // wait_ms_max
+  kTakesStuckMsMax = 1u << 4,    // stuck_ms_max
+  kTakesIpcFault = 1u << 5,      // ipc_missing_rank
+  kTakesEventLog = 1u << 6,      // event_log (scheduled runs only)
+};
+
+struct ReplayRequest {
+  std::string trace_label;                    // the source as the user named it (reports, the replay line)
+  std::string backend = "sim";
+  std::string variant = "all";                // a name, a comma-separated list of names, or "all"
+  std::uint64_t seed = 1;
+  std::string mutant = "none";
+  std::optional<std::int32_t> layers = 4;     // nullopt: all of the setting's layers
+  std::optional<std::int64_t> batch;          // only this batch (0-based)
+  std::optional<std::string> ranks_as;        // default: the backend's
+  std::optional<std::string> schedule;        // "random", "round-robin" or a schedule file
+  bool swarm = false;
+  std::optional<std::int64_t> wait_ms_max;    // default: the backend's
+  std::optional<std::int64_t> stuck_ms_max;   // default: the backend's
+  std::int32_t ipc_missing_rank = -1;         // -1: none
+  bool event_log = false;
+};
+
+// Bounds of the numeric options, with their reasons (the CLI's and Python's alike).
+namespace request_limits {
+inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a hang, not a wait
+}  // namespace request_limits
+
+struct BackendEntry;
+
+// A request after check_request: the backend found, names parsed, every option in range.
+struct CheckedRequest {
+  ReplayRequest request;
+  const BackendEntry* backend = nullptr;
+  std::vector<model::Variant> variants;
+  Mutant mutant = Mutant::none;
+  std::shared_ptr<const void> backend_state;  // what the entry's check parsed (the simulator's schedule)
+};
+
+// A progress callback: batches every rank has finished.
+using ProgressFunction = std::function<void(std::int64_t batches_done)>;
+
+struct BackendEntry {
+  std::string name;                           // --backend NAME
+  std::string summary;                        // one line for --help
+  std::uint32_t options = 0;                  // RequestOptionBits it takes
+  std::uint8_t mutants = 0;                   // BackendBits of the planted bugs it holds (0: none, moves no content)
+  bool moves_content = true;                  // false: the model replay (no ranks, no Backend)
+  // Options beyond the common ones (a schedule file parsed, ranks_as named); may be empty.
+  std::function<void(CheckedRequest&)> check;
+  // What needs the source, before any rank starts (the simulator's /dev/shm space); may be empty.
+  std::function<void(const CheckedRequest&, const BatchSource&, const SourceShape&, std::int32_t layers)> check_source;
+  // The backend; an environment it cannot run in (no GPU) is a RequestError naming "backend".
+  std::function<std::unique_ptr<Backend>(const CheckedRequest&, const ProgressFunction&)> make;
+  // The run header's extra line (the simulator's fault knobs), or empty.
+  std::function<std::string(const CheckedRequest&)> knobs_line;
+};
+
+class Registry {
+ public:
+  void add(BackendEntry entry);  // a second entry of one name is a programming error (asserted)
+  const BackendEntry* find(std::string_view name) const;
+  std::string names() const;     // "sim, cuda, model"
+  const std::vector<BackendEntry>& entries() const { return entries_; }
+
+ private:
+  std::vector<BackendEntry> entries_;
+};
+
+// Registers "model": the model replay (plans, verdicts, bytes and modelled time; no ranks, no
+// Backend: the front ends run harness/model_replay.hpp for it).
+void register_model_backend(Registry& registry);
+
+// Every option that needs no source, in one order (backend, variant, mutant, layers, then the
+// backend's own): throws RequestError naming the first bad one.
+CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
+
+// The variants a name or comma-separated list of names selects ("all": every variant in the
+// table's order); nullopt with the first unknown name in `unknown`.
+std::optional<std::vector<model::Variant>> parse_variant_list(std::string_view text, std::string* unknown = nullptr);
+
+// The source checked against the request before any rank starts: every batch validated and its
+// overflow verdict taken (one pass), the batch asked for present, ipc_missing_rank a rank of the
+// setting, stale shared memory swept, the backend's resources checked.
+struct ScannedSource {
+  SourceScan scan;
+  std::int32_t layer_count = 0;  // the setting's
+  std::int32_t layers = 0;       // run per batch
+  int stale_regions = 0;         // removed by the sweep
+};
+ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source);
+
+// The run header's first line: "<front end>: TRACE | cp .. page .. | N batches | L of M layers | mode .. | seed S".
+std::string run_header(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned,
+                       std::string_view mode);
+
+// One variant's run, as the variant loop hands it to a front end.
+struct VariantRun {
+  model::Variant variant;
+  RunReport report;
+  double seconds = 0;
+  std::string replay_line;  // empty when the run passed
+};
+// Every selected variant through one backend, in order; `on_variant_start` and `on_variant_end`
+// (either may be empty) see each as it starts and ends, so a verdict is out as soon as it is known.
+void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
+                  const std::function<void(model::Variant)>& on_variant_start, const std::function<void(const VariantRun&)>& on_variant_end);
+
+// The one-line reproducer of one variant's run: every option the request gave that changes what
+// runs, in the CLI's spelling.
+std::string replay_line(const CheckedRequest& checked, model::Variant variant, std::int32_t layers);
+
+// The report's lines after a failed run: the failure, each kept violation, the first mismatch, then
+// "replay: LINE".
+std::vector<std::string> failure_lines(const RunReport& report, const std::string& replay_line);
+
+// The JSON `cpkv replay --json` writes and Python's replay() returns.
+nlohmann::json replay_json(const CheckedRequest& checked, const ScannedSource& scanned, std::string_view mode, const nlohmann::json& runs);
+
+}  // namespace cpkv::harness

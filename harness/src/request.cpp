@@ -1,0 +1,222 @@
+#include "cpkv/harness/request.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/shared_region.hpp"
+#include "cpkv/model/assert.hpp"
+#include "cpkv/model/limits.hpp"
+
+namespace cpkv::harness {
+
+RequestError::RequestError(std::string option, std::string reason)
+    : std::runtime_error(fmt::format("{}: {}", option, reason)), option_(std::move(option)), reason_(std::move(reason)) {}
+
+std::string RequestError::cli_message() const {
+  if (option_ == "trace") return fmt::format("trace: {}", reason_);
+  std::string flag = option_;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return fmt::format("--{}: {}", flag, reason_);
+}
+
+void Registry::add(BackendEntry entry) {
+  CPKV_ASSERT(find(entry.name) == nullptr);
+  CPKV_ASSERT(!entry.moves_content || entry.make != nullptr);
+  entries_.push_back(std::move(entry));
+}
+
+const BackendEntry* Registry::find(std::string_view name) const {
+  for (const BackendEntry& e : entries_) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+std::string Registry::names() const {
+  std::string out;
+  for (const BackendEntry& e : entries_) out += (out.empty() ? "" : ", ") + e.name;
+  return out;
+}
+
+std::optional<std::vector<model::Variant>> parse_variant_list(std::string_view text, std::string* unknown) {
+  if (text == "all") return std::vector<model::Variant>(model::kAllVariants.begin(), model::kAllVariants.end());
+  std::vector<model::Variant> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view name = text.substr(start, comma - start);
+    const auto variant = model::parse_variant(name);
+    if (!variant) {
+      if (unknown) *unknown = std::string(name);
+      return std::nullopt;
+    }
+    if (std::find(out.begin(), out.end(), *variant) == out.end()) out.push_back(*variant);
+    start = comma + 1;
+  }
+  return out;
+}
+
+namespace {
+
+const BackendEntry& checked_backend(const ReplayRequest& r, const Registry& registry) {
+  if (const BackendEntry* entry = registry.find(r.backend)) return *entry;
+  std::string reason = fmt::format("'{}' is not one of {}", r.backend, registry.names());
+  if (registry.find("cuda") == nullptr) reason += " (this build has no cuda backend: it needs nvcc and NCCL at configure time)";
+  throw RequestError("backend", reason);
+}
+
+Mutant checked_mutant(const ReplayRequest& r, const BackendEntry& backend) {
+  const auto mutant = parse_mutant(r.mutant);
+  if (!mutant) throw RequestError("mutant", fmt::format("unknown mutant '{}' (one of: {})", r.mutant, mutant_names()));
+  if (*mutant == Mutant::none) return *mutant;
+  if (backend.mutants == 0) {
+    throw RequestError("mutant", fmt::format("--backend {} moves no content: planted bugs live in the backends that do", backend.name));
+  }
+  if (!held_by(*mutant, backend.mutants)) {
+    throw RequestError("mutant", fmt::format("'{}' is not held by --backend {} (it holds: {})", r.mutant, backend.name,
+                                             mutant_names(backend.mutants)));
+  }
+  return *mutant;
+}
+
+// An option the backend does not take is refused, naming the backend.
+void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
+  const struct {
+    bool given;
+    std::uint32_t bit;
+    const char* option;
+  } given[] = {{r.ranks_as.has_value(), kTakesRanksAs, "ranks_as"},       {r.schedule.has_value(), kTakesSchedule, "schedule"},
+               {r.swarm, kTakesSwarm, "swarm"},                           {r.wait_ms_max.has_value(), kTakesWaitMsMax, "wait_ms_max"},
+               {r.stuck_ms_max.has_value(), kTakesStuckMsMax, "stuck_ms_max"}, {r.ipc_missing_rank >= 0, kTakesIpcFault, "ipc_missing_rank"},
+               {r.event_log, kTakesEventLog, "event_log"}};
+  for (const auto& g : given) {
+    if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
+  }
+}
+
+void check_numbers(const ReplayRequest& r) {
+  if (r.layers && (*r.layers < 1 || *r.layers > model::limits::layer_count_max)) {
+    throw RequestError("layers", fmt::format("{} is not 'all' or a number in 1..{}", *r.layers, model::limits::layer_count_max));
+  }
+  if (r.batch && *r.batch < 0) throw RequestError("batch", fmt::format("{} is negative", *r.batch));
+  for (const auto& [value, option] : {std::pair{r.wait_ms_max, "wait_ms_max"}, std::pair{r.stuck_ms_max, "stuck_ms_max"}}) {
+    if (value && (*value < 1 || *value > request_limits::wait_ms_max)) {
+      throw RequestError(option, fmt::format("{} is not in 1..{}", *value, request_limits::wait_ms_max));
+    }
+  }
+  if (r.ipc_missing_rank < -1 || r.ipc_missing_rank >= model::limits::cp_max) {
+    throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank in 0..{} (-1: none)", r.ipc_missing_rank, model::limits::cp_max - 1));
+  }
+}
+
+}  // namespace
+
+CheckedRequest check_request(const ReplayRequest& request, const Registry& registry) {
+  CheckedRequest c;
+  c.request = request;
+  c.backend = &checked_backend(request, registry);
+  std::string unknown;
+  auto variants = parse_variant_list(request.variant, &unknown);
+  if (!variants) throw RequestError("variant", fmt::format("unknown variant '{}' (one of: {}; a comma-separated list, or 'all')", unknown, model::variant_names()));
+  c.variants = *std::move(variants);
+  c.mutant = checked_mutant(request, *c.backend);
+  check_numbers(request);
+  check_taken(request, *c.backend);
+  if (request.event_log && c.variants.size() != 1) throw RequestError("event_log", "give one variant (the log is one run's)");
+  if (c.backend->check) c.backend->check(c);
+  return c;
+}
+
+ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source) {
+  const ReplayRequest& r = checked.request;
+  ScannedSource s;
+  s.scan = scan(source);
+  if (r.batch && s.scan.shape.batches == 0) throw RequestError("batch", fmt::format("{} is not in {}", *r.batch, r.trace_label));
+  s.layer_count = source.setting.layer_count();
+  s.layers = std::min(r.layers.value_or(s.layer_count), s.layer_count);
+  if (r.ipc_missing_rank >= source.setting.cp) {
+    throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", r.ipc_missing_rank, source.setting.cp));
+  }
+  s.stale_regions = sweep_stale_regions();
+  if (checked.backend->check_source) checked.backend->check_source(checked, source, s.scan.shape, s.layers);
+  return s;
+}
+
+std::string run_header(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned,
+                       std::string_view mode) {
+  return fmt::format("{}: {} | cp {} page {} | {} batches | {} of {} layers | mode {} | seed {}{}", front_end, checked.request.trace_label,
+                     source.setting.cp, source.setting.page_size, scanned.scan.shape.batches, scanned.layers, scanned.layer_count, mode,
+                     checked.request.seed,
+                     scanned.stale_regions > 0 ? fmt::format(" | removed {} stale shared-memory regions", scanned.stale_regions) : "");
+}
+
+void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
+                  const std::function<void(model::Variant)>& on_variant_start, const std::function<void(const VariantRun&)>& on_variant_end) {
+  for (model::Variant variant : checked.variants) {
+    if (on_variant_start) on_variant_start(variant);
+    RunOptions options;
+    options.variant = variant;
+    options.layers = scanned.layers;
+    options.seed = checked.request.seed;
+    options.mutant = checked.mutant;
+    options.ipc_missing_rank = checked.request.ipc_missing_rank;
+    set_activity(fmt::format("{} variant {} ({})", checked.request.trace_label, model::to_string(variant), backend.name()));
+    const auto start = std::chrono::steady_clock::now();
+    VariantRun run{variant, backend.run(source, options), 0, {}};
+    run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!run.report.passed()) run.replay_line = replay_line(checked, variant, scanned.layers);
+    if (on_variant_end) on_variant_end(run);
+  }
+}
+
+std::string replay_line(const CheckedRequest& checked, model::Variant variant, std::int32_t layers) {
+  const ReplayRequest& r = checked.request;
+  std::string line = fmt::format("cpkv replay {} --backend {} --variant {} --seed {} --layers {}", r.trace_label, r.backend,
+                                 model::to_string(variant), r.seed, layers);
+  if (r.schedule) line += fmt::format(" --schedule {}", *r.schedule);
+  if (!r.schedule && (checked.backend->options & kTakesRanksAs) != 0) line += fmt::format(" --ranks-as {}", r.ranks_as.value_or("processes"));
+  if (r.swarm) line += " --swarm";
+  if (r.wait_ms_max) line += fmt::format(" --wait-ms-max {}", *r.wait_ms_max);
+  if (r.stuck_ms_max) line += fmt::format(" --stuck-ms-max {}", *r.stuck_ms_max);
+  if (checked.mutant != Mutant::none) line += fmt::format(" --mutant {}", to_string(checked.mutant));
+  if (r.batch) line += fmt::format(" --batch {}", *r.batch);
+  if (r.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", r.ipc_missing_rank);
+  return line;
+}
+
+std::vector<std::string> failure_lines(const RunReport& report, const std::string& line) {
+  std::vector<std::string> out;
+  if (!report.failure.empty()) out.push_back(report.failure);
+  for (const Violation& v : report.violations) out.push_back(describe(v));
+  for (const Totals& t : report.ranks) {
+    if (t.first_mismatch[0] != '\0') {
+      out.emplace_back(t.first_mismatch);
+      break;
+    }
+  }
+  out.push_back("replay: " + line);
+  return out;
+}
+
+nlohmann::json replay_json(const CheckedRequest& checked, const ScannedSource& scanned, std::string_view mode, const nlohmann::json& runs) {
+  const ReplayRequest& r = checked.request;
+  return {{"trace", r.trace_label}, {"seed", r.seed}, {"layers", scanned.layers}, {"mode", mode}, {"mutant", r.mutant},
+          {"rejected_batches", rejected_json(scanned.scan.rejected)}, {"runs", runs}};
+}
+
+}  // namespace cpkv::harness
+
+namespace cpkv::harness {
+
+void register_model_backend(Registry& registry) {
+  BackendEntry model;
+  model.name = "model";
+  model.summary = "plans, verdicts, bytes and modelled time of every batch and variant, no content moved (the cost model)";
+  model.moves_content = false;
+  registry.add(std::move(model));
+}
+
+}  // namespace cpkv::harness

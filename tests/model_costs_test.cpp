@@ -1,0 +1,316 @@
+// The cost model (model/costs.hpp) and the model replay (harness/model_replay.hpp, `cpkv replay
+// --backend model`): the closed-form byte counts against the model's own plans on every field,
+// the modelled time's terms by hand, the ceilings files, the summary and the chart.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.hpp"
+#include "cpkv/model/batch.hpp"
+#include "cpkv/model/costs.hpp"
+#include "cpkv/model/plan.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cpkv::model::Batch;
+using cpkv::model::Request;
+using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
+
+fs::path temp_dir() {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_costs_test_{}", ::getpid());
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const fs::path path = temp_dir() / name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path.string();
+}
+
+// The closed form must be the model: compare every field of model::layer_bytes(variant_plan(...))
+// for random batches under every split policy, cp 1..8, every rank, variant and layer.
+TEST(ModelReplayCosts, ClosedFormEqualsTheModelOnEveryField) {
+  std::mt19937_64 rng(7);  // fixed seed: the same batches on every run
+  const auto draw = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (int trial = 0; trial < 300; ++trial) {
+    cpkv::model::Setting s;
+    s.cp = static_cast<std::int32_t>(draw(1, 8));
+    s.page_size = 1 << draw(0, 4);
+    s.kinds = {*cpkv::model::find_buffer_kind(draw(0, 1) ? "kv_fp8" : "kv_bf16")};
+    if (draw(0, 1)) s.kinds.push_back(*cpkv::model::find_buffer_kind("indexer_k"));
+    s.layer_pattern = draw(0, 1) ? "FS" : "SF";
+    s.pool_pages = 200;
+    s.split = static_cast<cpkv::model::SplitPolicy>(draw(0, 2));
+    Batch batch;
+    for (std::int64_t r = draw(1, 6); r > 0; --r) {
+      Request request;
+      request.extend_len = draw(1, 90);
+      for (std::int64_t k = draw(0, 5); k > 0; --k) request.prefix_pages.push_back(draw(0, 199));
+      request.prefix_len = static_cast<std::int64_t>(request.prefix_pages.size()) * s.page_size;
+      batch.requests.push_back(request);
+    }
+    cpkv::model::BatchCounts counts;
+    cpkv::model::count_batch(s, batch, counts);
+    const cpkv::model::BatchLayout layout = cpkv::model::layout_batch(s, batch);
+    EXPECT_EQ(counts.slot_count, layout.slot_count);
+    EXPECT_EQ(counts.current_pages_total, layout.current_pages_total);
+    for (cpkv::model::Variant variant : cpkv::model::kAllVariants) {
+      for (std::int32_t rank = 0; rank < s.cp; ++rank) {
+        const cpkv::model::VariantPlan plan = cpkv::model::variant_plan(layout, variant, rank);
+        for (std::int32_t layer = 0; layer < s.layer_count(); ++layer) {
+          const auto want = cpkv::model::layer_bytes(s, plan, layer);
+          const auto got = cpkv::model::layer_bytes_from_counts(s, counts, variant, rank, layer);
+          const std::string where = fmt::format("trial {} variant {} rank {} layer {}", trial, cpkv::model::to_string(variant), rank, layer);
+          EXPECT_EQ(got.pulled_from, want.pulled_from) << where;
+          EXPECT_EQ(got.allreduce_bytes, want.allreduce_bytes) << where;
+          EXPECT_EQ(got.local_copy_bytes, want.local_copy_bytes) << where;
+          EXPECT_EQ(got.allreduces, want.allreduces) << where;
+          EXPECT_EQ(got.barriers, want.barriers) << where;
+          EXPECT_EQ(got.gathers, want.gathers) << where;
+          EXPECT_EQ(got.own_rank, want.own_rank) << where;
+        }
+      }
+    }
+  }
+}
+
+// The summary of traces/samples/tiny.jsonl by hand (cp 2, P 4, kv_fp8 656 B + indexer_k 132 B,
+// layers FS: a page is 3152 B on F and 2624 B on S; see tests/cli_plan_test.cpp for the writers):
+//   batches 3, requests 2 + 1 + 2 = 5, extend 6+9 + 1 + 16+13 = 45, prefix 8 + 4 = 12 tokens,
+//   hit rate 12 / 57; current pages 5, 1, 8 (batch 2 overflows 6 staging slots: left out below).
+//   staging_direct bytes pulled from the peer per layer: batch 0 rank 0 reads 4 pages from rank 1
+//   (page 5, c1 c3 c4), rank 1 reads 3 from rank 0 (page 2, c0 c2): 4 * (3152 + 2624) / 2 = 11552
+//   and 3 * 5776 / 2 = 8664; batch 1: one page each way, 2888. Samples {2888 2888 8664 11552}.
+//   Time of batch 1 with peer 1 GB/s (1000 B/us), barrier 5 us, local copies made free and a gather
+//   launch's fixed part 2 us (one compose launch per layer):
+//   F layer 2 + 3152 / 1000 + 5 = 10.152 us, S layer 2 + 2624 / 1000 + 5 = 9.624 us -> 0.019776 ms.
+TEST(ModelReplayCli, TinySummaryMatchesHandCalculation) {
+  const std::string json_path = (temp_dir() / "tiny_summary.json").string();
+  const CliRun run = run_cpkv(fmt::format(
+      "replay traces/samples/tiny.jsonl --backend model --json '{}' --peer-gbps 1 --local-gbps 1e12 --barrier-us 5 --gather-fixed-us 2 --exact-model",
+      json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json s = nlohmann::json::parse(slurp(json_path));
+  EXPECT_EQ(s["batches"], 3);
+  EXPECT_EQ(s["requests"], 5);
+  EXPECT_EQ(s["extend_tokens"], 45);
+  EXPECT_EQ(s["prefix_tokens"], 12);
+  EXPECT_DOUBLE_EQ(s["prefix_hit_rate"].get<double>(), 12.0 / 57.0);
+  EXPECT_EQ(s["overflow_batches"], 1);
+  EXPECT_EQ(s["staging_slots"], 6);
+  EXPECT_EQ(s["current_pages_total"]["min"], 1);
+  EXPECT_EQ(s["current_pages_total"]["p50"], 5);
+  EXPECT_EQ(s["current_pages_total"]["max"], 8);
+  const nlohmann::json& direct = s["variants"][6];
+  ASSERT_EQ(direct["variant"], "staging_direct");
+  const nlohmann::json& bytes = direct["bytes_pulled_from_peers_per_rank_per_layer"];
+  EXPECT_EQ(bytes["count"], 4);
+  EXPECT_DOUBLE_EQ(bytes["min"].get<double>(), 2888);
+  EXPECT_DOUBLE_EQ(bytes["p50"].get<double>(), 2888);
+  EXPECT_DOUBLE_EQ(bytes["max"].get<double>(), 11552);
+  EXPECT_NEAR(direct["modelled_ms_per_batch"]["min"].get<double>(), 0.019776, 1e-9);
+  EXPECT_EQ(s["ceilings"]["peer_gbps"], 1.0);
+}
+
+TEST(ModelReplayCli, CeilingsFileIsReadAndBadOnesRefused) {
+  const std::string good = write_temp("ceilings.json", R"({"peer_gbps": 1, "local_gbps": 1e12, "barrier_us": 5, "allreduce_busbw_gbps": 100, "device": "x"})");
+  const std::string json_path = (temp_dir() / "tiny_ceilings.json").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", good, json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json s = nlohmann::json::parse(slurp(json_path));
+  // As in TinySummaryMatchesHandCalculation, with the file's barrier and the nominal gather fixed part 9 us: + 2 x (9 - 2) us.
+  EXPECT_NEAR(s["variants"][6]["modelled_ms_per_batch"]["min"].get<double>(), 0.019776 + 0.014, 1e-9);
+  EXPECT_EQ(s["ceilings"]["allreduce_busbw_gbps"], 100.0);
+  EXPECT_EQ(s["ceilings"]["gather_fixed_us"], 9.0);
+  const std::string bad = write_temp("ceilings_bad.json", R"({"peer_gbps": 0, "local_gbps": 1, "barrier_us": 5})");
+  const CliRun refused = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", bad));
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_TRUE(one_line(refused.err)) << refused.err;
+  EXPECT_NE(refused.err.find("\"peer_gbps\" must be a positive number"), std::string::npos) << refused.err;
+  const CliRun wrong_backend = run_cpkv("replay traces/samples/tiny.jsonl --backend sim --peer-gbps 3");
+  EXPECT_EQ(wrong_backend.status, 2);
+  EXPECT_TRUE(one_line(wrong_backend.err)) << wrong_backend.err;
+}
+
+// A cpkv bench JSON as the ceilings file: the model's ceilings derived from what the bench measured
+// (cpkv bench prints the same). By hand: launch = graph barrier 3 - launch-free 1.5 = 1.5 us; barrier
+// = launch-free 1.5 us; gather fixed part from the sweep point with the fewest pages of the largest
+// page (64 x 41,984 B = 2,686,976 B at 268.6976 GB/s = 10 us), less those bytes at the copy-engine
+// rate (2686.976 GB/s: 1 us), less the launch a graph saves (barrier 5 - graph barrier 3 = 2 us): 7 us.
+TEST(ModelReplayCli, BenchJsonCeilingsAreDerivedFromTheMeasurements) {
+  const std::string bench = write_temp("bench.json", R"({"peer_gbps": 99, "local_gbps": 99, "barrier_us": 99, "rows": [], "ceilings": {
+      "ce_peer_gbps": 2686.976, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
+      "allreduce_busbw_gbps": 250, "allreduce_latency_us": 11,
+      "allreduce_curve": [{"bytes": 4096, "us": 6}, {"bytes": 1048576, "us": 15}],
+      "gather": [{"page_bytes": 41984, "pages": 256, "gbps": 1}, {"page_bytes": 8448, "pages": 64, "gbps": 1},
+                 {"page_bytes": 41984, "pages": 64, "gbps": 268.6976}]}})");
+  const std::string json_path = (temp_dir() / "tiny_bench_ceilings.json").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", bench, json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json c = nlohmann::json::parse(slurp(json_path))["ceilings"];
+  EXPECT_DOUBLE_EQ(c["peer_gbps"].get<double>(), 2686.976);
+  EXPECT_DOUBLE_EQ(c["local_gbps"].get<double>(), 2000.0);
+  EXPECT_DOUBLE_EQ(c["barrier_us"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(c["launch_us"].get<double>(), 1.5);
+  EXPECT_NEAR(c["gather_fixed_us"].get<double>(), 7.0, 1e-9);
+  EXPECT_DOUBLE_EQ(c["allreduce_busbw_gbps"].get<double>(), 250.0);
+  EXPECT_DOUBLE_EQ(c["allreduce_latency_us"].get<double>(), 11.0);
+  const auto curve = c["allreduce_curve"].get<std::vector<std::pair<double, double>>>();
+  EXPECT_EQ(curve, (std::vector<std::pair<double, double>>{{4096.0, 6.0}, {1048576.0, 15.0}}));
+}
+
+// A bench run without NCCL (cp 1) writes its all-reduce ceilings as 0: not measured. Such a file is
+// read, the nominal all-reduce ceilings stay, and a negative value is still refused.
+TEST(ModelReplayCli, BenchJsonWithoutAllreduceMeasurementsIsRead) {
+  const char* ceilings = R"("ce_peer_gbps": 370, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5)";
+  const std::string bench = write_temp("bench_cp1.json", fmt::format(R"({{"ceilings": {{{}, "allreduce_busbw_gbps": 0, "allreduce_latency_us": 0}}}})", ceilings));
+  const std::string json_path = (temp_dir() / "tiny_cp1_ceilings.json").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}' --json '{}'", bench, json_path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  const nlohmann::json c = nlohmann::json::parse(slurp(json_path))["ceilings"];
+  EXPECT_DOUBLE_EQ(c["allreduce_busbw_gbps"].get<double>(), cpkv::model::CostParameters{}.allreduce_busbw_gbps);
+  EXPECT_DOUBLE_EQ(c["allreduce_latency_us"].get<double>(), cpkv::model::CostParameters{}.allreduce_latency_us);
+  const std::string negative = write_temp("bench_negative.json", fmt::format(R"({{"ceilings": {{{}, "allreduce_busbw_gbps": -1}}}})", ceilings));
+  const CliRun refused = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", negative));
+  EXPECT_EQ(refused.status, 2);
+  EXPECT_TRUE(one_line(refused.err)) << refused.err;
+  EXPECT_NE(refused.err.find("allreduce_busbw_gbps"), std::string::npos) << refused.err;
+}
+
+TEST(ModelReplayCli, BenchJsonAllreduceCurveMustIncrease) {
+  const std::string bench = write_temp("bench_bad_curve.json", R"({"ceilings": {
+      "ce_peer_gbps": 370, "local_copy_gbps": 2000, "barrier_us": 5, "barrier_us_graph": 3, "barrier_us_launch_free": 1.5,
+      "allreduce_curve": [{"bytes": 65536, "us": 6}, {"bytes": 4096, "us": 15}]}})");
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --ceilings '{}'", bench));
+  EXPECT_EQ(run.status, 2);
+  EXPECT_TRUE(one_line(run.err)) << run.err;
+  EXPECT_NE(run.err.find("allreduce_curve"), std::string::npos) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
+}
+
+// One all-reduce call from the measured curve, by hand: points (1000 B, 10 us), (5000 B, 30 us);
+// bus bandwidth 1000 B/us; cp 2 (2(cp-1)/cp = 1).
+TEST(CostModel, AllreduceCallFollowsTheMeasuredCurve) {
+  cpkv::model::CostParameters c;
+  c.allreduce_busbw_gbps = 1.0;
+  c.allreduce_latency_us = 7.0;
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 3000, 2), 7 + 3, 1e-9);  // no curve: latency + bytes / busbw
+  c.allreduce_curve = {{1000, 10}, {5000, 30}};
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 500, 2), 10, 1e-9);   // below the curve: its first point
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 3000, 2), 20, 1e-9);  // halfway between the points
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 5000, 2), 30, 1e-9);
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 7000, 2), 32, 1e-9);  // past it: 2000 more bytes at 1000 B/us
+  EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 7000, 4), 33, 1e-9);  // cp 4: 2(cp-1)/cp = 1.5
+}
+
+// layer_time_us term by term (PROTOCOL.md section 7's steps as gpu/executor.cpp runs them), by hand:
+// cp 2, page size 1, kv_fp8 only (a page is 656 B), F layer; rank 0 owns 3 prefix pages and writes 2
+// current ones, rank 1 owns 5 and writes 4; 14 slots, 6 current pages. Ceilings: peer 1000 B/us,
+// local 500 B/us, barrier 3 us, all-reduce 1000 B/us bus + 7 us per call, launch 11 us, gather fixed 13 us.
+cpkv::model::Setting hand_setting(std::vector<cpkv::model::BufferKind> kinds, const std::string& pattern) {
+  cpkv::model::Setting s;
+  s.cp = 2;
+  s.page_size = 1;
+  s.kinds = std::move(kinds);
+  s.layer_pattern = pattern;
+  s.pool_pages = 100;
+  s.split = cpkv::model::SplitPolicy::zigzag;
+  return s;
+}
+
+cpkv::model::BatchCounts hand_counts() {
+  cpkv::model::BatchCounts c;
+  c.requests = 1;
+  c.slot_count = 14;
+  c.current_pages_total = 6;
+  c.prefix_pages_by_owner = {3, 5};
+  c.current_pages_by_writer = {2, 4};
+  return c;
+}
+
+cpkv::model::CostParameters hand_ceilings() {
+  cpkv::model::CostParameters ceilings;
+  ceilings.peer_gbps = 1.0;
+  ceilings.local_gbps = 0.5;
+  ceilings.barrier_us = 3.0;
+  ceilings.allreduce_busbw_gbps = 1.0;
+  ceilings.allreduce_latency_us = 7.0;
+  ceilings.launch_us = 11.0;
+  ceilings.gather_fixed_us = 13.0;
+  return ceilings;
+}
+
+TEST(CostModel, LayerTimeTermsByHand) {
+  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8")}, "F");
+  cpkv::model::BatchCounts c = hand_counts();
+  const cpkv::model::CostParameters ceilings = hand_ceilings();
+  const auto time_us = [&](cpkv::model::Variant v, std::int64_t dense_slots) {
+    return cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, dense_slots);
+  };
+  using cpkv::model::Variant;
+  // symm_dense: launch 13 + barrier 3 + the longer of 9 peer pages (5904 B / 1000) and 3 own prefix
+  // pages (1968 B / 500): pulls and own-memory copies run at once on the launch's warps.
+  EXPECT_NEAR(time_us(Variant::symm_dense, 0), 13 + 3 + std::max(5.904, 3.936), 1e-9);
+  // staging_direct: the own current pages are read from own staging after the barrier: 5 local pages
+  // (6.56 us), now longer than the pulls.
+  EXPECT_NEAR(time_us(Variant::staging_direct, 0), 13 + 3 + std::max(5.904, 6.56), 1e-9);
+  // staging_publish: the publish (2 pages, 1312 B / 500) is serial before the signal, with its own fixed part.
+  EXPECT_NEAR(time_us(Variant::staging_publish, 0), 13 + (13 + 2.624) + 3 + std::max(5.904, 3.936), 1e-9);
+  // fused_ar: memset of the dense buffer (launch 11 + 20 slots x 656 B / 500), the compose launch
+  // (13 + own prefix 3.936), one all-reduce (7 + 14 x 656 B x 2(cp-1)/cp / 1000).
+  EXPECT_NEAR(time_us(Variant::fused_ar, 20), (11 + 26.24) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  // ... a dense buffer smaller than the batch is the batch's 14 slots.
+  EXPECT_NEAR(time_us(Variant::fused_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  // v2: compose launch 13 with the pack serial before the rest (13 + 2.624), the longer of prefix from
+  // the peer (5 pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack
+  // launch (13 + 6 pages 3936 B / 500).
+  EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + std::max(3.28, 3.936) + (7 + 3.936) + (13 + 7.872), 1e-9);
+  // legacy_span_ar, two requests' spans: 8 prefix pages, none current; none prefix, 6 current. The
+  // memset and the compose launch as fused_ar's, then one call per non-empty span (an empty one
+  // enqueues nothing): (7 + 8 x 656 B / 1000) + (7 + 6 x 656 B / 1000).
+  c.requests = 2;
+  c.span_pages = {8, 0, 0, 6};
+  EXPECT_NEAR(time_us(Variant::legacy_span_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
+}
+
+// The dense all-reduce variants' memset clears the dense half of every kind, also a kind that is
+// not active on the layer (gpu/executor.cpp run_layer): on a shared (S) layer of kv_fp8 (656 B,
+// every layer) + indexer_k (132 B, full layers only), 20 slots x 788 B at 500 B/us, while the
+// compose launch and the all-reduce move kv_fp8 only. Counts and ceilings as above.
+TEST(CostModel, DenseZeroCoversEveryKindOnASharedLayer) {
+  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "S");
+  const cpkv::model::BatchCounts c = hand_counts();
+  const cpkv::model::CostParameters ceilings = hand_ceilings();
+  const cpkv::model::Variant v = cpkv::model::Variant::fused_ar;
+  const double us = cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, 20);
+  EXPECT_NEAR(us, (11 + 31.52) + (13 + 3.936) + (7 + 9.184), 1e-9);
+}
+
+// The chart needs python3 + matplotlib; without them the command says so in one line and exits 2.
+TEST(ModelReplayCli, ChartIsDrawnOrRefusedInOneLine) {
+  const std::string png = (temp_dir() / "tiny.png").string();
+  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0;
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --chart '{}'", png));
+  if (have_matplotlib) {
+    EXPECT_EQ(run.status, 0) << run.err;
+    EXPECT_TRUE(fs::exists(png));
+  } else {
+    EXPECT_EQ(run.status, 2);
+    EXPECT_TRUE(one_line(run.err)) << run.err;
+    EXPECT_NE(run.err.find("matplotlib"), std::string::npos) << run.err;
+    EXPECT_TRUE(run.out.empty()) << "refused before any work: " << run.out;
+  }
+}
+
+}  // namespace
