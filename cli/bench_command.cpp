@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "cpkv/harness/request.hpp"
 #include "cpkv/model/costs.hpp"
 #include "files.hpp"
 #include "options.hpp"
@@ -64,10 +65,11 @@ ModelBytes mean_bytes(const model::Setting& setting, const model::Batch& batch, 
   return {sum.peer / layers, sum.local / layers, sum.allreduce / layers};
 }
 
+// The one variant-list parser (harness/request.hpp), as `cpkv replay --variant` reads it.
 std::vector<model::Variant> bench_variants(const std::string& name) {
-  if (name == "all") return {model::kAllVariants.begin(), model::kAllVariants.end()};
-  if (auto v = model::parse_variant(name)) return {*v};
-  throw OptionError(fmt::format("--variant: unknown variant '{}'", name));
+  std::string unknown;
+  if (auto variants = harness::parse_variant_list(name, &unknown)) return *std::move(variants);
+  throw OptionError(fmt::format("--variant: unknown variant '{}' (one of: {}; a comma-separated list, or 'all')", unknown, model::variant_names()));
 }
 
 // The trace, the ranks on the GPUs, the layers timed, and every batch (for the model's bytes:

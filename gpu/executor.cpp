@@ -10,6 +10,7 @@
 
 #include "cpkv/model/expected.hpp"
 #include "device_plan.hpp"
+#include "mutant_policy.hpp"
 #include "rank.hpp"
 
 namespace cpkv::cuda {
@@ -18,8 +19,7 @@ namespace {
 
 // One batch in flight on one rank: its plan on host and device, the launch arguments of every
 // layer (pointer tables, destinations: batch values, built once), and the planted bug's switches
-// (harness::Mutant; off unless asked for). Each switch changes one step, and a spin on one rank
-// opens the race window so the bug shows on every run.
+// (GpuMutantPolicy, gpu/mutant_policy.hpp; off unless asked for).
 struct BatchRun {
   Rank& r;
   const BatchPlan& b;
@@ -30,10 +30,9 @@ struct BatchRun {
   std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
   std::uint64_t peer_pages_per_kind = 0;                   // pages gathered from peers, per kind and layer
   std::uint64_t peer_bytes = 0;
-  harness::Mutant mutant = harness::Mutant::none;
-  bool skip_zero = false, slow_producer = false, slow_reader = false;
+  GpuMutantPolicy mutant;
 
-  std::int32_t half_of(std::int32_t l) const { return mutant == harness::Mutant::single_half ? 0 : model::parity_half(l); }
+  std::int32_t half_of(std::int32_t l) const { return mutant.single_half() ? 0 : model::parity_half(l); }
 };
 
 kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::size_t k) {
@@ -55,7 +54,7 @@ kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::si
 // The barrier of the fused launch: none, or the signal at its start, or after the publish (the
 // peers read what the publish writes).
 kernels::ComposeBarrier compose_barrier(const BatchRun& run) {
-  if (!run.b.plan.barrier || run.mutant == harness::Mutant::no_barrier) return kernels::kNoBarrier;
+  if (!run.b.plan.barrier || run.mutant.skips_barrier()) return kernels::kNoBarrier;
   return run.b.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
 }
 
@@ -82,8 +81,8 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   a.state = r.mem.barrier_state;
   a.status = r.mem.barrier_status;
   a.barrier = compose_barrier(run);
-  a.phase_lag = run.mutant == harness::Mutant::barrier_passes_early ? 1 : 0;
-  a.reader_spin_cycles = run.slow_reader ? kernels::kMutantWindowCycles : 0;
+  a.phase_lag = run.mutant.barrier_phase_lag();
+  a.reader_spin_cycles = run.mutant.slow_reader() ? kernels::kMutantWindowCycles : 0;
   a.order_pre = run.b.pack.empty() ? 0 : 1;
   return a;
 }
@@ -106,7 +105,7 @@ kernels::ProduceArgs produce_args(const BatchRun& run, std::int32_t l) {
   a.token = run.d.inv_token;
   a.seed = r.ctx.options.seed;
   a.layer = static_cast<std::uint32_t>(l);
-  a.zero_tails = run.b.plan.zero_own_current && !run.skip_zero ? 1 : 0;
+  a.zero_tails = run.b.plan.zero_own_current && !run.mutant.skips_zero() ? 1 : 0;
   return a;
 }
 
@@ -164,11 +163,11 @@ void run_layer(BatchRun& run, std::int32_t l, bool check, bool fill = true) {
   const model::Setting& setting = r.ctx.source.setting;
   const std::size_t kinds = setting.kinds.size();
   const std::int32_t h = run.half_of(l);
-  if (run.b.plan.zero_dense && !run.skip_zero) {
+  if (run.b.plan.zero_dense && !run.mutant.skips_zero()) {
     const std::uint64_t half_bytes = r.mem.dense_offset[h][kinds - 1] - r.mem.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
     CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
   }
-  if (fill && run.slow_producer) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, r.stream));
+  if (fill && run.mutant.slow_producer()) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, r.stream));
   if (fill) CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream));
   const kernels::ComposeArgs& compose = run.compose[l];
   if (compose.barrier != kernels::kNoBarrier) {
@@ -308,10 +307,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   CPKV_CUDA_CHECK(cudaMemcpyAsync(verify, verify_init.data(), verify_init.size() * sizeof(kernels::VerifyResult), cudaMemcpyHostToDevice, r.stream));
   CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.barrier_status, 0, sizeof(kernels::BarrierStatus), r.stream));  // a timeout is reported once
   populate(r, b, d);
-  const harness::Mutant mutant = r.ctx.options.mutant;
-  BatchRun run{r, b, d, verify, {}, {}, {}, 0, 0, mutant, mutant == harness::Mutant::skip_zero,
-               (mutant == harness::Mutant::no_barrier || mutant == harness::Mutant::barrier_passes_early) && r.ctx.rank == r.cp() - 1,
-               mutant == harness::Mutant::single_half && r.ctx.rank == 0};
+  BatchRun run{r, b, d, verify, {}, {}, {}, 0, 0, GpuMutantPolicy(r.ctx.options.mutant, r.ctx.rank, r.cp())};
   build_launches(run);
   const std::int64_t syncs_before = r.host_syncs;
   for (std::int32_t l = 0; l < layers; ++l) {
