@@ -11,6 +11,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/harness/probe.hpp"
+
 namespace cpkv::cuda {
 
 void record(Bootstrap* boot, const harness::Violation& v) {
@@ -41,31 +43,13 @@ void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t
 }
 
 int gpu_count() {
-  std::fflush(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) return 0;
-  if (pid == 0) {
-    if (!harness::prepare_child(parent)) ::_exit(0);  // dies with the caller, even one killed before prctl
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-    ::_exit(std::min(count, 100));
-  }
-  // A hung driver must not hang the caller: poll for 60 s, then give up on the probe.
-  int raw = 0;
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  while (true) {
-    const pid_t done = ::waitpid(pid, &raw, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 || Clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &raw, 0);
-      return 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (!WIFEXITED(raw)) return 0;
-  return WEXITSTATUS(raw);
+  // In a child (this process never touches CUDA before its ranks fork); a hung driver must not hang
+  // the caller: 60 s, then no GPU.
+  int count = 0;
+  const harness::ProbeOutcome probe = harness::run_probe<int>([](int& out) {
+    if (cudaGetDeviceCount(&out) != cudaSuccess) out = 0;
+  }, count, std::chrono::seconds(60));
+  return probe.answered ? std::clamp(count, 0, 100) : 0;
 }
 
 }  // namespace cpkv::cuda

@@ -1,17 +1,14 @@
 // The GPU side of the planted bugs: which switches the CUDA backend has (the switches themselves sit
 // in gpu/executor.cpp's layer loop) and the verify kernel's self-test.
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
+
 #include <cstring>
 #include <vector>
 
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include "cpkv/harness/probe.hpp"
 #include "cuda_backend.hpp"
 #include "cpkv/model/setting.hpp"
 #include "launchers.cuh"
@@ -118,35 +115,12 @@ VerifySelfTest verify_self_test() {
   t.planted_slot = kPlantedSlot;
   t.planted_row = kPlantedRow;
   t.planted_byte = kPlantedByte;
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    t.failure = fmt::format("verify self-test: pipe failed: {}", std::strerror(errno));
-    return t;
-  }
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    t.failure = fmt::format("verify self-test: fork failed: {}", std::strerror(errno));
-    return t;
-  }
-  if (pid == 0) {
-    ::close(fds[0]);
-    Wire wire{};
-    wire.cuda_error = run_on_device(wire);
-    const bool written = ::write(fds[1], &wire, sizeof(wire)) == static_cast<ssize_t>(sizeof(wire));
-    ::_exit(written ? 0 : 1);
-  }
-  ::close(fds[1]);
+  // In a child: this process never touches CUDA (its ranks fork later).
   Wire wire{};
-  pollfd pfd{fds[0], POLLIN, 0};
-  const int ready = ::poll(&pfd, 1, kSelfTestMs);
-  const bool got = ready == 1 && ::read(fds[0], &wire, sizeof(wire)) == static_cast<ssize_t>(sizeof(wire));
-  ::close(fds[0]);
-  if (!got) ::kill(pid, SIGKILL);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!got) {
-    t.failure = ready == 0 ? fmt::format("verify self-test: the child (pid {}) gave no answer in {} ms", pid, kSelfTestMs)
-                           : fmt::format("verify self-test: the child (pid {}) died before answering", pid);
+  const harness::ProbeOutcome probe = harness::run_probe<Wire>([](Wire& w) { w.cuda_error = run_on_device(w); }, wire,
+                                                                std::chrono::milliseconds(kSelfTestMs));
+  if (!probe.answered) {
+    t.failure = "verify self-test: " + probe.failure;
     return t;
   }
   if (wire.cuda_error != 0) {
