@@ -27,20 +27,6 @@ struct PlanOptions {
   bool json = false;
 };
 
-// The whole-batch bytes each rank pulls from each peer (all layers, all active kinds).
-std::vector<std::vector<std::uint64_t>> bytes_pulled(const model::Setting& setting, const model::BatchLayout& layout,
-                                                     model::Variant variant) {
-  std::vector<std::vector<std::uint64_t>> matrix(setting.cp, std::vector<std::uint64_t>(setting.cp, 0));
-  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
-    const model::VariantPlan plan = model::variant_plan(layout, variant, rank);
-    for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
-      const model::LayerBytes bytes = model::layer_bytes(setting, plan, layer);
-      for (std::int32_t peer = 0; peer < setting.cp; ++peer) matrix[rank][peer] += bytes.pulled_from[peer];
-    }
-  }
-  return matrix;
-}
-
 std::vector<std::vector<std::int32_t>> writers_by_request(const model::BatchLayout& layout, std::size_t requests) {
   std::vector<std::vector<std::int32_t>> writers(requests);
   for (const model::CurrentPage& page : layout.current) writers[page.request].push_back(page.writer);
@@ -53,7 +39,7 @@ void print_batch(const PlanOptions& options, const model::Setting& setting, cons
   const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, capacity.staging_slots);
   const auto writers = writers_by_request(layout, batch.requests.size());
   // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
-  const auto matrix = verdict.overflow ? std::vector<std::vector<std::uint64_t>>() : bytes_pulled(setting, layout, variant);
+  const auto matrix = verdict.overflow ? std::vector<std::vector<std::uint64_t>>() : model::batch_bytes_pulled(setting, layout, variant);
   const std::int32_t rank_first = options.rank.value_or(0);
   const std::int32_t rank_end = options.rank ? *options.rank + 1 : setting.cp;
   if (options.json) {

@@ -260,4 +260,16 @@ LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int
   return bytes;
 }
 
+std::vector<std::vector<std::uint64_t>> batch_bytes_pulled(const Setting& setting, const BatchLayout& layout, Variant variant) {
+  std::vector<std::vector<std::uint64_t>> matrix(setting.cp, std::vector<std::uint64_t>(setting.cp, 0));
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+    const VariantPlan plan = variant_plan(layout, variant, rank);
+    for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
+      const LayerBytes bytes = layer_bytes(setting, plan, layer);
+      for (std::int32_t from = 0; from < setting.cp; ++from) matrix[rank][from] += bytes.pulled_from[from];
+    }
+  }
+  return matrix;
+}
+
 }  // namespace cpkv::model

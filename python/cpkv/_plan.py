@@ -1,7 +1,7 @@
 """cpkv.plan: the batch-logical plan of every batch, as `cpkv plan --json` prints it.
 
 Every number comes from the C++ model (layout_batch, staging_capacity, overflow_verdict,
-variant_plan, layer_bytes); this module only arranges them in the command's JSON shape, and the
+batch_bytes_pulled); this module only arranges them in the command's JSON shape, and the
 test suite checks the two agree on every sample trace.
 """
 
@@ -11,19 +11,6 @@ from typing import Any, Dict, List, Optional
 
 from . import _cpkv
 from ._errors import InputError
-
-
-def _bytes_pulled(setting: _cpkv.Setting, layout: _cpkv.BatchLayout, variant: str) -> List[List[int]]:
-    """Per rank, the whole-batch bytes pulled from each peer (all layers, all active kinds)."""
-    matrix = []
-    for rank in range(setting.cp):
-        plan = _cpkv.variant_plan(layout, variant, rank)
-        row = [0] * setting.cp
-        for layer in range(setting.layer_count):
-            for peer, pulled in enumerate(_cpkv.layer_bytes(setting, plan, layer).pulled_from):
-                row[peer] += pulled
-        matrix.append(row)
-    return matrix
 
 
 def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, rank: Optional[int] = None,
@@ -42,7 +29,7 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
     writers: List[List[int]] = [[] for _ in batch.requests]
     for page in layout.current:
         writers[page.request].append(page.writer)
-    matrix = None if verdict.overflow else _bytes_pulled(setting, layout, variant)
+    matrix = None if verdict.overflow else _cpkv.batch_bytes_pulled(setting, layout, variant)
     ranks = range(setting.cp) if rank is None else [rank]
     return {
         "batch": index,

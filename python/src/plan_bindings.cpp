@@ -197,6 +197,10 @@ void bind_layer_bytes(py::module_& m) {
       .def_readonly("gathers", &model::LayerBytes::gathers, "Gathers on the layer.")
       .def_readonly("own_rank", &model::LayerBytes::own_rank, "The rank whose bytes these are.")
       .def("pulled_from_peers", &model::LayerBytes::pulled_from_peers, "Bytes pulled from every rank but its own.");
+  m.def("batch_bytes_pulled", [](const model::Setting& s, const model::BatchLayout& layout, const std::string& variant) {
+    return model::batch_bytes_pulled(s, layout, require_variant(variant));
+  }, py::arg("setting"), py::arg("layout"), py::arg("variant"),
+        "Per rank, the whole batch's bytes pulled from each rank (itself included), over every layer and active kind.");
   m.def("layer_bytes", [](const model::Setting& s, const model::VariantPlan& plan, std::int32_t layer) {
     require_rank(plan.rank, s.cp);
     return model::layer_bytes(s, plan, require_layer(s, layer));

@@ -111,4 +111,9 @@ struct LayerBytes {
 };
 LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int32_t layer);
 
+// The whole batch's bytes each rank pulls from each rank ([rank][from], the rank itself included:
+// its own pool pages and staging), summed over every layer and active kind: what `cpkv plan` and
+// Python's plan() report.
+std::vector<std::vector<std::uint64_t>> batch_bytes_pulled(const Setting& setting, const BatchLayout& layout, Variant variant);
+
 }  // namespace cpkv::model
