@@ -142,8 +142,8 @@ BENCHMARK(BM_RaggedIndexPlan)->Unit(benchmark::kMicrosecond);
 
 // The scheduled simulator on the tiny trace: steps per second of the whole group.
 void BM_SimScheduledTiny(benchmark::State& state) {
-  const auto source = cpkv::sim::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/tiny.jsonl");
-  cpkv::sim::SimOptions options;
+  const auto source = cpkv::harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/tiny.jsonl");
+  cpkv::harness::RunOptions options;
   options.layers = 2;
   std::uint64_t steps = 0;
   for (auto _ : state) {

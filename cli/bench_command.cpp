@@ -76,7 +76,7 @@ std::vector<model::Variant> bench_variants(const std::string& name) {
 // benchmark traces are small, a handful of batches) with the ones the overflow verdict rejects
 // (nothing of them is timed).
 struct BenchSetup {
-  sim::BatchSource source;
+  harness::BatchSource source;
   std::int32_t gpus = 0;
   std::int32_t layers = 0;
   std::int32_t timed_cycle = 0;  // the backend's timing cycle
@@ -86,7 +86,7 @@ struct BenchSetup {
 };
 
 BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
-  BenchSetup s{sim::BatchSource::from_trace(trace.path())};
+  BenchSetup s{harness::BatchSource::from_trace(trace.path())};
   if (o.cp) {
     if (*o.cp < 1 || *o.cp > model::limits::cp_max) throw OptionError(fmt::format("--cp: {} is outside 1..{}", *o.cp, model::limits::cp_max));
     s.source.setting.cp = *o.cp;
@@ -100,7 +100,7 @@ BenchSetup bench_setup(const BenchOptions& o, const InputFile& trace) {
   if (s.layers < 2) throw OptionError("--layers: timing needs at least 2 layers (consecutive layers must alternate staging halves)");
   s.timed_cycle = s.layers % 2 == 0 ? s.layers : s.layers - 1;
   const std::int64_t staging_slots = model::staging_capacity(s.source.setting).staging_slots;
-  sim::BatchCursor cursor(s.source);
+  harness::BatchCursor cursor(s.source);
   while (auto b = cursor.next()) {
     const model::BatchLayout layout = model::layout_batch(s.source.setting, *b);
     s.dense_slots = std::max(s.dense_slots, layout.slot_count);
@@ -274,7 +274,7 @@ void run_bench(const BenchOptions& o) {
   bool first = true;
   bool all_exact = true;
   for (model::Variant variant : variants) {
-    sim::SimOptions options;
+    harness::RunOptions options;
     options.variant = variant;
     options.layers = s.layers;
     cuda::CudaOptions cuda_options;

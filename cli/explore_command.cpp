@@ -38,7 +38,7 @@ bool explore_shapes(const ExploreCliOptions& o) {
   bool ok = true;
   for (std::int32_t cp = 1; cp <= cp_top; ++cp) {
     for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
-      properties::ExploreOptions options = properties::options_for(shape, layers, sim::Mutant::none);
+      properties::ExploreOptions options = properties::options_for(shape, layers, harness::Mutant::none);
       options.seconds_max = o.seconds_max;
       const properties::ExploreResult r = properties::explore(options);
       ok = ok && !r.found && r.complete;
@@ -48,7 +48,7 @@ bool explore_shapes(const ExploreCliOptions& o) {
   }
   fmt::print("\nplanted bugs: the first shape (cp 2, then 3) in which exploration reaches a violation or deadlock\n");
   fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9}  {}\n", "mutant", "shape", "cp", "states", "seconds", "finding");
-  for (sim::Mutant mutant : harness::kAllMutants) {
+  for (harness::Mutant mutant : harness::kAllMutants) {
     bool found = false;
     for (std::int32_t cp = 2; cp <= std::max(2, cp_top) && !found; ++cp) {
       for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
@@ -76,7 +76,7 @@ void run_explore(const ExploreCliOptions& o) {
              o.variant);
   fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9}  {}\n", "cp", "layers", "mutant", "states", "transitions", "seconds", "result");
   bool all_as_expected = true;
-  const auto report = [&](std::int32_t cp, std::int32_t layers, sim::Mutant mutant) {
+  const auto report = [&](std::int32_t cp, std::int32_t layers, harness::Mutant mutant) {
     properties::ExploreOptions options;
     options.setting = properties::exploration_setting(cp);
     options.batches = {properties::exploration_batch()};
@@ -91,15 +91,15 @@ void run_explore(const ExploreCliOptions& o) {
     } else {
       result = r.complete ? "proved: no violation in any interleaving" : "INCOMPLETE (limit reached)";
     }
-    const bool expected = mutant == sim::Mutant::none ? (!r.found && r.complete) : r.found;
+    const bool expected = mutant == harness::Mutant::none ? (!r.found && r.complete) : r.found;
     all_as_expected = all_as_expected && expected;
     fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}\n", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
     std::fflush(stdout);
   };
   for (std::int32_t cp = 1; cp <= o.cp_max; ++cp) {
-    for (std::int32_t layers = 1; layers <= o.layers_max; ++layers) report(cp, layers, sim::Mutant::none);
+    for (std::int32_t layers = 1; layers <= o.layers_max; ++layers) report(cp, layers, harness::Mutant::none);
   }
-  for (sim::Mutant mutant : {sim::Mutant::single_half, sim::Mutant::no_barrier, sim::Mutant::arrive_before_fill}) {
+  for (harness::Mutant mutant : {harness::Mutant::single_half, harness::Mutant::no_barrier, harness::Mutant::arrive_before_fill}) {
     report(2, std::min(3, o.layers_max), mutant);
   }
   if (o.shapes) all_as_expected = explore_shapes(o) && all_as_expected;

@@ -30,23 +30,23 @@ void run_gpu_mutants() {
   fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "mutant", "cp", "gpus", "caught", "first finding");
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   for (const std::int32_t cp : {2, 4, 8}) {
-    const sim::BatchSource source = cuda::gpu_mutant_source(cp);
-    sim::SimOptions options;
+    const harness::BatchSource source = cuda::gpu_mutant_source(cp);
+    harness::RunOptions options;
     options.variant = model::Variant::staging_direct;
     options.layers = cuda::kGpuMutantLayers;
     options.seed = 7;
-    const sim::RunReport clean = backend->run(source, options);
+    const harness::RunReport clean = backend->run(source, options);
     ok = ok && clean.passed();
     fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "none", cp, std::min(gpus, cp), clean.passed() ? "passes" : "FAILS", cuda::first_finding(clean));
     for (harness::Mutant mutant : harness::kGpuMutants) {
       options.mutant = mutant;
-      const sim::RunReport report = backend->run(source, options);
+      const harness::RunReport report = backend->run(source, options);
       const bool caught = !report.passed();
       ok = ok && caught;
       fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", harness::to_string(mutant), cp, std::min(gpus, cp), caught ? "yes" : "NO", cuda::first_finding(report));
       std::fflush(stdout);
     }
-    options.mutant = sim::Mutant::none;
+    options.mutant = harness::Mutant::none;
   }
   exit_status() = ok ? kExitOk : kExitFailure;
 }

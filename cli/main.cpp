@@ -10,7 +10,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "cpkv/harness/interrupt.hpp"
-#include "cpkv/sim/shared_region.hpp"
+#include "cpkv/harness/shared_region.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace {
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   } catch (const cpkv::traces::TraceError& e) {
     print_error(e.what());
     return cpkv::cli::kExitBadInput;
-  } catch (const cpkv::sim::SharedMemoryFull& e) {
+  } catch (const cpkv::harness::SharedMemoryFull& e) {
     print_error(e.what());  // the run as asked does not fit this machine's /dev/shm
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::cli::OptionError& e) {

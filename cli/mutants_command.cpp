@@ -41,7 +41,7 @@ std::string invariant_cell(const properties::MutantRow& row) {
 }
 
 void print_row(const properties::MutantRow& row) {
-  const bool none = row.mutant == sim::Mutant::none;
+  const bool none = row.mutant == harness::Mutant::none;
   const std::string name = none ? "none (correct protocol)" : std::string(harness::to_string(row.mutant));
   const std::string verdict = none ? (row.caught ? "FAILED" : "passes") : (row.caught ? "yes" : "NO");
   fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9.2f}\n", name, verdict, row.caught ? row.caught_by : "-", invariant_cell(row),
@@ -90,7 +90,7 @@ void run_mutants(const MutantsOptions& o) {
   bool coverage_met = true;
   properties::mutation_table(params, o.every_property, [&](const properties::MutantRow& row) {
     print_row(row);
-    if (row.mutant == sim::Mutant::none) {
+    if (row.mutant == harness::Mutant::none) {
       clean_passes = !row.caught;
       coverage_met = print_coverage(row, params).empty();
     } else {
@@ -147,7 +147,7 @@ void run_soak(const SoakOptions& o) {
     fmt::print("seed {} ...\n", params.seed);
     std::fflush(stdout);
     for (const properties::Property& property : properties::all_properties()) {
-      const properties::PropertyOutcome outcome = properties::check_property(property, sim::Mutant::none, params);
+      const properties::PropertyOutcome outcome = properties::check_property(property, harness::Mutant::none, params);
       if (outcome.passed) continue;
       fmt::print("FAILED {} with seed {}:\n{}\n  reproduce: RC_PARAMS=\"seed={}\" build/tests/cpkv.tests.properties\n", property.name, params.seed,
                  outcome.message, params.seed);

@@ -8,7 +8,7 @@
 namespace cpkv::properties {
 namespace {
 
-ExploreResult run(std::int32_t cp, std::int32_t layers, model::Variant variant, sim::Mutant mutant) {
+ExploreResult run(std::int32_t cp, std::int32_t layers, model::Variant variant, harness::Mutant mutant) {
   ExploreOptions options;
   options.setting = exploration_setting(cp);
   options.batches = {exploration_batch()};
@@ -22,7 +22,7 @@ TEST(Explorer, EveryInterleavingIsSafeForStagingFamiliesUpToThreeRanksAndThreeLa
   for (model::Variant variant : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
     for (std::int32_t cp = 1; cp <= 3; ++cp) {
       for (std::int32_t layers = 1; layers <= 3; ++layers) {
-        const ExploreResult r = run(cp, layers, variant, sim::Mutant::none);
+        const ExploreResult r = run(cp, layers, variant, harness::Mutant::none);
         EXPECT_FALSE(r.found) << model::to_string(variant) << " cp " << cp << " layers " << layers << ": " << r.finding;
         EXPECT_TRUE(r.complete) << "cp " << cp << " layers " << layers;
         // More than one interleaving was explored wherever two ranks exist.
@@ -35,21 +35,21 @@ TEST(Explorer, EveryInterleavingIsSafeForStagingFamiliesUpToThreeRanksAndThreeLa
 }
 
 TEST(Explorer, FourRanksTwoLayersAreSafeInEveryInterleaving) {
-  const ExploreResult r = run(4, 2, model::Variant::staging_direct, sim::Mutant::none);
+  const ExploreResult r = run(4, 2, model::Variant::staging_direct, harness::Mutant::none);
   EXPECT_FALSE(r.found) << r.finding;
   EXPECT_TRUE(r.complete);
   EXPECT_GT(r.states, 1000u);
 }
 
 TEST(Explorer, FindsTheSingleHalfCounterexample) {
-  const ExploreResult r = run(2, 3, model::Variant::staging_direct, sim::Mutant::single_half);
+  const ExploreResult r = run(2, 3, model::Variant::staging_direct, harness::Mutant::single_half);
   ASSERT_TRUE(r.found);
   EXPECT_NE(r.finding.find("invariant 2"), std::string::npos) << r.finding;
   EXPECT_FALSE(r.schedule.empty());
 }
 
 TEST(Explorer, FindsTheNoBarrierCounterexample) {
-  const ExploreResult r = run(2, 2, model::Variant::staging_direct, sim::Mutant::no_barrier);
+  const ExploreResult r = run(2, 2, model::Variant::staging_direct, harness::Mutant::no_barrier);
   ASSERT_TRUE(r.found);
   EXPECT_NE(r.finding.find("invariant 2"), std::string::npos) << r.finding;
 }
@@ -59,7 +59,7 @@ TEST(Explorer, FindsTheNoBarrierCounterexample) {
 // blocks); only the end of every interleaving shows the flags a phase apart, with the schedule there.
 TEST(Explorer, ChecksQuiescenceAtTheEndOfTheInterleavings) {
   for (std::int32_t cp = 2; cp <= 3; ++cp) {
-    const ExploreResult r = run(cp, 2, model::Variant::staging_direct, sim::Mutant::unmatched_arrival);
+    const ExploreResult r = run(cp, 2, model::Variant::staging_direct, harness::Mutant::unmatched_arrival);
     ASSERT_TRUE(r.found) << "cp " << cp << ": the flags left a phase apart were not reported";
     EXPECT_NE(r.finding.find("invariant 4"), std::string::npos) << r.finding;
     EXPECT_NE(r.finding.find("flags not drained at quiescence"), std::string::npos) << r.finding;
@@ -68,7 +68,7 @@ TEST(Explorer, ChecksQuiescenceAtTheEndOfTheInterleavings) {
 }
 
 TEST(Explorer, FindsTheArriveBeforeFillCounterexample) {
-  const ExploreResult r = run(2, 2, model::Variant::staging_direct, sim::Mutant::arrive_before_fill);
+  const ExploreResult r = run(2, 2, model::Variant::staging_direct, harness::Mutant::arrive_before_fill);
   ASSERT_TRUE(r.found);
   EXPECT_NE(r.finding.find("invariant 2"), std::string::npos) << r.finding;
 }
@@ -87,7 +87,7 @@ TEST(Explorer, EveryShapeIsSafeInEveryInterleavingUpToThreeRanks) {
   for (std::int32_t cp = 1; cp <= 3; ++cp) {
     for (const ExploreShape& shape : exploration_shapes(cp)) {
       if (shape.batches.size() == 1 && shape.ipc_missing_rank < 0 && shape.name != "idle_rank") continue;  // the variants: above
-      const ExploreResult r = explore(options_for(shape, 2, sim::Mutant::none));
+      const ExploreResult r = explore(options_for(shape, 2, harness::Mutant::none));
       EXPECT_FALSE(r.found) << shape.name << " cp " << cp << ": " << r.finding;
       EXPECT_TRUE(r.complete) << shape.name << " cp " << cp;
     }
@@ -98,26 +98,26 @@ TEST(Explorer, EveryShapeIsSafeInEveryInterleavingUpToThreeRanks) {
 // what it claims to rule out, each bug in the shape named here and as the invariant named here.
 TEST(Explorer, EveryPlantedBugIsFoundInOneOfTheShapes) {
   struct Expected {
-    sim::Mutant mutant;
+    harness::Mutant mutant;
     std::string shape;
     std::int32_t cp;
     std::string invariant;
   };
   const std::vector<Expected> expected = {
-      {sim::Mutant::single_half, "staging_direct", 2, "invariant 2"},
-      {sim::Mutant::no_barrier, "staging_direct", 2, "invariant 2"},
-      {sim::Mutant::arrive_before_fill, "staging_direct", 2, "invariant 2"},
-      {sim::Mutant::rank_local_overflow, "overflow_then_normal", 3, "invariant 3"},
-      {sim::Mutant::address_keyed_plan_cache, "two_batches", 2, "invariant 5"},
-      {sim::Mutant::token_split, "staging_direct", 2, "invariant 1"},
-      {sim::Mutant::skip_zero, "staging_direct", 2, "invariant 6"},
-      {sim::Mutant::unagreed_capability, "capability_fallback", 2, "invariant 7"},
-      {sim::Mutant::barrier_reset_race, "staging_direct", 2, "invariant 8"},
-      {sim::Mutant::skip_idle_barrier, "idle_rank", 2, "invariant"},
-      {sim::Mutant::barrier_passes_early, "symm_dense", 2, "invariant 4"},
-      {sim::Mutant::plan_rebuilt_per_layer, "staging_direct", 2, "invariant 5"},
-      {sim::Mutant::reversed_request_order, "staging_publish", 2, "invariant 6"},
-      {sim::Mutant::unmatched_arrival, "staging_direct", 2, "flags not drained at quiescence"},
+      {harness::Mutant::single_half, "staging_direct", 2, "invariant 2"},
+      {harness::Mutant::no_barrier, "staging_direct", 2, "invariant 2"},
+      {harness::Mutant::arrive_before_fill, "staging_direct", 2, "invariant 2"},
+      {harness::Mutant::rank_local_overflow, "overflow_then_normal", 3, "invariant 3"},
+      {harness::Mutant::address_keyed_plan_cache, "two_batches", 2, "invariant 5"},
+      {harness::Mutant::token_split, "staging_direct", 2, "invariant 1"},
+      {harness::Mutant::skip_zero, "staging_direct", 2, "invariant 6"},
+      {harness::Mutant::unagreed_capability, "capability_fallback", 2, "invariant 7"},
+      {harness::Mutant::barrier_reset_race, "staging_direct", 2, "invariant 8"},
+      {harness::Mutant::skip_idle_barrier, "idle_rank", 2, "invariant"},
+      {harness::Mutant::barrier_passes_early, "symm_dense", 2, "invariant 4"},
+      {harness::Mutant::plan_rebuilt_per_layer, "staging_direct", 2, "invariant 5"},
+      {harness::Mutant::reversed_request_order, "staging_publish", 2, "invariant 6"},
+      {harness::Mutant::unmatched_arrival, "staging_direct", 2, "flags not drained at quiescence"},
   };
   ASSERT_EQ(expected.size(), harness::kAllMutants.size());
   for (const Expected& e : expected) {

@@ -22,17 +22,17 @@ namespace {
 
 std::string sample(const std::string& name) { return std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name; }
 
-void expect_every_variant_exact(const sim::BatchSource& source, std::int32_t layers) {
+void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers) {
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   for (model::Variant variant : model::kAllVariants) {
-    sim::SimOptions options;
+    harness::RunOptions options;
     options.variant = variant;
     options.layers = layers;
     options.seed = 7;
-    const sim::RunReport report = backend->run(source, options);
+    const harness::RunReport report = backend->run(source, options);
     EXPECT_TRUE(report.failure.empty()) << model::to_string(variant) << ": " << report.failure;
     EXPECT_EQ(report.mismatches(), 0) << model::to_string(variant) << ": " << (report.ranks.empty() ? "" : report.ranks[0].first_mismatch);
-    EXPECT_EQ(report.violation_count, 0) << model::to_string(variant) << ": " << (report.violations.empty() ? "" : sim::describe(report.violations[0]));
+    EXPECT_EQ(report.violation_count, 0) << model::to_string(variant) << ": " << (report.violations.empty() ? "" : harness::describe(report.violations[0]));
     ASSERT_FALSE(report.ranks.empty());
     EXPECT_EQ(report.ranks[0].layers, static_cast<std::int64_t>(layers) * (report.ranks[0].batches - report.ranks[0].overflows))
         << "every accepted batch ran every layer";
@@ -41,12 +41,12 @@ void expect_every_variant_exact(const sim::BatchSource& source, std::int32_t lay
 
 TEST(GpuBackend, EveryVariantIsByteExactOnTheTinyTrace) {
   CPKV_REQUIRE_GPU();
-  expect_every_variant_exact(sim::BatchSource::from_trace(sample("tiny.jsonl")), 2);
+  expect_every_variant_exact(harness::BatchSource::from_trace(sample("tiny.jsonl")), 2);
 }
 
 TEST(GpuBackend, EveryVariantIsByteExactOnTheSeedsBatchWithEightRanksOversubscribed) {
   CPKV_REQUIRE_GPU();
-  expect_every_variant_exact(sim::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3);
+  expect_every_variant_exact(harness::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3);
 }
 
 // The planted-bug runs' setting with half their token cap (a smaller staging).
@@ -63,7 +63,7 @@ TEST(GpuBackend, FourAndEightRanksOnTwoGpusAreByteExactOverFourLayers) {
     batch.requests.push_back({32, 70, {3, 17}});
     batch.requests.push_back({0, 1, {}});
     batch.requests.push_back({48, 130, {9, 40, 63}});
-    expect_every_variant_exact(sim::BatchSource::from_batches(small_setting(cp), {batch, batch}), 4);
+    expect_every_variant_exact(harness::BatchSource::from_batches(small_setting(cp), {batch, batch}), 4);
   }
 }
 
@@ -72,11 +72,11 @@ TEST(GpuBackend, AMissingIpcCapabilityOnOneRankMakesEveryRankFallBack) {
   model::Batch batch;
   batch.requests.push_back({32, 40, {1, 2}});
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
-  sim::SimOptions options;
+  harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = 2;
   options.ipc_missing_rank = 1;
-  const sim::RunReport report = backend->run(sim::BatchSource::from_batches(small_setting(2), {batch}), options);
+  const harness::RunReport report = backend->run(harness::BatchSource::from_batches(small_setting(2), {batch}), options);
   EXPECT_TRUE(report.passed()) << report.failure;
   ASSERT_EQ(report.ranks.size(), 2u);
   // The agreed path is v2_fallback: no barrier, one whole-buffer all-reduce per layer and kind.
@@ -98,7 +98,7 @@ TEST(GpuBackend, APageFirstNamedByARejectedBatchIsStillWrittenForTheNextBatch) {
   for (int i = 0; i < 5; ++i) rejected.requests.push_back({1, 1, {0}});  // 5 current pages > 4
   model::Batch accepted;
   accepted.requests.push_back({1, 1, {0}});
-  expect_every_variant_exact(sim::BatchSource::from_batches(s, {rejected, accepted}), 2);
+  expect_every_variant_exact(harness::BatchSource::from_batches(s, {rejected, accepted}), 2);
 }
 
 TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
@@ -117,7 +117,7 @@ TEST(GpuBackend, GeneratedCasesAreByteExactOnTheGpus) {
   metadata.id = metadata.description = "GPU byte exactness on generated cases";
   // The same property body as the simulator suite's invariant 6, on the CUDA backend.
   const auto result = rc::detail::checkTestable(
-      [&] { properties::byte_exactness_on([&](const properties::Case&) { return cuda::make_cuda_backend(cuda::CudaOptions{}); }, bounds, sim::Mutant::none,
+      [&] { properties::byte_exactness_on([&](const properties::Case&) { return cuda::make_cuda_backend(cuda::CudaOptions{}); }, bounds, harness::Mutant::none,
                                            /*require_no_violation=*/true);
       },
       metadata, params);
@@ -177,20 +177,20 @@ TEST(GpuMutants, VerifyKernelFindsAndLocatesOneCorruptedByte) {
 }
 
 void expect_every_gpu_mutant_reported(std::int32_t cp) {
-  const sim::BatchSource source = cuda::gpu_mutant_source(cp);
+  const harness::BatchSource source = cuda::gpu_mutant_source(cp);
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
-  sim::SimOptions options;
+  harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = cuda::kGpuMutantLayers;
   options.seed = 7;
-  const sim::RunReport clean = backend->run(source, options);
+  const harness::RunReport clean = backend->run(source, options);
   EXPECT_TRUE(clean.passed()) << "cp " << cp << ": the setup itself fails: " << cuda::first_finding(clean);
   for (harness::Mutant mutant : harness::kGpuMutants) {
     options.mutant = mutant;
-    const sim::RunReport report = backend->run(source, options);
+    const harness::RunReport report = backend->run(source, options);
     EXPECT_FALSE(report.passed()) << harness::to_string(mutant) << " went unnoticed on cp " << cp;
     const std::string finding = cuda::first_finding(report);
-    if (mutant == sim::Mutant::barrier_passes_early && report.mismatches() == 0) {
+    if (mutant == harness::Mutant::barrier_passes_early && report.mismatches() == 0) {
       EXPECT_NE(finding.find("invariant 4"), std::string::npos) << finding;  // at least the pads are not drained
       continue;
     }

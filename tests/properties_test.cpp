@@ -20,7 +20,7 @@ void expect_holds(const std::string& name) {
     if (property.name != name) continue;
     const rc::detail::TestParams params = suite_params();
     std::cerr << "property " << name << ": seed " << params.seed << ", " << params.maxSuccess << " cases\n";
-    const PropertyOutcome outcome = check_property(property, sim::Mutant::none, params);
+    const PropertyOutcome outcome = check_property(property, harness::Mutant::none, params);
     EXPECT_TRUE(outcome.passed) << outcome.message << "\n  reproduce: RC_PARAMS=\"seed=" << params.seed << "\"";
     // What the cases covered; under the fixed seed, the property's coverage targets must hold, so
     // a generator change that narrows the cases fails here instead of passing vacuously.

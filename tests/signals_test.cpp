@@ -35,7 +35,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "cpkv/sim/shared_region.hpp"
+#include "cpkv/harness/shared_region.hpp"
 
 namespace {
 
@@ -329,9 +329,9 @@ TEST_F(Signals, RanksDieWithTheirParentWhenOnlyTheParentIsKilled) {
     EXPECT_TRUE(gone) << "rank " << rank << " still alive " << ms_since(killed) << " ms after its parent was killed";
   }
   ASSERT_FALSE(left.empty());
-  EXPECT_TRUE(cpkv::sim::region_exists(left.front())) << "a SIGKILLed parent cannot remove its region";
-  EXPECT_GE(cpkv::sim::sweep_stale_regions(), 1);
-  EXPECT_FALSE(cpkv::sim::region_exists(left.front()));
+  EXPECT_TRUE(cpkv::harness::region_exists(left.front())) << "a SIGKILLed parent cannot remove its region";
+  EXPECT_GE(cpkv::harness::sweep_stale_regions(), 1);
+  EXPECT_FALSE(cpkv::harness::region_exists(left.front()));
 }
 
 // A stopped rank: its peer gives up waiting after --wait-ms-max and the report names the stopped
@@ -438,7 +438,7 @@ TEST_F(Signals, EverySubcommandThatMakesARegionSweepsStaleOnes) {
   const pid_t creator = ::fork();
   ASSERT_GE(creator, 0);
   if (creator == 0) {  // makes a region and leaves with _exit: its name stays behind
-    const cpkv::sim::SharedRegion orphan = cpkv::sim::SharedRegion::create(4096);
+    const cpkv::harness::SharedRegion orphan = cpkv::harness::SharedRegion::create(4096);
     ::_exit(::write(pipe_fds[1], orphan.name().data(), orphan.name().size()) > 0 ? 0 : 1);
   }
   ::close(pipe_fds[1]);
@@ -446,12 +446,12 @@ TEST_F(Signals, EverySubcommandThatMakesARegionSweepsStaleOnes) {
   ASSERT_GT(::read(pipe_fds[0], name, sizeof(name) - 1), 0);
   ::close(pipe_fds[0]);
   ASSERT_EQ(::waitpid(creator, nullptr, 0), creator);
-  ASSERT_TRUE(cpkv::sim::region_exists(name));
+  ASSERT_TRUE(cpkv::harness::region_exists(name));
 
   CpkvRun run = start({"explore", "--cp-max", "3", "--layers-max", "2"});  // cp 3: every planted bug found, exit 0
   ASSERT_TRUE(run.reap(60000));  // a few seconds of exploring, more on a loaded CI machine
   EXPECT_EQ(run.exit_code(), 0) << run.stderr_text();
-  EXPECT_FALSE(cpkv::sim::region_exists(name)) << name << " outlived its dead creator";
+  EXPECT_FALSE(cpkv::harness::region_exists(name)) << name << " outlived its dead creator";
 }
 
 // A valid trace under the usual container /dev/shm (64 MiB): one line naming what is needed and
@@ -491,8 +491,8 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
     }
     int code = 1;
     try {
-      cpkv::sim::SharedRegion::create(std::size_t{128} << 20);
-    } catch (const cpkv::sim::SharedMemoryFull&) {
+      cpkv::harness::SharedRegion::create(std::size_t{128} << 20);
+    } catch (const cpkv::harness::SharedMemoryFull&) {
       code = 0;
     } catch (...) {
       code = 2;

@@ -16,6 +16,10 @@
 #include "cpkv/sim/world.hpp"
 
 namespace cpkv::sim {
+
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::Violation;
+using harness::Mutant;
 namespace {
 
 TEST(SimAssert, AFailedAssertionAbortsNamingFileLineAndCondition) {

@@ -19,6 +19,13 @@
 #include "cpkv/sim/runner.hpp"
 
 namespace cpkv::sim {
+
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+using harness::Violation;
+using harness::ExpectedBytesFrom;
+using harness::Mutant;
 namespace {
 
 constexpr std::uint64_t kSeed = 1;
@@ -64,13 +71,13 @@ Schedule round_robin() {
 struct MutantCase {
   Mutant mutant = Mutant::none;
   BatchSource source;
-  SimOptions options;
+  harness::RunOptions options;
   Schedule schedule;
   std::vector<std::int32_t> caught_by;
 };
 
 RunReport run_case(const MutantCase& c, Mutant mutant) {
-  SimOptions options = c.options;
+  harness::RunOptions options = c.options;
   options.mutant = mutant;
   return run_scheduled(c.source, options, c.schedule, RunLimits{});
 }
@@ -384,7 +391,7 @@ TEST(SimMutant, InterleavingBugsAreCaughtUnderRandomSchedules) {
 
 // A mutant must never be on by accident: the defaults are off, and parsing knows every name.
 TEST(SimMutant, MutantsAreOffByDefaultAndEveryNameParses) {
-  EXPECT_EQ(SimOptions{}.mutant, Mutant::none);
+  EXPECT_EQ(harness::RunOptions{}.mutant, Mutant::none);
   EXPECT_EQ(harness::parse_mutant("none"), Mutant::none);
   for (Mutant mutant : harness::kAllMutants) EXPECT_EQ(harness::parse_mutant(to_string(mutant)), mutant);
   EXPECT_EQ(harness::parse_mutant("no_such_mutant"), std::nullopt);

@@ -26,9 +26,18 @@
 #include "cpkv/model/setting.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
-#include "cpkv/sim/shared_region.hpp"
+#include "cpkv/harness/shared_region.hpp"
 
 namespace cpkv::sim {
+
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+using harness::Violation;
+using harness::Mutant;
+using harness::region_exists;
+using harness::SharedRegion;
+using harness::sweep_stale_regions;
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -63,8 +72,8 @@ FaultOptions seeded_faults() {
   return faults;
 }
 
-SimOptions staging_direct(std::int32_t layers) {
-  SimOptions options;
+harness::RunOptions staging_direct(std::int32_t layers) {
+  harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = layers;
   options.seed = kSeed;
@@ -199,7 +208,7 @@ TEST(SimProcess, SweepRemovesARegionWhoseCreatorIsDeadAndKeepsALiveOne) {
 // Invariant 8 in free-running mode: a protocol bug that leaves a rank waiting forever must end as a
 // reported deadlock naming every rank's position, within the wait bound, never as a hung test.
 TEST(SimProcess, DeadlockedProcessesAreReportedWithEveryRankPosition) {
-  SimOptions options = staging_direct(1);
+  harness::RunOptions options = staging_direct(1);
   options.mutant = Mutant::skip_idle_barrier;
   const RunLimits limits = failing_run_limits();
   const Clock::time_point start = Clock::now();
@@ -225,7 +234,7 @@ TEST(SimProcess, DeadlockedProcessesAreReportedWithEveryRankPosition) {
 
 // Thread mode bounds its waits the same way: every join returns and the deadlock is reported.
 TEST(SimProcess, DeadlockedThreadsAreReportedWithEveryRankPosition) {
-  SimOptions options = staging_direct(1);
+  harness::RunOptions options = staging_direct(1);
   options.mutant = Mutant::skip_idle_barrier;
   const RunLimits limits = failing_run_limits();
   const Clock::time_point start = Clock::now();

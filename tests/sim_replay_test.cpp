@@ -18,6 +18,12 @@
 #include "cpkv/sim/runner.hpp"
 
 namespace cpkv::sim {
+
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+using harness::Violation;
+using harness::Totals;
 namespace {
 
 constexpr std::uint64_t kSeed = 1;
@@ -44,7 +50,7 @@ std::string run_flags(const RunReport& report) {
 
 // What a reader needs to see when a run fails: its verdict, failure, first violations, and the
 // command line that replays it.
-std::string explain(const RunReport& report, const std::string& trace, const SimOptions& options,
+std::string explain(const RunReport& report, const std::string& trace, const harness::RunOptions& options,
                     const std::string& flags = "") {
   std::string out = "mode " + report.mode + " variant " + std::string(model::to_string(report.variant));
   if (!report.failure.empty()) out += "\n  failure: " + report.failure;
@@ -57,8 +63,8 @@ std::string explain(const RunReport& report, const std::string& trace, const Sim
   return out;
 }
 
-SimOptions options_for(model::Variant variant, std::int32_t layers) {
-  SimOptions options;
+harness::RunOptions options_for(model::Variant variant, std::int32_t layers) {
+  harness::RunOptions options;
   options.variant = variant;
   options.layers = layers;
   options.seed = kSeed;
@@ -71,7 +77,7 @@ FaultOptions seeded_faults() {
   return faults;
 }
 
-void expect_exact(const RunReport& report, const std::string& trace, const SimOptions& options, const std::string& flags = "") {
+void expect_exact(const RunReport& report, const std::string& trace, const harness::RunOptions& options, const std::string& flags = "") {
   EXPECT_TRUE(report.passed()) << explain(report, trace, options, flags);
   EXPECT_EQ(report.violation_count, 0) << explain(report, trace, options, flags);
   EXPECT_EQ(report.mismatches(), 0) << explain(report, trace, options, flags);
@@ -82,7 +88,7 @@ void replay_free(const BundledTrace& trace, RanksAs ranks_as, const std::vector<
   const std::string path = sample(trace.name);
   const BatchSource source = BatchSource::from_trace(path);
   for (model::Variant variant : variants) {
-    const SimOptions options = options_for(variant, trace.layers);
+    const harness::RunOptions options = options_for(variant, trace.layers);
     expect_exact(run_free(source, options, ranks_as, seeded_faults(), RunLimits{}), path, options);
   }
 }
@@ -91,7 +97,7 @@ void replay_scheduled(const BundledTrace& trace, const Schedule& schedule, const
   const std::string path = sample(trace.name);
   const BatchSource source = BatchSource::from_trace(path);
   for (model::Variant variant : variants) {
-    const SimOptions options = options_for(variant, trace.layers);
+    const harness::RunOptions options = options_for(variant, trace.layers);
     const std::string flags = schedule.kind == ScheduleKind::round_robin ? "--schedule round-robin" : "--schedule random";
     expect_exact(run_scheduled(source, options, schedule, RunLimits{}), path, options, flags);
   }
@@ -176,7 +182,7 @@ TEST(SimReplay, MooncakeSliceEveryVariantIsExactInProcessMode) {
 // different seed a different interleaving (else the seed would not be steering anything).
 TEST(SimReplay, SameSeedGivesTheSameEventLogAndAnotherSeedAnotherOne) {
   const BatchSource source = BatchSource::from_trace(sample(kTiny.name));
-  const SimOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
+  const harness::RunOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
   Schedule schedule = random_schedule();
   const RunReport first = run_scheduled(source, options, schedule, RunLimits{}, /*record_events=*/true);
   const RunReport second = run_scheduled(source, options, schedule, RunLimits{}, /*record_events=*/true);
@@ -199,7 +205,7 @@ TEST(SimReplay, SameSeedGivesTheSameEventLogAndAnotherSeedAnotherOne) {
 TEST(SimReplay, OverflowingBatchIsRefusedOnEveryRankBeforeAnyStagingWrite) {
   const std::string path = sample(kTiny.name);
   const BatchSource overflowing = BatchSource::from_trace(path, /*only_batch=*/2);
-  const SimOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
+  const harness::RunOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
   const RunReport report = run_scheduled(overflowing, options, random_schedule(), RunLimits{}, /*record_events=*/true);
 
   expect_exact(report, path, options);
@@ -232,7 +238,7 @@ TEST(SimReplay, FlagsAreDrainedAtTheEndOfEveryVariant) {
   const std::string path = sample(kTiny.name);
   const BatchSource source = BatchSource::from_trace(path);
   for (model::Variant variant : model::kAllVariants) {
-    const SimOptions options = options_for(variant, kTiny.layers);
+    const harness::RunOptions options = options_for(variant, kTiny.layers);
     const RunReport report = run_free(source, options, RanksAs::threads, seeded_faults(), RunLimits{});
     for (const Violation& v : report.violations) EXPECT_NE(v.invariant, 4) << explain(report, path, options);
     ASSERT_EQ(report.ranks.size(), 2U);
@@ -250,7 +256,7 @@ TEST(SimReplay, OneRankWithoutIpcTakesTheWholeGroupToTheFallback) {
   const BatchSource source = BatchSource::from_trace(path);
   for (model::Variant variant : {model::Variant::v2, model::Variant::symm_dense, model::Variant::staging_publish,
                                  model::Variant::staging_direct}) {
-    SimOptions options = options_for(variant, kTiny.layers);
+    harness::RunOptions options = options_for(variant, kTiny.layers);
     options.ipc_missing_rank = 1;
     for (const RunReport& report : {run_scheduled(source, options, random_schedule(), RunLimits{}),
                                     run_free(source, options, RanksAs::processes, seeded_faults(), RunLimits{})}) {

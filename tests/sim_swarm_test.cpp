@@ -15,14 +15,19 @@
 #include "cpkv/sim/runner.hpp"
 
 namespace cpkv::sim {
+
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+using harness::Mutant;
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 std::string tiny_trace() { return std::string(CPKV_SOURCE_DIR) + "/traces/samples/tiny.jsonl"; }
 
-SimOptions staging_direct(std::uint64_t seed) {
-  SimOptions options;
+harness::RunOptions staging_direct(std::uint64_t seed) {
+  harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = 2;  // tiny's "FS": layer 1 reuses nothing of layer 0 but its half under single_half
   options.seed = seed;
@@ -93,7 +98,7 @@ TEST(SimSwarm, DescribeNamesEveryKnob) {
 TEST(SimSwarm, SlowReaderCatchesSingleHalfOnEverySeed) {
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
     for (std::int32_t reader = 0; reader < 2; ++reader) {
-      SimOptions options = staging_direct(seed);
+      harness::RunOptions options = staging_direct(seed);
       options.mutant = Mutant::single_half;
       const RunReport report = run_free(BatchSource::from_trace(tiny_trace()), options, RanksAs::processes, one_hold(seed, true, reader), limits());
       EXPECT_GT(report.violations_by_invariant[2], 0) << "seed " << seed << " reader " << reader << ": " << report.failure;
@@ -106,7 +111,7 @@ TEST(SimSwarm, SlowReaderCatchesSingleHalfOnEverySeed) {
 TEST(SimSwarm, SlowProducerCatchesArriveBeforeFillAndNoBarrier) {
   for (Mutant mutant : {Mutant::arrive_before_fill, Mutant::no_barrier}) {
     for (std::int32_t producer = 0; producer < 2; ++producer) {
-      SimOptions options = staging_direct(1);
+      harness::RunOptions options = staging_direct(1);
       options.mutant = mutant;
       const RunReport report = run_free(BatchSource::from_trace(tiny_trace()), options, RanksAs::processes, one_hold(1, false, producer), limits());
       EXPECT_GT(report.violations_by_invariant[2], 0) << to_string(mutant) << " producer " << producer << ": " << report.failure;

@@ -78,7 +78,7 @@ struct Explorer {
     if (world.violation_count() > 0) {
       const auto violations = world.violations();
       result.found = true;
-      result.finding = sim::describe(violations.front());
+      result.finding = harness::describe(violations.front());
       result.schedule = path;
       stop = true;
       return;
@@ -169,9 +169,9 @@ model::Batch exploration_batch() {
 }
 
 ExploreResult explore(const ExploreOptions& options) {
-  const sim::BatchSource source = sim::BatchSource::from_batches(options.setting, options.batches);
-  const sim::SourceShape shape = sim::measure(source);
-  sim::SimOptions sim_options;
+  const harness::BatchSource source = harness::BatchSource::from_batches(options.setting, options.batches);
+  const harness::SourceShape shape = harness::measure(source);
+  harness::RunOptions sim_options;
   sim_options.variant = options.variant;
   sim_options.layers = options.layers;
   sim_options.mutant = options.mutant;
@@ -243,7 +243,7 @@ std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   return shapes;
 }
 
-ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, sim::Mutant mutant) {
+ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, harness::Mutant mutant) {
   ExploreOptions options;
   options.setting = shape.setting;
   options.batches = shape.batches;

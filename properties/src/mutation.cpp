@@ -25,7 +25,7 @@ std::uint64_t property_seed(std::uint64_t seed, const Property& property) {
   return model::mix64(seed ^ name_hash);
 }
 
-PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params) {
+PropertyOutcome check_property(const Property& property, harness::Mutant mutant, const rc::detail::TestParams& params) {
   rc::detail::TestMetadata metadata;
   metadata.id = property.name;
   metadata.description = property.name;
@@ -105,18 +105,18 @@ void hunt(MutantRow& row, const rc::detail::TestParams& params, bool every_prope
 std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
                                       const std::function<void(const MutantRow&)>& on_row) {
   std::vector<MutantRow> rows;
-  std::vector<sim::Mutant> mutants = {sim::Mutant::none};
+  std::vector<harness::Mutant> mutants = {harness::Mutant::none};
   mutants.insert(mutants.end(), harness::kAllMutants.begin(), harness::kAllMutants.end());
   rc::detail::TestParams quick = params;
   quick.maxSuccess = std::min(kQuickCases, params.maxSuccess);
-  for (sim::Mutant mutant : mutants) {
+  for (harness::Mutant mutant : mutants) {
     MutantRow row;
     row.mutant = mutant;
     const auto start = std::chrono::steady_clock::now();
     // The correct protocol runs every property in full (its coverage is the suite's). A planted
     // bug meets the short pass first, then, if it survived, the full one; with every_property, the
     // properties after the first catch run in full.
-    if (mutant != sim::Mutant::none) {
+    if (mutant != harness::Mutant::none) {
       hunt(row, quick, false, start);
       row.coverage.clear();  // a short pass is no sample of the generators
     }

@@ -58,8 +58,8 @@ void showValue(const Case& c, std::ostream& os) {
 }
 
 namespace {
-sim::SimOptions options_of(const Case& c, sim::Mutant mutant, bool check_bytes = true) {
-  sim::SimOptions options;
+harness::RunOptions options_of(const Case& c, harness::Mutant mutant, bool check_bytes = true) {
+  harness::RunOptions options;
   options.check_bytes = check_bytes;
   options.variant = c.variant;
   options.layers = c.layers;
@@ -70,8 +70,8 @@ sim::SimOptions options_of(const Case& c, sim::Mutant mutant, bool check_bytes =
 }
 }  // namespace
 
-sim::RunReport run_case(const Case& c, sim::Mutant mutant, bool check_bytes) {
-  const sim::BatchSource source = sim::BatchSource::from_batches(c.setting, c.batches);
+harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes) {
+  const harness::BatchSource source = harness::BatchSource::from_batches(c.setting, c.batches);
   sim::Schedule schedule{sim::ScheduleKind::list, c.schedule, c.seed};
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
@@ -85,15 +85,15 @@ constexpr std::int64_t kFreeWaitMsMax = 2000;
 constexpr std::int64_t kFreeRunMsMax = 30000;
 }  // namespace
 
-sim::RunReport run_case_free(const Case& c, sim::Mutant mutant) {
-  const sim::BatchSource source = sim::BatchSource::from_batches(c.setting, c.batches);
+harness::RunReport run_case_free(const Case& c, harness::Mutant mutant) {
+  const harness::BatchSource source = harness::BatchSource::from_batches(c.setting, c.batches);
   sim::RunLimits limits;
   limits.wait_ms_max = kFreeWaitMsMax;
   limits.run_ms_max = kFreeRunMsMax;
   return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, sim::swarm_faults(c.seed), limits);
 }
 
-std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
+std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   const fs::path trace = fs::path(dir) / (stem + ".jsonl");
@@ -141,7 +141,7 @@ std::int64_t case_size(const Case& c) {
 
 // Records the failing case (the last one recorded is the shrunk counterexample) and the invariant
 // that fired, then fails.
-[[noreturn]] void fail(const Case& c, sim::Mutant mutant, const std::string& property, std::int32_t invariant, const std::string& why,
+[[noreturn]] void fail(const Case& c, harness::Mutant mutant, const std::string& property, std::int32_t invariant, const std::string& why,
                        bool free_running = false) {
   stop_counting();
   g_last_size = case_size(c);
@@ -154,24 +154,24 @@ std::int64_t case_size(const Case& c) {
 
 }  // namespace
 
-std::unique_ptr<sim::Backend> scheduled_backend(const Case& c) {
+std::unique_ptr<harness::Backend> scheduled_backend(const Case& c) {
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
   return sim::make_scheduled_backend(sim::Schedule{sim::ScheduleKind::list, c.schedule, c.seed}, limits, false);
 }
 
-void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, sim::Mutant mutant, bool require_no_violation) {
+void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, harness::Mutant mutant, bool require_no_violation) {
   const Case c = *gen_case(bounds, Emphasis{});
   note_case(c);
-  const sim::RunReport report = backend_for(c)->run(sim::BatchSource::from_batches(c.setting, c.batches), options_of(c, mutant));
-  for (const sim::Totals& t : report.ranks) {
+  const harness::RunReport report = backend_for(c)->run(harness::BatchSource::from_batches(c.setting, c.batches), options_of(c, mutant));
+  for (const harness::Totals& t : report.ranks) {
     if (t.mismatches > 0) fail(c, mutant, "6_byte_exactness", 6, t.first_mismatch);
   }
   // Every layer that ran was compared. A run that did not end is invariant 8's finding in the
   // simulator suite (property 8); on the GPUs (require_no_violation) it fails here.
   if (!require_no_violation) return;
   if (!report.failure.empty()) fail(c, mutant, "6_byte_exactness", 8, "the run did not complete: " + report.failure);
-  if (report.violation_count > 0) fail(c, mutant, "6_byte_exactness", report.violations.front().invariant, sim::describe(report.violations.front()));
+  if (report.violation_count > 0) fail(c, mutant, "6_byte_exactness", report.violations.front().invariant, harness::describe(report.violations.front()));
 }
 
 namespace {
@@ -201,9 +201,9 @@ std::vector<model::Variant> ipc_variants() {
 }
 const std::vector<model::Variant> kIpcVariants = ipc_variants();
 
-std::string first_violation(const sim::RunReport& report, std::int32_t invariant) {
-  for (const sim::Violation& v : report.violations) {
-    if (v.invariant == invariant) return sim::describe(v);
+std::string first_violation(const harness::RunReport& report, std::int32_t invariant) {
+  for (const harness::Violation& v : report.violations) {
+    if (v.invariant == invariant) return harness::describe(v);
   }
   // Only the first World::kViolationsMax violations are kept; the counts cover all of them.
   if (report.violations_by_invariant[invariant] > 0) {
@@ -214,7 +214,7 @@ std::string first_violation(const sim::RunReport& report, std::int32_t invariant
 }
 
 // The sim-backed part of a property: no violation of `invariant`.
-void expect_no_violation(const Case& c, sim::Mutant mutant, const sim::RunReport& report, std::int32_t invariant, const std::string& name) {
+void expect_no_violation(const Case& c, harness::Mutant mutant, const harness::RunReport& report, std::int32_t invariant, const std::string& name) {
   const std::string found = first_violation(report, invariant);
   if (!found.empty()) fail(c, mutant, name, invariant, found);
 }
@@ -262,7 +262,7 @@ std::int32_t protocol_writer(model::SplitPolicy policy, std::int64_t j, std::int
   return -1;
 }
 
-void page_writer_exclusivity(sim::Mutant mutant) {
+void page_writer_exclusivity(harness::Mutant mutant) {
   const std::string name = "1_page_writer_exclusivity";
   const Case c = draw(Emphasis{});
   // Model: every current page has the writer section 2 gives it, and the staging_direct plan reads
@@ -289,7 +289,7 @@ void page_writer_exclusivity(sim::Mutant mutant) {
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 1, name);
 }
 
-void parity_half_reuse_safety(sim::Mutant mutant) {
+void parity_half_reuse_safety(harness::Mutant mutant) {
   Emphasis e;
   e.many_layers = true;
   e.adversarial_schedule = true;
@@ -311,7 +311,7 @@ std::int64_t protocol_staging_slots(const model::Setting& s) {
   return s.pool_pages;
 }
 
-void overflow_determinism(sim::Mutant mutant) {
+void overflow_determinism(harness::Mutant mutant) {
   const std::string name = "3_overflow_determinism";
   Emphasis e;
   e.caps = CapsDraw::edge;
@@ -330,7 +330,7 @@ void overflow_determinism(sim::Mutant mutant) {
       fail(c, mutant, name, 3, fmt::format("batch {}: {} current pages, {} slots: the model's verdict is not {}", b, pages, slots, overflow ? "overflow" : "ok"));
     }
   }
-  const sim::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
+  const harness::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
   expect_no_violation(c, mutant, report, 3, name);
   // Every rank rejected exactly the batches section 4 rejects. A run that did not end is invariant
   // 8's finding (its ranks' counts stop where they stopped).
@@ -340,7 +340,7 @@ void overflow_determinism(sim::Mutant mutant) {
   }
 }
 
-void barrier_phase_safety(sim::Mutant mutant) {
+void barrier_phase_safety(harness::Mutant mutant) {
   Emphasis e;
   e.idle_ranks = true;
   e.many_layers = true;
@@ -350,7 +350,7 @@ void barrier_phase_safety(sim::Mutant mutant) {
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 4, "4_barrier_phase_safety");
 }
 
-void plan_invariance(sim::Mutant mutant) {
+void plan_invariance(harness::Mutant mutant) {
   // Several batches of one shape: a plan cached on anything but the batch is served stale. The
   // simulator's checker rebuilds each batch's plan and compares it with the one the rank uses.
   Emphasis e;
@@ -359,11 +359,11 @@ void plan_invariance(sim::Mutant mutant) {
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 5, "5_plan_invariance");
 }
 
-void byte_exactness(sim::Mutant mutant) {
+void byte_exactness(harness::Mutant mutant) {
   byte_exactness_on([](const Case& c) { return scheduled_backend(c); }, sim_bounds(), mutant, /*require_no_violation=*/false);
 }
 
-void capability_agreement(sim::Mutant mutant) {
+void capability_agreement(harness::Mutant mutant) {
   Emphasis e;
   e.ipc_faults = true;
   e.variants = kIpcVariants;
@@ -371,28 +371,28 @@ void capability_agreement(sim::Mutant mutant) {
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 7, "7_capability_agreement");
 }
 
-void liveness(sim::Mutant mutant) {
+void liveness(harness::Mutant mutant) {
   Emphasis e;
   e.idle_ranks = true;
   e.many_layers = true;
   e.adversarial_schedule = true;
   const Case c = draw(e);
-  const sim::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
+  const harness::RunReport report = run_case(c, mutant, /*check_bytes=*/false);
   if (!report.failure.empty()) fail(c, mutant, "8_liveness", 8, report.failure);
 }
 
 // Free-running ranks with swarm fault knobs drawn from the case seed: every invariant, credited to
 // the one the run's report names first (checkers, then bytes, then a run that did not end).
-void free_running_byte_exactness(sim::Mutant mutant) {
+void free_running_byte_exactness(harness::Mutant mutant) {
   const std::string name = "free_running_processes";
   Bounds bounds = sim_bounds();
   bounds.tokens_max = 128;
   Emphasis e;
   e.variants = kBarrierVariants;
   const Case c = draw(e, bounds);
-  const sim::RunReport report = run_case_free(c, mutant);
-  if (report.violation_count > 0) fail(c, mutant, name, report.violations.front().invariant, sim::describe(report.violations.front()), true);
-  for (const sim::Totals& t : report.ranks) {
+  const harness::RunReport report = run_case_free(c, mutant);
+  if (report.violation_count > 0) fail(c, mutant, name, report.violations.front().invariant, harness::describe(report.violations.front()), true);
+  for (const harness::Totals& t : report.ranks) {
     if (t.mismatches > 0) fail(c, mutant, name, 6, t.first_mismatch, true);
   }
   if (!report.failure.empty()) fail(c, mutant, name, 8, report.failure, true);

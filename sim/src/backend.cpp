@@ -6,13 +6,17 @@
 
 namespace cpkv::sim {
 
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+
 namespace {
 
 class FreeBackend final : public harness::Backend {
  public:
   FreeBackend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) : ranks_as_(ranks_as), faults_(faults), limits_(limits) {}
   std::string name() const override { return ranks_as_ == RanksAs::processes ? "sim/processes" : "sim/threads"; }
-  RunReport run(const BatchSource& source, const SimOptions& options) override { return run_free(source, options, ranks_as_, faults_, limits_); }
+  RunReport run(const BatchSource& source, const harness::RunOptions& options) override { return run_free(source, options, ranks_as_, faults_, limits_); }
 
  private:
   RanksAs ranks_as_;
@@ -25,7 +29,7 @@ class ScheduledBackend final : public harness::Backend {
   ScheduledBackend(Schedule schedule, RunLimits limits, bool record_events)
       : schedule_(std::move(schedule)), limits_(limits), record_events_(record_events) {}
   std::string name() const override { return "sim/scheduled"; }
-  RunReport run(const BatchSource& source, const SimOptions& options) override {
+  RunReport run(const BatchSource& source, const harness::RunOptions& options) override {
     return run_scheduled(source, options, schedule_, limits_, record_events_);
   }
 
@@ -99,7 +103,7 @@ std::unique_ptr<harness::Backend> make_sim(const harness::CheckedRequest& c, con
 
 // A /dev/shm too small is one line before any output, not a SIGBUS mid-run.
 void check_sim_space(const harness::CheckedRequest&, const harness::BatchSource& source, const harness::SourceShape& shape, std::int32_t layers) {
-  SimOptions sized;
+  harness::RunOptions sized;
   sized.layers = layers;
   World::check_space(world_geometry(source, sized, shape));
 }

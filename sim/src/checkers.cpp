@@ -13,6 +13,10 @@
 
 namespace cpkv::sim {
 
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::Violation;
+using harness::ExpectedBytesFrom;
+
 namespace {
 // The barrier checker's shadow word: (batch + 1) in the high bits, the arrived ranks' mask below.
 constexpr std::uint32_t kShadowMaskBits = 8;

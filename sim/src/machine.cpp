@@ -92,7 +92,7 @@ std::string to_string(const Step& step) {
   return fmt::format("{} {} {} {} {}", to_string(step.op), step.layer, o.x, o.y, o.z);
 }
 
-RankMachine::RankMachine(const World& world, const model::Setting& setting, const SimOptions& options, std::int32_t rank)
+RankMachine::RankMachine(const World& world, const model::Setting& setting, const harness::RunOptions& options, std::int32_t rank)
     : world_(&world),
       setting_(&setting),
       options_(options),

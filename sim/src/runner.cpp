@@ -21,6 +21,17 @@
 
 namespace cpkv::sim {
 
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::RunReport;
+using harness::BatchSource;
+using harness::BatchCursor;
+using harness::SourceShape;
+using harness::measure;
+using harness::Violation;
+using harness::kRankExitOk;
+using harness::kRankExitDeadlock;
+using harness::kRankExitError;
+
 static_assert(World::kViolationsMax == harness::kViolationsMax, "the world keeps as many violations as a report holds");
 
 namespace {
@@ -45,7 +56,7 @@ void collect(const World& world, RunReport& report) {
 
 }  // namespace
 
-WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape) {
+WorldGeometry world_geometry(const BatchSource& source, const harness::RunOptions& options, const SourceShape& shape) {
   WorldGeometry geometry = geometry_for(source.setting, options.layers, shape.slot_count_max, shape.current_pages_max);
   geometry.pool_pages_touched = shape.pool_pages_touched;
   return geometry;
@@ -158,7 +169,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
 
 }  // namespace
 
-RunReport run_scheduled(const BatchSource& source, const SimOptions& options, const Schedule& schedule, const RunLimits& limits,
+RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& options, const Schedule& schedule, const RunLimits& limits,
                         bool record_events) {
   RunReport report;
   report.variant = options.variant;
@@ -211,7 +222,7 @@ std::int32_t waited_on(const World& world, std::int32_t rank, Op op) {
 
 // The body of one free-running rank. Returns its exit code. `progress` is the launcher's record of
 // this rank (processes only): every step beats it, every wait says on whom.
-int free_rank(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+int free_rank(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
               const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress) {
   RankMachine machine(world, source.setting, options, rank);
   FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
@@ -269,7 +280,7 @@ int free_rank(const World& world, const BatchSource& source, const SimOptions& o
 }
 
 // Free-running ranks as threads of this process: each rank's waits are bounded, so every thread ends.
-void run_rank_threads(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+void run_rank_threads(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
                       const RunLimits& limits, RunReport& report) {
   const std::int32_t cp = source.setting.cp;
   std::vector<int> status(cp, kRankOk);
@@ -303,7 +314,7 @@ void run_rank_threads(const World& world, const BatchSource& source, const SimOp
 }
 
 // Free-running ranks as processes, through the harness's launcher (death, no progress, run limit).
-void run_rank_processes(const World& world, const BatchSource& source, const SimOptions& options, const FaultOptions& faults,
+void run_rank_processes(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
                         const RunLimits& limits, RunReport& report) {
   harness::LaunchOptions launch;
   launch.ranks = source.setting.cp;
@@ -333,7 +344,7 @@ void run_rank_processes(const World& world, const BatchSource& source, const Sim
 
 }  // namespace
 
-RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as, const FaultOptions& faults,
+RunReport run_free(const BatchSource& source, const harness::RunOptions& options, RanksAs ranks_as, const FaultOptions& faults,
                    const RunLimits& limits) {
   RunReport report;
   report.variant = options.variant;

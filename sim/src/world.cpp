@@ -9,6 +9,13 @@
 
 namespace cpkv::sim {
 
+// Harness names this file uses unqualified (sim's headers do not re-export them).
+using harness::Violation;
+using harness::Totals;
+using harness::SharedMemoryFull;
+using harness::SharedRegion;
+using harness::shm_free_bytes;
+
 namespace {
 constexpr std::uint64_t kAlign = 256;
 std::uint64_t align_up(std::uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }

@@ -23,7 +23,7 @@ struct ExploreOptions {
   model::Variant variant = model::Variant::staging_direct;
   std::int32_t ipc_missing_rank = -1;    // this rank's IPC probe fails (the capability fallback)
   std::int32_t layers = 2;
-  sim::Mutant mutant = sim::Mutant::none;
+  harness::Mutant mutant = harness::Mutant::none;
   std::uint64_t states_max = 3'000'000;  // stop (incomplete) past this many distinct states
   double seconds_max = 120.0;            // ... or past this much time
 };
@@ -58,6 +58,6 @@ struct ExploreShape {
   std::string describe() const;  // the batches, in one line
 };
 std::vector<ExploreShape> exploration_shapes(std::int32_t cp);
-ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, sim::Mutant mutant);
+ExploreOptions options_for(const ExploreShape& shape, std::int32_t layers, harness::Mutant mutant);
 
 }  // namespace cpkv::properties

@@ -25,7 +25,7 @@ struct PropertyOutcome {
 std::uint64_t property_seed(std::uint64_t seed, const Property& property);
 
 // Runs one property with `mutant` under `params` (seed, case count, size). Prints nothing.
-PropertyOutcome check_property(const Property& property, sim::Mutant mutant, const rc::detail::TestParams& params);
+PropertyOutcome check_property(const Property& property, harness::Mutant mutant, const rc::detail::TestParams& params);
 
 // The property's coverage targets it missed in `outcome`, one line each; empty unless the run used
 // the suite's fixed seed and at least kCoverageCasesMin cases (targets are shares of that sample).
@@ -39,7 +39,7 @@ inline constexpr std::uint64_t kSuiteSeed = 20261130;
 rc::detail::TestParams suite_params();
 
 struct MutantRow {
-  sim::Mutant mutant = sim::Mutant::none;
+  harness::Mutant mutant = harness::Mutant::none;
   bool caught = false;
   std::string caught_by;          // the first property that failed
   std::int32_t invariant = 0;     // the invariant that fired in it

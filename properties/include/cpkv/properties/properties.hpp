@@ -68,29 +68,29 @@ rc::Gen<Case> gen_case(const Bounds& bounds, const Emphasis& emphasis);
 
 // Runs a case on the scheduled simulator with `mutant`. Without check_bytes the dense buffers are not
 // compared with the model (properties of other invariants than 6 do not look at mismatches).
-sim::RunReport run_case(const Case& c, sim::Mutant mutant, bool check_bytes = true);
+harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes = true);
 // Runs a case free-running (processes) with swarm fault knobs drawn from the case seed
 // (sim::swarm_faults(c.seed)).
-sim::RunReport run_case_free(const Case& c, sim::Mutant mutant);
+harness::RunReport run_case_free(const Case& c, harness::Mutant mutant);
 
 // Writes the case as a trace (and, scheduled, a schedule file) under `dir` and returns the
 // `cpkv replay` line: scheduled, or free-running with `--swarm` and the seed of the knobs.
-std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running = false);
+std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running = false);
 
 // Byte exactness (invariant 6) as one property body over any backend: draws a case, runs it on the
 // backend `backend_for(case)` returns, and fails if any dense byte differs from the model or the run
 // did not complete (and, with `require_no_violation`, if any checker reported anything). The suite
 // runs it on the scheduled simulator; the GPU tests on the CUDA backend.
-using BackendFactory = std::function<std::unique_ptr<sim::Backend>(const Case&)>;
-void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, sim::Mutant mutant, bool require_no_violation);
-std::unique_ptr<sim::Backend> scheduled_backend(const Case& c);  // the case's schedule, list kind
+using BackendFactory = std::function<std::unique_ptr<harness::Backend>(const Case&)>;
+void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, harness::Mutant mutant, bool require_no_violation);
+std::unique_ptr<harness::Backend> scheduled_backend(const Case& c);  // the case's schedule, list kind
 
 struct Property {
   std::string name;       // e.g. "1_page_writer_exclusivity"
   std::int32_t invariant; // 1..8 (0: every invariant, free-running)
   // The body draws its inputs with *gen, notes them (note_case) and fails through RC_FAIL on its own
   // invariant only; `mutant` is the planted bug.
-  std::function<void(sim::Mutant)> body;
+  std::function<void(harness::Mutant)> body;
   std::vector<CoverageTarget> targets;  // met under the fixed seed (coverage.hpp)
 };
 const std::vector<Property>& all_properties();

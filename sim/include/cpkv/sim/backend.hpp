@@ -10,7 +10,6 @@
 
 namespace cpkv::sim {
 
-using harness::Backend;  // the one interface (harness/run.hpp)
 
 std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits);
 std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events);

@@ -29,7 +29,6 @@ inline std::int64_t layer_tag(std::int64_t batch, std::int32_t layer) { return b
 // Where the end-of-layer byte check takes its expected bytes: the plain oracle written from the
 // specification (model/oracle.hpp, the default), or the BatchLayout the gather itself runs on
 // (kept to show what the plain oracle adds: a self-consistent layout bug passes it).
-using harness::ExpectedBytesFrom;  // where the byte check takes its expected bytes (harness/run.hpp)
 
 // What the byte check of one layer found (invariant 6), for the rank's totals.
 struct LayerCheck {
@@ -68,7 +67,7 @@ class StateChecker {
   void on_batch_barrier_pass() const;
   // A layer ended: the dense half must hold what the requests give (invariant 6).
   LayerCheck on_layer_end(std::int32_t layer, std::int32_t half, const model::BatchLayout& layout,
-                          const model::spec::ByteOracle& oracle, std::uint64_t seed, ExpectedBytesFrom expected_from);
+                          const model::spec::ByteOracle& oracle, std::uint64_t seed, harness::ExpectedBytesFrom expected_from);
 
  private:
   void violation(std::int32_t invariant, std::int32_t layer, std::int64_t slot, const std::string& detail) const;

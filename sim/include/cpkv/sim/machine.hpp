@@ -84,12 +84,10 @@ struct Step {
 std::string to_string(const Step& step);
 
 // The run options are the harness's (harness/run.hpp), shared with the GPU backend.
-using harness::ExpectedBytesFrom;
-using SimOptions = harness::RunOptions;
 
 class RankMachine {
  public:
-  RankMachine(const World& world, const model::Setting& setting, const SimOptions& options, std::int32_t rank);
+  RankMachine(const World& world, const model::Setting& setting, const harness::RunOptions& options, std::int32_t rank);
 
   // Start of the run: the capability probe and the path choice.
   void begin_run();
@@ -161,7 +159,7 @@ class RankMachine {
 
   const World* world_;  // pointers, not references: machines are copied and assigned (explorer snapshots)
   const model::Setting* setting_;
-  SimOptions options_;
+  harness::RunOptions options_;
   MutantPolicy mutant_;
   std::int32_t rank_;
   StateChecker checker_;
@@ -179,7 +177,7 @@ class RankMachine {
   // Peers read this rank's current pages from its dense buffer (symmetric memory), not from staging.
   bool peers_read_dense() const { return model::info(path_variant_).peer_pages == model::PeerPages::dense; }
 
-  // The plan cache. Correct: anchored on the batch (its index). Mutant: keyed on a buffer address.
+  // The plan cache. Correct: anchored on the batch (its index). A planted bug: keyed on a buffer address.
   struct CachedPlan {
     std::int64_t batch_index = -1;
     const std::uint8_t* dense_address = nullptr;

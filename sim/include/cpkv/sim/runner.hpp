@@ -22,14 +22,11 @@
 
 namespace cpkv::sim {
 
-// The batch source, the report and the run options are the harness's, shared with the GPU backend.
-using harness::BatchCursor;
-using harness::BatchSource;
-using harness::measure;
-using harness::SourceShape;
+// The batch source, the report and the run options are the harness's (harness/run.hpp, source.hpp),
+// shared with the GPU backend, and spelled harness:: here.
 
 // The geometry of the world a run of `source` with `options` carves (every sim mode).
-WorldGeometry world_geometry(const BatchSource& source, const SimOptions& options, const SourceShape& shape);
+WorldGeometry world_geometry(const harness::BatchSource& source, const harness::RunOptions& options, const harness::SourceShape& shape);
 
 enum class ScheduleKind : std::uint8_t { random, round_robin, list };
 struct Schedule {
@@ -101,26 +98,19 @@ struct RunLimits {
   std::function<void(std::int64_t batches_done)> on_progress;
 };
 
-using harness::RunReport;
-
-RunReport run_scheduled(const BatchSource& source, const SimOptions& options, const Schedule& schedule,
+harness::RunReport run_scheduled(const harness::BatchSource& source, const harness::RunOptions& options, const Schedule& schedule,
                         const RunLimits& limits, bool record_events = false);
 
-RunReport run_free(const BatchSource& source, const SimOptions& options, RanksAs ranks_as,
+harness::RunReport run_free(const harness::BatchSource& source, const harness::RunOptions& options, RanksAs ranks_as,
                    const FaultOptions& faults, const RunLimits& limits);
 
-// Exit codes of a free-running rank process (the harness's).
-inline constexpr int kRankExitOk = harness::kRankExitOk;
-inline constexpr int kRankExitDeadlock = harness::kRankExitDeadlock;
-inline constexpr int kRankExitError = harness::kRankExitError;
+// A free-running rank process exits with the harness's codes (harness::kRankExitOk, ...).
 
 // One line per rank from the shared positions: where everyone is, for deadlock reports.
 std::string describe_positions(const World& world);
 
-using harness::describe;
-
 // The invariant whose checker fired first in a run (1..8): the first violation recorded, else 8 when
 // the run did not end normally, else 0 (nothing fired). Defined in mutant.cpp.
-std::int32_t first_invariant_fired(const RunReport& report);
+std::int32_t first_invariant_fired(const harness::RunReport& report);
 
 }  // namespace cpkv::sim

@@ -1,6 +1,6 @@
 // The shared world of one simulated CP group: what the GPUs would share through CUDA IPC (pool slabs,
 // staging regions with two parity halves, symmetric dense buffers, barrier flags, collective scratch)
-// plus the checkers' shadow state, carved at fixed offsets in one SharedRegion. Every process maps the
+// plus the checkers' shadow state, carved at fixed offsets in one harness::SharedRegion. Every process maps the
 // region at its own address, so everything here is an offset, never a pointer.
 #pragma once
 
@@ -13,7 +13,7 @@
 #include "cpkv/harness/run.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/model/staging.hpp"
-#include "cpkv/sim/shared_region.hpp"
+#include "cpkv/harness/shared_region.hpp"
 
 namespace cpkv::sim {
 
@@ -77,7 +77,6 @@ struct StagingStamp {
 };
 enum class StampState : std::int32_t { poisoned = 0, zeroed = 1, filled = 2, published = 3 };
 
-using Violation = harness::Violation;  // harness/run.hpp, shared with the GPU backend
 
 // A record of one collective call, to prove every rank issued the same sequence (invariant 7).
 // history[k % 4] is the running signature after call k: a rank can be at most one call ahead of a
@@ -105,7 +104,6 @@ struct alignas(8) PageFillers {
 };
 
 // What a rank reports back to whoever launched it (harness/run.hpp, shared with the GPU backend).
-using harness::Totals;
 
 class World {
  public:
@@ -113,11 +111,11 @@ class World {
 
   // Bytes of shared memory a world of this geometry reserves (pools: only the pages touched).
   static std::uint64_t reserved_bytes(const WorldGeometry& geometry);
-  // Throws SharedMemoryFull (needed and free, one line) if /dev/shm cannot hold that now.
+  // Throws harness::SharedMemoryFull (needed and free, one line) if /dev/shm cannot hold that now.
   static void check_space(const WorldGeometry& geometry);
 
   const WorldGeometry& geometry() const { return geometry_; }
-  const SharedRegion& region() const { return region_; }
+  const harness::SharedRegion& region() const { return region_; }
   std::uint64_t seed() const { return seed_; }
 
   // Memory a GPU would share through IPC, by rank.
@@ -137,7 +135,7 @@ class World {
   std::atomic<std::int32_t>& verdict(std::int32_t rank) const;   // per batch: 1 ok, 2 overflow
   std::atomic<std::int64_t>& reading_layer(std::int32_t rank) const;  // open staging read epoch or -1
   CollectiveLog& collectives(std::int32_t rank) const;
-  Totals& totals(std::int32_t rank) const;
+  harness::Totals& totals(std::int32_t rank) const;
   BarrierShadow& barrier_shadow(std::int32_t layer, std::int32_t use) const;
   PageFillers& fillers(std::int32_t half, std::int64_t current_index) const;
   StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
@@ -148,8 +146,8 @@ class World {
 
   // Violations, recorded by the checkers (checkers.hpp) from any rank; at most kViolationsMax are kept.
   static constexpr std::int32_t kViolationsMax = 64;
-  void record(const Violation& violation) const;
-  std::vector<Violation> violations() const;
+  void record(const harness::Violation& violation) const;
+  std::vector<harness::Violation> violations() const;
   std::int64_t violation_count() const;
   std::int64_t violation_count(std::int32_t invariant) const;  // 1..8, every one, kept or not
 
@@ -166,14 +164,14 @@ class World {
   };
   static model::ArenaCarve carve_for(const WorldGeometry& geometry);
   static Offsets carve_world(const WorldGeometry& geometry, const model::ArenaCarve& carve);
-  static std::vector<SharedRegion::ByteRange> reserved_ranges(const WorldGeometry& geometry, const Offsets& off);
+  static std::vector<harness::SharedRegion::ByteRange> reserved_ranges(const WorldGeometry& geometry, const Offsets& off);
   Header* header() const;
 
   WorldGeometry geometry_;
   std::uint64_t seed_;
   model::ArenaCarve carve_;
   Offsets off_;
-  SharedRegion region_;
+  harness::SharedRegion region_;
 };
 
 }  // namespace cpkv::sim
