@@ -68,6 +68,12 @@ std::vector<std::pair<std::int64_t, std::int64_t>> shape(const Batch& batch) {
 
 using Shape = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
+// What mc::validate says of the options: "accepted" or "FIELD: REASON".
+std::string verdict(const mc::ImportOptions& o) {
+  const std::optional<cpkv::model::Problem> problem = mc::validate(o);
+  return problem ? problem->field + ": " + problem->reason : "accepted";
+}
+
 // "A request whose uncached part exceeds the remaining token budget is cut": one whose uncached part
 // EQUALS the remaining budget is not, even when the budget is not a whole number of pages. Caps 12
 // tokens: R0 takes 3, R1's 9 tokens are exactly the 9 left (a cut would give 8, then 1).
@@ -82,10 +88,13 @@ TEST(ImportBoundaries, ARequestThatExactlyFillsTheRemainingBudgetIsNotChunked) {
   EXPECT_EQ(shape(alone.batches[0]), (Shape{{0, 10}}));
 }
 
-// "Only full blocks are cached (a partial last block's hash never matches a longer prompt)". R0 has
-// 12 tokens: block 1 (hash 1) is full, block 2 (hash 2) holds 4 of 8 tokens. R1 (20 tokens) starts
-// with the same two hashes; only block 1 may hit, so its prefix is 8 tokens, not 16.
-TEST(ImportBoundaries, APartialLastBlockIsNeverCached) {
+// "Only full blocks are cached (a partial last block's hash never matches a longer prompt)" and "a
+// request's prefix is the longest run of leading full blocks already cached", from both sides.
+// Cached: R0 has 12 tokens, block 1 (hash 1) full, block 2 (hash 2) 4 of 8 tokens. R1 (20 tokens)
+// starts with the same two hashes; only block 1 may hit, so its prefix is 8 tokens, not 16.
+// Matched: B (14 tokens) has a partial block 2 whose hash A cached as a full block; B's hit is its
+// one full block (prefix 8), not 12 (two blocks, capped at whole pages below B's last token).
+TEST(ImportBoundaries, APartialLastBlockIsNeverCachedNorMatched) {
   const Scheduled s = schedule(request_line(0, 12, {1, 2}) + request_line(1, 20, {1, 2, 3}), options(12, 1, 16));
   ASSERT_EQ(s.batches.size(), 2u);
   EXPECT_EQ(shape(s.batches[0]), (Shape{{0, 12}}));
@@ -93,15 +102,17 @@ TEST(ImportBoundaries, APartialLastBlockIsNeverCached) {
   EXPECT_EQ(s.batches[1].requests[0].prefix_pages, (std::vector<std::int64_t>{0, 1}));
   EXPECT_EQ(s.stats.cache_hit_tokens, 8);
   EXPECT_EQ(s.stats.chunked_requests, 0);
+  const Scheduled matched = schedule(request_line(0, 16, {1, 2}) + request_line(1, 14, {1, 2}), options(16, 1, 16));
+  ASSERT_EQ(matched.batches.size(), 2u);
+  EXPECT_EQ(shape(matched.batches[1]), (Shape{{8, 6}}));
+  EXPECT_EQ(matched.stats.cache_hit_tokens, 8);
 }
 
 // "--max-total-extend-tokens below the page size" is refused (a chunk is whole pages): a cap of
 // exactly one page is the smallest that works, and the import chunks under it page by page.
 TEST(ImportBoundaries, ATokenCapOfExactlyOnePageIsAccepted) {
-  EXPECT_EQ(mc::validate(options(4, 1, 16)), std::nullopt);
-  const std::optional<cpkv::model::Problem> below = mc::validate(options(3, 1, 16));
-  ASSERT_TRUE(below.has_value());
-  EXPECT_EQ(below->field, "max_total_extend_tokens");
+  EXPECT_EQ(verdict(options(4, 1, 16)), "accepted");
+  EXPECT_EQ(verdict(options(3, 1, 16)).rfind("max_total_extend_tokens: ", 0), 0u) << verdict(options(3, 1, 16));
   const Scheduled s = schedule(request_line(0, 10, {1, 2}), options(4, 1, 16));
   ASSERT_EQ(s.batches.size(), 3u);
   EXPECT_EQ(shape(s.batches[0]), (Shape{{0, 4}}));
@@ -112,10 +123,8 @@ TEST(ImportBoundaries, ATokenCapOfExactlyOnePageIsAccepted) {
 // "a pool that cannot hold one full batch (ceil(tokens / P) + requests pages)" is refused: a pool
 // of exactly that many pages holds one and is accepted (caps 12 tokens / 2 requests: 3 + 2 = 5).
 TEST(ImportBoundaries, APoolThatExactlyHoldsTheLargestBatchIsAccepted) {
-  EXPECT_EQ(mc::validate(options(12, 2, 5)), std::nullopt);
-  const std::optional<cpkv::model::Problem> below = mc::validate(options(12, 2, 4));
-  ASSERT_TRUE(below.has_value());
-  EXPECT_EQ(below->field, "pool_pages");
+  EXPECT_EQ(verdict(options(12, 2, 5)), "accepted");
+  EXPECT_EQ(verdict(options(12, 2, 4)).rfind("pool_pages: ", 0), 0u) << verdict(options(12, 2, 4));
   const Scheduled s = schedule(request_line(0, 5, {1}) + request_line(1, 7, {2}), options(12, 2, 5));
   ASSERT_EQ(s.batches.size(), 1u);
   EXPECT_EQ(shape(s.batches[0]), (Shape{{0, 5}, {0, 7}}));
