@@ -173,3 +173,35 @@ TEST(ImportBoundaries, AnOutputThatIsTheInputUnderAnotherNameIsRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// traces/README.md, "Overflow": under the caps alone no imported batch can overflow (the scheduler
+// admits at most ceil(T / P) + R current pages, what the caps size staging for); the summary says
+// so and names a --staging-mib that makes this import's fullest batch overflow, and it does.
+TEST(ImportBoundaries, TheSummarySaysNoBatchCanOverflowAndHowToImportOneThatDoes) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_import_overflow_{}", ::getpid());
+  fs::create_directories(dir);
+  std::string text;
+  for (std::int64_t i = 0; i < 20; ++i) text += request_line(i, 1500, {3 * i, 3 * i + 1, 3 * i + 2});
+  std::ofstream(dir / "log.jsonl", std::ios::binary) << text;
+  const std::string base = fmt::format("import mooncake '{}' -o '{}'", (dir / "log.jsonl").string(), (dir / "trace.jsonl").string());
+  const CliRun plain = cpkv::test::run_cpkv(base);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  EXPECT_NE(plain.out.find("overflow batches 0 (staging_slots 272 from caps): no batch can overflow: the caps admit at most "
+                           "ceil(16384 / 64) + 16 = 272 current pages a batch"),
+            std::string::npos)
+      << plain.out;
+  const std::string option = "--staging-mib ";
+  const std::size_t at = plain.out.find(option);
+  ASSERT_NE(at, std::string::npos) << plain.out;
+  const std::int64_t mib = std::stoll(plain.out.substr(at + option.size()));
+  const CliRun smaller = cpkv::test::run_cpkv(fmt::format("{} --staging-mib {}", base, mib));
+  ASSERT_EQ(smaller.status, 0) << smaller.err;
+  const std::size_t count_at = smaller.out.find("overflow batches ");
+  ASSERT_NE(count_at, std::string::npos) << smaller.out;
+  EXPECT_GE(std::stoll(smaller.out.substr(count_at + std::string("overflow batches ").size())), 1) << smaller.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
