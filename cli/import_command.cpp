@@ -1,5 +1,6 @@
 // cpkv import mooncake: a Mooncake FAST'25 request log becomes a batch trace through a prefix cache,
 // a paged pool and a prefill scheduler under the admission caps (traces/README.md, "Imported traces").
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -132,6 +133,27 @@ nlohmann::json options_json(const ImportCommandOptions& c, const mc::ImportOptio
   return j;
 }
 
+// Why the batches written can or cannot overflow staging (traces/README.md, "Overflow"): the
+// scheduler admits a batch under the caps, at most ceil(T / P) + R current pages, which is exactly
+// what the caps size staging for. Only a staging override below the batches makes any overflow; the
+// note names the largest --staging-mib that makes this import's fullest batch overflow.
+std::string overflow_note(const model::Setting& s, const model::StagingCapacity& capacity, std::int64_t current_pages_peak) {
+  const std::int64_t admitted_max = (*s.caps.max_total_extend_tokens + s.page_size - 1) / s.page_size + *s.caps.max_batch_requests;
+  const auto slot_bytes = static_cast<std::int64_t>(2 * s.page_size * s.row_bytes_all_kinds());
+  const std::int64_t mib = (current_pages_peak * slot_bytes + (std::int64_t{1} << 20) - 1) / (std::int64_t{1} << 20) - 1;
+  model::Setting smaller = s;
+  smaller.caps.staging_mib_override = mib;
+  const std::string how = mib >= 1 ? fmt::format("; to import batches that do, give less staging: --staging-mib {} ({} slots, below this import's fullest batch of {} pages)",
+                                                 mib, model::staging_capacity(smaller).staging_slots, current_pages_peak)
+                                   : "";
+  if (capacity.staging_slots >= admitted_max) {
+    return fmt::format("no batch can overflow: the caps admit at most ceil({} / {}) + {} = {} current pages a batch and staging holds {}{}",
+                       *s.caps.max_total_extend_tokens, s.page_size, *s.caps.max_batch_requests, admitted_max, capacity.staging_slots, how);
+  }
+  return fmt::format("staging ({} slots, --staging-mib) is below the {} current pages the caps admit: a batch above it overflows", capacity.staging_slots,
+                     admitted_max);
+}
+
 void run_import(const ImportCommandOptions& c) {
   const mc::ImportOptions options = to_import_options(c);
   // The log is read once (a pipe works as it is); the output is checked before anything is written.
@@ -146,9 +168,15 @@ void run_import(const ImportCommandOptions& c) {
   // Written to a temporary file beside the target and renamed at the end: a failed import leaves
   // the old file as it was and no partial trace (OutputFile removes its temporary file).
   mc::ImportStats stats;
+  std::int64_t current_pages_peak = 0;  // of the batches written
   try {
     traces::TraceWriter writer(output.stream(), header);
-    stats = mc::import_mooncake(reader, options, [&](const model::Batch& batch) { writer.write(batch); });
+    stats = mc::import_mooncake(reader, options, [&](const model::Batch& batch) {
+      std::int64_t pages = 0;
+      for (const model::Request& r : batch.requests) pages += model::current_page_count(r.extend_len, options.setting.page_size);
+      current_pages_peak = std::max(current_pages_peak, pages);
+      writer.write(batch);
+    });
   } catch (const traces::TraceError&) {
     throw;
   } catch (const OptionError&) {
@@ -171,8 +199,8 @@ void run_import(const ImportCommandOptions& c) {
              stats.pool_used_pages_peak, options.setting.pool_pages);
   fmt::print("  batches {} scheduled, {} written (skipped {}); extend tokens {}, chunk-prefix tokens {}\n", stats.batches,
              stats.batches_emitted, std::min(c.skip_batches, stats.batches), stats.extend_tokens, stats.chunk_prefix_tokens);
-  fmt::print("  overflow batches {} (staging_slots {} from {})\n", stats.overflow_batches, capacity.staging_slots,
-             model::to_string(capacity.source));
+  fmt::print("  overflow batches {} (staging_slots {} from {}): {}\n", stats.overflow_batches, capacity.staging_slots,
+             model::to_string(capacity.source), overflow_note(options.setting, capacity, current_pages_peak));
 }
 
 }  // namespace

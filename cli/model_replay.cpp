@@ -1,6 +1,6 @@
 // cpkv replay TRACE --backend model: for every batch the counts of its plan, the overflow verdict,
 // the bytes every rank pulls under every variant and the modelled exchange time, without moving a
-// byte of content. The per-batch work is the closed form of model_costs.hpp; --exact-model also
+// byte of content. The per-batch work is the closed form of model/costs.hpp (via harness/model_replay.hpp); --exact-model also
 // builds every rank's variant plan with the model and checks the two agree on every field.
 #include "model_replay.hpp"
 

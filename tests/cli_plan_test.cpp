@@ -181,3 +181,66 @@ TEST(CliReplay, SwarmWithAScheduleIsBadInput) {
 }
 
 }  // namespace
+
+namespace {
+
+// One row of `cpkv mutants`: the planted bug, the invariant that fired in the property that caught
+// it, and the replay line printed under it ("" if none).
+struct MutantRowText {
+  std::string mutant;
+  std::string invariant;
+  std::string replay;
+};
+
+std::vector<MutantRowText> caught_rows(const std::string& table) {
+  std::vector<MutantRowText> rows;
+  std::istringstream in(table);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string first, caught, property, invariant;
+    words >> first >> caught >> property >> invariant;
+    if (caught == "yes") rows.push_back({first, invariant, ""});
+    const std::string prefix = "    replay: cpkv ";
+    if (line.rfind(prefix, 0) == 0 && !rows.empty()) rows.back().replay = line.substr(prefix.size());
+  }
+  return rows;
+}
+
+std::vector<std::string> words_of(const std::string& text) {
+  std::vector<std::string> words{cpkv_binary().string()};
+  std::istringstream in(text);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+}  // namespace
+
+// PROTOCOL.md section 9: every planted bug is caught "shrunk to a small counterexample with a replay
+// line". Each printed line must reproduce ITS bug: run it, and it names that mutant, fails (exit 1)
+// and reports the invariant the table credits. And the report is cpkv's alone: one seed, printed
+// once, and none of RapidCheck's own banners ("Using configuration", "Some of your RapidCheck
+// properties had failures ... RC_PARAMS=reproduce") after a table whose planted bugs fail on purpose.
+TEST(CliMutants, EveryPrintedReplayLineReproducesItsOwnBugAndTheSeedIsPrintedOnce) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_mutants_replay_{}", ::getpid());
+  const CliRun run = spawn({cpkv_binary().string(), "mutants"}, dir);  // TMPDIR: dir/tmp, where the counterexamples go
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  const std::string all = run.out + run.err;
+  EXPECT_EQ(all.find("Using configuration"), std::string::npos) << all;
+  EXPECT_EQ(all.find("RapidCheck"), std::string::npos) << all;
+  EXPECT_EQ(all.find("RC_PARAMS"), std::string::npos) << all;
+  std::size_t seeds = 0;
+  for (std::size_t at = all.find("| seed "); at != std::string::npos; at = all.find("| seed ", at + 1)) ++seeds;
+  EXPECT_EQ(seeds, 1u) << all;
+  const std::vector<MutantRowText> rows = caught_rows(run.out);
+  EXPECT_NE(run.out.find(fmt::format("caught {} of {} planted bugs", rows.size(), rows.size())), std::string::npos) << run.out;
+  for (const MutantRowText& row : rows) {
+    ASSERT_FALSE(row.replay.empty()) << row.mutant << " has no replay line";
+    EXPECT_NE(row.replay.find("--mutant " + row.mutant), std::string::npos) << row.mutant << ": " << row.replay;
+    const CliRun replay = spawn(words_of(row.replay), dir / row.mutant);
+    EXPECT_EQ(replay.status, 1) << row.mutant << ": " << row.replay << "\n" << replay.out << replay.err;
+    EXPECT_NE(replay.out.find("MUTANT ACTIVE: " + row.mutant + " "), std::string::npos) << row.mutant << ": " << replay.out;
+    EXPECT_NE(replay.out.find("invariant " + row.invariant + " ("), std::string::npos)
+        << row.mutant << " was credited to invariant " << row.invariant << ", its replay says:\n" << replay.out;
+  }
+  fs::remove_all(dir);
+}

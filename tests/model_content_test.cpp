@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <utility>
@@ -153,6 +154,37 @@ TEST(ModelContent, ExpectedDenseDiffersBetweenLayersAndKinds) {
             expected_dense(layout, kSeed, 1, kKvKind, kKvFp8RowBytes));
   EXPECT_NE(expected_dense(layout, kSeed, 0, kKvKind, kIndexerRowBytes),
             expected_dense(layout, kSeed, 0, kIndexerKind, kIndexerRowBytes));
+}
+
+// PROTOCOL.md section 8: a row's bytes are a hash of (layer, buffer kind, request, token) and the
+// seed. The layer is what lets the byte check see a read of the stale parity half (the previous
+// layer's rows, same slot): rows of different layers must differ for EVERY kind, prefix and
+// current rows alike, and so must every valid row of the expected buffers of two layers.
+TEST(ModelContent, RowsOfDifferentLayersDifferForEveryKind) {
+  constexpr std::uint32_t kKindsMax = std::size(kBufferKinds);  // a setting names each kind once
+  for (std::uint32_t kind = 0; kind < kKindsMax; ++kind) {
+    for (std::uint32_t layer = 0; layer < 4; ++layer) {
+      for (std::uint32_t other = layer + 1; other < 5; ++other) {
+        EXPECT_NE(prefix_row_key(kSeed, layer, kind, 5, 2), prefix_row_key(kSeed, other, kind, 5, 2)) << "kind " << kind;
+        EXPECT_NE(current_row_key(kSeed, layer, kind, 1, 7), current_row_key(kSeed, other, kind, 1, 7)) << "kind " << kind;
+      }
+    }
+  }
+  const BatchLayout layout = layout_batch(tiny_setting(), tiny_batch());
+  const std::pair<std::uint32_t, std::uint32_t> kinds[] = {{kKvKind, kKvFp8RowBytes}, {kIndexerKind, kIndexerRowBytes}};
+  for (const auto& [kind, row_bytes] : kinds) {
+    const std::vector<std::uint8_t> even = expected_dense(layout, kSeed, 0, kind, row_bytes);
+    const std::vector<std::uint8_t> odd = expected_dense(layout, kSeed, 1, kind, row_bytes);
+    for (std::int64_t slot = 0; slot < layout.slot_count; ++slot) {
+      const std::int32_t rows_valid = slot == 3 ? 2 : slot == 6 ? 1 : 4;  // model_tiny_batch.hpp
+      for (std::int32_t row = 0; row < rows_valid; ++row) {
+        const auto at_row = [&](const std::vector<std::uint8_t>& dense) {
+          return std::vector<std::uint8_t>(dense.begin() + at(slot, row, 0, row_bytes), dense.begin() + at(slot, row + 1, 0, row_bytes));
+        };
+        EXPECT_NE(at_row(even), at_row(odd)) << "kind " << kind << " slot " << slot << " row " << row;
+      }
+    }
+  }
 }
 
 TEST(ModelContent, CompareDenseOfEqualBuffersFindsNothing) {

@@ -201,6 +201,24 @@ void draw_edge_caps(Case& c) {
   }
 }
 
+// A page table names each pool page at most once per request (traces/README.md: the trace format
+// refuses a repeat, so a case with one could not be written as a replayable counterexample). A
+// repeated id moves to the next id not yet in the request (mod the pool); a prefix longer than
+// the pool is cut to the pool. Applied last, after the caps may have shrunk the pool.
+void make_page_tables_distinct(Case& c) {
+  for (model::Batch& batch : c.batches) {
+    for (model::Request& r : batch.requests) {
+      if (static_cast<std::int64_t>(r.prefix_pages.size()) > c.setting.pool_pages) r.prefix_pages.resize(static_cast<std::size_t>(c.setting.pool_pages));
+      r.prefix_len = static_cast<std::int64_t>(r.prefix_pages.size()) * c.setting.page_size;
+      std::vector<bool> used(static_cast<std::size_t>(c.setting.pool_pages), false);
+      for (std::int64_t& page : r.prefix_pages) {
+        while (used[static_cast<std::size_t>(page)]) page = (page + 1) % c.setting.pool_pages;
+        used[static_cast<std::size_t>(page)] = true;
+      }
+    }
+  }
+}
+
 std::vector<std::uint32_t> gen_schedule(bool bursts) {
   if (!bursts) return *rc::gen::container<std::vector<std::uint32_t>>(rc::gen::inRange<std::uint32_t>(0, 8));
   // Bursts: one choice repeated, so the rank it picks runs as far ahead as the protocol lets it
@@ -242,6 +260,7 @@ rc::Gen<Case> gen_case(const Bounds& bounds, const Emphasis& emphasis) {
     } else {
       draw_fitting_caps(c, need_min, need_max, extend_max, requests_max);
     }
+    make_page_tables_distinct(c);
     c.variant = *weighted([&] {
       std::vector<std::pair<std::uint32_t, model::Variant>> table;
       for (model::Variant v : emphasis.variants) table.emplace_back(1, v);

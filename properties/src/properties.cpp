@@ -23,6 +23,11 @@ std::int32_t g_last_invariant = 0;
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
 
+void reset_last_counterexample() {
+  g_last_size = 0;
+  g_last_replay.clear();
+  g_last_invariant = 0;
+}
 std::int64_t last_counterexample_size() { return g_last_size; }
 std::string last_counterexample_replay() { return g_last_replay; }
 std::int32_t last_counterexample_invariant() { return g_last_invariant; }
@@ -147,9 +152,18 @@ std::int64_t case_size(const Case& c) {
   g_last_size = case_size(c);
   g_last_invariant = invariant;
   const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
-  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, harness::to_string(mutant)), free_running);
+  // A case that cannot be written leaves no replay line rather than another case's (the writer
+  // refuses what its reader would refuse); the failure still counts and says why.
+  std::string replay;
+  try {
+    g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, harness::to_string(mutant)), free_running);
+    replay = g_last_replay;
+  } catch (const std::exception& e) {
+    g_last_replay.clear();
+    replay = fmt::format("none (the case cannot be written as a trace: {})", e.what());
+  }
   const std::string knobs = free_running ? "\n  " + sim::describe(sim::swarm_faults(c.seed)) : "";
-  RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, g_last_replay));
+  RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, replay));
 }
 
 }  // namespace

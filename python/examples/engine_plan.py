@@ -101,3 +101,40 @@ def gather(plan: EnginePlan, pools: Sequence[np.ndarray], staging: Sequence[np.n
     table = list(pools) + list(staging)
     pages = [table[t][p] for t, p in plan.descriptors]
     return np.concatenate(pages, axis=0) if pages else np.zeros((0, 0), np.uint8)
+
+
+def main(argv: Sequence[str]) -> int:
+    """Prints the plan of one batch of a trace (default: batch 0 of traces/samples/tiny.jsonl): the
+    writer of every current page and every dense slot's descriptor, to check by hand against
+    PROTOCOL.md sections 2, 3 and 5 (tests/model_tiny_batch.hpp works the tiny batch out on paper)."""
+    import argparse
+    import json
+    import pathlib
+
+    default_trace = pathlib.Path(__file__).resolve().parents[2] / "traces" / "samples" / "tiny.jsonl"
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("trace", nargs="?", default=str(default_trace), help="a batch trace (traces/README.md)")
+    parser.add_argument("--batch", type=int, default=0, help="0-based batch of the trace")
+    args = parser.parse_args(argv)
+    with open(args.trace, encoding="utf-8") as lines:
+        header = json.loads(next(lines))
+        batch = next((json.loads(line) for k, line in enumerate(lines) if k == args.batch), None)
+    if batch is None:
+        parser.error(f"{args.trace} has no batch {args.batch}")
+    cp, page_size, split = header["cp"], header["page_size"], header.get("split", "zigzag")
+    requests = batch["requests"]
+    plan = build_plan(cp, page_size, split, [r["prefix_len"] for r in requests], [r["extend_len"] for r in requests],
+                      [r["prefix_pages"] for r in requests])
+    print(f"{args.trace} batch {args.batch}: cp {cp}, page size {page_size}, split {split}, {len(requests)} requests")
+    print(f"writers by current index: {plan.writers.tolist()}")
+    for slot, (table_index, source_page) in enumerate(plan.descriptors.tolist()):
+        source = f"rank {table_index} pool page {source_page}" if table_index < cp else \
+            f"rank {table_index - cp} staging slot {source_page}"
+        print(f"slot {slot}: (table_index {table_index}, source_page {source_page}) = {source}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -98,6 +98,9 @@ const std::vector<Property>& all_properties();
 // The last counterexample a property recorded, for the mutation table: the final shrunk failure is
 // the last one recorded. Size: requests + schedule choices. Invariant: the one that fired (for the
 // free-running property, read from the run's report: 8 for a deadlock).
+// reset_last_counterexample: forgets it (check_property calls it first), so a property that failed
+// other than through its invariant check (an exception) reports no counterexample, not an older one.
+void reset_last_counterexample();
 std::int64_t last_counterexample_size();
 std::string last_counterexample_replay();
 std::int32_t last_counterexample_invariant();
