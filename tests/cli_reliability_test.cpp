@@ -325,4 +325,44 @@ TEST_F(CliReliability, ManyRejectedBatchesPrintAFewLinesAndACount) {
   EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "r.json"))["rejected_batches"].size(), 9u);
 }
 
+// --- 13. temporary files (second audit, issue 22 item 1) ----------------------------------------
+
+// Another local user who makes the old fixed folder $TMPDIR/cpkv-counterexamples first, full of
+// links named as counterexamples are, made the next user (or root) overwrite every file the links
+// pointed at (14 of 14, exit 0). Counterexamples now go to a private folder made for the run.
+TEST_F(CliReliability, CounterexamplesNeverWriteThroughAnAttackersLinks) {
+  const fs::path trap = dir_ / "tmp" / "cpkv-counterexamples";
+  fs::create_directories(trap);
+  fs::create_directories(dir_ / "victims");
+  const std::vector<std::string> properties = {"1_page_writer_exclusivity", "2_parity_half_reuse_safety", "3_overflow_determinism",
+                                               "4_barrier_phase_safety", "5_plan_invariance", "6_byte_exactness", "7_capability_agreement",
+                                               "8_liveness"};
+  const std::vector<std::string> mutants = {"token_split", "skip_zero", "unagreed_capability", "barrier_reset_race", "skip_idle_barrier",
+                                            "barrier_passes_early", "plan_rebuilt_per_layer", "reversed_request_order", "unmatched_arrival",
+                                            "address_keyed_plan_cache", "arrive_before_fill", "no_barrier", "rank_local_overflow", "single_half"};
+  int victims = 0;
+  for (const std::string& property : properties) {
+    for (const std::string& mutant : mutants) {
+      for (const char* extension : {".jsonl", ".schedule"}) {
+        const fs::path victim = dir_ / "victims" / std::to_string(victims++);
+        std::ofstream(victim) << "precious\n";
+        fs::create_symlink(victim, trap / (property + "-" + mutant + extension));
+      }
+    }
+  }
+  const CliRun run = cpkv({"mutants", "--cases", "5"});
+  EXPECT_EQ(run.status, 0) << run.err;
+  for (int v = 0; v < victims; ++v) EXPECT_EQ(slurp(dir_ / "victims" / std::to_string(v)), "precious\n") << "written through a link: victim " << v;
+  // The replay lines name the private folder, which holds the counterexamples as regular files.
+  const std::string marker = "replay: cpkv replay ";
+  const std::size_t at = run.out.find(marker);
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const fs::path trace = run.out.substr(at + marker.size(), run.out.find(' ', at + marker.size()) - at - marker.size());
+  EXPECT_EQ(trace.parent_path().parent_path(), dir_ / "tmp") << trace;
+  EXPECT_NE(trace.parent_path(), trap);
+  EXPECT_EQ(fs::status(trace.parent_path()).permissions() & (fs::perms::group_all | fs::perms::others_all), fs::perms::none);
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(trace))) << trace;
+  EXPECT_GT(fs::file_size(trace), 0u);
+}
+
 }  // namespace

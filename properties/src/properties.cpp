@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
+#include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpkv/harness/temp_files.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -16,13 +18,17 @@ namespace cpkv::properties {
 namespace {
 std::int64_t g_last_size = 0;
 std::string g_last_replay;
+std::string g_last_write_error;  // why the last counterexample could not be written, or empty
 std::int32_t g_last_invariant = 0;
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
 
 std::int64_t last_counterexample_size() { return g_last_size; }
-std::string last_counterexample_replay() { return g_last_replay; }
+std::string last_counterexample_replay() {
+  if (!g_last_write_error.empty()) throw std::runtime_error(g_last_write_error);
+  return g_last_replay;
+}
 std::int32_t last_counterexample_invariant() { return g_last_invariant; }
 
 void showValue(const Case& c, std::ostream& os) {
@@ -93,24 +99,23 @@ sim::RunReport run_case_free(const Case& c, sim::Mutant mutant) {
 
 std::string write_replay(const Case& c, sim::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
   namespace fs = std::filesystem;
-  fs::create_directories(dir);
   const fs::path trace = fs::path(dir) / (stem + ".jsonl");
   const fs::path schedule = fs::path(dir) / (stem + ".schedule");
   {
-    std::ofstream out(trace);
+    std::ostringstream out;
     traces::TraceHeader header;
     header.setting = c.setting;
     header.source = {{"kind", "property counterexample"}, {"name", stem}};
     traces::TraceWriter writer(out, header);
     for (const model::Batch& b : c.batches) writer.write(b);
+    harness::replace_private_file(trace.string(), out.str());
   }
   std::string line = fmt::format("cpkv replay {} --backend sim --variant {} --seed {} --layers {}", trace.string(), variant_name(c.variant), c.seed, c.layers);
   if (free_running) {
     // The knobs are drawn from the seed again; the interleaving itself is not replayable.
     line += fmt::format(" --ranks-as processes --swarm --wait-ms-max {}", kFreeWaitMsMax);
   } else {
-    std::ofstream out(schedule);
-    out << fmt::format("{}\n", fmt::join(c.schedule, " "));
+    harness::replace_private_file(schedule.string(), fmt::format("{}\n", fmt::join(c.schedule, " ")));
     // An empty choice list runs round-robin, which is what --schedule round-robin does.
     line += fmt::format(" --schedule {}", c.schedule.empty() ? "round-robin" : schedule.string());
   }
@@ -134,8 +139,16 @@ std::int64_t case_size(const Case& c) {
   stop_counting();
   g_last_size = case_size(c);
   g_last_invariant = invariant;
-  const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
-  g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, sim::to_string(mutant)), free_running);
+  // A private folder per run (mkdtemp), never a fixed name in a shared /tmp (issue 22, item 1).
+  // A failed write is kept for last_counterexample_replay(): the property still fails here.
+  try {
+    g_last_replay = write_replay(c, mutant, harness::private_folder("cpkv-counterexamples"), fmt::format("{}-{}", property, sim::to_string(mutant)),
+                                 free_running);
+    g_last_write_error.clear();
+  } catch (const std::runtime_error& e) {
+    g_last_write_error = fmt::format("the counterexample was not written: {}", e.what());
+    g_last_replay = fmt::format("({})", g_last_write_error);
+  }
   const std::string knobs = free_running ? "\n  " + sim::describe(sim::swarm_faults(c.seed)) : "";
   RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, g_last_replay));
 }
