@@ -5,7 +5,9 @@
 // deadlock with no one blamed; a dead rank is reported by signal; and every way out leaves no rank
 // process behind.
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -29,6 +31,7 @@
 
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/harness/source.hpp"
 #include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::harness {
@@ -591,7 +594,7 @@ TEST_F(TempFiles, ABadTmpdirIsNamedAndAPrivateFolderIsPrivate) {
   const char* old = std::getenv("TMPDIR");
   const std::string saved = old != nullptr ? old : "";
   std::ofstream(dir_ / "plain") << "x";
-  for (const std::string bad : {(dir_ / "missing").string(), (dir_ / "plain").string()}) {
+  for (const std::string& bad : {(dir_ / "missing").string(), (dir_ / "plain").string()}) {
     ::setenv("TMPDIR", bad.c_str(), 1);
     try {
       temp_folder();
@@ -617,7 +620,7 @@ TEST_F(TempFiles, ASweepRemovesOnlyTheFilesOfDeadCreators) {
   if (child == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
   const std::string dead = fmt::format("cpkv-spool-{}-abcdef.jsonl", child);
-  for (const std::string name : {dead, temp_stem("cpkv-spool") + "abcdef.jsonl", std::string("cpkv-spool-x-1.jsonl"), std::string("other")}) {
+  for (const std::string& name : {dead, temp_stem("cpkv-spool") + "abcdef.jsonl", std::string("cpkv-spool-x-1.jsonl"), std::string("other")}) {
     std::ofstream(dir_ / name) << "x";
   }
   std::filesystem::create_symlink(dir_ / "other", dir_ / fmt::format("cpkv-spool-{}-link", child));
@@ -626,6 +629,90 @@ TEST_F(TempFiles, ASweepRemovesOnlyTheFilesOfDeadCreators) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / (temp_stem("cpkv-spool") + "abcdef.jsonl")));
   EXPECT_TRUE(std::filesystem::is_symlink(dir_ / fmt::format("cpkv-spool-{}-link", child)));
   EXPECT_TRUE(std::filesystem::exists(dir_ / "other"));
+}
+
+// --- the trace as one snapshot (source.hpp; issue 22, item 2) --------------------------------------
+
+// A copy of tiny.jsonl (3 batches; batch 1 reads pool page 7) in a folder of its own.
+class TraceSnapshotTest : public TempFiles {
+ protected:
+  std::string trace() const { return (dir_ / "t.jsonl").string(); }
+  void SetUp() override {
+    TempFiles::SetUp();
+    std::filesystem::copy_file(std::filesystem::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", trace());
+  }
+  static std::int64_t count(const BatchSource& source) {
+    BatchCursor cursor(source);
+    std::int64_t n = 0;
+    while (cursor.next()) ++n;
+    return n;
+  }
+  // The refusal's text, or "" when `body` did not throw TraceChanged.
+  template <typename Body>
+  static std::string refusal(const Body& body) {
+    try {
+      body();
+    } catch (const TraceChanged& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+// A file renamed over the trace's name (cpkv's own `import -o`) never reaches a cursor: one reading
+// when it happens (in this process or a forked rank) stops at its next batch, a new one does not
+// start, and measure and check_unchanged refuse it. Before, every cursor reopened the name and read
+// the new file under the first file's carving.
+TEST_F(TraceSnapshotTest, AFileRenamedOverTheNameIsRefusedByEveryCursor) {
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  BatchCursor reading(source);
+  ASSERT_TRUE(reading.next());
+  const std::string first = read(trace());
+  std::ofstream(dir_ / "new.jsonl") << first;  // the same bytes: still another file
+  std::filesystem::rename(dir_ / "new.jsonl", trace());
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(refusal([&] { reading.next(); }).find("replaced") != std::string::npos ? 0 : 1);
+  int raw = 0;
+  ASSERT_EQ(::waitpid(child, &raw, 0), child);
+  EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << "a forked rank read on";
+  EXPECT_NE(refusal([&] { reading.next(); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { BatchCursor cursor(source); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { check_unchanged(source); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { measure(source); }).find("replaced"), std::string::npos);
+}
+
+// A file cut or rewritten in place is refused when a cursor opens, and when one ends: a truncated
+// trace "passed" on the batches left.
+TEST_F(TraceSnapshotTest, AFileChangedInPlaceIsRefused) {
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  BatchCursor reading(source);
+  ASSERT_TRUE(reading.next());
+  std::filesystem::resize_file(trace(), 400);
+  EXPECT_NE(refusal([&] { BatchCursor cursor(source); }).find("changed while cpkv read it"), std::string::npos);
+  EXPECT_NE(refusal([&] { while (reading.next()) {} }).find("changed while cpkv read it"), std::string::npos);
+}
+
+// A batch larger than the world was carved for never reaches a rank, even when the file's size and
+// time say nothing changed: the same bytes but for one pool page, the time set back.
+TEST_F(TraceSnapshotTest, ABatchBeyondTheFirstReadingIsRefused) {
+  struct stat before {};
+  ASSERT_EQ(::stat(trace().c_str(), &before), 0);
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  std::string text = read(trace());
+  const std::size_t at = text.find("\"prefix_pages\":[7]");
+  ASSERT_NE(at, std::string::npos);
+  text[at + std::string("\"prefix_pages\":[").size()] = '9';  // pool page 9: in the pool, never read at the first reading
+  {
+    std::fstream out(trace(), std::ios::in | std::ios::out | std::ios::binary);
+    out << text;
+  }
+  const timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, trace().c_str(), times, 0), 0);
+  const std::string why = refusal([&] { count(source); });
+  EXPECT_NE(why.find("batch 1 reads pool page 9"), std::string::npos) << why;
 }
 
 }  // namespace

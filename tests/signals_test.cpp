@@ -508,3 +508,40 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
 }
 
 }  // namespace
+
+namespace {
+
+// --- a trace changed mid-run (issue 22, item 2) ------------------------------------------------
+
+// Replacing the trace during a replay (as cpkv's own atomic `import -o` does) or cutting it ended
+// in glibc heap corruption (threads, 134), SIGSEGV (scheduled, 139; processes: the ranks) or a
+// "pass" on the rest of the file. Now, in every mode, one line naming the change, exit 2, no
+// region and no rank left.
+class TraceChangedMidRun : public Signals, public ::testing::WithParamInterface<std::tuple<std::string, bool>> {};
+
+TEST_P(TraceChangedMidRun, IsOneLineAndExit2) {
+  const auto& [mode, rename] = GetParam();
+  const fs::path trace = long_trace(dir_);
+  const std::vector<std::string> args =
+      mode == "scheduled" ? std::vector<std::string>{"--schedule", "random"} : std::vector<std::string>{"--ranks-as", mode};
+  CpkvRun run = start_running(trace.string(), {"--variant", "staging_direct"}, args, mode == "processes" ? 2 : 0, StartOptions{});
+  if (rename) {
+    fs::copy_file(trace, dir_ / "new.jsonl");
+    fs::rename(dir_ / "new.jsonl", trace);
+  } else {
+    fs::resize_file(trace, fs::file_size(trace) / 2);
+  }
+  ASSERT_TRUE(run.reap(kExitMsMax)) << "no exit within " << kExitMsMax << " ms of the change";
+  const std::string err = run.stderr_text();
+  EXPECT_EQ(run.exit_code(), 2) << "wait status " << *run.raw << ": " << err;
+  EXPECT_EQ(lines_besides_rejected_batches(err), 1) << err;
+  EXPECT_NE(err.find(rename ? "was replaced" : "changed while cpkv read it"), std::string::npos) << err;
+  EXPECT_TRUE(regions_of(run.pid).empty());
+  EXPECT_TRUE(children_of(run.pid).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryMode, TraceChangedMidRun,
+                         ::testing::Combine(::testing::Values("processes", "threads", "scheduled"), ::testing::Bool()),
+                         [](const auto& info) { return std::get<0>(info.param) + (std::get<1>(info.param) ? "_renamed" : "_cut"); });
+
+}  // namespace
