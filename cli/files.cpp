@@ -16,6 +16,7 @@
 
 #include "commands.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::cli {
 namespace {
@@ -29,6 +30,9 @@ constexpr std::int64_t kSpoolBytesMax = std::int64_t{4} << 30;
 constexpr int kSpoolIdleMsMax = 600'000;
 // Extensions longer than this are not kept on a temporary file's name (NAME_MAX is 255).
 constexpr std::size_t kExtensionCharsMax = 16;
+// Names of temporary files, each followed by "-<creator pid>-" (harness/temp_files.hpp).
+constexpr std::string_view kSpoolPrefix = "cpkv-spool";
+constexpr std::string_view kOutputPrefix = ".cpkv";  // hidden, beside the output it will replace
 
 // The spool files alive in this process and the names the user gave them, for messages.
 std::vector<std::pair<std::string, std::string>>& spool_names() {
@@ -82,9 +86,13 @@ void remove_tracked(const std::string& name) {
 // A private copy of a non-seekable input in $TMPDIR; returns its path. Tracked from its creation,
 // so that SIGINT or SIGTERM (whose watcher ends the process without unwinding) removes it too.
 std::string spool(const std::string& option, const std::string& path) {
-  std::string name = (fs::temp_directory_path() / "cpkv-spool-XXXXXX.jsonl").string();
+  const std::string folder = harness::temp_folder();
+  // The creator's pid in the name: a spool left by a cpkv that was SIGKILLed (up to 4 GiB) is
+  // swept by the next one, as stale regions are.
+  harness::sweep_dead_temporaries(folder, kSpoolPrefix);
+  std::string name = fmt::format("{}/{}XXXXXX.jsonl", folder, harness::temp_stem(kSpoolPrefix));
   const int out_fd = harness::create_tracked_file(name, 6);
-  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, fs::temp_directory_path().string(), errno_text(errno)));
+  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, folder, errno_text(errno)));
   // Non-blocking open: a named pipe with no writer reads as empty instead of blocking forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   try {
@@ -114,6 +122,10 @@ bool is_terminal(const std::string& path) {
 // A trace that cannot be opened is reported as the trace reader reports it (file, line 0, field
 // "file"), so the CLI and the Python package say the same; any other input names its option.
 void InputFile::throw_unreadable(int error_number) const {
+  // Out of descriptors or memory is this process's limit, not bad input (exit 1, not 2).
+  if (error_number == EMFILE || error_number == ENFILE || error_number == ENOMEM) {
+    throw std::runtime_error(fmt::format("{}: cannot open {}: {} (a limit of this process or system, not a problem of the file)", option_, path_, errno_text(error_number)));
+  }
   if (option_ == "trace") throw traces::TraceError(path_, 0, "file", fmt::format("cannot open: {}", std::strerror(error_number)));
   throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(error_number)));
 }
@@ -189,7 +201,10 @@ const std::string& OutputFile::temporary() {
   const fs::path target(target_);
   std::string extension = target.extension().string();
   if (extension.size() > kExtensionCharsMax) extension.clear();
-  std::string name = (target.parent_path() / (".cpkv-XXXXXX" + extension)).string();
+  // A partial output of a SIGKILLed cpkv (a 48 MB hidden import was seen) goes when the next run
+  // writes into the same folder.
+  harness::sweep_dead_temporaries(target.parent_path().string(), kOutputPrefix);
+  std::string name = (target.parent_path() / (harness::temp_stem(kOutputPrefix) + "XXXXXX" + extension)).string();
   // Tracked from its creation, as a spool file: SIGINT or SIGTERM (no unwinding) removes it too.
   const int fd = harness::create_tracked_file(name, static_cast<int>(extension.size()));
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside {}: {}", option_, path_, errno_text(errno)));

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -184,6 +185,7 @@ struct StartOptions {
   std::int64_t shm_mib = 0;  // > 0: a private mount namespace with a tmpfs of this size on /dev/shm
   int stdin_fd = -1;         // >= 0: the child's standard input (the read end of a pipe)
   fs::path tmpdir;           // not empty: the child's TMPDIR (where a piped trace is spooled)
+  std::vector<int> ignored;  // signals the child starts with ignored (as nohup or `trap '' INT` leave them)
 };
 
 // Exec'd in the child.
@@ -192,6 +194,7 @@ struct StartOptions {
   ::setpgid(0, 0);
   if (how.stdin_fd >= 0) ::dup2(how.stdin_fd, STDIN_FILENO);
   if (!how.tmpdir.empty()) ::setenv("TMPDIR", how.tmpdir.c_str(), 1);
+  for (int s : how.ignored) std::signal(s, SIG_IGN);
   const int out = ::open(run.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const int err = ::open(run.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ::dup2(out, STDOUT_FILENO);
@@ -545,3 +548,38 @@ INSTANTIATE_TEST_SUITE_P(EveryMode, TraceChangedMidRun,
                          [](const auto& info) { return std::get<0>(info.param) + (std::get<1>(info.param) ? "_renamed" : "_cut"); });
 
 }  // namespace
+
+namespace {
+
+// --- the one signal set (issue 22, items 5 and 6) -------------------------------------------------
+
+// SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM and SIGXCPU ended cpkv at once, leaving its region and rank
+// processes; now each is cleaned up as SIGTERM is.
+class EverySignal : public Signals, public ::testing::WithParamInterface<std::tuple<int, std::string>> {};
+
+TEST_P(EverySignal, EndsTheRanksAndRemovesTheRegion) {
+  const auto& [signal_number, name] = GetParam();
+  CpkvRun run = start_running({"--ranks-as", "processes"}, 2);
+  expect_clean_interruption(run, signal_number, /*whole_group=*/false, name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Widened, EverySignal,
+                         ::testing::Values(std::tuple{SIGQUIT, std::string("SIGQUIT")}, std::tuple{SIGUSR1, std::string("SIGUSR1")},
+                                           std::tuple{SIGUSR2, std::string("SIGUSR2")}, std::tuple{SIGALRM, std::string("SIGALRM")},
+                                           std::tuple{SIGXCPU, std::string("SIGXCPU")}),
+                         [](const auto& info) { return std::get<1>(info.param); });
+
+// `nohup cpkv ...` died of SIGHUP (129) because cpkv installed its handler over the inherited
+// SIG_IGN. A hang-up to the whole group is now ignored by cpkv and its ranks; the SIGTERM after it
+// is what ends the run (pending together, SIGHUP is delivered first, so the old code said SIGHUP).
+TEST_F(Signals, AnInheritedIgnoredSignalStaysIgnoredInCpkvAndItsRanks) {
+  StartOptions how;
+  how.ignored = {SIGHUP};
+  CpkvRun run = start_running(long_trace(dir_).string(), {"--variant", "staging_direct"}, {"--ranks-as", "processes"}, 2, how);
+  ASSERT_EQ(::kill(-run.pid, SIGHUP), 0);
+  expect_clean_interruption(run, SIGTERM, /*whole_group=*/false, "SIGTERM");
+  EXPECT_NE(run.stderr_text().find("ended 2 rank processes"), std::string::npos) << "a rank died of the hang-up: " << run.stderr_text();
+}
+
+}  // namespace
+

@@ -74,6 +74,9 @@ class TraceSnapshot {
  public:
   explicit TraceSnapshot(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {  // this process's limit, not bad input
+      throw std::runtime_error(fmt::format("cannot open the trace {}: {} (a limit of this process or system)", path_, std::strerror(errno)));
+    }
     if (fd_ < 0) throw traces::TraceError(path_, 0, "file", fmt::format("cannot open: {}", std::strerror(errno)));
     struct stat st {};
     if (::fstat(fd_, &st) != 0) {
