@@ -16,6 +16,7 @@
 #include "files.hpp"
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/sim/shared_region.hpp"
+#include "cpkv/traces/text.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace {
@@ -24,39 +25,13 @@ namespace {
 // terminal line must stay readable and a log line bounded).
 constexpr std::size_t kErrorLineCharsMax = 300;
 
-// The length of the well-formed UTF-8 sequence at text[at], or 0.
-std::size_t utf8_length(const std::string& text, std::size_t at) {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char lead = byte(at);
-  const std::size_t length = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 0;
-  if (length == 0 || at + length > text.size()) return 0;
-  for (std::size_t k = 1; k < length; ++k) {
-    if ((byte(at + k) & 0xC0) != 0x80) return 0;
-  }
-  return length;
-}
-
 // A file name or a quoted input may hold any byte: a control character or a byte that is not
 // UTF-8 is written as \xNN, so the terminal neither acts on it nor shows a broken glyph (issue
 // 22, item 23); newlines become spaces (one line).
-std::string printable(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t at = 0; at < text.size();) {
-    const auto byte = static_cast<unsigned char>(text[at]);
-    const std::size_t length = utf8_length(text, at);
-    if (byte == '\n' || byte == '\r') {
-      out += ' ';
-    } else if (length == 0 || byte < 0x20 || byte == 0x7F) {
-      out += fmt::format("\\x{:02X}", byte);
-    } else {
-      out.append(text, at, length);
-      at += length;
-      continue;
-    }
-    ++at;
-  }
-  return out;
+std::string printable(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  std::replace(text.begin(), text.end(), '\r', ' ');
+  return cpkv::traces::escape_bytes(text, /*controls=*/true);
 }
 
 // Every error the CLI reports goes through here: one line, the user's file names (not the spool's),

@@ -458,4 +458,53 @@ TEST_F(CliReliability, AnUnknownSubcommandIsNamedPrintably) {
   expect_bad_input(run, "'fr\\xFF\\x1B[31m'");
 }
 
+// --- 15. outputs, pipes, skipped lines and file names (second audit, issue 22 items 7, 15, 18, 20) --
+
+// A target whose folder takes no new file passed the checks and failed at the rename, after the
+// whole run; the check now makes (and removes) a file there first.
+TEST_F(CliReliability, AnOutputThatCannotBeReplacedIsRefusedUpFront) {
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", "/proc/version"}), "--json");
+  const fs::path log = write("log.jsonl", mooncake_log());
+  expect_bad_input(cpkv({"import", "mooncake", log.string(), "-o", "/proc/version"}), "-o");
+  EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"log.jsonl", "stderr", "stdout", "tmp"}));
+}
+
+// A named pipe no process opens for writing blocked for 600 s; now it is refused after the stated
+// limit, and a writer that comes a moment late is still read.
+TEST_F(CliReliability, ANamedPipeWithNoWriterIsRefusedAndALateWriterIsRead) {
+  ASSERT_EQ(::mkfifo((dir_ / "fifo").c_str(), 0600), 0);
+  const CliRun alone = cpkv({"plan", (dir_ / "fifo").string()});
+  expect_bad_input(alone, "no process wrote to the named pipe");
+  const CliRun late = bash(fmt::format("(sleep 0.2; cat '{}' > '{}') & \"$1\" plan '{}'", sample("tiny.jsonl"), (dir_ / "fifo").string(),
+                                       (dir_ / "fifo").string()));
+  EXPECT_EQ(late.status, 0) << late.err;
+  EXPECT_NE(late.out.find("batch 0"), std::string::npos) << late.out;
+}
+
+// --skip-bad on a file of garbage wrote an empty trace, exit 0, silent; skipped lines are now said,
+// and a log with no usable line is refused.
+TEST_F(CliReliability, SkipBadRefusesALogWithNoUsableLineAndSaysWhatItSkipped) {
+  const fs::path garbage = write("garbage.jsonl", "not json\nnor this\n");
+  expect_bad_input(cpkv({"import", "mooncake", garbage.string(), "-o", (dir_ / "o.jsonl").string(), "--skip-bad"}), "no line");
+  EXPECT_FALSE(fs::exists(dir_ / "o.jsonl"));
+  const fs::path mixed = write("mixed.jsonl", mooncake_log() + "junk\n");
+  const CliRun run = cpkv({"import", "mooncake", mixed.string(), "-o", (dir_ / "o.jsonl").string(), "--skip-bad"});
+  EXPECT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.err.find("skipped 1 bad line of 5"), std::string::npos) << run.err;
+}
+
+// A log whose name is not UTF-8 lost the import to nlohmann's "invalid UTF-8 byte"; the name is now
+// kept with its odd byte written \xFF, and a note that is not UTF-8 is refused before any work.
+TEST_F(CliReliability, AFileNameOfAnyBytesFitsTheTraceHeader) {
+  const fs::path log = write("log\xff.jsonl", mooncake_log());
+  const CliRun run = cpkv({"import", "mooncake", log.string(), "-o", (dir_ / "o.jsonl").string()});
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::istringstream trace(slurp(dir_ / "o.jsonl"));
+  std::string header;
+  std::getline(trace, header);
+  EXPECT_EQ(nlohmann::json::parse(header)["source"]["file"], (dir_ / "log\\xFF.jsonl").string()) << header;
+  expect_bad_input(cpkv({"import", "mooncake", log.string(), "-o", (dir_ / "p.jsonl").string(), "--source-note", "\xff"}), "--source-note");
+  EXPECT_FALSE(fs::exists(dir_ / "p.jsonl"));
+}
+
 }  // namespace
