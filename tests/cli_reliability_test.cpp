@@ -507,4 +507,17 @@ TEST_F(CliReliability, AFileNameOfAnyBytesFitsTheTraceHeader) {
   EXPECT_FALSE(fs::exists(dir_ / "p.jsonl"));
 }
 
+// A positive quantity too small to compute with: 5e-324 GB/s printed "inf" and 1e-300 printed
+// 300-digit figures, exit 0 (issue 22, item 19). The range now starts at option_limits::positive_min.
+TEST_F(CliReliability, PositiveQuantitiesTooSmallToComputeWithAreRefused) {
+  for (const std::vector<std::string> option : {std::vector<std::string>{"--peer-gbps", "5e-324"}, std::vector<std::string>{"--peer-gbps", "1e-300"},
+                                                std::vector<std::string>{"--barrier-us", "1e-300"}}) {
+    std::vector<std::string> argv = {"replay", "traces/samples/tiny.jsonl", "--backend", "model"};
+    argv.insert(argv.end(), option.begin(), option.end());
+    SCOPED_TRACE(option[0] + " " + option[1]);
+    expect_bad_input(cpkv(argv), option[0]);
+  }
+  expect_bad_input(cpkv({"soak", "--minutes", "1e-300"}), "--minutes");
+}
+
 }  // namespace

@@ -128,13 +128,19 @@ namespace {
 // its dense buffers or staging slots, or read a pool page with no memory behind it.
 void check_within(const std::string& path, const SourceShape& shape, std::int64_t index, const model::Setting& setting, const model::Batch& batch) {
   const model::BatchLayout layout = model::layout_batch(setting, batch);
-  const auto refuse = [&](const std::string& what) { return TraceChanged(path, fmt::format("batch {} {} than at the first reading: the file changed while cpkv read it", index, what)); };
-  if (layout.slot_count > shape.slot_count_max) throw refuse(fmt::format("has {} slots, more", layout.slot_count));
-  if (layout.current_pages_total > shape.current_pages_max) throw refuse(fmt::format("has {} current pages, more", layout.current_pages_total));
+  const auto refuse = [&](const std::string& what) {
+    return TraceChanged(path, fmt::format("batch {} {}: the file changed while cpkv read it", index, what));
+  };
+  if (layout.slot_count > shape.slot_count_max) {
+    throw refuse(fmt::format("has {} slots, more than the {} of the first reading", layout.slot_count, shape.slot_count_max));
+  }
+  if (layout.current_pages_total > shape.current_pages_max) {
+    throw refuse(fmt::format("has {} current pages, more than the {} of the first reading", layout.current_pages_total, shape.current_pages_max));
+  }
   for (const model::Request& request : batch.requests) {
     for (const std::int64_t page : request.prefix_pages) {
       if (!std::binary_search(shape.pool_pages_touched.begin(), shape.pool_pages_touched.end(), page)) {
-        throw refuse(fmt::format("reads pool page {}, not read", page));
+        throw refuse(fmt::format("reads pool page {}, which no batch read at the first reading", page));
       }
     }
   }
