@@ -520,4 +520,16 @@ TEST_F(CliReliability, PositiveQuantitiesTooSmallToComputeWithAreRefused) {
   expect_bad_input(cpkv({"soak", "--minutes", "1e-300"}), "--minutes");
 }
 
+// An RC_PARAMS key RapidCheck does not know was ignored: `max_sucess=3` ran 100 cases, silently
+// (issue 22, item 21). It is refused, with the keys that exist.
+TEST_F(CliReliability, AnUnknownRcParamsKeyIsRefusedListingTheKnownOnes) {
+  RunSetup typo;
+  typo.env.push_back("RC_PARAMS=seed=3 max_sucess=3");
+  for (const char* command : {"mutants", "soak"}) {
+    const CliRun run = cpkv({command}, typo);
+    expect_bad_input(run, "'max_sucess'");
+    EXPECT_NE(run.err.find("max_success"), std::string::npos) << run.err;
+  }
+}
+
 }  // namespace
