@@ -7,15 +7,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "commands.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::cli {
 namespace {
@@ -27,8 +30,15 @@ namespace fs = std::filesystem;
 constexpr std::int64_t kSpoolBytesMax = std::int64_t{4} << 30;
 // A pipe that sends nothing for this long is reported instead of waited on forever.
 constexpr int kSpoolIdleMsMax = 600'000;
+// A named pipe no process has opened for writing yet is waited for this long: a producer started
+// beside cpkv opens it within moments; a pipe no one will ever write must not hold a run for 600 s.
+constexpr int kFifoWriterMsMax = 5'000;
+constexpr int kFifoWriterPollMs = 10;
 // Extensions longer than this are not kept on a temporary file's name (NAME_MAX is 255).
 constexpr std::size_t kExtensionCharsMax = 16;
+// Names of temporary files, each followed by "-<creator pid>-" (harness/temp_files.hpp).
+constexpr std::string_view kSpoolPrefix = "cpkv-spool";
+constexpr std::string_view kOutputPrefix = ".cpkv";  // hidden, beside the output it will replace
 
 // The spool files alive in this process and the names the user gave them, for messages.
 std::vector<std::pair<std::string, std::string>>& spool_names() {
@@ -48,28 +58,52 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-// Copies everything readable from `fd` into `out_fd`; each wait for data is bounded.
-void copy_all(int fd, int out_fd, const std::string& option, const std::string& path) {
+// Writes one chunk of a spool; a full $TMPDIR is the disk's fault (exit 1).
+void write_chunk(int out_fd, const char* data, std::size_t bytes, const std::string& option, const std::string& path) {
+  const int error = harness::write_all(out_fd, std::string_view(data, bytes));
+  if (error != 0) throw std::runtime_error(fmt::format("{}: cannot copy {} to a temporary file: {}", option, path, errno_text(error)));
+}
+
+// Copies everything readable from the non-blocking `fd` into `out_fd`; each wait is bounded. A read
+// of 0 means no writer holds the pipe: the end, once data came; before, a named pipe's writer may
+// not have opened it yet, and is waited for kFifoWriterMsMax (it blocked for 600 s: issue 22, item
+// 18), while a pipe handed to cpkv (/dev/stdin, <(...)) has had its writer all along: empty.
+void copy_all(int fd, int out_fd, const std::string& option, const std::string& path, bool named_pipe) {
   std::int64_t total = 0;
   std::vector<char> buffer(1 << 16);
+  const auto writer_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kFifoWriterMsMax);
   for (;;) {
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, kSpoolIdleMsMax);
-    if (ready == 0) throw OptionError(fmt::format("{}: {} sent no data for {} s", option, path, kSpoolIdleMsMax / 1000));
-    if (ready < 0 && errno == EINTR) continue;
     const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {  // a writer, no data yet
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, kSpoolIdleMsMax);
+      if (ready == 0) throw OptionError(fmt::format("{}: {} sent no data for {} s", option, path, kSpoolIdleMsMax / 1000));
+      continue;
+    }
     if (n < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
+    if (n == 0 && total == 0 && named_pipe) {
+      if (std::chrono::steady_clock::now() > writer_deadline) {
+        throw OptionError(fmt::format("{}: no process wrote to the named pipe {} within {} s", option, path, kFifoWriterMsMax / 1000));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kFifoWriterPollMs));
+      continue;
+    }
     if (n == 0) return;
     total += n;
     if (total > kSpoolBytesMax) throw OptionError(fmt::format("{}: {} is larger than {} GiB through a pipe; give a regular file", option, path, kSpoolBytesMax >> 30));
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = ::write(out_fd, buffer.data() + done, static_cast<std::size_t>(n - done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw std::runtime_error(fmt::format("{}: cannot copy {} to a temporary file: {}", option, path, errno_text(errno)));
-      done += w;
-    }
+    write_chunk(out_fd, buffer.data(), static_cast<std::size_t>(n), option, path);
   }
+}
+
+// A pipe with a name in a folder (mkfifo), not one cpkv was handed open (/dev/stdin, /dev/fd/N).
+bool is_named_pipe(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) return false;
+  for (const char* handed : {"/dev/stdin", "/dev/fd/", "/proc/self/fd/", "/proc/"}) {
+    if (path.rfind(handed, 0) == 0) return false;
+  }
+  return true;
 }
 
 // Removes a temporary file (a spool file, an output's temporary) and forgets it (the interrupt
@@ -82,15 +116,19 @@ void remove_tracked(const std::string& name) {
 // A private copy of a non-seekable input in $TMPDIR; returns its path. Tracked from its creation,
 // so that SIGINT or SIGTERM (whose watcher ends the process without unwinding) removes it too.
 std::string spool(const std::string& option, const std::string& path) {
-  std::string name = (fs::temp_directory_path() / "cpkv-spool-XXXXXX.jsonl").string();
+  const std::string folder = harness::temp_folder();
+  // The creator's pid in the name: a spool left by a cpkv that was SIGKILLed (up to 4 GiB) is
+  // swept by the next one, as stale regions are.
+  harness::sweep_dead_temporaries(folder, kSpoolPrefix);
+  std::string name = fmt::format("{}/{}XXXXXX.jsonl", folder, harness::temp_stem(kSpoolPrefix));
   const int out_fd = harness::create_tracked_file(name, 6);
-  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, fs::temp_directory_path().string(), errno_text(errno)));
-  // Non-blocking open: a named pipe with no writer reads as empty instead of blocking forever.
+  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, folder, errno_text(errno)));
+  // Non-blocking open: a named pipe with no writer yet must not block the open (copy_all waits for
+  // one, bounded).
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   try {
     if (fd < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    copy_all(fd, out_fd, option, path);
+    copy_all(fd, out_fd, option, path, is_named_pipe(path));
     if (::close(out_fd) != 0) throw std::runtime_error(fmt::format("{}: cannot write the spool file {}: {}", option, name, errno_text(errno)));
   } catch (...) {
     if (fd >= 0) ::close(fd);
@@ -114,6 +152,10 @@ bool is_terminal(const std::string& path) {
 // A trace that cannot be opened is reported as the trace reader reports it (file, line 0, field
 // "file"), so the CLI and the Python package say the same; any other input names its option.
 void InputFile::throw_unreadable(int error_number) const {
+  // Out of descriptors or memory is this process's limit, not bad input (exit 1, not 2).
+  if (error_number == EMFILE || error_number == ENFILE || error_number == ENOMEM) {
+    throw std::runtime_error(fmt::format("{}: cannot open {}: {} (a limit of this process or system, not a problem of the file)", option_, path_, errno_text(error_number)));
+  }
   if (option_ == "trace") throw traces::TraceError(path_, 0, "file", fmt::format("cannot open: {}", std::strerror(error_number)));
   throw OptionError(fmt::format("{}: cannot read {}: {}", option_, path_, errno_text(error_number)));
 }
@@ -174,6 +216,27 @@ OutputFile::OutputFile(std::string option, std::string path) : option_(std::move
   if (::access(folder.c_str(), W_OK | X_OK) != 0) {
     throw OptionError(fmt::format("{}: cannot write {}: folder {}: {}", option_, path_, folder, errno_text(errno)));
   }
+  check_replaceable(folder);
+}
+
+// What the final rename needs, tried now rather than refused after the whole run (issue 22, item
+// 15): a file can be made in the folder (not so in /proc, on a read-only mount, for a folder full
+// or of another user), and, in a sticky folder (/tmp), an existing file of another user can be
+// replaced only by its owner, the folder's owner or root.
+void OutputFile::check_replaceable(const std::string& folder) const {
+  struct stat dir {};
+  struct stat file {};
+  if (existed_ && ::stat(folder.c_str(), &dir) == 0 && (dir.st_mode & S_ISVTX) != 0 && ::stat(target_.c_str(), &file) == 0) {
+    const uid_t me = ::geteuid();
+    if (me != 0 && file.st_uid != me && dir.st_uid != me) {
+      throw OptionError(fmt::format("{}: cannot replace {}: it belongs to another user in the sticky folder {}", option_, path_, folder));
+    }
+  }
+  std::string probe = fmt::format("{}/{}XXXXXX", folder, harness::temp_stem(kOutputPrefix));
+  const int fd = harness::create_tracked_file(probe, 0);
+  if (fd < 0) throw OptionError(fmt::format("{}: cannot write {}: cannot create a file in {}: {}", option_, path_, folder, errno_text(errno)));
+  ::close(fd);
+  remove_tracked(probe);
 }
 
 OutputFile::~OutputFile() {
@@ -189,7 +252,10 @@ const std::string& OutputFile::temporary() {
   const fs::path target(target_);
   std::string extension = target.extension().string();
   if (extension.size() > kExtensionCharsMax) extension.clear();
-  std::string name = (target.parent_path() / (".cpkv-XXXXXX" + extension)).string();
+  // A partial output of a SIGKILLed cpkv (a 48 MB hidden import was seen) goes when the next run
+  // writes into the same folder.
+  harness::sweep_dead_temporaries(target.parent_path().string(), kOutputPrefix);
+  std::string name = (target.parent_path() / (harness::temp_stem(kOutputPrefix) + "XXXXXX" + extension)).string();
   // Tracked from its creation, as a spool file: SIGINT or SIGTERM (no unwinding) removes it too.
   const int fd = harness::create_tracked_file(name, static_cast<int>(extension.size()));
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside {}: {}", option_, path_, errno_text(errno)));

@@ -4,8 +4,9 @@
 // pipe, `/dev/stdin` fed by a pipe, `<(...)`) is copied once into a private spool file, because
 // every rank reopens the trace.
 //
-// Outputs: the target is checked when the options are (before any work and before any file is
-// opened): it must be a regular file or not exist yet in an existing folder; a directory, a device,
+// Outputs: the target is checked when the options are (before any work): it must be a regular
+// file or not exist yet in an existing folder where a file can be made (tried: one is made and
+// removed) and, in a sticky folder, be this user's to replace; a directory, a device,
 // a pipe, `-` and `/dev/stdout` are refused (stdout carries the report); a symbolic link to a
 // regular file writes that file. An output that is the same file (device and inode) as an input or
 // as another output is refused. The content goes to a temporary file in the target's folder, is
@@ -56,7 +57,8 @@ class InputFile {
   pid_t owner_ = 0;  // only the process that made the spool removes it (rank processes are forks)
 };
 
-// One output named by `option`. Construction checks the target and creates nothing.
+// One output named by `option`. Construction checks the target, and that a file can be made in
+// its folder (one is made and removed at once), and leaves nothing there.
 class OutputFile {
  public:
   OutputFile(std::string option, std::string path);
@@ -81,6 +83,7 @@ class OutputFile {
   void write(std::string_view text);
 
  private:
+  void check_replaceable(const std::string& folder) const;
   std::string option_;
   std::string path_;          // as given, for messages
   std::string target_;        // the file replaced (a link resolved)

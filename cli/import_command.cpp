@@ -16,6 +16,7 @@
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/traces/mooncake.hpp"
+#include "cpkv/traces/text.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace cpkv::cli {
@@ -156,6 +157,11 @@ std::string overflow_note(const model::Setting& s, const model::StagingCapacity&
 
 void run_import(const ImportCommandOptions& c) {
   const mc::ImportOptions options = to_import_options(c);
+  // The note goes into the trace's JSON header, which holds UTF-8 only: refused now, not as
+  // nlohmann's message once the log is read (issue 22, item 7).
+  if (c.source_note && traces::escape_bytes(*c.source_note) != *c.source_note) {
+    throw OptionError(fmt::format("--source-note: not UTF-8 text: {}", traces::escape_bytes(*c.source_note)));
+  }
   // The log is read once (a pipe works as it is); the output is checked before anything is written.
   const InputFile input("file", c.input_path);
   OutputFile output("-o", c.output_path);
@@ -164,7 +170,7 @@ void run_import(const ImportCommandOptions& c) {
   traces::TraceHeader header;
   header.setting = options.setting;
   header.source = mc::import_source(c.input_path, options, options_json(c, options));
-  if (c.source_note) header.source["note"] = *c.source_note;
+  if (c.source_note) header.source["note"] = *c.source_note;  // checked as UTF-8 with the options
   // Written to a temporary file beside the target and renamed at the end: a failed import leaves
   // the old file as it was and no partial trace (OutputFile removes its temporary file).
   mc::ImportStats stats;
@@ -187,7 +193,17 @@ void run_import(const ImportCommandOptions& c) {
     if (!output.stream()) throw std::runtime_error(fmt::format("-o: cannot write {}: {}", c.output_path, e.what()));
     throw OptionError(e.what());
   }
+  // --skip-bad on a file of garbage wrote an empty trace, exit 0, and said nothing (issue 22, item
+  // 20): a log with no usable line is refused, and skipped lines are always said on stderr.
+  if (stats.lines_skipped > 0 && stats.requests == 0) {
+    throw OptionError(fmt::format("file: no line of {} is a usable request ({} skipped as bad; first: {})", c.input_path, stats.lines_skipped,
+                                  stats.first_skip_reason));
+  }
   output.commit();
+  if (stats.lines_skipped > 0) {
+    std::fputs(fmt::format("cpkv import mooncake: skipped {} bad line{} of {}; first: {}\n", stats.lines_skipped, stats.lines_skipped == 1 ? "" : "s",
+                           stats.lines_read, traces::escape_bytes(stats.first_skip_reason, /*controls=*/true)).c_str(), stderr);
+  }
   const model::StagingCapacity capacity = model::staging_capacity(options.setting);
   fmt::print("cpkv import mooncake: {} -> {}\n", c.input_path, c.output_path);
   fmt::print("  lines {} (skipped as bad: {}){}\n", stats.lines_read, stats.lines_skipped,

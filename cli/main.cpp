@@ -1,6 +1,11 @@
 // cpkv: the command line of the CP shared-KV compose exchange testbed.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <new>
+#include <system_error>
 #include <string>
 #include <exception>
 
@@ -11,6 +16,7 @@
 #include "files.hpp"
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/shared_region.hpp"
+#include "cpkv/traces/text.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace {
@@ -19,12 +25,19 @@ namespace {
 // terminal line must stay readable and a log line bounded).
 constexpr std::size_t kErrorLineCharsMax = 480;  // room for the list of valid names an unknown one is told
 
+// A file name or a quoted input may hold any byte: a control character or a byte that is not
+// UTF-8 is written as \xNN, so the terminal neither acts on it nor shows a broken glyph (issue
+// 22, item 23); newlines become spaces (one line).
+std::string printable(std::string text) {
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  std::replace(text.begin(), text.end(), '\r', ' ');
+  return cpkv::traces::escape_bytes(text, /*controls=*/true);
+}
+
 // Every error the CLI reports goes through here: one line, the user's file names (not the spool's),
 // at most kErrorLineCharsMax characters, never cutting a UTF-8 sequence in two.
 void print_error(const std::string& what) {
-  std::string text = cpkv::cli::with_input_names(what);
-  std::replace(text.begin(), text.end(), '\n', ' ');
-  std::replace(text.begin(), text.end(), '\r', ' ');
+  std::string text = printable(cpkv::cli::with_input_names(what));
   if (text.size() > kErrorLineCharsMax) {
     std::size_t cut = kErrorLineCharsMax;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
@@ -53,6 +66,71 @@ int& cpkv::cli::exit_status() {
   return status;
 }
 
+namespace {
+
+// Standard output carries the report: one that could not be written (a full disk, /dev/full, a
+// closed pipe now that SIGPIPE is ignored, a closed stdout) is a failure naming it, never exit 0
+// with the output lost (issue 22, item 4). Not fclose: RapidCheck writes at exit.
+int with_output_checked(int status) {
+  errno = 0;  // cout.flush() is stdout's fflush (synced): its errno is the reason
+  std::cout.flush();
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  if (flushed && std::ferror(stdout) == 0 && std::cout.good()) return status;
+  print_error(fmt::format("cannot write standard output: {}", error != 0 ? std::strerror(error) : "a write failed"));
+  return status == cpkv::cli::kExitOk ? cpkv::cli::kExitFailure : status;
+}
+
+// What went wrong, for an exception no one else caught: a failed write to standard output says so
+// (fmt's own text is "cannot write to file"), anything else is its own message.
+std::string failure_text(const std::exception& e) {
+  const auto* system = dynamic_cast<const std::system_error*>(&e);
+  if (std::ferror(stdout) != 0 && system != nullptr) return fmt::format("cannot write standard output: {}", system->code().message());
+  return e.what();
+}
+
+int run(CLI::App& app, int argc, char** argv) {
+  try {
+    // SIGINT, SIGTERM, SIGHUP and the rest (interrupt.hpp): end every rank, remove the shared
+    // memory, one line, exit 128 + signal. Inside the try: with no descriptor or thread left it
+    // is one line, not an abort.
+    cpkv::harness::install_interrupt_handling();
+    cpkv::harness::set_activity(argc > 1 ? fmt::format("cpkv {}", argv[1]) : "cpkv");
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line naming the option and the reason; CLI11's own text already does that, but for a
+    // first word that is no subcommand ("A subcommand is required" named not what was typed).
+    const auto subcommands = app.get_subcommands([](const CLI::App*) { return true; });
+    const bool unknown = argc > 1 && argv[1][0] != '-' &&
+                         std::none_of(subcommands.begin(), subcommands.end(), [&](const CLI::App* sub) { return sub->get_name() == argv[1]; });
+    print_error(with_subcommands(app, unknown ? fmt::format("A subcommand is required; '{}' is none", argv[1]) : e.what()));
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::traces::TraceError& e) {
+    print_error(e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::harness::SharedMemoryFull& e) {
+    print_error(e.what());  // the run as asked does not fit this machine's /dev/shm
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::cli::OptionError& e) {
+    print_error(e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    print_error("out of memory (an allocation failed; see ulimit -v and the machine's free memory)");
+    return cpkv::cli::kExitFailure;
+  } catch (const std::exception& e) {
+    // Anything else (no memory for the shared region, a failed fork, a full disk): one line, not a crash.
+    print_error(failure_text(e));
+    return cpkv::cli::kExitFailure;
+  }
+  return cpkv::cli::exit_status();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{
       "cpkv: simulation and correctness-model testbed for the context-parallel shared-KV compose exchange.\n"
@@ -67,32 +145,5 @@ int main(int argc, char** argv) {
 #if CPKV_HAVE_CUDA_BACKEND
   cpkv::cli::register_bench(app);
 #endif
-  // SIGINT/SIGTERM/SIGHUP: end every rank, remove the shared memory, one line, exit 128 + signal.
-  cpkv::harness::install_interrupt_handling();
-  cpkv::harness::set_activity(argc > 1 ? fmt::format("cpkv {}", argv[1]) : "cpkv");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    // One line naming the option and the reason; CLI11's own text already does that.
-    print_error(with_subcommands(app, e.what()));
-    return cpkv::cli::kExitBadInput;
-  } catch (const cpkv::traces::TraceError& e) {
-    print_error(e.what());
-    return cpkv::cli::kExitBadInput;
-  } catch (const cpkv::harness::SharedMemoryFull& e) {
-    print_error(e.what());  // the run as asked does not fit this machine's /dev/shm
-    return cpkv::cli::kExitBadInput;
-  } catch (const cpkv::cli::OptionError& e) {
-    print_error(e.what());
-    return cpkv::cli::kExitBadInput;
-  } catch (const std::exception& e) {
-    // Anything else (no memory for the shared region, a failed fork, a full disk): one line, not a crash.
-    print_error(e.what());
-    return cpkv::cli::kExitFailure;
-  }
-  return cpkv::cli::exit_status();
+  return with_output_checked(run(app, argc, argv));
 }

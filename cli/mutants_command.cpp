@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "options.hpp"
+#include "rc_params.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/properties/mutation.hpp"
 
@@ -28,6 +29,7 @@ struct MutantsOptions {
 void check_rc_params() {
   const char* env = std::getenv("RC_PARAMS");
   if (env == nullptr) return;
+  refuse_unknown_rc_params_keys(env);
   try {
     (void)rc::detail::configFromString(env);
   } catch (const rc::detail::ConfigurationException& e) {

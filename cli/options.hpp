@@ -32,6 +32,10 @@ inline constexpr double latency_us_max = 1e6;
 inline constexpr std::int64_t repetitions_max = 1'000'000;
 // A single wait of a free-running rank: an hour is far past any exchange step.
 inline constexpr std::int64_t wait_ms_max = 3'600'000;
+// The smallest value of a quantity that must be positive (a bandwidth in GB/s, a latency in us, a
+// duration): smaller is a unit mistake, and 5e-324 GB/s made modelled times infinite ("inf") and
+// 1e-300 printed 300-digit figures (issue 22, item 19).
+inline constexpr double positive_min = 1e-6;
 }  // namespace option_limits
 
 // A whole number of type T in [low, high], written in decimal digits (a leading '-' only where T
@@ -52,19 +56,21 @@ CLI::Validator whole_in(T low, T high) {
       fmt::format("{}..{}", low, high));
 }
 
-// A finite number in [low, high], or in (low, high] with low_open (a bandwidth or duration: > 0).
+// A finite number in [low, high], or with low_open (a bandwidth or duration: > low) in
+// [low + option_limits::positive_min, high], so no quantity is too small to compute with.
 inline CLI::Validator finite_in(double low, double high, bool low_open) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         char* stop = nullptr;
         const double value = std::strtod(text.c_str(), &stop);
-        const std::string range = fmt::format("{}{}, {}]", low_open ? "(" : "[", low, high);
+        const double least = low_open ? low + option_limits::positive_min : low;
+        const std::string range = fmt::format("[{}, {}]", least, high);
         if (text.empty() || stop != text.c_str() + text.size()) return fmt::format("'{}' is not a number in {}", text, range);
         if (!std::isfinite(value)) return fmt::format("{} is not a finite number (expected a number in {})", text, range);
-        if (value < low || (low_open && value == low) || value > high) return fmt::format("{} is outside {}", text, range);
+        if (value < least || value > high) return fmt::format("{} is outside {}", text, range);
         return {};
       },
-      fmt::format("number in {}{}, {}]", low_open ? "(" : "[", low, high));
+      fmt::format("number in [{}, {}]", low_open ? low + option_limits::positive_min : low, high));
 }
 
 // The one seed of a run: any unsigned 64-bit value, decimal.

@@ -16,6 +16,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/harness/temp_files.hpp"
+
 extern char** environ;
 
 namespace cpkv::cli {
@@ -56,7 +58,7 @@ std::string ChildOutcome::describe() const {
 
 ChildOutcome run_child(const std::vector<std::string>& argv, std::chrono::milliseconds limit) {
   ChildOutcome outcome;
-  std::string err_path = (std::filesystem::temp_directory_path() / "cpkv-child-XXXXXX").string();
+  std::string err_path = fmt::format("{}/{}XXXXXX", harness::temp_folder(), harness::temp_stem("cpkv-child"));
   const int err_fd = ::mkstemp(err_path.data());
   if (err_fd < 0) return outcome;
   posix_spawn_file_actions_t actions;

@@ -72,6 +72,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   });
   report.failure = launched.failure;
   report.deadlock = launched.deadlock;
+  harness::check_unchanged(source);  // one line for the group (launch.cpp: ranks leave it to this check)
   fill_report(*boot, cp, report);
   if (bench != nullptr) fold_bench(*boot, cp, shape.batches, *bench);
   return report;

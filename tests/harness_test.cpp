@@ -5,6 +5,9 @@
 // deadlock with no one blamed; a dead rank is reported by signal; and every way out leaves no rank
 // process behind.
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -13,7 +16,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -24,6 +31,8 @@
 
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/harness/source.hpp"
+#include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::harness {
 namespace {
@@ -522,6 +531,188 @@ TEST(HarnessTotals, MismatchesAddUpKeepingTheFirstDescriptionAndAReportSumsItsRa
   EXPECT_EQ(report.steps, 12u);
   ASSERT_EQ(report.ranks.size(), 2u);
   EXPECT_EQ(report.mismatches(), 4);
+}
+
+// --- temporary files (temp_files.hpp; issue 22, items 1, 5 and 22) --------------------------------
+
+// A folder of its own per test, in the real temporary folder, removed at the end.
+class TempFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("cpkv_temp_files_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  static std::string read(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  std::filesystem::path dir_;
+};
+
+// A new file never follows a link an attacker left under its name, nor replaces a file.
+TEST_F(TempFiles, ANewFileNeverFollowsALinkNorReplacesAFile) {
+  std::ofstream(dir_ / "victim") << "precious\n";
+  std::filesystem::create_symlink(dir_ / "victim", dir_ / "link");
+  EXPECT_THROW(write_new_file((dir_ / "link").string(), "attack\n"), std::runtime_error);
+  EXPECT_THROW(write_new_file((dir_ / "victim").string(), "attack\n"), std::runtime_error);
+  EXPECT_EQ(read(dir_ / "victim"), "precious\n");
+  write_new_file((dir_ / "fresh").string(), "content\n");
+  EXPECT_EQ(read(dir_ / "fresh"), "content\n");
+  EXPECT_EQ(std::filesystem::status(dir_ / "fresh").permissions(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  replace_private_file((dir_ / "fresh").string(), "shrunk\n");
+  EXPECT_EQ(read(dir_ / "fresh"), "shrunk\n");
+}
+
+// A write that fails (the file size limit stands in for a full tmpfs) is an error naming the file
+// and the reason, and leaves no partial file: it was a 0-byte file reported as written.
+TEST_F(TempFiles, AFailedWriteIsAnErrorAndLeavesNoFile) {
+  const std::string path = (dir_ / "big").string();
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const sighandler_t old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 100;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    write_new_file(path, std::string(1000, 'x'));
+  } catch (const std::runtime_error& e) {
+    what = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(what.find(path), std::string::npos) << what;
+  EXPECT_NE(what.find(std::strerror(EFBIG)), std::string::npos) << what;
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// A TMPDIR that is not a writable folder is named with its value; a private folder is 0700 and
+// carries the pid.
+TEST_F(TempFiles, ABadTmpdirIsNamedAndAPrivateFolderIsPrivate) {
+  const char* old = std::getenv("TMPDIR");
+  const std::string saved = old != nullptr ? old : "";
+  std::ofstream(dir_ / "plain") << "x";
+  for (const std::string& bad : {(dir_ / "missing").string(), (dir_ / "plain").string()}) {
+    ::setenv("TMPDIR", bad.c_str(), 1);
+    try {
+      temp_folder();
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("TMPDIR=" + bad + ":"), std::string::npos) << e.what();
+    }
+  }
+  ::setenv("TMPDIR", dir_.c_str(), 1);
+  const std::filesystem::path folder = private_folder("cpkv-test");
+  EXPECT_EQ(private_folder("cpkv-test"), folder.string()) << "one per process";
+  if (old != nullptr) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  EXPECT_EQ(folder.parent_path(), dir_);
+  EXPECT_EQ(folder.filename().string().rfind(temp_stem("cpkv-test"), 0), 0u) << folder;
+  EXPECT_EQ(std::filesystem::status(folder).permissions(), std::filesystem::perms::owner_all);
+}
+
+// A sweep removes the temporaries of dead creators only: a live pid's, a link and a stranger's
+// name stay.
+TEST_F(TempFiles, ASweepRemovesOnlyTheFilesOfDeadCreators) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  const std::string dead = fmt::format("cpkv-spool-{}-abcdef.jsonl", child);
+  for (const std::string& name : {dead, temp_stem("cpkv-spool") + "abcdef.jsonl", std::string("cpkv-spool-x-1.jsonl"), std::string("other")}) {
+    std::ofstream(dir_ / name) << "x";
+  }
+  std::filesystem::create_symlink(dir_ / "other", dir_ / fmt::format("cpkv-spool-{}-link", child));
+  EXPECT_EQ(sweep_dead_temporaries(dir_.string(), "cpkv-spool"), 1);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / dead));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / (temp_stem("cpkv-spool") + "abcdef.jsonl")));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir_ / fmt::format("cpkv-spool-{}-link", child)));
+  EXPECT_TRUE(std::filesystem::exists(dir_ / "other"));
+}
+
+// --- the trace as one snapshot (source.hpp; issue 22, item 2) --------------------------------------
+
+// A copy of tiny.jsonl (3 batches; batch 1 reads pool page 7) in a folder of its own.
+class TraceSnapshotTest : public TempFiles {
+ protected:
+  std::string trace() const { return (dir_ / "t.jsonl").string(); }
+  void SetUp() override {
+    TempFiles::SetUp();
+    std::filesystem::copy_file(std::filesystem::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", trace());
+  }
+  static std::int64_t count(const BatchSource& source) {
+    BatchCursor cursor(source);
+    std::int64_t n = 0;
+    while (cursor.next()) ++n;
+    return n;
+  }
+  // The refusal's text, or "" when `body` did not throw TraceChanged.
+  template <typename Body>
+  static std::string refusal(const Body& body) {
+    try {
+      body();
+    } catch (const TraceChanged& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+// A file renamed over the trace's name (cpkv's own `import -o`) never reaches a cursor: one reading
+// when it happens (in this process or a forked rank) stops at its next batch, a new one does not
+// start, and measure and check_unchanged refuse it. Before, every cursor reopened the name and read
+// the new file under the first file's carving.
+TEST_F(TraceSnapshotTest, AFileRenamedOverTheNameIsRefusedByEveryCursor) {
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  BatchCursor reading(source);
+  ASSERT_TRUE(reading.next());
+  const std::string first = read(trace());
+  std::ofstream(dir_ / "new.jsonl") << first;  // the same bytes: still another file
+  std::filesystem::rename(dir_ / "new.jsonl", trace());
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(refusal([&] { reading.next(); }).find("replaced") != std::string::npos ? 0 : 1);
+  int raw = 0;
+  ASSERT_EQ(::waitpid(child, &raw, 0), child);
+  EXPECT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << "a forked rank read on";
+  EXPECT_NE(refusal([&] { reading.next(); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { BatchCursor cursor(source); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { check_unchanged(source); }).find("replaced"), std::string::npos);
+  EXPECT_NE(refusal([&] { measure(source); }).find("replaced"), std::string::npos);
+}
+
+// A file cut or rewritten in place is refused when a cursor opens, and when one ends: a truncated
+// trace "passed" on the batches left.
+TEST_F(TraceSnapshotTest, AFileChangedInPlaceIsRefused) {
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  BatchCursor reading(source);
+  ASSERT_TRUE(reading.next());
+  std::filesystem::resize_file(trace(), 400);
+  EXPECT_NE(refusal([&] { BatchCursor cursor(source); }).find("changed while cpkv read it"), std::string::npos);
+  EXPECT_NE(refusal([&] { while (reading.next()) {} }).find("changed while cpkv read it"), std::string::npos);
+}
+
+// A batch larger than the world was carved for never reaches a rank, even when the file's size and
+// time say nothing changed: the same bytes but for one pool page, the time set back.
+TEST_F(TraceSnapshotTest, ABatchBeyondTheFirstReadingIsRefused) {
+  struct stat before {};
+  ASSERT_EQ(::stat(trace().c_str(), &before), 0);
+  const BatchSource source = BatchSource::from_trace(trace());
+  ASSERT_EQ(measure(source).batches, 3);
+  std::string text = read(trace());
+  const std::size_t at = text.find("\"prefix_pages\":[7]");
+  ASSERT_NE(at, std::string::npos);
+  text[at + std::string("\"prefix_pages\":[").size()] = '9';  // pool page 9: in the pool, never read at the first reading
+  {
+    std::fstream out(trace(), std::ios::in | std::ios::out | std::ios::binary);
+    out << text;
+  }
+  const timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, trace().c_str(), times, 0), 0);
+  const std::string why = refusal([&] { count(source); });
+  EXPECT_NE(why.find("batch 1 reads pool page 9"), std::string::npos) << why;
 }
 
 }  // namespace

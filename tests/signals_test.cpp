@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -184,6 +185,7 @@ struct StartOptions {
   std::int64_t shm_mib = 0;  // > 0: a private mount namespace with a tmpfs of this size on /dev/shm
   int stdin_fd = -1;         // >= 0: the child's standard input (the read end of a pipe)
   fs::path tmpdir;           // not empty: the child's TMPDIR (where a piped trace is spooled)
+  std::vector<int> ignored;  // signals the child starts with ignored (as nohup or `trap '' INT` leave them)
 };
 
 // Exec'd in the child.
@@ -192,6 +194,7 @@ struct StartOptions {
   ::setpgid(0, 0);
   if (how.stdin_fd >= 0) ::dup2(how.stdin_fd, STDIN_FILENO);
   if (!how.tmpdir.empty()) ::setenv("TMPDIR", how.tmpdir.c_str(), 1);
+  for (int s : how.ignored) std::signal(s, SIG_IGN);
   const int out = ::open(run.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const int err = ::open(run.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   ::dup2(out, STDOUT_FILENO);
@@ -508,3 +511,75 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
 }
 
 }  // namespace
+
+namespace {
+
+// --- a trace changed mid-run (issue 22, item 2) ------------------------------------------------
+
+// Replacing the trace during a replay (as cpkv's own atomic `import -o` does) or cutting it ended
+// in glibc heap corruption (threads, 134), SIGSEGV (scheduled, 139; processes: the ranks) or a
+// "pass" on the rest of the file. Now, in every mode, one line naming the change, exit 2, no
+// region and no rank left.
+class TraceChangedMidRun : public Signals, public ::testing::WithParamInterface<std::tuple<std::string, bool>> {};
+
+TEST_P(TraceChangedMidRun, IsOneLineAndExit2) {
+  const auto& [mode, rename] = GetParam();
+  const fs::path trace = long_trace(dir_);
+  const std::vector<std::string> args =
+      mode == "scheduled" ? std::vector<std::string>{"--schedule", "random"} : std::vector<std::string>{"--ranks-as", mode};
+  CpkvRun run = start_running(trace.string(), {"--variant", "staging_direct"}, args, mode == "processes" ? 2 : 0, StartOptions{});
+  if (rename) {
+    fs::copy_file(trace, dir_ / "new.jsonl");
+    fs::rename(dir_ / "new.jsonl", trace);
+  } else {
+    fs::resize_file(trace, fs::file_size(trace) / 2);
+  }
+  ASSERT_TRUE(run.reap(kExitMsMax)) << "no exit within " << kExitMsMax << " ms of the change";
+  const std::string err = run.stderr_text();
+  EXPECT_EQ(run.exit_code(), 2) << "wait status " << *run.raw << ": " << err;
+  EXPECT_EQ(lines_besides_rejected_batches(err), 1) << err;
+  EXPECT_NE(err.find(rename ? "was replaced" : "changed while cpkv read it"), std::string::npos) << err;
+  EXPECT_TRUE(regions_of(run.pid).empty());
+  EXPECT_TRUE(children_of(run.pid).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryMode, TraceChangedMidRun,
+                         ::testing::Combine(::testing::Values("processes", "threads", "scheduled"), ::testing::Bool()),
+                         [](const auto& info) { return std::get<0>(info.param) + (std::get<1>(info.param) ? "_renamed" : "_cut"); });
+
+}  // namespace
+
+namespace {
+
+// --- the one signal set (issue 22, items 5 and 6) -------------------------------------------------
+
+// SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM and SIGXCPU ended cpkv at once, leaving its region and rank
+// processes; now each is cleaned up as SIGTERM is.
+class EverySignal : public Signals, public ::testing::WithParamInterface<std::tuple<int, std::string>> {};
+
+TEST_P(EverySignal, EndsTheRanksAndRemovesTheRegion) {
+  const auto& [signal_number, name] = GetParam();
+  CpkvRun run = start_running({"--ranks-as", "processes"}, 2);
+  expect_clean_interruption(run, signal_number, /*whole_group=*/false, name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Widened, EverySignal,
+                         ::testing::Values(std::tuple{SIGQUIT, std::string("SIGQUIT")}, std::tuple{SIGUSR1, std::string("SIGUSR1")},
+                                           std::tuple{SIGUSR2, std::string("SIGUSR2")}, std::tuple{SIGALRM, std::string("SIGALRM")},
+                                           std::tuple{SIGXCPU, std::string("SIGXCPU")}),
+                         [](const auto& info) { return std::get<1>(info.param); });
+
+// `nohup cpkv ...` died of SIGHUP (129) because cpkv installed its handler over the inherited
+// SIG_IGN. A hang-up to the whole group is now ignored by cpkv and its ranks; the SIGTERM after it
+// is what ends the run (pending together, SIGHUP is delivered first, so the old code said SIGHUP).
+TEST_F(Signals, AnInheritedIgnoredSignalStaysIgnoredInCpkvAndItsRanks) {
+  StartOptions how;
+  how.ignored = {SIGHUP};
+  CpkvRun run = start_running(long_trace(dir_).string(), {"--variant", "staging_direct"}, {"--ranks-as", "processes"}, 2, how);
+  ASSERT_EQ(::kill(-run.pid, SIGHUP), 0);
+  expect_clean_interruption(run, SIGTERM, /*whole_group=*/false, "SIGTERM");
+  EXPECT_NE(run.stderr_text().find("ended 2 rank processes"), std::string::npos) << "a rank died of the hang-up: " << run.stderr_text();
+}
+
+}  // namespace
+

@@ -10,10 +10,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -31,7 +33,18 @@ using Clock = std::chrono::steady_clock;
 // Limits of the cleanup, each with its reason.
 constexpr std::int64_t kForwardGraceMs = 300;  // ranks that die of the forwarded signal on their own
 constexpr std::int64_t kReapMsMax = 5000;      // SIGKILLed ranks; a GPU context's teardown can take seconds
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// Every signal whose default action ends the process and that a user, a shell, a scheduler or a
+// limit sends: each ended cpkv at once, leaving its region, spool and partial outputs (issue 22,
+// item 5). SIGKILL and SIGSTOP cannot be caught; the faults (SIGSEGV, SIGBUS, SIGABRT) are bugs and
+// keep their core dumps.
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU};
+// Ignored, so that a write to a closed pipe (`cpkv replay ... | head -1`) or past the file-size
+// limit fails with EPIPE or EFBIG and is reported as the write error it is.
+constexpr int kIgnoredSignals[] = {SIGPIPE, SIGXFSZ};
+constexpr int kSignalsMax = 65;  // above SIGRTMAX: an index per signal number
+// Signals of kHandledSignals the process was started with ignored (nohup, `trap '' INT`): kept
+// ignored here and in the ranks, as a shell's user asked (issue 22, item 6).
+bool g_inherited_ignore[kSignalsMax] = {};
 
 std::atomic<int> g_signal{0};
 std::atomic<int> g_pipe_write{-1};
@@ -146,6 +159,13 @@ const char* signal_name(int signal_number) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGALRM: return "SIGALRM";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGXFSZ: return "SIGXFSZ";
     case SIGKILL: return "SIGKILL";
     case SIGSTOP: return "SIGSTOP";
     case SIGTSTP: return "SIGTSTP";
@@ -158,18 +178,47 @@ const char* signal_name(int signal_number) {
 
 }  // namespace detail
 
+void open_missing_standard_streams() {
+  // A closed fd 0 was taken by the signal pipe, and `cpkv plan /dev/stdin <&-` read its own signal
+  // pipe for up to 600 s (issue 22, item 3). /dev/null read-only on each closed one: standard input
+  // reads as empty, and a write to a closed standard output or error fails (EBADF) and is reported,
+  // never silently lost.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int opened = ::open("/dev/null", O_RDONLY);
+    if (opened < 0) throw std::runtime_error(fmt::format("file descriptor {} is closed and /dev/null cannot be opened: {}", fd, std::strerror(errno)));
+    if (opened != fd) {  // a lower one was free: cannot happen in this order, but a stray fd must not stay
+      ::close(opened);
+      throw std::runtime_error(fmt::format("file descriptor {} is closed and could not be reopened", fd));
+    }
+  }
+}
+
 void install_interrupt_handling() {
   static std::once_flag once;
   std::call_once(once, [] {
+    open_missing_standard_streams();
     int fds[2] = {-1, -1};
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(fmt::format("cannot create the signal pipe: {}", std::strerror(errno)));
+    try {
+      std::thread(watch, fds[0]).detach();
+    } catch (const std::system_error& e) {  // "Resource temporarily unavailable" alone named nothing
+      ::close(fds[0]);
+      ::close(fds[1]);
+      throw std::runtime_error(fmt::format("cannot start the signal watcher thread: {} (a limit on threads or address space)", e.code().message()));
+    }
     g_pipe_write.store(fds[1]);
-    std::thread(watch, fds[0]).detach();
     struct sigaction action {};
     action.sa_handler = on_signal;
     action.sa_flags = SA_RESTART;
     sigemptyset(&action.sa_mask);
-    for (int s : kHandledSignals) ::sigaction(s, &action, nullptr);
+    for (int s : kHandledSignals) {
+      struct sigaction old {};
+      ::sigaction(s, nullptr, &old);
+      g_inherited_ignore[s] = old.sa_handler == SIG_IGN;
+      if (!g_inherited_ignore[s]) ::sigaction(s, &action, nullptr);
+    }
+    for (int s : kIgnoredSignals) std::signal(s, SIG_IGN);
   });
 }
 
@@ -218,9 +267,11 @@ void untrack_file(const std::string& path) {
 bool prepare_child(pid_t parent) {
   g_pipe_write.store(-1);  // a signal to this child is its own, never the parent's
   struct sigaction action {};
-  action.sa_handler = SIG_DFL;
   sigemptyset(&action.sa_mask);
-  for (int s : kHandledSignals) ::sigaction(s, &action, nullptr);
+  for (int s : kHandledSignals) {
+    action.sa_handler = g_inherited_ignore[s] ? SIG_IGN : SIG_DFL;
+    ::sigaction(s, &action, nullptr);
+  }
   sigset_t all;
   sigemptyset(&all);
   for (int s : kHandledSignals) sigaddset(&all, s);

@@ -1,4 +1,5 @@
 #include "cpkv/harness/launch.hpp"
+#include "cpkv/harness/source.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -113,6 +114,9 @@ char proc_state(pid_t pid) {
     record.started.store(1);
     RankProgress progress(record);
     code = body(rank, progress);
+  } catch (const TraceChanged&) {
+    // Every rank would print it: the launching process checks the trace once the ranks have ended
+    // (check_unchanged) and says it in one line.
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cpkv: %s %d: %s\n", o.label.c_str(), rank, e.what());
   }

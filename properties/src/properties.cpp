@@ -2,13 +2,15 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <ostream>
+#include <sstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "cpkv/harness/request.hpp"
+#include "cpkv/harness/temp_files.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/traces/trace.hpp"
@@ -18,6 +20,7 @@ namespace cpkv::properties {
 namespace {
 std::int64_t g_last_size = 0;
 std::string g_last_replay;
+std::string g_last_write_error;  // why the last counterexample could not be written, or empty
 std::int32_t g_last_invariant = 0;
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
@@ -26,10 +29,14 @@ std::string variant_name(model::Variant v) { return std::string(model::to_string
 void reset_last_counterexample() {
   g_last_size = 0;
   g_last_replay.clear();
+  g_last_write_error.clear();
   g_last_invariant = 0;
 }
 std::int64_t last_counterexample_size() { return g_last_size; }
-std::string last_counterexample_replay() { return g_last_replay; }
+std::string last_counterexample_replay() {
+  if (!g_last_write_error.empty()) throw std::runtime_error(g_last_write_error);
+  return g_last_replay;
+}
 std::int32_t last_counterexample_invariant() { return g_last_invariant; }
 
 void showValue(const Case& c, std::ostream& os) {
@@ -100,16 +107,16 @@ harness::RunReport run_case_free(const Case& c, harness::Mutant mutant) {
 
 std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
   namespace fs = std::filesystem;
-  fs::create_directories(dir);
   const fs::path trace = fs::path(dir) / (stem + ".jsonl");
   const fs::path schedule = fs::path(dir) / (stem + ".schedule");
   {
-    std::ofstream out(trace);
+    std::ostringstream out;
     traces::TraceHeader header;
     header.setting = c.setting;
     header.source = {{"kind", "property counterexample"}, {"name", stem}};
     traces::TraceWriter writer(out, header);
     for (const model::Batch& b : c.batches) writer.write(b);
+    harness::replace_private_file(trace.string(), out.str());
   }
   harness::ReplayRequest request;
   request.trace_label = trace.string();
@@ -124,8 +131,7 @@ std::string write_replay(const Case& c, harness::Mutant mutant, const std::strin
     request.swarm = true;
     request.wait_ms_max = kFreeWaitMsMax;
   } else {
-    std::ofstream out(schedule);
-    out << fmt::format("{}\n", fmt::join(c.schedule, " "));
+    harness::replace_private_file(schedule.string(), fmt::format("{}\n", fmt::join(c.schedule, " ")));
     // An empty choice list runs round-robin, which is what --schedule round-robin does.
     request.schedule = c.schedule.empty() ? "round-robin" : schedule.string();
   }
@@ -151,16 +157,19 @@ std::int64_t case_size(const Case& c) {
   stop_counting();
   g_last_size = case_size(c);
   g_last_invariant = invariant;
-  const std::string dir = (std::filesystem::temp_directory_path() / "cpkv-counterexamples").string();
-  // A case that cannot be written leaves no replay line rather than another case's (the writer
-  // refuses what its reader would refuse); the failure still counts and says why.
+  // A private folder per run (mkdtemp), never a fixed name in a shared /tmp (issue 22, item 1). A
+  // case that cannot be written (the writer refuses what its reader would refuse, or a full
+  // $TMPDIR) leaves no replay line rather than another case's; the failure still counts and says why.
   std::string replay;
   try {
-    g_last_replay = write_replay(c, mutant, dir, fmt::format("{}-{}", property, harness::to_string(mutant)), free_running);
+    g_last_replay = write_replay(c, mutant, harness::private_folder("cpkv-counterexamples"), fmt::format("{}-{}", property, harness::to_string(mutant)),
+                                 free_running);
+    g_last_write_error.clear();
     replay = g_last_replay;
-  } catch (const std::exception& e) {
+  } catch (const std::runtime_error& e) {
+    g_last_write_error = fmt::format("the counterexample was not written: {}", e.what());
     g_last_replay.clear();
-    replay = fmt::format("none (the case cannot be written as a trace: {})", e.what());
+    replay = fmt::format("none ({})", g_last_write_error);
   }
   const std::string knobs = free_running ? "\n  " + sim::describe(sim::swarm_faults(c.seed)) : "";
   RC_FAIL(fmt::format("invariant {}: {}{}\n  replay: {}", invariant, why, knobs, replay));

@@ -1,5 +1,6 @@
 // Mooncake request logs to batch traces (mooncake.hpp; decisions in traces/README.md).
 #include "cpkv/traces/mooncake.hpp"
+#include "cpkv/traces/text.hpp"
 
 #include <algorithm>
 #include "cpkv/model/assert.hpp"
@@ -416,7 +417,7 @@ nlohmann::json import_source(const std::string& input_path, const ImportOptions&
   return {{"kind", "imported"},
           {"format", "mooncake-fast25"},
           {"importer", "cpkv import mooncake"},
-          {"file", input_path},
+          {"file", escape_bytes(input_path)},  // a name of any bytes; JSON holds UTF-8 only
           {"options", command_options},
           {"see", "traces/README.md"}};
 }

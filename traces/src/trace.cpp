@@ -521,6 +521,10 @@ TraceError::TraceError(std::string file, std::int64_t line, std::string field, s
 
 TraceReader::TraceReader(const std::string& path) : name_(path) {
   auto file = std::make_unique<std::ifstream>(path);
+  if (!file->is_open() && (errno == EMFILE || errno == ENFILE || errno == ENOMEM)) {
+    // Out of descriptors or memory is this process's limit, not a bad trace (not exit 2).
+    throw std::runtime_error(fmt::format("cannot open the trace {}: {} (a limit of this process or system)", path, std::strerror(errno)));
+  }
   if (!file->is_open()) throw TraceError(path, 0, "file", fmt::format("cannot open: {}", std::strerror(errno)));
   in_ = std::move(file);
   read_header();

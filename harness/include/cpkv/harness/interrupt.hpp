@@ -1,5 +1,8 @@
 // Interruption of a process that owns rank processes and shared-memory regions (SIGINT, SIGTERM,
-// SIGHUP: Ctrl-C signals the whole process group, a scheduler or `timeout` signals the parent only).
+// SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGXCPU: Ctrl-C signals the whole process group, a
+// scheduler or `timeout` signals the parent only). A signal the process was started with ignored
+// (nohup, `trap '' INT`) stays ignored, in the ranks too. SIGPIPE and SIGXFSZ are ignored: a write
+// to a closed pipe or past the file-size limit fails (EPIPE, EFBIG) and is reported as a write error.
 //
 // The handler does nothing but record the signal and write its number to a pipe (both
 // async-signal-safe). A watcher thread reads the pipe and does the work, in an order that keeps the
@@ -18,7 +21,13 @@
 
 namespace cpkv::harness {
 
-// Installs the handlers and starts the watcher (once per process; later calls do nothing).
+// Opens /dev/null (read-only) on any closed fd 0-2, so that no file cpkv opens becomes its standard
+// input, output or error; a write to a closed standard output then fails and is reported.
+void open_missing_standard_streams();
+
+// Installs the handlers and starts the watcher (once per process; later calls do nothing); calls
+// open_missing_standard_streams() first. Throws std::runtime_error when the pipe or the thread
+// cannot be made (a file-descriptor limit).
 // Forked rank children must not keep the handlers: launch_ranks and prepare_child() reset them.
 void install_interrupt_handling();
 

@@ -73,8 +73,10 @@ harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_by
 // (sim::swarm_faults(c.seed)).
 harness::RunReport run_case_free(const Case& c, harness::Mutant mutant);
 
-// Writes the case as a trace (and, scheduled, a schedule file) under `dir` and returns the
-// `cpkv replay` line: scheduled, or free-running with `--swarm` and the seed of the knobs.
+// Writes the case as a trace (and, scheduled, a schedule file) under `dir`, a folder from
+// harness::private_folder() (a later write replaces an earlier one whole), and returns the `cpkv
+// replay` line: scheduled, or free-running with `--swarm` and the seed of the knobs. Throws
+// std::runtime_error naming the file when a write fails.
 std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running = false);
 
 // Byte exactness (invariant 6) as one property body over any backend: draws a case, runs it on the
@@ -97,7 +99,8 @@ const std::vector<Property>& all_properties();
 
 // The last counterexample a property recorded, for the mutation table: the final shrunk failure is
 // the last one recorded. Size: requests + schedule choices. Invariant: the one that fired (for the
-// free-running property, read from the run's report: 8 for a deadlock).
+// free-running property, read from the run's report: 8 for a deadlock). The replay throws
+// std::runtime_error when the counterexample could not be written (a full $TMPDIR).
 // reset_last_counterexample: forgets it (check_property calls it first), so a property that failed
 // other than through its invariant check (an exception) reports no counterexample, not an older one.
 void reset_last_counterexample();

@@ -1,0 +1,53 @@
+// Temporary files and folders, the one way cpkv makes them (harness/src/temp_files.cpp).
+//
+// Why one facility: a fixed name in a shared folder (/tmp) is an attack. Another local user who
+// creates `$TMPDIR/cpkv-counterexamples` first, full of symbolic links, made the next user (or root)
+// overwrite whatever the links pointed at (issue 22, item 1). So every file cpkv creates outside an
+// output's own folder is either made by mkstemp or lies in a private folder made by mkdtemp (mode
+// 0700, a fresh name), and is opened O_CREAT|O_EXCL|O_NOFOLLOW: it never follows a link and never
+// truncates a file that was there before. Every write and the close are checked, so a full tmpfs is
+// one line naming the file and the reason, never a 0-byte file reported as written.
+//
+// Every name carries the creating process's pid ("cpkv-spool-<pid>-XXXXXX"), so a sweep can tell a
+// leftover of a dead cpkv (SIGKILL, a power cut) from one a live run is using.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <string_view>
+
+namespace cpkv::harness {
+
+// The folder for temporary files: $TMPDIR when set and not empty, else /tmp. A TMPDIR that is not
+// an existing, writable, searchable folder throws std::runtime_error naming TMPDIR and its value.
+std::string temp_folder();
+
+// A private folder in temp_folder(), "<prefix>-<pid>-XXXXXX", made with mkdtemp (mode 0700) once
+// per process and prefix and kept (it holds what the user reads afterwards). Throws
+// std::runtime_error naming the folder and the reason.
+std::string private_folder(const std::string& prefix);
+
+// Creates `path` (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), writes `content`, checks every write and
+// the close. Throws std::runtime_error "cannot write PATH: REASON" (an existing file or link is
+// EEXIST and is left as it was); a partial file is removed.
+void write_new_file(const std::string& path, std::string_view content);
+
+// For a file in a folder from private_folder(), which only this user can change: writes `content`
+// to a fresh file beside `path` (write_new_file) and renames it over `path`, so a later version (a
+// shrunk counterexample) replaces an earlier one whole. Throws as write_new_file does.
+void replace_private_file(const std::string& path, std::string_view content);
+
+// Writes all of `content` to `fd`, retrying short writes and EINTR. Returns 0 or the errno of the
+// failing write (EPIPE and EFBIG included: cpkv ignores SIGPIPE and SIGXFSZ, see interrupt.hpp).
+int write_all(int fd, std::string_view content);
+
+// The name stem a temporary file of this process starts with: "<prefix>-<pid>-".
+std::string temp_stem(std::string_view prefix);
+
+// Removes the regular files directly in `folder` whose name is "<prefix>-<pid>-..." for a pid that
+// no longer runs (a cpkv killed by SIGKILL cannot remove its own). Returns how many were removed.
+// Links, folders and other users' files stay; errors are ignored (a sweep is a courtesy).
+int sweep_dead_temporaries(const std::string& folder, std::string_view prefix);
+
+}  // namespace cpkv::harness
