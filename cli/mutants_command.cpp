@@ -49,7 +49,10 @@ void print_row(const properties::MutantRow& row) {
   fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9.2f}\n", name, verdict, row.caught ? row.caught_by : "-", invariant_cell(row),
              row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
   if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
-  if (row.caught) fmt::print("    replay: {}\n", row.replay);
+  // A failure that came through no invariant check (an exception in the body) records no case:
+  // say so, with RapidCheck's first line, rather than print an empty or another row's line.
+  const std::string why = row.message.substr(0, row.message.find('\n'));
+  if (row.caught) fmt::print("    replay: {}\n", row.replay.empty() ? "none (no counterexample was recorded: " + why + ")" : row.replay);
 }
 
 // The coverage of the correct protocol's runs (every property, every case) and the targets missed.
