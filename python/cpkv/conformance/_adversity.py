@@ -1,0 +1,168 @@
+"""Seeded adversity for a foreign implementation: delays before and inside a layer.
+
+The knobs are the simulator's own (``cpkv replay`` draws them; ``--swarm`` draws every one from the
+seed, sim/src/faults.cpp), so one seed names the same mix on both. Two slow roles rotate over the
+ranks per layer or per batch as the simulator rotates them: the slow producer holds before its fill
+(at ``ctx.pause_point("before_fill")``, or before the layer when the implementation has no pause
+points), the slow reader holds inside its gather (``ctx.pause_point("gather")``). A hold ends when
+the window it opens has been seen (a peer finished the layer, or a peer is past a later layer) or at
+its bound; jitter is a random delay at every pause point with the knob's probability. On CUDA a
+delay is a spin kernel on the rank's stream (torch.cuda._sleep), not a host sleep.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable, Dict, Optional
+
+import torch
+
+from .. import _cpkv
+
+# Longest hold the harness grants one slow role per layer. The simulator's swarm bounds go to 1 s
+# because its holds end early in a correct run; a foreign implementation without pause points gives
+# the harness nothing to end them on, so a hold this long on every layer of a long trace would make
+# a run minutes long. 200 ms still spans a gloo barrier on a loaded two-core machine.
+HOLD_US_MAX = 200_000
+# How often a hold looks at the peers' positions.
+HOLD_POLL_S = 0.0005
+# GPU spin kernels: cycles per microsecond (H200 boost clock is about 1.98 GHz; a lower figure
+# only shortens delays).
+SPIN_CYCLES_PER_US = 1500
+
+# Stages a rank publishes in the positions table (what a hold and the watchdog read).
+STAGE_IDLE, STAGE_SETUP, STAGE_COMPOSE, STAGE_FILLED, STAGE_ARRIVED, STAGE_PASSED, STAGE_READING, STAGE_CHECK, \
+    STAGE_BATCH_SYNC, STAGE_TEARDOWN, STAGE_DONE = range(11)
+STAGE_NAMES = ("idle", "setup", "compose_layer", "filled", "arrived at a barrier", "passed a barrier", "gathering",
+               "the harness's byte check", "the harness's batch sync", "teardown", "done")
+# Columns of the positions table (one int64 row per rank).
+COL_BATCH, COL_LAYER, COL_STAGE, COL_TIME_NS, COL_PID, COL_ARRIVALS = range(6)
+POSITION_COLUMNS = 8
+
+
+def knobs(seed: int, swarm: bool) -> Dict[str, object]:
+    """The simulator's fault knobs for this seed: drawn (--swarm) or the fixed defaults."""
+    return dict(_cpkv.conformance.swarm_knobs(seed) if swarm else _cpkv.conformance.default_knobs(seed))
+
+
+def _mix(seed: int, stream: int) -> int:
+    # A stream per rank, apart from the content seed: the same seed, the same delays.
+    return (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
+
+
+class Adversity:
+    """One rank's delays. positions: the (cp, POSITION_COLUMNS) int64 shared table of every rank."""
+
+    def __init__(self, knob: Dict[str, object], rank: int, cp: int, layers: int, positions: torch.Tensor,
+                 device: torch.device, enabled: bool) -> None:
+        self.knob = knob
+        self.rank = rank
+        self.cp = cp
+        self.layers = layers
+        self.positions = positions
+        self.device = device
+        self.enabled = enabled
+        self.rng = random.Random(_mix(int(knob["seed"]), 0x1000 + rank))
+        self.batch = -1
+        self.layer = -1
+        self.paused_this_layer = False
+        self.held_producer = False
+        self.held_reader = False
+
+    def slow_rank(self, role: str, batch: int, layer: int) -> int:
+        producer = int(self.knob["slow_rank"])
+        rotation = self.knob["slow_rotation"]
+        if rotation == "per_layer":
+            producer += max(batch, 0) * self.layers + layer
+        elif rotation == "per_batch":
+            producer += max(batch, 0)
+        rank = producer if role == "producer" else producer + int(self.knob["slow_reader_offset"])
+        return rank % self.cp
+
+    def enter_layer(self, batch: int, layer: int) -> None:
+        """Before compose_layer: an implementation without pause points still meets a late producer."""
+        self.batch, self.layer = batch, layer
+        self.held_producer = self.held_reader = False
+        if self.enabled and not self.paused_this_layer and self.is_slow("producer"):
+            self.hold_producer()
+        self.paused_this_layer = False
+
+    def is_slow(self, role: str) -> bool:
+        return self.cp > 1 and self.slow_rank(role, self.batch, self.layer) == self.rank
+
+    def pause(self, name: str) -> None:
+        """ctx.pause_point(name): a hold for the slow role this point opens, else jitter."""
+        self.paused_this_layer = True
+        if not self.enabled:
+            return
+        if name == "before_fill" and self.is_slow("producer") and not self.held_producer:
+            return self.hold_producer()
+        if name == "gather" and self.is_slow("reader") and not self.held_reader:
+            return self.hold_reader()
+        probability = {"before_fill": "write_delay_probability", "gather": "gather_delay_probability"}.get(
+            name, "flag_write_delay_probability")
+        if self.rng.random() < float(self.knob[probability]):
+            self.delay_us(self.rng.randint(1, max(1, int(self.knob["delay_us_max"]))))
+
+    def hold_producer(self) -> None:
+        # Until a peer has finished this layer (it did not wait for this rank's fill) or every peer is
+        # at a barrier that cannot open without this rank.
+        self.held_producer = True
+        bound_us = min(int(self.knob["slow_producer_delay_us"]), HOLD_US_MAX)
+        self.hold(bound_us, lambda: self.peer_finished_layer() or self.peers_all_arrived())
+
+    def hold_reader(self) -> None:
+        # Until a peer is past a later layer's fill (it rewrote a half this rank may still read).
+        self.held_reader = True
+        bound_us = min(max(int(self.knob["slow_reader_delay_us"]), int(self.knob["slow_producer_delay_us"])), HOLD_US_MAX)
+        self.hold(bound_us, self.peer_past_later_fill)
+
+    def hold(self, bound_us: int, ended: Callable[[], bool]) -> None:
+        if self.device.type == "cuda":
+            return self.delay_us(bound_us)  # the stream cannot poll the host's table: a fixed spin
+        deadline = time.monotonic() + bound_us / 1e6
+        while time.monotonic() < deadline and not ended():
+            time.sleep(HOLD_POLL_S)
+
+    def delay_us(self, us: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda._sleep(int(us * SPIN_CYCLES_PER_US))
+        else:
+            time.sleep(us / 1e6)
+
+    def _peers(self):
+        return [p for p in range(self.cp) if p != self.rank]
+
+    def _where(self, p: int):
+        row = self.positions[p]
+        return int(row[COL_BATCH]), int(row[COL_LAYER]), int(row[COL_STAGE])
+
+    def peer_finished_layer(self) -> bool:
+        for p in self._peers():
+            batch, layer, stage = self._where(p)
+            if (batch, layer) > (self.batch, self.layer) or ((batch, layer) == (self.batch, self.layer) and stage >= STAGE_CHECK):
+                return True
+        return False
+
+    def peers_all_arrived(self) -> bool:
+        for p in self._peers():
+            batch, layer, stage = self._where(p)
+            if (batch, layer) != (self.batch, self.layer) or stage != STAGE_ARRIVED:
+                return False
+        return True
+
+    def peer_past_later_fill(self) -> bool:
+        for p in self._peers():
+            batch, layer, stage = self._where(p)
+            if batch > self.batch or (batch == self.batch and layer > self.layer and stage >= STAGE_FILLED):
+                return True
+        return False
+
+
+def describe(knob: Dict[str, object], swarm: bool) -> str:
+    return f"{'swarm knobs' if swarm else 'fault knobs'}: {knob['describe']} (holds capped at {HOLD_US_MAX} us)"
+
+
+def maybe(value: Optional[int], default: int) -> int:
+    return default if value is None else value

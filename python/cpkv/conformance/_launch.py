@@ -1,0 +1,218 @@
+"""The launcher: spawns the ranks, watches them, names the first that fails, and tears the group down.
+
+Every wait is bounded. A rank's own waits are bounded by the process groups' timeout (window_s:
+gloo and NCCL raise after it, and the rank reports the raise). The launcher bounds everything else:
+a rank that dies is named as soon as its exit code is seen; a run in which no rank has published a
+new position for window_s + WATCHDOG_GRACE_S is a hang, and every rank's position is reported. Then
+every rank still alive gets SIGTERM, SIGKILL after KILL_GRACE_S, and the run's shared memory is
+removed, so nothing is left running and nothing is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import queue as queue_module
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from . import _adversity as adv
+from . import _shm
+from ._rank import RunSpec, rank_main
+
+# A rank stuck outside any wait of its own (in the implementation's Python, say) is reported this
+# long after the groups' own timeout would have fired for a rank inside a wait.
+WATCHDOG_GRACE_S = 5.0
+# How long a terminated rank may take to exit before it is killed.
+KILL_GRACE_S = 3.0
+POLL_S = 0.05
+# Setup (process-group rendezvous, importing torch in a fresh interpreter) on a loaded machine.
+STARTUP_S_MAX = 120.0
+
+_serial = itertools.count()
+
+
+@dataclass
+class Outcome:
+    """What a run found. passed: no mismatch, no finding, no failure."""
+
+    batches: List[dict] = field(default_factory=list)
+    failure: Optional[str] = None          # the first rank failure, one located line
+    failure_kind: Optional[str] = None     # raised, died, hang, contract
+    positions: List[str] = field(default_factory=list)
+    exit_code: int = 0
+    seconds: float = 0.0
+    leftovers: List[str] = field(default_factory=list)
+
+    @property
+    def mismatches(self) -> List[str]:
+        return [m for b in self.batches for m in b["mismatches"]]
+
+    @property
+    def findings(self) -> List[str]:
+        return [f for b in self.batches for f in b["findings"]]
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and not self.mismatches and not self.findings
+
+    def first_check(self) -> str:
+        """Which check fired first: 'bytes', 'invariant N', 'liveness' or 'contract'."""
+        for b in self.batches:
+            if b["findings"]:
+                first = b["findings"][0]
+                return first.split(" (")[0] if first.startswith("invariant") else "contract"
+            if b["mismatches"]:
+                return "bytes"
+        if self.failure:
+            return "contract" if self.failure_kind == "contract" else "liveness"
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def describe_positions(table: torch.Tensor, alive: Dict[int, bool]) -> List[str]:
+    lines = []
+    now = time.monotonic_ns()
+    for rank in range(table.shape[0]):
+        batch, layer, stage, t_ns = (int(table[rank, c]) for c in (adv.COL_BATCH, adv.COL_LAYER, adv.COL_STAGE, adv.COL_TIME_NS))
+        since = f", {((now - t_ns) / 1e9):.1f} s ago" if t_ns else ""
+        state = "" if alive.get(rank, False) else " (exited)"
+        lines.append(f"rank {rank}: batch {batch} layer {layer} in {adv.STAGE_NAMES[stage]}{since}{state}")
+    return lines
+
+
+class Launcher:
+    def __init__(self, spec: RunSpec) -> None:
+        _shm.sweep_stale()
+        self.spec = spec
+        spec.run = spec.run or _shm.run_id(os.getpid(), next(_serial))
+        spec.init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.cp = spec.setting.cp
+        path = _shm.path_of(spec.run, "positions", 0)
+        _shm.create_file(path, self.cp * adv.POSITION_COLUMNS * 8)
+        self.positions = _shm.map_file(path, self.cp * adv.POSITION_COLUMNS * 8).view(torch.int64).view(self.cp, adv.POSITION_COLUMNS)
+        self.context = multiprocessing.get_context("spawn")
+        self.queue = self.context.Queue()
+        self.processes: List[multiprocessing.Process] = []
+        self.outcome = Outcome()
+        self.done: set = set()
+
+    def start(self) -> None:
+        for rank in range(self.cp):
+            p = self.context.Process(target=rank_main, args=(rank, self.spec, self.queue), name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p.start()
+            self.processes.append(p)
+
+    def run(self) -> Outcome:
+        started = time.monotonic()
+        try:
+            self.start()
+            self.watch()
+        finally:
+            self.teardown()
+        self.outcome.seconds = time.monotonic() - started
+        return self.outcome
+
+    def handle(self, message: tuple) -> None:
+        what = message[0]
+        if what == "batch":
+            record = dict(message[2])
+            record["batch"] = message[1]
+            self.outcome.batches.append(record)
+        elif what == "done":
+            self.done.add(message[1])
+        elif what == "error" and self.outcome.failure is None:
+            _, rank, kind, line, where = message
+            self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+
+    def where(self, rank: int) -> str:
+        row = self.positions[rank]
+        batch, layer, stage = int(row[adv.COL_BATCH]), int(row[adv.COL_LAYER]), int(row[adv.COL_STAGE])
+        if batch < 0:
+            return f"in {adv.STAGE_NAMES[stage]}"
+        return f"batch {batch} layer {layer} in {adv.STAGE_NAMES[stage]}"
+
+    def fail(self, kind: str, line: str) -> None:
+        self.outcome.failure_kind = kind
+        self.outcome.failure = line
+        self.outcome.positions = describe_positions(self.positions, {r: p.is_alive() for r, p in enumerate(self.processes)})
+
+    def drain(self, timeout_s: float) -> None:
+        try:
+            self.handle(self.queue.get(timeout=timeout_s))
+            while True:
+                self.handle(self.queue.get_nowait())
+        except queue_module.Empty:
+            pass
+
+    def last_progress_ns(self) -> int:
+        return int(self.positions[:, adv.COL_TIME_NS].max())
+
+    def watch(self) -> None:
+        window_ns = int((self.spec.window_s + WATCHDOG_GRACE_S) * 1e9)
+        started_ns = time.monotonic_ns()
+        while len(self.done) < self.cp and self.outcome.failure is None:
+            self.drain(POLL_S)
+            if self.outcome.failure is not None:
+                return
+            if self.check_exits():
+                return
+            last = max(self.last_progress_ns(), started_ns)
+            limit = window_ns if self.last_progress_ns() else int(STARTUP_S_MAX * 1e9)
+            if time.monotonic_ns() - last > limit:
+                self.fail("hang", self.hang_line())
+                return
+
+    def check_exits(self) -> bool:
+        for rank, p in enumerate(self.processes):
+            if p.exitcode is None or (p.exitcode == 0 and rank in self.done):
+                continue
+            self.drain(0.5)  # its own report may still be in the queue
+            if p.exitcode == 0 and rank in self.done:
+                continue
+            if self.outcome.failure is None:
+                how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+                self.fail("died", f"rank {rank} {self.where(rank)}: died ({how}) without a report")
+            return True
+        return False
+
+    def hang_line(self) -> str:
+        # The rank that has been where it is longest is the one the others wait on.
+        stale = min(range(self.cp), key=lambda r: int(self.positions[r, adv.COL_TIME_NS]))
+        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.spec.window_s + WATCHDOG_GRACE_S:.0f} s "
+                f"(liveness: a hang; the window is the group timeout {self.spec.window_s:.0f} s + {WATCHDOG_GRACE_S:.0f} s)")
+
+    def teardown(self) -> None:
+        if self.outcome.failure is not None or len(self.done) < self.cp:
+            for p in self.processes:
+                if p.is_alive():
+                    p.terminate()
+        deadline = time.monotonic() + KILL_GRACE_S
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(KILL_GRACE_S)
+        self.drain(0.0)
+        codes = [p.exitcode for p in self.processes]
+        if self.outcome.failure is None and any(c != 0 for c in codes):
+            self.fail("died", f"ranks exited with {codes}")
+        _shm.remove_sim_regions([p.pid for p in self.processes if p.pid])
+        _shm.remove_run(self.spec.run)
+        self.queue.close()
+        self.outcome.leftovers = _shm.leftovers(self.spec.run) + [f"rank {r} pid {p.pid}" for r, p in enumerate(self.processes) if p.is_alive()]
+
+
+def launch(spec: RunSpec) -> Outcome:
+    return Launcher(spec).run()
