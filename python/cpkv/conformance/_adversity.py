@@ -66,7 +66,7 @@ class Adversity:
         self.rng = random.Random(_mix(int(knob["seed"]), 0x1000 + rank))
         self.batch = -1
         self.layer = -1
-        self.paused_this_layer = False
+        self.uses_pause_points = False  # sticky: once the implementation pauses, holds wait for its points
         self.held_producer = False
         self.held_reader = False
 
@@ -84,16 +84,18 @@ class Adversity:
         """Before compose_layer: an implementation without pause points still meets a late producer."""
         self.batch, self.layer = batch, layer
         self.held_producer = self.held_reader = False
-        if self.enabled and not self.paused_this_layer and self.is_slow("producer"):
-            self.hold_producer()
-        self.paused_this_layer = False
+        if self.enabled and not self.uses_pause_points and self.is_slow("producer"):
+            # No pause point seen yet: the producer enters the layer late (its before_fill hold, if it
+            # has one, still comes).
+            bound_us = min(int(self.knob["slow_producer_delay_us"]), HOLD_US_MAX)
+            self.hold(bound_us, lambda: self.peer_finished_layer() or self.peers_all_arrived())
 
     def is_slow(self, role: str) -> bool:
         return self.cp > 1 and self.slow_rank(role, self.batch, self.layer) == self.rank
 
     def pause(self, name: str) -> None:
         """ctx.pause_point(name): a hold for the slow role this point opens, else jitter."""
-        self.paused_this_layer = True
+        self.uses_pause_points = True
         if not self.enabled:
             return
         if name == "before_fill" and self.is_slow("producer") and not self.held_producer:
@@ -163,6 +165,3 @@ class Adversity:
 def describe(knob: Dict[str, object], swarm: bool) -> str:
     return f"{'swarm knobs' if swarm else 'fault knobs'}: {knob['describe']} (holds capped at {HOLD_US_MAX} us)"
 
-
-def maybe(value: Optional[int], default: int) -> int:
-    return default if value is None else value

@@ -61,17 +61,22 @@ class Outcome:
     def passed(self) -> bool:
         return self.failure is None and not self.mismatches and not self.findings
 
-    def first_check(self) -> str:
-        """Which check fired first: 'bytes', 'invariant N', 'liveness' or 'contract'."""
+    def checks_fired(self) -> List[str]:
+        """The checks that fired, in the order they fire in a run: the byte check at a layer's end,
+        then the batch's invariant findings (event replay, overflow verdicts), then a rank failure."""
+        fired: List[str] = []
         for b in self.batches:
-            if b["findings"]:
-                first = b["findings"][0]
-                return first.split(" (")[0] if first.startswith("invariant") else "contract"
             if b["mismatches"]:
-                return "bytes"
+                fired.append("bytes")
+            for finding in b["findings"]:
+                fired.append(finding.split(" (")[0] if finding.startswith("invariant") else "contract")
         if self.failure:
-            return "contract" if self.failure_kind == "contract" else "liveness"
-        return ""
+            fired.append({"raised": "raised", "contract": "contract"}.get(self.failure_kind or "", "liveness"))
+        return list(dict.fromkeys(fired))
+
+    def first_check(self) -> str:
+        fired = self.checks_fired()
+        return fired[0] if fired else ""
 
 
 def free_port() -> int:
@@ -129,6 +134,8 @@ class Launcher:
             record = dict(message[2])
             record["batch"] = message[1]
             self.outcome.batches.append(record)
+            if record["raised"] and self.outcome.failure is None:
+                self.fail("raised", record["raised"][0])
         elif what == "done":
             self.done.add(message[1])
         elif what == "error" and self.outcome.failure is None:

@@ -195,10 +195,11 @@ class BatchOutcome:
         self.wrote_before_refusal = False
         self.mismatches: List[str] = []
         self.contract: Optional[str] = None
+        self.error: Optional[str] = None
         self.compose_s: List[float] = []
 
     def summary(self, ctx: Context) -> dict:
-        return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract,
+        return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
                 "compose_s": self.compose_s}
 
@@ -217,6 +218,9 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
             outcome.refused_at = layer
             outcome.wrote_before_refusal = any(e[1] in ("write", "arrive") for e in ctx.events.log)
             break
+        except Exception as error:  # reported after the batch sync, with every rank's events checked
+            outcome.error = f"rank {ctx.rank} batch {index} layer {layer} raised in compose_layer: {_first_line(error)} (at {_where_in_impl(error)})"
+            return outcome
         if ctx.device.type == "cuda":
             torch.cuda.current_stream(ctx.device).synchronize()
         outcome.compose_s.append(time.perf_counter() - started)
@@ -242,15 +246,16 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
     if ctx.rank == 0:
         declared = ctx.declared_staging_slots or ctx.staging_slots
         findings += [s["contract"] for s in summaries if s["contract"]]
+        raised = [s["error"] for s in summaries if s["error"]]
         findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)
         findings += replay.replay(index, summaries)
         mismatches = [line for s in summaries for line in s["mismatches"]]
-        reporter.send("batch", index, {"mismatches": mismatches, "findings": findings,
+        reporter.send("batch", index, {"mismatches": mismatches, "findings": findings, "raised": raised,
                                        "refused": [s["refused_at"] is not None for s in summaries],
                                        "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
                                        "compose_s": [s["compose_s"] for s in summaries],
                                        "events": sum(len(s["events"]) for s in summaries)})
-        stop = [bool(findings or mismatches)]
+        stop = [bool(findings or mismatches or raised)]
     else:
         stop = [False]
     dist.broadcast_object_list(stop, src=0, group=ctx._hgroup)
@@ -294,4 +299,7 @@ def rank_main(rank: int, spec: RunSpec, queue) -> None:
             except Exception:
                 pass
     sys.stdout.flush()
+    if queue is not None:
+        queue.close()
+        queue.join_thread()  # the reports are in the pipe before the process goes
     os._exit(code)  # no atexit handler may wait on a peer that is gone
