@@ -27,6 +27,8 @@ namespace {
 // Freshly allocated staging is poisoned with this byte, as the simulator's world poisons its own
 // (sim/src/world.cpp): a slot read before any fill shows as poison, not as plausible zeros.
 constexpr std::uint8_t kPoisonByte = 0xA5;
+// Pool rows explain_row also searches (every layer): beyond this a mismatch report would take seconds.
+constexpr std::int64_t kPoolSearchRowsMax = 1 << 16;
 
 // A writable C-contiguous uint8 buffer (a CPU tensor's .numpy()), checked to hold `bytes` bytes.
 std::span<std::uint8_t> writable_bytes(const py::object& buffer, std::uint64_t bytes, const char* name) {
@@ -138,7 +140,19 @@ std::string explain_row(const model::Setting& s, const model::Batch& batch, std:
       }
     }
   }
-  return "no row of this batch on any layer (garbage, or a pool page the batch does not name)";
+  // A pool page the batch does not name (a stale or foreign plan), searched when the pool is small.
+  if (s.pool_pages * s.page_size <= kPoolSearchRowsMax) {
+    for (std::int32_t l = 0; l < s.layer_count(); ++l) {
+      if (!s.kind_active(k, l)) continue;
+      for (std::int64_t g = 0; g < s.pool_pages; ++g) {
+        for (std::int32_t r = 0; r < s.page_size; ++r) {
+          if (!word_matches(model::prefix_row_key(seed, l, k, g, r), actual, row_bytes, byte)) continue;
+          return fmt::format("a pool row the batch does not name: logical page {} row {}, {} (a stale or foreign plan)", g, r, layer_relation(l, layer));
+        }
+      }
+    }
+  }
+  return "no row of this batch on any layer (garbage: a sum of several rows, or memory nobody wrote)";
 }
 
 void bind_oracle(py::module_& m) {

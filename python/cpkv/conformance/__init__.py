@@ -21,11 +21,11 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .. import _cpkv
 from ._context import Context, ContractError, Events, SharedBuffer, StagingOverflow
-from ._launch import Outcome, launch
+from ._launch import Outcome, launch, launch_cases
 from ._rank import RunSpec
 
 __all__ = ["run", "run_trace", "Context", "Events", "SharedBuffer", "StagingOverflow", "ContractError", "Outcome", "RunSpec",
-           "layers_for"]
+           "layers_for", "run_cases", "case"]
 
 DEFAULT_WINDOW_S = 20.0
 
@@ -55,17 +55,32 @@ def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.
         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> Outcome:
     """Run `impl` (a 'module:Class' string, or an importable class) over the batches, one spawned
     process per rank; returns the Outcome (passed, mismatches, findings, failure, positions)."""
+    return launch(case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
+                       window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs))
+
+
+def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
+         layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
+         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> RunSpec:
+    """One case, checked, for run_cases (the arguments are run()'s)."""
     batches = list(batches)
     if not batches:
         raise _cpkv_input_error("batches", "no batch given")
-    for index, batch in enumerate(batches):
+    for batch in batches:
         _cpkv.validate(setting, batch)
     if device not in ("cpu", "cuda"):
         raise _cpkv_input_error("device", f"'{device}' is not cpu or cuda")
-    spec = RunSpec(impl=_impl_name(impl), setting=setting, batches=batches, layers=layers_for(setting, layers), seed=seed, device=device,
+    return RunSpec(impl=_impl_name(impl), setting=setting, batches=batches, layers=layers_for(setting, layers), seed=seed, device=device,
                    swarm=swarm, delays=delays, mutant=mutant, window_s=window_s, ipc_fail_rank=ipc_fail_rank,
                    impl_kwargs=dict(impl_kwargs or {}))
-    return launch(spec)
+
+
+def run_cases(cases: List[RunSpec]) -> List[Outcome]:
+    """Several cases of the same cp in one session: the rank processes start once and run every case
+    in turn (a case whose ranks fail is torn down and the next case starts fresh processes)."""
+    if len({c.setting.cp for c in cases}) > 1:
+        raise _cpkv_input_error("cases", "every case of a session must have the same cp")
+    return launch_cases(cases)
 
 
 def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:

@@ -97,50 +97,77 @@ def describe_positions(table: torch.Tensor, alive: Dict[int, bool]) -> List[str]
 
 
 class Launcher:
-    def __init__(self, spec: RunSpec) -> None:
+    """One launch: the ranks run the given cases in turn (one session); a case whose ranks fail ends
+    the launch, and the caller relaunches for the cases after it."""
+
+    def __init__(self, specs: List[RunSpec]) -> None:
         _shm.sweep_stale()
-        self.spec = spec
-        spec.run = spec.run or _shm.run_id(os.getpid(), next(_serial))
-        spec.init_method = f"tcp://127.0.0.1:{free_port()}"
-        self.cp = spec.setting.cp
-        path = _shm.path_of(spec.run, "positions", 0)
+        base = _shm.run_id(os.getpid(), next(_serial))
+        port = free_port()
+        for case, spec in enumerate(specs):
+            spec.run, spec.positions_run = f"{base}-c{case}", base
+            spec.init_method = f"tcp://127.0.0.1:{port}"
+        self.specs = specs
+        self.base = base
+        self.cp = specs[0].setting.cp
+        self.window_s = max(spec.window_s for spec in specs)
+        path = _shm.path_of(base, "positions", 0)
         _shm.create_file(path, self.cp * adv.POSITION_COLUMNS * 8)
         self.positions = _shm.map_file(path, self.cp * adv.POSITION_COLUMNS * 8).view(torch.int64).view(self.cp, adv.POSITION_COLUMNS)
         self.context = multiprocessing.get_context("spawn")
         self.queue = self.context.Queue()
         self.processes: List[multiprocessing.Process] = []
-        self.outcome = Outcome()
-        self.done: set = set()
+        self.outcomes = [Outcome() for _ in specs]
+        self.done: List[set] = [set() for _ in specs]
+        self.case = 0  # the case the ranks are in (the lowest not yet done by every rank)
 
     def start(self) -> None:
         for rank in range(self.cp):
-            p = self.context.Process(target=rank_main, args=(rank, self.spec, self.queue), name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p = self.context.Process(target=rank_main, args=(rank, self.specs, self.queue), name=f"cpkv-conformance-rank{rank}", daemon=True)
             p.start()
             self.processes.append(p)
 
-    def run(self) -> Outcome:
+    def run(self) -> List[Outcome]:
+        """The outcomes of the cases run: all of them, or up to and including the one that failed."""
         started = time.monotonic()
         try:
             self.start()
             self.watch()
         finally:
             self.teardown()
-        self.outcome.seconds = time.monotonic() - started
-        return self.outcome
+        ran = self.outcomes[: self.case + 1] if self.failed() else self.outcomes
+        for outcome in ran:
+            outcome.seconds = outcome.seconds or time.monotonic() - started
+        return ran
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.outcomes[min(self.case, len(self.outcomes) - 1)]
+
+    def failed(self) -> bool:
+        return self.outcome.failure is not None
 
     def handle(self, message: tuple) -> None:
-        what = message[0]
+        what, case = message[0], message[1]
+        outcome = self.outcomes[case]
         if what == "batch":
-            record = dict(message[2])
-            record["batch"] = message[1]
-            self.outcome.batches.append(record)
-            if record["raised"] and self.outcome.failure is None:
+            record = dict(message[3])
+            record["batch"] = message[2]
+            outcome.batches.append(record)
+            if record["raised"] and outcome.failure is None:
                 self.fail("raised", record["raised"][0])
         elif what == "done":
-            self.done.add(message[1])
-        elif what == "error" and self.outcome.failure is None:
-            _, rank, kind, line, where = message
+            self.done[case].add(message[2])
+            if len(self.done[case]) == self.cp:
+                outcome.seconds = message[3]
+                if case + 1 < len(self.specs):
+                    self.case = case + 1
+        elif what == "error" and outcome.failure is None:
+            _, _, rank, kind, line, where = message
             self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+
+    def all_done(self) -> bool:
+        return len(self.done[-1]) == self.cp
 
     def where(self, rank: int) -> str:
         row = self.positions[rank]
@@ -166,13 +193,11 @@ class Launcher:
         return int(self.positions[:, adv.COL_TIME_NS].max())
 
     def watch(self) -> None:
-        window_ns = int((self.spec.window_s + WATCHDOG_GRACE_S) * 1e9)
+        window_ns = int((self.window_s + WATCHDOG_GRACE_S) * 1e9)
         started_ns = time.monotonic_ns()
-        while len(self.done) < self.cp and self.outcome.failure is None:
+        while not self.all_done() and not self.failed():
             self.drain(POLL_S)
-            if self.outcome.failure is not None:
-                return
-            if self.check_exits():
+            if self.failed() or self.all_done() or self.check_exits():
                 return
             last = max(self.last_progress_ns(), started_ns)
             limit = window_ns if self.last_progress_ns() else int(STARTUP_S_MAX * 1e9)
@@ -182,25 +207,24 @@ class Launcher:
 
     def check_exits(self) -> bool:
         for rank, p in enumerate(self.processes):
-            if p.exitcode is None or (p.exitcode == 0 and rank in self.done):
+            if p.exitcode is None:
                 continue
             self.drain(0.5)  # its own report may still be in the queue
-            if p.exitcode == 0 and rank in self.done:
-                continue
-            if self.outcome.failure is None:
-                how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-                self.fail("died", f"rank {rank} {self.where(rank)}: died ({how}) without a report")
+            if self.all_done() or self.failed():
+                return True
+            how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+            self.fail("died", f"rank {rank} {self.where(rank)}: died ({how}) without a report")
             return True
         return False
 
     def hang_line(self) -> str:
         # The rank that has been where it is longest is the one the others wait on.
         stale = min(range(self.cp), key=lambda r: int(self.positions[r, adv.COL_TIME_NS]))
-        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.spec.window_s + WATCHDOG_GRACE_S:.0f} s "
-                f"(liveness: a hang; the window is the group timeout {self.spec.window_s:.0f} s + {WATCHDOG_GRACE_S:.0f} s)")
+        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.window_s + WATCHDOG_GRACE_S:.0f} s "
+                f"(liveness: a hang; the window is the group timeout {self.window_s:.0f} s + {WATCHDOG_GRACE_S:.0f} s)")
 
     def teardown(self) -> None:
-        if self.outcome.failure is not None or len(self.done) < self.cp:
+        if self.failed() or not self.all_done():
             for p in self.processes:
                 if p.is_alive():
                     p.terminate()
@@ -211,15 +235,28 @@ class Launcher:
             if p.is_alive():
                 p.kill()
                 p.join(KILL_GRACE_S)
-        self.drain(0.0)
+        if not self.failed():
+            self.drain(0.0)
         codes = [p.exitcode for p in self.processes]
-        if self.outcome.failure is None and any(c != 0 for c in codes):
+        if not self.failed() and any(c != 0 for c in codes):
             self.fail("died", f"ranks exited with {codes}")
         _shm.remove_sim_regions([p.pid for p in self.processes if p.pid])
-        _shm.remove_run(self.spec.run)
+        for spec in self.specs:
+            _shm.remove_run(spec.run)
+        _shm.remove_run(self.base)
         self.queue.close()
-        self.outcome.leftovers = _shm.leftovers(self.spec.run) + [f"rank {r} pid {p.pid}" for r, p in enumerate(self.processes) if p.is_alive()]
+        left = [path for spec in self.specs for path in _shm.leftovers(spec.run)] + _shm.leftovers(self.base)
+        self.outcome.leftovers = left + [f"rank {r} pid {p.pid}" for r, p in enumerate(self.processes) if p.is_alive()]
+
+
+def launch_cases(specs: List[RunSpec]) -> List[Outcome]:
+    """Every case, in as few launches as possible: a case that fails its ranks ends a launch and the
+    next launch starts at the case after it. All cases must have the same cp."""
+    outcomes: List[Outcome] = []
+    while len(outcomes) < len(specs):
+        outcomes += Launcher(specs[len(outcomes):]).run()
+    return outcomes
 
 
 def launch(spec: RunSpec) -> Outcome:
-    return Launcher(spec).run()
+    return launch_cases([spec])[0]

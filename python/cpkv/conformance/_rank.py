@@ -44,7 +44,8 @@ class RunSpec:
     mutant: Optional[str] = None
     window_s: float = 20.0         # a wait or a silent rank is reported after this long
     ipc_fail_rank: int = -1        # this rank's capability probe fails
-    run: str = ""                  # shared-memory run id
+    run: str = ""                  # shared-memory run id of this case's buffers
+    positions_run: str = ""        # shared-memory run id of the positions table (one per launch)
     init_method: str = "env://"
     oversubscribe: bool = True     # cuda: ranks share GPUs when there are fewer GPUs than ranks
     impl_kwargs: Dict[str, Any] = field(default_factory=dict)
@@ -56,8 +57,10 @@ class Reporter:
     def __init__(self, queue) -> None:
         self.queue = queue
         self.messages: List[tuple] = []
+        self.case = 0
 
-    def send(self, *message) -> None:
+    def send(self, what: str, *message) -> None:
+        message = (what, self.case) + message
         if self.queue is not None:
             self.queue.put(message)
         else:
@@ -111,7 +114,7 @@ def _device_for(spec: RunSpec, rank: int) -> torch.device:
 
 def _positions(spec: RunSpec, rank: int, hgroup) -> torch.Tensor:
     """The shared positions table: the launcher made it (spawn), or rank 0 makes it (torchrun)."""
-    path = _shm.path_of(spec.run, "positions", 0)
+    path = _shm.path_of(spec.positions_run or spec.run, "positions", 0)
     nbytes = spec.setting.cp * adv.POSITION_COLUMNS * 8
     if rank == 0 and not os.path.exists(path):
         _shm.create_file(path, nbytes)
@@ -150,13 +153,19 @@ def _map_pools(ctx: Context, spec: RunSpec) -> None:
         ctx.pool[kind] = [peer.view(shape) for peer in buffer.peers]
 
 
-def setup_rank(spec: RunSpec, rank: int):
+def init_groups(spec: RunSpec, rank: int):
+    """Once per process: the device, the implementation's group (the default group: gloo on CPU, NCCL
+    on CUDA), the harness's own gloo group, and the positions table."""
     timeout = datetime.timedelta(seconds=spec.window_s)
     device = _device_for(spec, rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=spec.init_method, rank=rank, world_size=spec.setting.cp, timeout=timeout)
     hgroup = dist.new_group(backend="gloo", timeout=timeout)
-    positions = _positions(spec, rank, hgroup)
+    return device, hgroup, _positions(spec, rank, hgroup)
+
+
+def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions: torch.Tensor) -> Context:
+    """Once per case: the Context with its pools mapped and prefilled."""
     knob = adv.knobs(spec.seed, spec.swarm)
     adversity = adv.Adversity(knob, rank, spec.setting.cp, spec.layers, positions, device, spec.delays)
     ctx = Context(rank=rank, setting=spec.setting, layers=spec.layers, seed=spec.seed, device=device, group=dist.group.WORLD,
@@ -262,8 +271,9 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
     return stop[0]
 
 
-def drive(spec: RunSpec, rank: int, reporter: Reporter) -> None:
-    ctx = setup_rank(spec, rank)
+def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
+    started = time.monotonic()
+    ctx = setup_rank(spec, rank, *groups)
     impl = make_impl(spec)
     impl.setup(ctx)
     replay = _check.EventReplay(spec.setting, spec.layers, spec.batches) if rank == 0 else None
@@ -274,18 +284,26 @@ def drive(spec: RunSpec, rank: int, reporter: Reporter) -> None:
             break
     ctx._publish(adv.STAGE_TEARDOWN)
     impl.teardown(ctx)
-    dist.barrier(group=ctx._hgroup)
+    dist.barrier(group=ctx._hgroup)  # every rank is out of the case before its memory goes
     ctx._publish(adv.STAGE_DONE)
-    reporter.send("done", rank)
+    reporter.send("done", rank, time.monotonic() - started)
 
 
-def rank_main(rank: int, spec: RunSpec, queue) -> None:
+def drive(specs: List[RunSpec], rank: int, reporter: Reporter) -> None:
+    """Every case in turn over one set of process groups (a session: the processes start once)."""
+    groups = init_groups(specs[0], rank)
+    for case, spec in enumerate(specs):
+        reporter.case = case
+        run_case(spec, rank, groups, reporter)
+
+
+def rank_main(rank: int, specs: List[RunSpec], queue) -> None:
     """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
     peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line."""
     reporter = Reporter(queue)
     code = 0
     try:
-        drive(spec, rank, reporter)
+        drive(specs, rank, reporter)
     except ContractError as error:
         reporter.send("error", rank, "contract", str(error), "")
         code = 2 if str(error).startswith("--") else 1

@@ -307,7 +307,7 @@ class V2(_Exchange):
             if not self.bug("skip_zero"):
                 # Writer-exclusive bytes: every page this rank does not write is zero in its compact buffer.
                 if self.use_events:
-                    ctx.events.write(half, own, "zero")
+                    ctx.events.write(half, torch.arange(total), "zero")
                 mine[:total] = 0
             ctx.pause_point("before_fill")
             if self.use_events:
@@ -328,9 +328,11 @@ class V2(_Exchange):
         non-zero contributor per byte)."""
         ctx.pause_point("gather")
         acc = torch.zeros_like(self.compact[kind][ctx.rank][half][:total])
+        writers = ctx.writers()
         for peer in range(ctx.cp):
             if self.use_events and peer != ctx.rank:
-                ctx.events.read(peer, half, torch.arange(total))
+                # The pages the peer filled; the rest of its compact half is its zeros.
+                ctx.events.read(peer, half, torch.nonzero(writers == peer).reshape(-1))
             acc += self.compact[kind][peer][half][:total]
         return acc
 
