@@ -25,6 +25,14 @@ from .. import _cpkv
 # the harness nothing to end them on, so a hold this long on every layer of a long trace would make
 # a run minutes long. 200 ms still spans a gloo barrier on a loaded two-core machine.
 HOLD_US_MAX = 200_000
+# Shortest bound of a hold. The simulator's default producer hold (2 ms) is long for a simulated
+# rank; a Python rank on a loaded two-core machine needs milliseconds to fill, pass a barrier and
+# gather, so a hold shorter than this would close the window before a broken peer walks into it.
+# Holds end early in a correct run, so the floor costs a correct run little.
+HOLD_US_MIN = 100_000
+# A peer counts as waiting at a barrier once its arrival is this old with nothing published since
+# (an arrival followed at once by a fill, as arrive_before_fill does, is not a wait).
+WAITING_NS_MIN = 5_000_000
 # How often a hold looks at the peers' positions.
 HOLD_POLL_S = 0.0005
 # GPU spin kernels: cycles per microsecond (H200 boost clock is about 1.98 GHz; a lower figure
@@ -87,8 +95,7 @@ class Adversity:
         if self.enabled and not self.uses_pause_points and self.is_slow("producer"):
             # No pause point seen yet: the producer enters the layer late (its before_fill hold, if it
             # has one, still comes).
-            bound_us = min(int(self.knob["slow_producer_delay_us"]), HOLD_US_MAX)
-            self.hold(bound_us, lambda: self.peer_finished_layer() or self.peers_all_arrived())
+            self.hold(self.bound_us("slow_producer_delay_us"), lambda: self.peer_finished_layer() or self.peers_all_arrived())
 
     def is_slow(self, role: str) -> bool:
         return self.cp > 1 and self.slow_rank(role, self.batch, self.layer) == self.rank
@@ -111,14 +118,15 @@ class Adversity:
         # Until a peer has finished this layer (it did not wait for this rank's fill) or every peer is
         # at a barrier that cannot open without this rank.
         self.held_producer = True
-        bound_us = min(int(self.knob["slow_producer_delay_us"]), HOLD_US_MAX)
-        self.hold(bound_us, lambda: self.peer_finished_layer() or self.peers_all_arrived())
+        self.hold(self.bound_us("slow_producer_delay_us"), lambda: self.peer_finished_layer() or self.peers_all_arrived())
 
     def hold_reader(self) -> None:
         # Until a peer is past a later layer's fill (it rewrote a half this rank may still read).
         self.held_reader = True
-        bound_us = min(max(int(self.knob["slow_reader_delay_us"]), int(self.knob["slow_producer_delay_us"])), HOLD_US_MAX)
-        self.hold(bound_us, self.peer_past_later_fill)
+        self.hold(self.bound_us("slow_reader_delay_us"), self.peer_past_later_fill)
+
+    def bound_us(self, knob: str) -> int:
+        return max(HOLD_US_MIN, min(int(self.knob[knob]), HOLD_US_MAX))
 
     def hold(self, bound_us: int, ended: Callable[[], bool]) -> None:
         if self.device.type == "cuda":
@@ -148,9 +156,12 @@ class Adversity:
         return False
 
     def peers_all_arrived(self) -> bool:
+        now = time.monotonic_ns()
         for p in self._peers():
             batch, layer, stage = self._where(p)
             if (batch, layer) != (self.batch, self.layer) or stage != STAGE_ARRIVED:
+                return False
+            if now - int(self.positions[p][COL_TIME_NS]) < WAITING_NS_MIN:
                 return False
         return True
 
@@ -163,5 +174,6 @@ class Adversity:
 
 
 def describe(knob: Dict[str, object], swarm: bool) -> str:
-    return f"{'swarm knobs' if swarm else 'fault knobs'}: {knob['describe']} (holds capped at {HOLD_US_MAX} us)"
+    return (f"{'swarm knobs' if swarm else 'fault knobs'}: {knob['describe']} (the harness bounds each hold to "
+            f"[{HOLD_US_MIN}, {HOLD_US_MAX}] us)")
 

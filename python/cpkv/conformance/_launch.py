@@ -23,10 +23,10 @@ import torch
 
 from . import _adversity as adv
 from . import _shm
-from ._rank import RunSpec, rank_main
+from ._rank import RunSpec, harness_timeout_s, rank_main
 
 # A rank stuck outside any wait of its own (in the implementation's Python, say) is reported this
-# long after the groups' own timeout would have fired for a rank inside a wait.
+# long after the harness group's timeout (harness_timeout_s) would have fired for a rank inside a wait.
 WATCHDOG_GRACE_S = 5.0
 # How long a terminated rank may take to exit before it is killed.
 KILL_GRACE_S = 3.0
@@ -119,6 +119,7 @@ class Launcher:
         self.processes: List[multiprocessing.Process] = []
         self.outcomes = [Outcome() for _ in specs]
         self.done: List[set] = [set() for _ in specs]
+        self.fatal = False
         self.case = 0  # the case the ranks are in (the lowest not yet done by every rank)
 
     def start(self) -> None:
@@ -145,7 +146,14 @@ class Launcher:
         return self.outcomes[min(self.case, len(self.outcomes) - 1)]
 
     def failed(self) -> bool:
-        return self.outcome.failure is not None
+        """A failure that ends the launch: a rank raised outside a batch, died or hung."""
+        return self.fatal
+
+    def fail(self, kind: str, line: str) -> None:
+        self.fatal = True
+        self.outcome.failure_kind = kind
+        self.outcome.failure = line
+        self.outcome.positions = describe_positions(self.positions, {r: p.is_alive() for r, p in enumerate(self.processes)})
 
     def handle(self, message: tuple) -> None:
         what, case = message[0], message[1]
@@ -155,19 +163,40 @@ class Launcher:
             record["batch"] = message[2]
             outcome.batches.append(record)
             if record["raised"] and outcome.failure is None:
-                self.fail("raised", record["raised"][0])
+                # Raised inside a batch and reported through the batch sync: every rank is still in
+                # step, so the session goes on to the next case.
+                outcome.failure_kind, outcome.failure = "raised", record["raised"][0]
         elif what == "done":
             self.done[case].add(message[2])
             if len(self.done[case]) == self.cp:
                 outcome.seconds = message[3]
                 if case + 1 < len(self.specs):
                     self.case = case + 1
-        elif what == "error" and outcome.failure is None:
+        elif what == "error" and not self.fatal:
             _, _, rank, kind, line, where = message
-            self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+            culprit = self.culprit(rank)
+            if culprit is not None:
+                # A harness wait timed out: the rank to name is the one that never came to it.
+                self.fail("hang", f"rank {culprit} {self.where(culprit)}: never returned (rank {rank} timed out waiting for it "
+                                  f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
+            else:
+                self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
 
     def all_done(self) -> bool:
         return len(self.done[-1]) == self.cp
+
+    def stage(self, rank: int) -> int:
+        return int(self.positions[rank, adv.COL_STAGE])
+
+    def culprit(self, rank: int):
+        """For a rank that failed at a harness wait: the peer still inside the implementation that has
+        been there longest, or None (the failing rank is itself the one to name)."""
+        if self.stage(rank) not in (adv.STAGE_BATCH_SYNC, adv.STAGE_TEARDOWN, adv.STAGE_SETUP):
+            return None
+        inside = [p for p in range(self.cp) if p != rank and self.stage(p) < self.stage(rank) and self.stage(p) >= adv.STAGE_COMPOSE]
+        if not inside:
+            return None
+        return min(inside, key=lambda p: int(self.positions[p, adv.COL_TIME_NS]))
 
     def where(self, rank: int) -> str:
         row = self.positions[rank]
@@ -175,11 +204,6 @@ class Launcher:
         if batch < 0:
             return f"in {adv.STAGE_NAMES[stage]}"
         return f"batch {batch} layer {layer} in {adv.STAGE_NAMES[stage]}"
-
-    def fail(self, kind: str, line: str) -> None:
-        self.outcome.failure_kind = kind
-        self.outcome.failure = line
-        self.outcome.positions = describe_positions(self.positions, {r: p.is_alive() for r, p in enumerate(self.processes)})
 
     def drain(self, timeout_s: float) -> None:
         try:
@@ -193,7 +217,7 @@ class Launcher:
         return int(self.positions[:, adv.COL_TIME_NS].max())
 
     def watch(self) -> None:
-        window_ns = int((self.window_s + WATCHDOG_GRACE_S) * 1e9)
+        window_ns = int(self.watchdog_s() * 1e9)
         started_ns = time.monotonic_ns()
         while not self.all_done() and not self.failed():
             self.drain(POLL_S)
@@ -220,8 +244,11 @@ class Launcher:
     def hang_line(self) -> str:
         # The rank that has been where it is longest is the one the others wait on.
         stale = min(range(self.cp), key=lambda r: int(self.positions[r, adv.COL_TIME_NS]))
-        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.window_s + WATCHDOG_GRACE_S:.0f} s "
-                f"(liveness: a hang; the window is the group timeout {self.window_s:.0f} s + {WATCHDOG_GRACE_S:.0f} s)")
+        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.watchdog_s():.0f} s (liveness: a hang; the "
+                f"implementation's waits time out after {self.window_s:.0f} s, the harness's after {harness_timeout_s(self.window_s):.0f} s)")
+
+    def watchdog_s(self) -> float:
+        return harness_timeout_s(self.window_s) + WATCHDOG_GRACE_S
 
     def teardown(self) -> None:
         if self.failed() or not self.all_done():

@@ -153,14 +153,36 @@ def _map_pools(ctx: Context, spec: RunSpec) -> None:
         ctx.pool[kind] = [peer.view(shape) for peer in buffer.peers]
 
 
+# The rendezvous (every rank's interpreter started and torch imported) on a loaded machine: far longer
+# than any wait of a running exchange, so it gets a bound of its own.
+RENDEZVOUS_S_MAX = 120.0
+
+
+def _store(spec: RunSpec, rank: int):
+    """The rendezvous store: tcp://host:port from the launcher, or torchrun's MASTER_ADDR/PORT (env://)."""
+    if spec.init_method.startswith("tcp://"):
+        host, port = spec.init_method[len("tcp://"):].rsplit(":", 1)
+    else:
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            port = str(int(port) + 1)  # torchrun's agent holds MASTER_PORT's store; ours is beside it
+    return dist.TCPStore(host, int(port), spec.setting.cp, rank == 0, timeout=datetime.timedelta(seconds=RENDEZVOUS_S_MAX))
+
+
+def harness_timeout_s(window_s: float) -> float:
+    return 2 * window_s + 5.0
+
+
 def init_groups(spec: RunSpec, rank: int):
     """Once per process: the device, the implementation's group (the default group: gloo on CPU, NCCL
     on CUDA), the harness's own gloo group, and the positions table."""
     timeout = datetime.timedelta(seconds=spec.window_s)
     device = _device_for(spec, rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=spec.init_method, rank=rank, world_size=spec.setting.cp, timeout=timeout)
-    hgroup = dist.new_group(backend="gloo", timeout=timeout)
+    dist.init_process_group(backend, store=_store(spec, rank), rank=rank, world_size=spec.setting.cp, timeout=timeout)
+    # The harness's own waits outlast the implementation's: a rank that refused a batch waits at the
+    # batch sync while a peer runs into its own barrier's timeout, and must still be there when it comes.
+    hgroup = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=harness_timeout_s(spec.window_s)))
     return device, hgroup, _positions(spec, rank, hgroup)
 
 
@@ -205,10 +227,11 @@ class BatchOutcome:
         self.mismatches: List[str] = []
         self.contract: Optional[str] = None
         self.error: Optional[str] = None
+        self.error_ns = 0  # when it raised: the first to raise is the one to name, the rest time out after it
         self.compose_s: List[float] = []
 
     def summary(self, ctx: Context) -> dict:
-        return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error,
+        return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
                 "compose_s": self.compose_s}
 
@@ -228,6 +251,7 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
             outcome.wrote_before_refusal = any(e[1] in ("write", "arrive") for e in ctx.events.log)
             break
         except Exception as error:  # reported after the batch sync, with every rank's events checked
+            outcome.error_ns = time.monotonic_ns()
             outcome.error = f"rank {ctx.rank} batch {index} layer {layer} raised in compose_layer: {_first_line(error)} (at {_where_in_impl(error)})"
             return outcome
         if ctx.device.type == "cuda":
@@ -255,7 +279,7 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
     if ctx.rank == 0:
         declared = ctx.declared_staging_slots or ctx.staging_slots
         findings += [s["contract"] for s in summaries if s["contract"]]
-        raised = [s["error"] for s in summaries if s["error"]]
+        raised = [s["error"] for s in sorted(summaries, key=lambda s: s["error_ns"]) if s["error"]]
         findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)
         findings += replay.replay(index, summaries)
         mismatches = [line for s in summaries for line in s["mismatches"]]
