@@ -178,7 +178,9 @@ def init_groups(spec: RunSpec, rank: int):
     on CUDA), the harness's own gloo group, and the positions table."""
     timeout = datetime.timedelta(seconds=spec.window_s)
     device = _device_for(spec, rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    # NCCL refuses two ranks on one GPU, so oversubscribed ranks use gloo (which takes CUDA tensors too).
+    one_gpu_each = device.type == "cuda" and spec.setting.cp <= torch.cuda.device_count()
+    backend = "nccl" if one_gpu_each else "gloo"
     dist.init_process_group(backend, store=_store(spec, rank), rank=rank, world_size=spec.setting.cp, timeout=timeout)
     # The harness's own waits outlast the implementation's: a rank that refused a batch waits at the
     # batch sync while a peer runs into its own barrier's timeout, and must still be there when it comes.
