@@ -12,7 +12,9 @@ delay is a spin kernel on the rank's stream (torch.cuda._sleep), not a host slee
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 import time
 from typing import Callable, Dict, Optional
 
@@ -30,9 +32,6 @@ HOLD_US_MAX = 200_000
 # gather, so a hold shorter than this would close the window before a broken peer walks into it.
 # Holds end early in a correct run, so the floor costs a correct run little.
 HOLD_US_MIN = 100_000
-# A peer counts as waiting at a barrier once its arrival is this old with nothing published since
-# (an arrival followed at once by a fill, as arrive_before_fill does, is not a wait).
-WAITING_NS_MIN = 5_000_000
 # How often a hold looks at the peers' positions.
 HOLD_POLL_S = 0.0005
 # GPU spin kernels: cycles per microsecond (H200 boost clock is about 1.98 GHz; a lower figure
@@ -45,7 +44,7 @@ STAGE_IDLE, STAGE_SETUP, STAGE_COMPOSE, STAGE_FILLED, STAGE_ARRIVED, STAGE_PASSE
 STAGE_NAMES = ("idle", "setup", "compose_layer", "filled", "arrived at a barrier", "passed a barrier", "gathering",
                "the harness's byte check", "the harness's batch sync", "teardown", "done")
 # Columns of the positions table (one int64 row per rank).
-COL_BATCH, COL_LAYER, COL_STAGE, COL_TIME_NS, COL_PID, COL_ARRIVALS = range(6)
+COL_BATCH, COL_LAYER, COL_STAGE, COL_TIME_NS, COL_PID, COL_ARRIVALS, COL_HOLDING = range(7)
 POSITION_COLUMNS = 8
 
 
@@ -122,8 +121,10 @@ class Adversity:
 
     def hold_reader(self) -> None:
         # Until a peer is past a later layer's fill (it rewrote a half this rank may still read).
+        # A peer in a hold of its own (the slow producer, waiting for this rank to walk into its
+        # window) ends this one: two holds waiting on each other would close both windows.
         self.held_reader = True
-        self.hold(self.bound_us("slow_reader_delay_us"), self.peer_past_later_fill)
+        self.hold(self.bound_us("slow_reader_delay_us"), lambda: self.peer_past_later_fill() or self.peer_holding())
 
     def bound_us(self, knob: str) -> int:
         return max(HOLD_US_MIN, min(int(self.knob[knob]), HOLD_US_MAX))
@@ -131,9 +132,17 @@ class Adversity:
     def hold(self, bound_us: int, ended: Callable[[], bool]) -> None:
         if self.device.type == "cuda":
             return self.delay_us(bound_us)  # the stream cannot poll the host's table: a fixed spin
-        deadline = time.monotonic() + bound_us / 1e6
-        while time.monotonic() < deadline and not ended():
-            time.sleep(HOLD_POLL_S)
+        start = time.monotonic()
+        deadline = start + bound_us / 1e6
+        self.positions[self.rank][COL_HOLDING] = 1
+        try:
+            while time.monotonic() < deadline and not ended():
+                time.sleep(HOLD_POLL_S)
+        finally:
+            self.positions[self.rank][COL_HOLDING] = 0
+        if os.environ.get("CPKV_CONFORMANCE_DEBUG"):
+            print(f"hold rank {self.rank} b{self.batch} l{self.layer} {1e3 * (time.monotonic() - start):.1f} ms "
+                  f"positions {self.positions.tolist()}", file=sys.stderr, flush=True)
 
     def delay_us(self, us: int) -> None:
         if self.device.type == "cuda":
@@ -156,14 +165,20 @@ class Adversity:
         return False
 
     def peers_all_arrived(self) -> bool:
-        now = time.monotonic_ns()
+        """Every peer waits at a barrier that cannot open without this rank: it has arrived more times
+        than this rank (arrivals come from ctx.events.arrive). A peer that arrived at a barrier this
+        rank has arrived at too (arrive_before_fill) is not held back by it: the hold goes on."""
+        mine = int(self.positions[self.rank][COL_ARRIVALS])
         for p in self._peers():
             batch, layer, stage = self._where(p)
             if (batch, layer) != (self.batch, self.layer) or stage != STAGE_ARRIVED:
                 return False
-            if now - int(self.positions[p][COL_TIME_NS]) < WAITING_NS_MIN:
+            if int(self.positions[p][COL_ARRIVALS]) <= mine:
                 return False
         return True
+
+    def peer_holding(self) -> bool:
+        return any(int(self.positions[p][COL_HOLDING]) for p in self._peers())
 
     def peer_past_later_fill(self) -> bool:
         for p in self._peers():

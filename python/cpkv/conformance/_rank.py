@@ -196,7 +196,7 @@ def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions
                   harness_group=hgroup, run=spec.run, positions=positions, adversity=adversity,
                   ipc_capable=rank != spec.ipc_fail_rank, timeout_s=spec.window_s,
                   dense_rows_max=max(_cpkv.layout_batch(spec.setting, b).slot_count for b in spec.batches) * spec.setting.page_size)
-    ctx._publish(adv.STAGE_SETUP)
+    ctx._publish(adv.STAGE_SETUP, arrivals=0)  # a new case's barrier phases start again (before the pools' barriers)
     _map_pools(ctx, spec)
     return ctx
 
