@@ -15,6 +15,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from typing import List, Optional
 
 from .. import _cpkv
@@ -49,7 +50,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
 
 
 def reproducer(a: argparse.Namespace) -> str:
-    parts = [PROG, a.trace, "--impl", a.impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
+    parts = [*PROG.split(), a.trace, "--impl", a.impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
     for flag, value in (("--layers", a.layers), ("--batch", a.batch), ("--mutant", a.mutant)):
         if value is not None:
             parts += [flag, str(value)]
@@ -121,6 +122,7 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
     spec.run = "torchrun-" + "".join(ch for ch in os.environ.get("TORCHELASTIC_RUN_ID", os.environ.get("MASTER_PORT", "0")) if ch.isalnum())
     reporter = Reporter(None)
     outcome = Outcome()
+    started = time.monotonic()
     try:
         drive([spec], rank, reporter)
     except Exception as error:  # this rank's failure, one line; torchrun ends the others
@@ -130,6 +132,7 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
             record = dict(message[3], batch=message[2])
             outcome.batches.append(record)
     _shm.remove_run(spec.run)
+    outcome.seconds = time.monotonic() - started
     return outcome if rank == 0 or outcome.failure else None
 
 
