@@ -24,7 +24,7 @@ SOURCE = os.environ.get("CPKV_SOURCE_DIR", os.path.join(os.path.dirname(__file__
 TINY = os.path.join(SOURCE, "traces", "samples", "tiny.jsonl")
 # A wait the harness reports after this long: short, because two cases (a skipped barrier, an
 # unagreed capability) must run into it; long enough for a loaded two-core machine to pass a barrier.
-WINDOW_S = 3.0
+WINDOW_S = 2.5
 SEED = 3
 
 R = cpkv.Request
