@@ -115,4 +115,5 @@ def reproducer(spec: RunSpec, trace: str) -> str:
 
 def counterexample_path(directory: str, spec: RunSpec) -> str:
     os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f"counterexample-{(spec.mutant or 'impl')}-seed{spec.seed}.jsonl")
+    impl = spec.impl.rpartition(":")[2] or "impl"
+    return os.path.join(directory, f"counterexample-{impl}-{spec.mutant or 'nomutant'}-seed{spec.seed}.jsonl")
