@@ -140,7 +140,7 @@ class Adversity:
                 time.sleep(HOLD_POLL_S)
         finally:
             self.positions[self.rank][COL_HOLDING] = 0
-        if os.environ.get("CPKV_CONFORMANCE_DEBUG"):
+        if os.environ.get("CPKV_CONFORMANCE_DEBUG"):  # to see how long each hold lasted and why (every rank's position)
             print(f"hold rank {self.rank} b{self.batch} l{self.layer} {1e3 * (time.monotonic() - start):.1f} ms "
                   f"positions {self.positions.tolist()}", file=sys.stderr, flush=True)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Optional
 
 import torch
+import torch.utils.dlpack
 
 from .. import _cpkv
 from ._context import Context, ContractError

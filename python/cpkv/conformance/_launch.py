@@ -45,7 +45,6 @@ class Outcome:
     failure: Optional[str] = None          # the first rank failure, one located line
     failure_kind: Optional[str] = None     # raised, died, hang, contract
     positions: List[str] = field(default_factory=list)
-    exit_code: int = 0
     seconds: float = 0.0
     leftovers: List[str] = field(default_factory=list)
 
