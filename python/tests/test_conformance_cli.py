@@ -67,9 +67,14 @@ def test_a_planted_bug_fails_with_a_table_a_located_line_json_and_a_reproducer(t
 def bad_impls():
     setting_batches = __import__("cpkv").read_trace(TINY)
     batches = list(setting_batches)[:2]
-    names = ["RaisesOnLayer1", "WrongDtype", "NeverReturns"]
+    names = ["NumpyOutputs", "RaisesOnLayer1", "WrongDtype", "NeverReturns"]
     cases = [conformance.case(f"{IMPLS}:{n}", setting_batches.setting, batches, seed=2, window_s=WINDOW_S) for n in names]
     return dict(zip(names, conformance.run_cases(cases)))
+
+
+def test_outputs_with_the_array_interface_are_accepted(bad_impls):
+    outcome = bad_impls["NumpyOutputs"]
+    assert outcome.passed, outcome.mismatches + outcome.findings + [outcome.failure or ""]
 
 
 def test_an_impl_that_raises_is_named_with_rank_batch_layer_and_its_line(bad_impls):
