@@ -74,6 +74,10 @@ def table(a: argparse.Namespace, o: Outcome, layers: int) -> List[str]:
     lines = [f"{'impl':40s} {'batches':>8s} {'layers':>7s} {'overflow':>9s} {'mismatch':>9s} {'violation':>10s}  result"]
     lines.append(f"{a.impl[:40]:40s} {len(o.batches):8d} {len(o.batches) * layers:7d} {refused:9d} {len(o.mismatches):9d} "
                  f"{len(o.findings):10d}  {result} ({o.seconds:.2f} s)")
+    syncs = [n for b in o.batches for rank in b.get("host_syncs", []) for n in rank]
+    if a.device == "cuda" and syncs:
+        lines.append(f"implicit host synchronizations per layer (torch sync debug mode): max {max(syncs)}, "
+                     f"mean {sum(syncs) / len(syncs):.1f} over {len(syncs)} rank-layers")
     return lines
 
 

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -231,11 +232,36 @@ class BatchOutcome:
         self.error: Optional[str] = None
         self.error_ns = 0  # when it raised: the first to raise is the one to name, the rest time out after it
         self.compose_s: List[float] = []
+        self.host_syncs: List[int] = []  # per layer, CUDA only: implicit host synchronizations
 
     def summary(self, ctx: Context) -> dict:
         return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
-                "compose_s": self.compose_s}
+                "compose_s": self.compose_s, "host_syncs": self.host_syncs}
+
+
+class _SyncCounter:
+    """Counts the implicit host synchronizations a layer makes on CUDA (torch's sync debug mode warns
+    at each: .item(), nonzero(), a blocking copy to the host; an explicit stream.synchronize() is not
+    among them). Off the GPU it counts nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on = device.type == "cuda"
+        self.count = 0
+
+    def __enter__(self) -> "_SyncCounter":
+        if self.on:
+            self._catch = warnings.catch_warnings(record=True)
+            self._seen = self._catch.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            torch.cuda.set_sync_debug_mode(0)
+            self.count = sum(1 for w in self._seen if "synchroniz" in str(w.message))
+            self._catch.__exit__(*exc)
 
 
 def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
@@ -247,7 +273,9 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
         ctx._adversity.enter_layer(index, layer)
         started = time.perf_counter()
         try:
-            out = impl.compose_layer(ctx, layer)
+            with _SyncCounter(ctx.device) as syncs:
+                out = impl.compose_layer(ctx, layer)
+            outcome.host_syncs.append(syncs.count)
         except StagingOverflow:
             outcome.refused_at = layer
             outcome.wrote_before_refusal = any(e[1] in ("write", "arrive") for e in ctx.events.log)
@@ -289,6 +317,7 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
                                        "refused": [s["refused_at"] is not None for s in summaries],
                                        "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
                                        "compose_s": [s["compose_s"] for s in summaries],
+                                       "host_syncs": [s["host_syncs"] for s in summaries],
                                        "events": sum(len(s["events"]) for s in summaries)})
         stop = [bool(findings or mismatches or raised)]
     else:
