@@ -21,11 +21,11 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .. import _cpkv
 from ._context import Context, ContractError, Events, SharedBuffer, StagingOverflow
-from ._launch import Outcome, launch, launch_cases
+from ._launch import Outcome, Session, launch, launch_cases
 from ._rank import RunSpec
 
 __all__ = ["run", "run_trace", "Context", "Events", "SharedBuffer", "StagingOverflow", "ContractError", "Outcome", "RunSpec",
-           "layers_for", "run_cases", "case"]
+           "layers_for", "run_cases", "case", "Session"]
 
 DEFAULT_WINDOW_S = 20.0
 

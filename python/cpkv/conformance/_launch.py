@@ -286,3 +286,81 @@ def launch_cases(specs: List[RunSpec]) -> List[Outcome]:
 
 def launch(spec: RunSpec) -> Outcome:
     return launch_cases([spec])[0]
+
+
+class SessionLauncher(Launcher):
+    """A launch whose ranks wait for cases one at a time (a per-rank queue), so that a caller that
+    makes cases as it goes (Hypothesis) pays for the processes' start once."""
+
+    def __init__(self, first: RunSpec) -> None:
+        super().__init__([first])
+        self.case_queues = [self.context.Queue() for _ in range(self.cp)]
+        self.started = False
+
+    def start(self) -> None:
+        for rank in range(self.cp):
+            p = self.context.Process(target=rank_main, args=(rank, self.case_queues[rank], self.queue),
+                                     name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p.start()
+            self.processes.append(p)
+        self.started = True
+
+    def submit(self, spec: RunSpec) -> None:
+        if self.started:
+            k = len(self.specs)
+            spec.run, spec.positions_run, spec.init_method = f"{self.base}-c{k}", self.base, self.specs[0].init_method
+            self.specs.append(spec)
+            self.outcomes.append(Outcome())
+            self.done.append(set())
+            self.case = k
+        else:
+            self.start()
+        for q in self.case_queues:
+            q.put(self.specs[-1])
+
+    def run_one(self, spec: RunSpec) -> Outcome:
+        self.submit(spec)
+        started = time.monotonic()
+        self.watch()
+        outcome = self.outcomes[-1]
+        outcome.seconds = outcome.seconds or time.monotonic() - started
+        return outcome
+
+    def close(self) -> None:
+        if not self.failed():
+            for q in self.case_queues:
+                q.put(None)
+        self.teardown()
+        for q in self.case_queues:
+            q.close()
+
+
+class Session:
+    """Cases run one at a time over rank processes that stay up between them (with: closes them).
+    A case that ends with a rank that died or hung tears the ranks down; the next case starts new
+    ones. Every case of a session must have the same cp; the waits are bounded by the first case's
+    window."""
+
+    def __init__(self) -> None:
+        self.launcher: Optional[SessionLauncher] = None
+
+    def run(self, spec: RunSpec) -> Outcome:
+        if self.launcher is None:
+            self.launcher = SessionLauncher(spec)
+        elif spec.setting.cp != self.launcher.cp:
+            raise ValueError(f"a session of cp {self.launcher.cp} cannot run a case of cp {spec.setting.cp}")
+        outcome = self.launcher.run_one(spec)
+        if self.launcher.failed():
+            self.close()
+        return outcome
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -344,15 +344,23 @@ def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
     reporter.send("done", rank, time.monotonic() - started)
 
 
-def drive(specs: List[RunSpec], rank: int, reporter: Reporter) -> None:
-    """Every case in turn over one set of process groups (a session: the processes start once)."""
-    groups = init_groups(specs[0], rank)
-    for case, spec in enumerate(specs):
+# A session's rank waits this long for its next case before it gives up (the launcher went away
+# without closing the session).
+SESSION_IDLE_S_MAX = 600.0
+
+
+def drive(cases, rank: int, reporter: Reporter) -> None:
+    """Every case in turn over one set of process groups (a session: the processes start once).
+    cases: a list, or a queue the launcher feeds (a persistent session; None ends it)."""
+    source = iter(cases) if isinstance(cases, list) else iter(lambda: cases.get(timeout=SESSION_IDLE_S_MAX), None)
+    groups = None
+    for case, spec in enumerate(source):
+        groups = groups or init_groups(spec, rank)
         reporter.case = case
         run_case(spec, rank, groups, reporter)
 
 
-def rank_main(rank: int, specs: List[RunSpec], queue) -> None:
+def rank_main(rank: int, specs, queue) -> None:
     """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
     peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line."""
     reporter = Reporter(queue)
