@@ -126,7 +126,7 @@ std::vector<const Property*> hunt_order(bool planted) {
 // One pass over the properties with `params`, from the row's current state: records the first
 // catch and, with every_property, every scheduled property that fails after it.
 void hunt(MutantRow& row, const rc::detail::TestParams& params, bool every_property, std::chrono::steady_clock::time_point start) {
-  for (const Property* next : hunt_order(row.mutant != sim::Mutant::none)) {
+  for (const Property* next : hunt_order(row.mutant != harness::Mutant::none)) {
     const Property& property = *next;
     // The free-running property cannot be steered by a schedule; the scheduled ones come first.
     // With every_property, the scheduled properties all run, so the table shows each invariant

@@ -313,3 +313,7 @@ def replay(path: str, backend: str = "sim", variant: str = "all", ranks_as: Opti
 def replay_batches(setting: Setting, batches: Sequence[BatchLike], variant: str = "all", ranks_as: str = "threads",
                    schedule: Optional[str] = None, seed: int = 1, layers: Union[int, str] = 4, mutant: str = "none",
                    wait_ms_max: Optional[int] = None, ipc_missing_rank: int = -1) -> Dict[str, Any]: ...
+
+# The C++ side of cpkv.conformance (ByteOracle, EventChecker, populate_pool, explain_row, swarm_knobs, ...):
+# a submodule used only by that package.
+conformance: Any

@@ -73,5 +73,6 @@ void bind_model(py::module_& m);
 void bind_content(py::module_& m);
 void bind_traces(py::module_& m);
 void bind_sim(py::module_& m);
+void bind_conformance(py::module_& m);
 
 }  // namespace cpkv::python

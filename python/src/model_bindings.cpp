@@ -100,7 +100,18 @@ void bind_setting(py::module_& m) {
            py::arg("layer"), "Sum of row bytes over the kinds active on the layer.")
       .def("pool_pages_per_rank", &model::Setting::pool_pages_per_rank, "Pages each rank's pool slab holds.")
       .def("__repr__", &setting_repr)
-      .def("__eq__", &same_setting, py::is_operator());
+      .def("__eq__", &same_setting, py::is_operator())
+      // Pickled as its constructor's arguments, so that spawned ranks (torch.multiprocessing) receive it
+      // and the unpickled setting is validated again by the same constructor.
+      .def(py::pickle([](const model::Setting& s) {
+        return py::make_tuple(s.cp, s.page_size, kind_names(s), s.layer_pattern, s.pool_pages, std::string(model::to_string(s.split)),
+                              s.caps.max_total_extend_tokens, s.caps.max_batch_requests, s.caps.staging_mib_override);
+      }, [](const py::tuple& t) {
+        if (t.size() != 9) throw InputError("pickle", fmt::format("a Setting pickles as 9 values, got {}", t.size()));
+        return make_setting(t[0].cast<std::int32_t>(), t[1].cast<std::int32_t>(), t[2].cast<std::vector<std::string>>(), t[3].cast<std::string>(),
+                            t[4].cast<std::int64_t>(), t[5].cast<std::string>(), t[6].cast<std::optional<std::int64_t>>(),
+                            t[7].cast<std::optional<std::int64_t>>(), t[8].cast<std::optional<std::int64_t>>());
+      }));
 }
 
 bool same_request(const model::Request& a, const model::Request& b) {
@@ -121,7 +132,12 @@ void bind_batch(py::module_& m) {
       .def("__eq__", &same_request, py::is_operator())
       .def("__repr__", [](const model::Request& r) {
         return fmt::format("Request(prefix_len={}, extend_len={}, prefix_pages=[{}])", r.prefix_len, r.extend_len, fmt::join(r.prefix_pages, ", "));
-      });
+      })
+      .def(py::pickle([](const model::Request& r) { return py::make_tuple(r.prefix_len, r.extend_len, r.prefix_pages); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 3) throw InputError("pickle", fmt::format("a Request pickles as 3 values, got {}", t.size()));
+                        return model::Request{t[0].cast<std::int64_t>(), t[1].cast<std::int64_t>(), t[2].cast<std::vector<std::int64_t>>()};
+                      }));
 
   py::class_<model::Batch>(m, "Batch", "One scheduled prefill batch: its requests in batch order.")
       .def(py::init([](std::vector<model::Request> requests) { return model::Batch{std::move(requests)}; }), py::arg("requests"),
@@ -134,7 +150,20 @@ void bind_batch(py::module_& m) {
       .def("__eq__", [](const model::Batch& a, const model::Batch& b) {
         return a.requests.size() == b.requests.size() && std::equal(a.requests.begin(), a.requests.end(), b.requests.begin(), &same_request);
       }, py::is_operator())
-      .def("__repr__", [](const model::Batch& b) { return fmt::format("Batch({} requests)", b.requests.size()); });
+      // The repr is the constructor call that rebuilds the batch (a Hypothesis falsifying example
+      // printed with it can be pasted back), not a summary.
+      .def("__repr__", [](const model::Batch& b) {
+        std::vector<std::string> requests;
+        for (const model::Request& r : b.requests) {
+          requests.push_back(fmt::format("Request(prefix_len={}, extend_len={}, prefix_pages=[{}])", r.prefix_len, r.extend_len, fmt::join(r.prefix_pages, ", ")));
+        }
+        return fmt::format("Batch([{}])", fmt::join(requests, ", "));
+      })
+      .def(py::pickle([](const model::Batch& b) { return py::make_tuple(b.requests); },
+                      [](const py::tuple& t) {
+                        if (t.size() != 1) throw InputError("pickle", fmt::format("a Batch pickles as 1 value, got {}", t.size()));
+                        return model::Batch{t[0].cast<std::vector<model::Request>>()};
+                      }));
   py::implicitly_convertible<py::list, model::Batch>();
 
   m.def("validate", [](const model::Setting& s, const model::Batch& b) { require_valid(s, b); }, py::arg("setting"), py::arg("batch"),

@@ -1,0 +1,94 @@
+"""cpkv.conformance: run an engine's own exchange implementation (PyTorch) under cpkv's harness.
+
+An implementation is a class with ``setup(ctx)``, ``compose_layer(ctx, layer) -> {kind: dense}``,
+``end_batch(ctx)`` and ``teardown(ctx)`` (docs/conformance.md is the contract). The harness spawns
+one process per rank (gloo on CPU, NCCL and CUDA IPC on GPU), hands every rank a Context (the
+setting, the batch, the layout and plans from the C++ model, its pool slab prefilled with the
+specification's content and every peer's slab mapped, this layer's current rows), checks every dense
+byte of every layer against the plain oracle, replays the implementation's optional events into the
+simulator's state checker, and bounds every wait::
+
+    from cpkv import conformance
+    outcome = conformance.run("my_engine.exchange:MyExchange", setting, batches, seed=7)
+    assert outcome.passed, outcome.report()
+
+``python3 -m cpkv.conformance TRACE --impl module:Class --ranks N`` is the same from a shell.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+from .. import _cpkv
+from ._context import Context, ContractError, Events, SharedBuffer, StagingOverflow
+from ._launch import Outcome, Session, launch, launch_cases
+from ._rank import RunSpec
+
+__all__ = ["run", "run_trace", "Context", "Events", "SharedBuffer", "StagingOverflow", "ContractError", "Outcome", "RunSpec",
+           "layers_for", "run_cases", "case", "Session"]
+
+DEFAULT_WINDOW_S = 20.0
+
+
+def layers_for(setting: _cpkv.Setting, layers: Optional[int]) -> int:
+    if layers is None:
+        return setting.layer_count
+    if not 1 <= layers <= setting.layer_count:
+        raise _cpkv_input_error("layers", f"{layers} is not in 1..{setting.layer_count} (the setting's layers)")
+    return layers
+
+
+def _cpkv_input_error(field: str, reason: str) -> ValueError:
+    from .._errors import InputError
+
+    return InputError(field, reason)
+
+
+def _impl_name(impl: Union[str, type]) -> str:
+    if isinstance(impl, str):
+        return impl
+    return f"{impl.__module__}:{impl.__qualname__}"
+
+
+def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
+        layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
+        window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> Outcome:
+    """Run `impl` (a 'module:Class' string, or an importable class) over the batches, one spawned
+    process per rank; returns the Outcome (passed, mismatches, findings, failure, positions)."""
+    return launch(case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
+                       window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs))
+
+
+def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
+         layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
+         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> RunSpec:
+    """One case, checked, for run_cases (the arguments are run()'s)."""
+    batches = list(batches)
+    if not batches:
+        raise _cpkv_input_error("batches", "no batch given")
+    for batch in batches:
+        _cpkv.validate(setting, batch)
+    if device not in ("cpu", "cuda"):
+        raise _cpkv_input_error("device", f"'{device}' is not cpu or cuda")
+    return RunSpec(impl=_impl_name(impl), setting=setting, batches=batches, layers=layers_for(setting, layers), seed=seed, device=device,
+                   swarm=swarm, delays=delays, mutant=mutant, window_s=window_s, ipc_fail_rank=ipc_fail_rank,
+                   impl_kwargs=dict(impl_kwargs or {}))
+
+
+def run_cases(cases: List[RunSpec]) -> List[Outcome]:
+    """Several cases of the same cp in one session: the rank processes start once and run every case
+    in turn (a case whose ranks fail is torn down and the next case starts fresh processes)."""
+    if len({c.setting.cp for c in cases}) > 1:
+        raise _cpkv_input_error("cases", "every case of a session must have the same cp")
+    return launch_cases(cases)
+
+
+def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:
+    """run() over a trace file's setting and batches (or only batch `batch`)."""
+    reader = _cpkv.read_trace(path)
+    batches = list(reader)
+    if batch is not None:
+        if not 0 <= batch < len(batches):
+            raise _cpkv_input_error("batch", f"{batch} is not in {path} ({len(batches)} batches)")
+        batches = [batches[batch]]
+    return run(impl, reader.setting, batches, **options)

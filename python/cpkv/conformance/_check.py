@@ -1,0 +1,171 @@
+"""The harness's checks: every dense byte of every layer against the plain oracle, where the tensor
+lives, and the batch-level checks over every rank's summary (overflow verdicts, the simulator's
+state checker replayed over the implementation's events).
+
+A wrong byte is located (rank, batch, layer, kind, slot, row, byte: the simulator's mismatch line)
+and explained: the C++ side searches the batch's rows of every layer for the one the wrong bytes
+are (another token's row, another layer's, zeros, staging poison).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional
+
+import torch
+import torch.utils.dlpack
+
+from .. import _cpkv
+from ._context import Context, ContractError
+
+
+def _as_dense(ctx: Context, kind: str, tensor) -> torch.Tensor:
+    """The output of one kind as (rows, row_bytes) uint8 where it lives; ContractError if it is not one."""
+    rows, row_bytes = ctx.dense_rows(), ctx.row_bytes[kind]
+    if not isinstance(tensor, torch.Tensor):
+        if hasattr(tensor, "__dlpack__") or hasattr(tensor, "__cuda_array_interface__") or hasattr(tensor, "__array_interface__"):
+            tensor = torch.as_tensor(tensor) if not hasattr(tensor, "__dlpack__") else torch.utils.dlpack.from_dlpack(tensor)
+        else:
+            raise ContractError(f"kind {kind}: compose_layer returned {type(tensor).__name__}, expected a torch.uint8 tensor")
+    if tensor.dtype != torch.uint8:
+        raise ContractError(f"kind {kind}: dtype {tensor.dtype}, expected torch.uint8 ({rows}, {row_bytes})")
+    if tensor.numel() != rows * row_bytes:
+        raise ContractError(f"kind {kind}: shape {tuple(tensor.shape)} ({tensor.numel()} bytes), expected ({rows}, {row_bytes}) = "
+                            f"{rows * row_bytes} bytes")
+    if tensor.device != ctx.device:
+        raise ContractError(f"kind {kind}: on {tensor.device}, expected {ctx.device}")
+    return tensor.reshape(rows, row_bytes)
+
+
+def _outputs(ctx: Context, layer: int, out) -> Dict[str, torch.Tensor]:
+    if not isinstance(out, Mapping):
+        raise ContractError(f"compose_layer returned {type(out).__name__}, expected a dict of kind name -> dense tensor")
+    wanted = ctx.kinds_on(layer)
+    missing = [k for k in wanted if k not in out]
+    if missing:
+        raise ContractError(f"compose_layer returned no dense buffer of {', '.join(missing)} (layer {layer} has {', '.join(wanted)})")
+    return {kind: _as_dense(ctx, kind, out[kind]) for kind in wanted}
+
+
+def mismatch_line(rank: int, batch: int, layer: int, kind: str, slot: int, row: int, byte: int, expected: int, actual: int,
+                  wrong: int) -> str:
+    # The simulator's line (model::Mismatch::describe), written here only for a GPU tensor, whose
+    # first wrong byte is found on the device without copying the buffer to the host.
+    return (f"mismatch: rank {rank} batch {batch} layer {layer} kind {kind} slot {slot} row {row} byte {byte}: "
+            f"expected 0x{expected:02x} got 0x{actual:02x} ({wrong} wrong bytes)")
+
+
+def _check_cpu(ctx: Context, oracle, layer: int, kind: str, dense: torch.Tensor) -> Optional[str]:
+    found = oracle.check(dense.contiguous().numpy(), ctx.setting, ctx.seed, layer, kind)
+    if found is None:
+        return None
+    line = found.describe(ctx.rank, layer, kind, ctx.batch_index)
+    return _explained(ctx, layer, kind, line, found.slot, found.row, found.byte, dense[found.slot * ctx.setting.page_size + found.row])
+
+
+def _check_cuda(ctx: Context, oracle, layer: int, kind: str, dense: torch.Tensor, expected_cache: dict) -> Optional[str]:
+    key = (ctx.batch_index, layer, kind)
+    if key not in expected_cache:
+        expected_cache.clear()
+        expected_cache[key] = torch.from_numpy(oracle.dense(ctx.setting, ctx.seed, layer, kind)).to(ctx.device)
+    expected = expected_cache[key]
+    wrong = dense != expected
+    wrong_count = int(wrong.sum())
+    if wrong_count == 0:
+        return None
+    first = int(wrong.reshape(-1).nonzero()[0])
+    row_bytes = ctx.row_bytes[kind]
+    flat_row, byte = divmod(first, row_bytes)
+    slot, row = divmod(flat_row, ctx.setting.page_size)
+    actual_row = dense[flat_row].cpu()
+    line = mismatch_line(ctx.rank, ctx.batch_index, layer, kind, slot, row, byte, int(expected[flat_row, byte]), int(actual_row[byte]),
+                         wrong_count)
+    return _explained(ctx, layer, kind, line, slot, row, byte, actual_row)
+
+
+def _explained(ctx: Context, layer: int, kind: str, line: str, slot: int, row: int, byte: int, actual_row: torch.Tensor) -> str:
+    why = _cpkv.conformance.explain_row(ctx.setting, ctx.batch, ctx.seed, layer, kind, slot, row, byte,
+                                        bytes(actual_row.cpu().contiguous().numpy().tobytes()))
+    return f"{line}; the wrong row is {why}"
+
+
+def check_layer(ctx: Context, oracle, layer: int, out, expected_cache: Optional[dict] = None) -> List[str]:
+    """Every dense byte of the layer's outputs against the oracle: one located line per wrong kind."""
+    lines = []
+    for kind, dense in _outputs(ctx, layer, out).items():
+        if ctx.device.type == "cuda":
+            line = _check_cuda(ctx, oracle, layer, kind, dense, expected_cache if expected_cache is not None else {})
+        else:
+            line = _check_cpu(ctx, oracle, layer, kind, dense)
+        if line:
+            lines.append(line)
+    return lines
+
+
+# --- the batch-level checks, on rank 0 over every rank's summary -----------------------------------
+
+def overflow_findings(batch: int, summaries: List[dict], current_pages_total: int, declared: int) -> List[str]:
+    """Invariant 3: an overflowing batch is refused by every rank on its first layer before any write or
+    wait; a batch that fits is refused by none."""
+    overflow = current_pages_total > declared
+    verdict = _cpkv.overflow_verdict(current_pages_total, declared).describe()
+    lines = []
+    for s in summaries:
+        if overflow and s["refused_at"] != 0:
+            what = "composed every layer" if s["refused_at"] is None else f"refused only at layer {s['refused_at']}"
+            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} {what}, but the batch overflows "
+                         f"the declared staging ({verdict})")
+        elif not overflow and s["refused_at"] is not None:
+            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} refused a batch that fits ({verdict})")
+        elif overflow and s["wrote_before_refusal"]:
+            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} wrote staging or arrived at a barrier "
+                         f"before refusing ({verdict})")
+    return lines
+
+
+class EventReplay:
+    """The simulator's state checker (sim/checkers.hpp) over the merged events of every rank."""
+
+    def __init__(self, setting: _cpkv.Setting, layers: int, batches: List[_cpkv.Batch]) -> None:
+        layouts = [_cpkv.layout_batch(setting, b) for b in batches]
+        slot_max = max(1, max(l.slot_count for l in layouts))
+        current_max = max(1, max(l.current_pages_total for l in layouts), _cpkv.staging_capacity(setting).staging_slots)
+        self.checker = _cpkv.conformance.EventChecker(setting, layers, slot_max, current_max)
+        self.reported = 0
+
+    def replay(self, batch: int, summaries: List[dict]) -> List[str]:
+        if not any(s["events_used"] for s in summaries):
+            return []
+        self.checker.begin_batch(batch)
+        events = sorted(e for s in summaries for e in s["events"])
+        for _, what, rank, layer, a, b, c in events:
+            self._dispatch(what, rank, layer, a, b, c)
+        lines = self.checker.violations()[self.reported:]
+        self.reported += len(lines)
+        return lines + _arrival_counts(batch, summaries)
+
+    def _dispatch(self, what: str, rank: int, layer: int, a: int, b: int, c: int) -> None:
+        if what == "layer_begin":
+            self.checker.layer_begin(rank, layer)
+        elif what == "layer_end":
+            self.checker.layer_end(rank, layer)
+        elif what == "write":
+            self.checker.write(rank, layer, a, b, bool(c))
+        elif what == "read":
+            self.checker.read(rank, layer, a, b, c)
+        elif what == "arrive":
+            self.checker.arrive(rank, layer)
+        elif what == "passed":
+            self.checker.passed(rank, layer, a)
+
+
+def _arrival_counts(batch: int, summaries: List[dict]) -> List[str]:
+    # Quiescence at the end of the batch: every rank arrived at as many barriers (sim on_quiescence).
+    counts = {s["rank"]: sum(1 for e in s["events"] if e[1] == "arrive") for s in summaries if s["events_used"]}
+    if len(set(counts.values())) <= 1:
+        return []
+    first = min(counts)
+    for rank, count in sorted(counts.items()):
+        if count != counts[first]:
+            return [f"invariant 4 (barrier phase safety): batch {batch}: barriers not drained at the batch's end: rank {first} arrived at "
+                    f"{counts[first]} barriers, rank {rank} at {count}"]
+    return []

@@ -1,0 +1,283 @@
+"""What one rank of an implementation under test receives: the Context (docs/conformance.md).
+
+The Context is the harness's side of the contract. Everything batch-logical in it comes from the
+C++ model through the bindings (layout, plan, page inverses, staging capacity, row content); the
+memory it maps is shared with the peers (shared-memory files on CPU, CUDA IPC on GPU).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import _cpkv
+from . import _adversity as adv
+from . import _shm
+
+
+class StagingOverflow(RuntimeError):
+    """Raise this from compose_layer to refuse a batch whose current pages exceed the declared staging
+    (PROTOCOL.md section 4): every rank must raise it on the batch's first layer, before writing
+    staging or waiting at a barrier."""
+
+
+class ContractError(RuntimeError):
+    """The implementation broke the contract (wrong output type, dtype or shape; a collective helper
+    called with different arguments on different ranks). Its message is one located line."""
+
+
+@dataclass
+class SharedBuffer:
+    """Memory every rank maps: ``local`` is this rank's, ``peers[r]`` rank r's (``peers[rank] is local``)."""
+
+    name: str
+    local: torch.Tensor
+    peers: List[torch.Tensor]
+
+
+class Events:
+    """Optional hooks that feed cpkv's state checker (invariants 1, 2 and 4, sim/checkers.hpp).
+
+    ``slots`` are current indices (the staging slot a page occupies in a half). The harness merges
+    every rank's events by CLOCK_MONOTONIC after each batch and replays them into the simulator's
+    checker, so call a hook just before the write or read it announces, and arrive/passed just
+    before and just after the barrier.
+    """
+
+    def __init__(self, ctx: "Context") -> None:
+        self._ctx = ctx
+        self.log: List[Tuple[int, str, int, int, int, int, int]] = []
+        self.used = False
+
+    def _add(self, what: str, a: int = 0, b: int = 0, c: int = 0) -> None:
+        self.used = True
+        self.log.append((time.monotonic_ns(), what, self._ctx.rank, self._ctx.layer, a, b, c))
+
+    def write(self, half: int, slots: Sequence[int], what: str = "fill") -> None:
+        """This rank writes (what='zero' or 'fill') the given current indices of its staging half."""
+        if what not in ("zero", "fill"):
+            raise ContractError(f"events.write: what={what!r} is not 'zero' or 'fill'")
+        for slot in _ints(slots):
+            self._add("write", half, slot, 1 if what == "fill" else 0)
+        if what == "fill":
+            self._ctx._publish(adv.STAGE_FILLED)
+
+    def read(self, peer: int, half: int, slots: Sequence[int]) -> None:
+        """This rank reads the given current indices of `peer`'s staging half."""
+        self._ctx._publish(adv.STAGE_READING)
+        for slot in _ints(slots):
+            self._add("read", peer, half, slot)
+
+    def arrive(self, phase: int) -> None:
+        """This rank arrives at a counting barrier (phase: its arrivals so far, this one included)."""
+        self._add("arrive", phase)
+        self._ctx._publish(adv.STAGE_ARRIVED, arrivals=phase)
+
+    def passed(self, phase: int) -> None:
+        """This rank passed the barrier it arrived at with `phase`."""
+        self._add("passed", phase)
+        self._ctx._publish(adv.STAGE_PASSED)
+
+
+def _ints(values: Sequence[int]) -> List[int]:
+    if isinstance(values, torch.Tensor):
+        return [int(v) for v in values.reshape(-1).tolist()]
+    if isinstance(values, (int, np.integer)):
+        return [int(values)]
+    return [int(v) for v in values]
+
+
+class Context:
+    """One rank's view of the run. See docs/conformance.md for each field."""
+
+    StagingOverflow = StagingOverflow
+
+    def __init__(self, *, rank: int, setting: _cpkv.Setting, layers: int, seed: int, device: torch.device,
+                 group, harness_group, run: str, positions: torch.Tensor, adversity: adv.Adversity,
+                 ipc_capable: bool, dense_rows_max: int, timeout_s: float) -> None:
+        self.rank = rank
+        self.cp = setting.cp
+        self.setting = setting
+        self.layers = layers
+        self.seed = seed
+        self.device = device
+        self.group = group
+        self.kinds = list(setting.kind_names)
+        self.row_bytes = {k.name: k.row_bytes for k in setting.kinds}
+        self.staging_slots = _cpkv.staging_capacity(setting).staging_slots
+        self.declared_staging_slots: Optional[int] = None
+        self.pool: Dict[str, List[torch.Tensor]] = {}
+        self.events = Events(self)
+        self.batch: Optional[_cpkv.Batch] = None
+        self.batch_index = -1
+        self.layout: Optional[_cpkv.BatchLayout] = None
+        self.layer = -1
+        self._hgroup = harness_group
+        self._run = run
+        self._positions = positions
+        self._adversity = adversity
+        self._ipc_capable = ipc_capable
+        self._dense_rows_max = dense_rows_max
+        self._dense_out: Dict[str, torch.Tensor] = {}
+        self.timeout_s = timeout_s  # the bound for the implementation's own waits (its barrier's timeout)
+        self._buffers: List[SharedBuffer] = []
+        self._rows_cache: Dict[str, torch.Tensor] = {}
+        self._tokens: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    # --- what the implementation may call -------------------------------------------------------
+
+    def ipc_capable(self) -> bool:
+        """This rank's own probe of peer mapping (the harness can make it fail on one rank). Agree
+        over the group (a MIN) before choosing a path: PROTOCOL.md section 7."""
+        return self._ipc_capable
+
+    def declare_staging(self, staging_slots: int) -> None:
+        """Declare the staging capacity (slots per half per kind) the implementation registered in
+        setup; batches beyond it must be refused with StagingOverflow. Default: cpkv's capacity."""
+        self.declared_staging_slots = int(staging_slots)
+
+    def alloc_shared(self, name: str, nbytes: int, device: Optional[str] = None) -> SharedBuffer:
+        """Collective (every rank, same name and size): memory every peer maps, on the run's device
+        (device='cpu': host shared memory, for flags a host thread polls). New bytes are the 0xa5
+        poison, as fresh GPU memory is garbage."""
+        self._agree(("alloc_shared", name, int(nbytes), device))
+        if (device or self.device.type) == "cuda":
+            return self._alloc_cuda(name, int(nbytes))
+        return self._alloc_cpu(name, int(nbytes), poison=True)
+
+    def pause_point(self, name: str) -> None:
+        """Where the harness may inject a delay: 'before_fill', 'after_fill', 'before_barrier',
+        'after_barrier', 'gather' (inside the gather, before reading peers' staging), or any other
+        name (jitter only). 'after_fill' and 'gather' also tell the holds where this rank is."""
+        if name == "after_fill":
+            self._publish(adv.STAGE_FILLED)
+        elif name == "gather":
+            self._publish(adv.STAGE_READING)
+        self._adversity.pause(name)
+
+    def plan(self) -> torch.Tensor:
+        """cpkv's staging_direct compose plan: (slot_count, 2) int64 [table_index, source_page]."""
+        return torch.from_numpy(np.ascontiguousarray(_cpkv.staging_direct_plan(self.layout))).to(self.device)
+
+    def writers(self) -> torch.Tensor:
+        """int64 (current_pages_total,): the writer rank of each current page (section 2)."""
+        return torch.from_numpy(self.layout.writers.astype(np.int64)).to(self.device)
+
+    def current_slots(self) -> torch.Tensor:
+        """int64 (current_pages_total,): the dense slot of each current page (section 3)."""
+        return torch.from_numpy(np.ascontiguousarray(self.layout.current_slots)).to(self.device)
+
+    def page_inverse(self, target: str = "dense") -> Dict[str, torch.Tensor]:
+        """This rank's page inverse (section 5): request, token and dest_row per current token it
+        computes, rows of the dense buffer (target='dense') or of staging (target='staging')."""
+        inv = _cpkv.page_inverse(self.layout, self.batch, self.rank, target)
+        return {"request": torch.from_numpy(inv.request.astype(np.int64)).to(self.device),
+                "token": torch.from_numpy(inv.token).to(self.device),
+                "dest_row": torch.from_numpy(inv.dest_row).to(self.device)}
+
+    def tokens(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(request, token) int64 tensors of the current tokens this rank computes, in page-inverse order."""
+        if self._tokens is None:
+            inv = _cpkv.page_inverse(self.layout, self.batch, self.rank, "dense")
+            self._tokens = (torch.from_numpy(inv.request.astype(np.int64)), torch.from_numpy(inv.token))
+        return self._tokens[0].to(self.device), self._tokens[1].to(self.device)
+
+    def rows(self, kind: str) -> torch.Tensor:
+        """This layer's current rows of `kind` for tokens(): (n, row_bytes) uint8, the model's KV write."""
+        if kind not in self._rows_cache:
+            requests, tokens = self.tokens()
+            self._rows_cache[kind] = self.row_content(kind, requests, tokens)
+        return self._rows_cache[kind]
+
+    def row_content(self, kind: str, requests, tokens) -> torch.Tensor:
+        """The current rows of any (request, token) pairs on this layer (an implementation with a
+        split of its own computes its own tokens' rows)."""
+        req = [int(v) for v in torch.as_tensor(requests).reshape(-1).tolist()]
+        tok = [int(v) for v in torch.as_tensor(tokens).reshape(-1).tolist()]
+        out = torch.empty((len(tok), self.row_bytes[kind]), dtype=torch.uint8)
+        _cpkv.conformance.fill_current_rows(out.numpy(), self.setting, self.seed, self.layer, kind, req, tok)
+        return out.to(self.device)
+
+    def dense_out(self, kind: str) -> torch.Tensor:
+        """A dense output buffer of `kind` for this batch, (dense_rows(), row_bytes) uint8 on the device,
+        at the SAME address in every batch (as a caching allocator hands it out): an implementation
+        may compose into it. Its contents are whatever the last batch left."""
+        if kind not in self._dense_out:
+            self._dense_out[kind] = torch.zeros((self._dense_rows_max, self.row_bytes[kind]), dtype=torch.uint8, device=self.device)
+        return self._dense_out[kind][: self.dense_rows()]
+
+    def kinds_on(self, layer: int) -> List[str]:
+        """The buffer kinds that exist on a layer (indexer_k on 'F' layers only)."""
+        return [k for k in self.kinds if self.setting.kind_active(k, layer)]
+
+    def dense_rows(self) -> int:
+        """Rows of every dense buffer of this batch: slot_count * P."""
+        return self.layout.slot_count * self.setting.page_size
+
+    # --- the harness's side -----------------------------------------------------------------------
+
+    def _publish(self, stage: int, arrivals: Optional[int] = None) -> None:
+        row = self._positions[self.rank]
+        row[adv.COL_BATCH] = self.batch_index
+        row[adv.COL_LAYER] = self.layer
+        row[adv.COL_STAGE] = stage
+        row[adv.COL_TIME_NS] = time.monotonic_ns()
+        if arrivals is not None:
+            row[adv.COL_ARRIVALS] = arrivals
+
+    def _begin_batch(self, index: int, batch: _cpkv.Batch) -> None:
+        self.batch_index = index
+        self.batch = batch
+        self.layout = _cpkv.layout_batch(self.setting, batch)
+        self._tokens = None
+
+    def _begin_layer(self, layer: int) -> None:
+        self.layer = layer
+        self._rows_cache = {}
+        self.events._add("layer_begin")
+        self._publish(adv.STAGE_COMPOSE)
+
+    def _agree(self, what: tuple) -> None:
+        everyone: List[object] = [None] * self.cp
+        dist.all_gather_object(everyone, what, group=self._hgroup)
+        for rank, theirs in enumerate(everyone):
+            if theirs != what:
+                raise ContractError(f"{what[0]}: rank {self.rank} called it with {what[1:]}, rank {rank} with {theirs[1:]}")
+
+    def _alloc_cpu_pool(self, name: str, nbytes: int) -> SharedBuffer:
+        # The pool stays sparse (a slab of untouched pages costs no memory), so it is not poisoned.
+        return self._alloc_cpu(name, nbytes, poison=False)
+
+    def _alloc_cpu(self, name: str, nbytes: int, poison: bool) -> SharedBuffer:
+        path = _shm.path_of(self._run, name, self.rank)
+        _shm.create_file(path, nbytes)
+        local = _shm.map_file(path, nbytes)
+        if poison:
+            _cpkv.conformance.poison(local.numpy(), nbytes)
+        dist.barrier(group=self._hgroup)  # every file exists
+        peers = [local if r == self.rank else _shm.map_file(_shm.path_of(self._run, name, r), nbytes) for r in range(self.cp)]
+        dist.barrier(group=self._hgroup)  # every rank mapped every file: the names can go
+        _shm.unlink_quietly(path)
+        buffer = SharedBuffer(name, local, peers)
+        self._buffers.append(buffer)
+        return buffer
+
+    def _alloc_cuda(self, name: str, nbytes: int) -> SharedBuffer:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        local = torch.full((max(nbytes, 1),), _cpkv.conformance.POISON_BYTE, dtype=torch.uint8, device=self.device)[:nbytes]
+        torch.cuda.synchronize(self.device)
+        handles: List[object] = [None] * self.cp
+        dist.all_gather_object(handles, reduce_tensor(local), group=self._hgroup)
+        peers = []
+        for r, (rebuild, args) in enumerate(handles):
+            peers.append(local if r == self.rank else rebuild(*args))
+        dist.barrier(group=self._hgroup)  # every peer holds its mapping before any rank may free
+        buffer = SharedBuffer(name, local, peers)
+        self._buffers.append(buffer)
+        return buffer

@@ -1,0 +1,366 @@
+"""The launcher: spawns the ranks, watches them, names the first that fails, and tears the group down.
+
+Every wait is bounded. A rank's own waits are bounded by the process groups' timeout (window_s:
+gloo and NCCL raise after it, and the rank reports the raise). The launcher bounds everything else:
+a rank that dies is named as soon as its exit code is seen; a run in which no rank has published a
+new position for window_s + WATCHDOG_GRACE_S is a hang, and every rank's position is reported. Then
+every rank still alive gets SIGTERM, SIGKILL after KILL_GRACE_S, and the run's shared memory is
+removed, so nothing is left running and nothing is left in /dev/shm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+import queue as queue_module
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from . import _adversity as adv
+from . import _shm
+from ._rank import RunSpec, harness_timeout_s, rank_main
+
+# A rank stuck outside any wait of its own (in the implementation's Python, say) is reported this
+# long after the harness group's timeout (harness_timeout_s) would have fired for a rank inside a wait.
+WATCHDOG_GRACE_S = 5.0
+# How long a terminated rank may take to exit before it is killed.
+KILL_GRACE_S = 3.0
+POLL_S = 0.05
+# Setup (process-group rendezvous, importing torch in a fresh interpreter) on a loaded machine.
+STARTUP_S_MAX = 120.0
+
+_serial = itertools.count()
+
+
+@dataclass
+class Outcome:
+    """What a run found. passed: no mismatch, no finding, no failure."""
+
+    batches: List[dict] = field(default_factory=list)
+    failure: Optional[str] = None          # the first rank failure, one located line
+    failure_kind: Optional[str] = None     # raised, died, hang, contract
+    positions: List[str] = field(default_factory=list)
+    seconds: float = 0.0
+    leftovers: List[str] = field(default_factory=list)
+
+    @property
+    def mismatches(self) -> List[str]:
+        return [m for b in self.batches for m in b["mismatches"]]
+
+    @property
+    def findings(self) -> List[str]:
+        return [f for b in self.batches for f in b["findings"]]
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and not self.mismatches and not self.findings
+
+    def checks_fired(self) -> List[str]:
+        """The checks that fired, in the order they fire in a run: the byte check at a layer's end,
+        then the batch's invariant findings (event replay, overflow verdicts), then a rank failure."""
+        fired: List[str] = []
+        for b in self.batches:
+            if b["mismatches"]:
+                fired.append("bytes")
+            for finding in b["findings"]:
+                fired.append(finding.split(" (")[0] if finding.startswith("invariant") else "contract")
+        if self.failure:
+            fired.append({"raised": "raised", "contract": "contract"}.get(self.failure_kind or "", "liveness"))
+        return list(dict.fromkeys(fired))
+
+    def first_check(self) -> str:
+        fired = self.checks_fired()
+        return fired[0] if fired else ""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def describe_positions(table: torch.Tensor, alive: Dict[int, bool]) -> List[str]:
+    lines = []
+    now = time.monotonic_ns()
+    for rank in range(table.shape[0]):
+        batch, layer, stage, t_ns = (int(table[rank, c]) for c in (adv.COL_BATCH, adv.COL_LAYER, adv.COL_STAGE, adv.COL_TIME_NS))
+        since = f", {((now - t_ns) / 1e9):.1f} s ago" if t_ns else ""
+        state = "" if alive.get(rank, False) else " (exited)"
+        lines.append(f"rank {rank}: batch {batch} layer {layer} in {adv.STAGE_NAMES[stage]}{since}{state}")
+    return lines
+
+
+class Launcher:
+    """One launch: the ranks run the given cases in turn (one session); a case whose ranks fail ends
+    the launch, and the caller relaunches for the cases after it."""
+
+    def __init__(self, specs: List[RunSpec]) -> None:
+        _shm.sweep_stale()
+        base = _shm.run_id(os.getpid(), next(_serial))
+        port = free_port()
+        for case, spec in enumerate(specs):
+            spec.run, spec.positions_run = f"{base}-c{case}", base
+            spec.init_method = f"tcp://127.0.0.1:{port}"
+        self.specs = specs
+        self.base = base
+        self.cp = specs[0].setting.cp
+        self.window_s = max(spec.window_s for spec in specs)
+        path = _shm.path_of(base, "positions", 0)
+        _shm.create_file(path, self.cp * adv.POSITION_COLUMNS * 8)
+        self.positions = _shm.map_file(path, self.cp * adv.POSITION_COLUMNS * 8).view(torch.int64).view(self.cp, adv.POSITION_COLUMNS)
+        self.context = multiprocessing.get_context("spawn")
+        self.queue = self.context.Queue()
+        self.processes: List[multiprocessing.Process] = []
+        self.outcomes = [Outcome() for _ in specs]
+        self.done: List[set] = [set() for _ in specs]
+        self.fatal = False
+        self.case = 0  # the case the ranks are in (the lowest not yet done by every rank)
+
+    def start(self) -> None:
+        for rank in range(self.cp):
+            p = self.context.Process(target=rank_main, args=(rank, self.specs, self.queue), name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p.start()
+            self.processes.append(p)
+
+    def run(self) -> List[Outcome]:
+        """The outcomes of the cases run: all of them, or up to and including the one that failed."""
+        started = time.monotonic()
+        try:
+            self.start()
+            self.watch()
+        finally:
+            self.teardown()
+        ran = self.outcomes[: self.case + 1] if self.failed() else self.outcomes
+        for outcome in ran:
+            outcome.seconds = outcome.seconds or time.monotonic() - started
+        return ran
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.outcomes[min(self.case, len(self.outcomes) - 1)]
+
+    def failed(self) -> bool:
+        """A failure that ends the launch: a rank raised outside a batch, died or hung."""
+        return self.fatal
+
+    def fail(self, kind: str, line: str) -> None:
+        self.fatal = True
+        self.outcome.failure_kind = kind
+        self.outcome.failure = line
+        self.outcome.positions = describe_positions(self.positions, {r: p.is_alive() for r, p in enumerate(self.processes)})
+
+    def handle(self, message: tuple) -> None:
+        what, case = message[0], message[1]
+        outcome = self.outcomes[case]
+        if what == "batch":
+            record = dict(message[3])
+            record["batch"] = message[2]
+            outcome.batches.append(record)
+            if record["raised"] and outcome.failure is None:
+                # Raised inside a batch and reported through the batch sync: every rank is still in
+                # step, so the session goes on to the next case.
+                outcome.failure_kind, outcome.failure = "raised", record["raised"][0]
+        elif what == "done":
+            self.done[case].add(message[2])
+            if len(self.done[case]) == self.cp:
+                outcome.seconds = message[3]
+                if case + 1 < len(self.specs):
+                    self.case = case + 1
+        elif what == "error" and not self.fatal:
+            _, _, rank, kind, line, where = message
+            culprit = self.culprit(rank)
+            if culprit is not None:
+                # A harness wait timed out: the rank to name is the one that never came to it.
+                self.fail("hang", f"rank {culprit} {self.where(culprit)}: never returned (rank {rank} timed out waiting for it "
+                                  f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
+            else:
+                self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+
+    def all_done(self) -> bool:
+        return len(self.done[-1]) == self.cp
+
+    def stage(self, rank: int) -> int:
+        return int(self.positions[rank, adv.COL_STAGE])
+
+    def culprit(self, rank: int):
+        """For a rank that failed at a harness wait: the peer still inside the implementation that has
+        been there longest, or None (the failing rank is itself the one to name)."""
+        if self.stage(rank) not in (adv.STAGE_BATCH_SYNC, adv.STAGE_TEARDOWN, adv.STAGE_SETUP):
+            return None
+        inside = [p for p in range(self.cp) if p != rank and self.stage(p) < self.stage(rank) and self.stage(p) >= adv.STAGE_COMPOSE]
+        if not inside:
+            return None
+        return min(inside, key=lambda p: int(self.positions[p, adv.COL_TIME_NS]))
+
+    def where(self, rank: int) -> str:
+        row = self.positions[rank]
+        batch, layer, stage = int(row[adv.COL_BATCH]), int(row[adv.COL_LAYER]), int(row[adv.COL_STAGE])
+        if batch < 0:
+            return f"in {adv.STAGE_NAMES[stage]}"
+        return f"batch {batch} layer {layer} in {adv.STAGE_NAMES[stage]}"
+
+    def drain(self, timeout_s: float) -> None:
+        try:
+            self.handle(self.queue.get(timeout=timeout_s))
+            while True:
+                self.handle(self.queue.get_nowait())
+        except queue_module.Empty:
+            pass
+
+    def last_progress_ns(self) -> int:
+        return int(self.positions[:, adv.COL_TIME_NS].max())
+
+    def watch(self) -> None:
+        window_ns = int(self.watchdog_s() * 1e9)
+        started_ns = time.monotonic_ns()
+        while not self.all_done() and not self.failed():
+            self.drain(POLL_S)
+            if self.failed() or self.all_done() or self.check_exits():
+                return
+            last = max(self.last_progress_ns(), started_ns)
+            limit = window_ns if self.last_progress_ns() else int(STARTUP_S_MAX * 1e9)
+            if time.monotonic_ns() - last > limit:
+                self.fail("hang", self.hang_line())
+                return
+
+    def check_exits(self) -> bool:
+        for rank, p in enumerate(self.processes):
+            if p.exitcode is None:
+                continue
+            self.drain(0.5)  # its own report may still be in the queue
+            if self.all_done() or self.failed():
+                return True
+            how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
+            self.fail("died", f"rank {rank} {self.where(rank)}: died ({how}) without a report")
+            return True
+        return False
+
+    def hang_line(self) -> str:
+        # The rank that has been where it is longest is the one the others wait on.
+        stale = min(range(self.cp), key=lambda r: int(self.positions[r, adv.COL_TIME_NS]))
+        return (f"rank {stale} {self.where(stale)}: no rank moved for {self.watchdog_s():.0f} s (liveness: a hang; the "
+                f"implementation's waits time out after {self.window_s:.0f} s, the harness's after {harness_timeout_s(self.window_s):.0f} s)")
+
+    def watchdog_s(self) -> float:
+        return harness_timeout_s(self.window_s) + WATCHDOG_GRACE_S
+
+    def teardown(self) -> None:
+        if self.failed() or not self.all_done():
+            for p in self.processes:
+                if p.is_alive():
+                    p.terminate()
+        deadline = time.monotonic() + KILL_GRACE_S
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(KILL_GRACE_S)
+        if not self.failed():
+            self.drain(0.0)
+        codes = [p.exitcode for p in self.processes]
+        if not self.failed() and any(c != 0 for c in codes):
+            self.fail("died", f"ranks exited with {codes}")
+        _shm.remove_sim_regions([p.pid for p in self.processes if p.pid])
+        for spec in self.specs:
+            _shm.remove_run(spec.run)
+        _shm.remove_run(self.base)
+        self.queue.close()
+        left = [path for spec in self.specs for path in _shm.leftovers(spec.run)] + _shm.leftovers(self.base)
+        self.outcome.leftovers = left + [f"rank {r} pid {p.pid}" for r, p in enumerate(self.processes) if p.is_alive()]
+
+
+def launch_cases(specs: List[RunSpec]) -> List[Outcome]:
+    """Every case, in as few launches as possible: a case that fails its ranks ends a launch and the
+    next launch starts at the case after it. All cases must have the same cp."""
+    outcomes: List[Outcome] = []
+    while len(outcomes) < len(specs):
+        outcomes += Launcher(specs[len(outcomes):]).run()
+    return outcomes
+
+
+def launch(spec: RunSpec) -> Outcome:
+    return launch_cases([spec])[0]
+
+
+class SessionLauncher(Launcher):
+    """A launch whose ranks wait for cases one at a time (a per-rank queue), so that a caller that
+    makes cases as it goes (Hypothesis) pays for the processes' start once."""
+
+    def __init__(self, first: RunSpec) -> None:
+        super().__init__([first])
+        self.case_queues = [self.context.Queue() for _ in range(self.cp)]
+        self.started = False
+
+    def start(self) -> None:
+        for rank in range(self.cp):
+            p = self.context.Process(target=rank_main, args=(rank, self.case_queues[rank], self.queue),
+                                     name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p.start()
+            self.processes.append(p)
+        self.started = True
+
+    def submit(self, spec: RunSpec) -> None:
+        if self.started:
+            k = len(self.specs)
+            spec.run, spec.positions_run, spec.init_method = f"{self.base}-c{k}", self.base, self.specs[0].init_method
+            self.specs.append(spec)
+            self.outcomes.append(Outcome())
+            self.done.append(set())
+            self.case = k
+        else:
+            self.start()
+        for q in self.case_queues:
+            q.put(self.specs[-1])
+
+    def run_one(self, spec: RunSpec) -> Outcome:
+        self.submit(spec)
+        started = time.monotonic()
+        self.watch()
+        outcome = self.outcomes[-1]
+        outcome.seconds = outcome.seconds or time.monotonic() - started
+        return outcome
+
+    def close(self) -> None:
+        if not self.failed():
+            for q in self.case_queues:
+                q.put(None)
+        self.teardown()
+        for q in self.case_queues:
+            q.close()
+
+
+class Session:
+    """Cases run one at a time over rank processes that stay up between them (with: closes them).
+    A case that ends with a rank that died or hung tears the ranks down; the next case starts new
+    ones. Every case of a session must have the same cp; the waits are bounded by the first case's
+    window."""
+
+    def __init__(self) -> None:
+        self.launcher: Optional[SessionLauncher] = None
+
+    def run(self, spec: RunSpec) -> Outcome:
+        if self.launcher is None:
+            self.launcher = SessionLauncher(spec)
+        elif spec.setting.cp != self.launcher.cp:
+            raise ValueError(f"a session of cp {self.launcher.cp} cannot run a case of cp {spec.setting.cp}")
+        outcome = self.launcher.run_one(spec)
+        if self.launcher.failed():
+            self.close()
+        return outcome
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,386 @@
+"""One rank of a conformance run: the loop that drives an implementation and checks every layer.
+
+The same function runs in a process spawned by the launcher (torch.multiprocessing, messages to the
+launcher over a queue) and in a process started by torchrun (env:// rendezvous; rank 0 prints). The
+rank's harness keeps its own gloo process group apart from the implementation's, so that a
+harness collective can never be matched against one of the implementation's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import importlib.util
+import os
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import _cpkv
+from . import _adversity as adv
+from . import _check
+from . import _shm
+from ._context import Context, ContractError, StagingOverflow
+
+
+@dataclass
+class RunSpec:
+    """Everything a rank needs, picklable (Setting and Batch pickle through the bindings)."""
+
+    impl: str                      # "module:Class" or "path/to/file.py:Class"
+    setting: _cpkv.Setting
+    batches: List[_cpkv.Batch]
+    layers: int
+    seed: int
+    device: str                    # "cpu" or "cuda"
+    swarm: bool = False
+    delays: bool = True
+    mutant: Optional[str] = None
+    window_s: float = 20.0         # a wait or a silent rank is reported after this long
+    ipc_fail_rank: int = -1        # this rank's capability probe fails
+    run: str = ""                  # shared-memory run id of this case's buffers
+    positions_run: str = ""        # shared-memory run id of the positions table (one per launch)
+    init_method: str = "env://"
+    oversubscribe: bool = True     # cuda: ranks share GPUs when there are fewer GPUs than ranks
+    impl_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter:
+    """Where a rank's messages go: the launcher's queue, or (torchrun) rank 0's stdout."""
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+        self.messages: List[tuple] = []
+        self.case = 0
+
+    def send(self, what: str, *message) -> None:
+        message = (what, self.case) + message
+        if self.queue is not None:
+            self.queue.put(message)
+        else:
+            self.messages.append(message)
+
+
+def load_impl(text: str):
+    """The class named by 'module:Class' or 'file.py:Class'; a ContractError line when it cannot be."""
+    module_name, sep, class_name = text.rpartition(":")
+    if not sep or not module_name or not class_name:
+        raise ContractError(f"--impl {text}: expected module:Class or path/to/file.py:Class")
+    try:
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(f"cpkv_impl_{os.getpid()}", module_name)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as error:  # any import failure is the user's input, reported in one line
+        raise ContractError(f"--impl {text}: cannot import {module_name}: {type(error).__name__}: {error}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ContractError(f"--impl {text}: {module_name} has no {class_name}")
+    return cls
+
+
+def make_impl(spec: RunSpec):
+    cls = load_impl(spec.impl)
+    kwargs = dict(spec.impl_kwargs)
+    if spec.mutant:
+        kwargs["mutant"] = spec.mutant
+    try:
+        return cls(**kwargs)
+    except TypeError as error:
+        raise ContractError(f"--impl {spec.impl}: {cls.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())}): {error}") from None
+
+
+def _device_for(spec: RunSpec, rank: int) -> torch.device:
+    if spec.device != "cuda":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ContractError("--device cuda: no CUDA device is visible")
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    device = torch.device("cuda", local % count)
+    torch.cuda.set_device(device)
+    return device
+
+
+def _positions(spec: RunSpec, rank: int, hgroup) -> torch.Tensor:
+    """The shared positions table: the launcher made it (spawn), or rank 0 makes it (torchrun)."""
+    path = _shm.path_of(spec.positions_run or spec.run, "positions", 0)
+    nbytes = spec.setting.cp * adv.POSITION_COLUMNS * 8
+    if rank == 0 and not os.path.exists(path):
+        _shm.create_file(path, nbytes)
+    dist.barrier(group=hgroup)
+    table = _shm.map_file(path, nbytes).view(torch.int64).view(spec.setting.cp, adv.POSITION_COLUMNS)
+    table[rank, adv.COL_PID] = os.getpid()
+    dist.barrier(group=hgroup)  # every rank (and the launcher, if any) mapped it: the name can go
+    if rank == 0:
+        _shm.unlink_quietly(path)
+    return table
+
+
+def _touched_pages(batches: List[_cpkv.Batch]) -> List[int]:
+    pages = set()
+    for batch in batches:
+        for request in batch.requests:
+            pages.update(request.prefix_pages)
+    return sorted(pages)
+
+
+def _map_pools(ctx: Context, spec: RunSpec) -> None:
+    """Every kind's pool slab, prefilled at each page's storage owner (sections 1 and 8)."""
+    s = spec.setting
+    pages = _touched_pages(spec.batches)
+    for kind in ctx.kinds:
+        shape = (spec.layers, s.pool_pages_per_rank(), s.page_size, ctx.row_bytes[kind])
+        nbytes = int(np.prod(shape))
+        host = torch.zeros(shape, dtype=torch.uint8) if ctx.device.type == "cuda" else None
+        buffer = ctx._alloc_cpu_pool(f"pool-{kind}", nbytes) if host is None else ctx.alloc_shared(f"pool-{kind}", nbytes)
+        target = host if host is not None else buffer.local.view(shape)
+        _cpkv.conformance.populate_pool(target.numpy(), s, spec.seed, kind, ctx.rank, spec.layers, pages)
+        if host is not None:
+            buffer.local.view(shape).copy_(host.to(ctx.device))
+            torch.cuda.synchronize(ctx.device)
+        dist.barrier(group=ctx._hgroup)  # every slab is filled before any rank's first gather
+        ctx.pool[kind] = [peer.view(shape) for peer in buffer.peers]
+
+
+# The rendezvous (every rank's interpreter started and torch imported) on a loaded machine: far longer
+# than any wait of a running exchange, so it gets a bound of its own.
+RENDEZVOUS_S_MAX = 120.0
+
+
+def _store(spec: RunSpec, rank: int):
+    """The rendezvous store: tcp://host:port from the launcher, or torchrun's MASTER_ADDR/PORT (env://)."""
+    if spec.init_method.startswith("tcp://"):
+        host, port = spec.init_method[len("tcp://"):].rsplit(":", 1)
+    else:
+        host, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            port = str(int(port) + 1)  # torchrun's agent holds MASTER_PORT's store; ours is beside it
+    return dist.TCPStore(host, int(port), spec.setting.cp, rank == 0, timeout=datetime.timedelta(seconds=RENDEZVOUS_S_MAX))
+
+
+def harness_timeout_s(window_s: float) -> float:
+    return 2 * window_s + 5.0
+
+
+def init_groups(spec: RunSpec, rank: int):
+    """Once per process: the device, the implementation's group (the default group: gloo on CPU, NCCL
+    on CUDA), the harness's own gloo group, and the positions table."""
+    timeout = datetime.timedelta(seconds=spec.window_s)
+    device = _device_for(spec, rank)
+    # NCCL refuses two ranks on one GPU, so oversubscribed ranks use gloo (which takes CUDA tensors too).
+    one_gpu_each = device.type == "cuda" and spec.setting.cp <= torch.cuda.device_count()
+    backend = "nccl" if one_gpu_each else "gloo"
+    dist.init_process_group(backend, store=_store(spec, rank), rank=rank, world_size=spec.setting.cp, timeout=timeout)
+    # The harness's own waits outlast the implementation's: a rank that refused a batch waits at the
+    # batch sync while a peer runs into its own barrier's timeout, and must still be there when it comes.
+    hgroup = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=harness_timeout_s(spec.window_s)))
+    return device, hgroup, _positions(spec, rank, hgroup)
+
+
+def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions: torch.Tensor) -> Context:
+    """Once per case: the Context with its pools mapped and prefilled."""
+    knob = adv.knobs(spec.seed, spec.swarm)
+    adversity = adv.Adversity(knob, rank, spec.setting.cp, spec.layers, positions, device, spec.delays)
+    ctx = Context(rank=rank, setting=spec.setting, layers=spec.layers, seed=spec.seed, device=device, group=dist.group.WORLD,
+                  harness_group=hgroup, run=spec.run, positions=positions, adversity=adversity,
+                  ipc_capable=rank != spec.ipc_fail_rank, timeout_s=spec.window_s,
+                  dense_rows_max=max(_cpkv.layout_batch(spec.setting, b).slot_count for b in spec.batches) * spec.setting.page_size)
+    ctx._publish(adv.STAGE_SETUP, arrivals=0)  # a new case's barrier phases start again (before the pools' barriers)
+    _map_pools(ctx, spec)
+    return ctx
+
+
+@dataclass
+class LayerResult:
+    mismatch: Optional[str] = None
+    explained: Optional[str] = None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _where_in_impl(error: BaseException) -> str:
+    """file:line of the innermost frame outside the harness, so the line points at the user's code."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        if not os.path.abspath(frame.filename).startswith(here) or "reference" in frame.filename:
+            return f"{frame.filename}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+class BatchOutcome:
+    def __init__(self) -> None:
+        self.refused_at: Optional[int] = None
+        self.wrote_before_refusal = False
+        self.mismatches: List[str] = []
+        self.contract: Optional[str] = None
+        self.error: Optional[str] = None
+        self.error_ns = 0  # when it raised: the first to raise is the one to name, the rest time out after it
+        self.compose_s: List[float] = []
+        self.host_syncs: List[int] = []  # per layer, CUDA only: implicit host synchronizations
+
+    def summary(self, ctx: Context) -> dict:
+        return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
+                "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
+                "compose_s": self.compose_s, "host_syncs": self.host_syncs}
+
+
+class _SyncCounter:
+    """Counts the implicit host synchronizations a layer makes on CUDA (torch's sync debug mode warns
+    at each: .item(), nonzero(), a blocking copy to the host; an explicit stream.synchronize() is not
+    among them). Off the GPU it counts nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.on = device.type == "cuda"
+        self.count = 0
+
+    def __enter__(self) -> "_SyncCounter":
+        if self.on:
+            self._catch = warnings.catch_warnings(record=True)
+            self._seen = self._catch.__enter__()
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode(1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            torch.cuda.set_sync_debug_mode(0)
+            self.count = sum(1 for w in self._seen if "synchroniz" in str(w.message))
+            self._catch.__exit__(*exc)
+
+
+def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
+    outcome = BatchOutcome()
+    ctx._begin_batch(index, batch)
+    ctx.events.log = []
+    for layer in range(spec.layers):
+        ctx._begin_layer(layer)
+        ctx._adversity.enter_layer(index, layer)
+        started = time.perf_counter()
+        try:
+            with _SyncCounter(ctx.device) as syncs:
+                out = impl.compose_layer(ctx, layer)
+            outcome.host_syncs.append(syncs.count)
+        except StagingOverflow:
+            outcome.refused_at = layer
+            outcome.wrote_before_refusal = any(e[1] in ("write", "arrive") for e in ctx.events.log)
+            break
+        except Exception as error:  # reported after the batch sync, with every rank's events checked
+            outcome.error_ns = time.monotonic_ns()
+            outcome.error = f"rank {ctx.rank} batch {index} layer {layer} raised in compose_layer: {_first_line(error)} (at {_where_in_impl(error)})"
+            return outcome
+        if ctx.device.type == "cuda":
+            torch.cuda.current_stream(ctx.device).synchronize()
+        outcome.compose_s.append(time.perf_counter() - started)
+        ctx.events._add("layer_end")
+        ctx._publish(adv.STAGE_CHECK)
+        try:
+            found = _check.check_layer(ctx, oracle, layer, out)
+        except ContractError as error:
+            outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
+            found = []
+        if found and not outcome.mismatches:
+            outcome.mismatches = found
+    impl.end_batch(ctx)
+    return outcome
+
+
+def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, replay, reporter: Reporter) -> bool:
+    """Every rank's summary to every rank; rank 0 runs the batch-level checks and reports. True: stop."""
+    ctx._publish(adv.STAGE_BATCH_SYNC)
+    summaries: List[Any] = [None] * ctx.cp
+    dist.all_gather_object(summaries, outcome.summary(ctx), group=ctx._hgroup)
+    findings: List[str] = []
+    if ctx.rank == 0:
+        declared = ctx.declared_staging_slots or ctx.staging_slots
+        findings += [s["contract"] for s in summaries if s["contract"]]
+        raised = [s["error"] for s in sorted(summaries, key=lambda s: s["error_ns"]) if s["error"]]
+        findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)
+        findings += replay.replay(index, summaries)
+        mismatches = [line for s in summaries for line in s["mismatches"]]
+        reporter.send("batch", index, {"mismatches": mismatches, "findings": findings, "raised": raised,
+                                       "refused": [s["refused_at"] is not None for s in summaries],
+                                       "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
+                                       "compose_s": [s["compose_s"] for s in summaries],
+                                       "host_syncs": [s["host_syncs"] for s in summaries],
+                                       "events": sum(len(s["events"]) for s in summaries)})
+        stop = [bool(findings or mismatches or raised)]
+    else:
+        stop = [False]
+    dist.broadcast_object_list(stop, src=0, group=ctx._hgroup)
+    return stop[0]
+
+
+def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
+    started = time.monotonic()
+    ctx = setup_rank(spec, rank, *groups)
+    impl = make_impl(spec)
+    impl.setup(ctx)
+    replay = _check.EventReplay(spec.setting, spec.layers, spec.batches) if rank == 0 else None
+    for index, batch in enumerate(spec.batches):
+        oracle = _cpkv.conformance.ByteOracle(spec.setting, batch)
+        outcome = run_batch(ctx, impl, spec, index, batch, oracle)
+        if _batch_sync(ctx, spec, index, outcome, replay, reporter):
+            break
+    ctx._publish(adv.STAGE_TEARDOWN)
+    impl.teardown(ctx)
+    dist.barrier(group=ctx._hgroup)  # every rank is out of the case before its memory goes
+    ctx._publish(adv.STAGE_DONE)
+    reporter.send("done", rank, time.monotonic() - started)
+
+
+# A session's rank waits this long for its next case before it gives up (the launcher went away
+# without closing the session).
+SESSION_IDLE_S_MAX = 600.0
+
+
+def drive(cases, rank: int, reporter: Reporter) -> None:
+    """Every case in turn over one set of process groups (a session: the processes start once).
+    cases: a list, or a queue the launcher feeds (a persistent session; None ends it)."""
+    source = iter(cases) if isinstance(cases, list) else iter(lambda: cases.get(timeout=SESSION_IDLE_S_MAX), None)
+    groups = None
+    for case, spec in enumerate(source):
+        groups = groups or init_groups(spec, rank)
+        reporter.case = case
+        run_case(spec, rank, groups, reporter)
+
+
+def rank_main(rank: int, specs, queue) -> None:
+    """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
+    peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line."""
+    reporter = Reporter(queue)
+    code = 0
+    try:
+        drive(specs, rank, reporter)
+    except ContractError as error:
+        reporter.send("error", rank, "contract", str(error), "")
+        code = 2 if str(error).startswith("--") else 1
+    except Exception as error:  # the implementation raised (or a wait timed out): named, located
+        reporter.send("error", rank, "raised", _first_line(error), _where_in_impl(error))
+        code = 1
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+    sys.stdout.flush()
+    if queue is not None:
+        queue.close()
+        queue.join_thread()  # the reports are in the pipe before the process goes
+    os._exit(code)  # no atexit handler may wait on a peer that is gone

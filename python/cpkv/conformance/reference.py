@@ -1,0 +1,353 @@
+"""Reference implementations of the exchange, written from PROTOCOL.md in plain torch ops (CPU and
+CUDA), each with planted bugs a constructor argument switches on (``mutant=NAME``).
+
+They are what an engine's own code looks like to the harness: classes with setup / compose_layer /
+end_batch / teardown over a Context, and nothing of cpkv's model beyond what the Context hands every
+implementation. The harness must catch every planted bug (python/tests/test_conformance.py).
+
+- ``StagingDirect``: section 5. Zero and fill this rank's pages of staging half l % 2, a counting
+  barrier over host flag memory, then ONE slot-dense gather per kind over the pointer table of 2*cp
+  entries (pool bases, then staging bases).
+- ``V2``: section 7. The prefix pages by one gather from the pool (current slots zero), the current
+  pages through a compact buffer of every current page, writer-exclusive, summed over the group.
+  The sum is a one-shot all-reduce over IPC (each rank reads every peer's compact buffer after a
+  barrier and adds), as an engine's custom all-reduce kernel does it; its compact buffers rotate
+  over two parity halves, as staging does, so the barrier and parity bugs apply to it too.
+  ``V2(allreduce="collective")`` sums with torch.distributed.all_reduce instead.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ._context import Context
+
+# The planted bugs (PROTOCOL.md section 9), one line each: what the code does wrong.
+MUTANTS = {
+    "single_half": "every layer uses parity half 0",
+    "no_barrier": "no barrier between the fill and the gather",
+    "skip_zero": "the rank's staging (or compact) pages are not zeroed before the fill",
+    "token_split": "current tokens split at token granularity (zigzag over tokens): a page can get two writers",
+    "arrive_before_fill": "the rank arrives at the barrier before its fill and waits after it",
+    "skip_idle_barrier": "a rank with no current page to write skips the barrier",
+    "address_keyed_plan_cache": "the compose plan is cached on the dense buffer's address, not on the batch",
+    "rank_local_overflow": "the overflow verdict from this rank's own pages times cp, not from the batch",
+    "unagreed_capability": "the IPC capability is not agreed over the group (no MIN)",
+}
+# Bugs that need more than one layer: the harness runs at least two layers for them.
+MULTI_LAYER = ("single_half",)
+# How long a barrier waiter sleeps between polls of the peers' counters.
+POLL_S = 0.0001
+
+
+class CountingBarrier:
+    """Section 5 step 3: one monotonic counter per rank in host shared memory; barrier k passes when
+    every counter >= k. Reusable without reset, phase-safe, and bounded: a waiter that times out
+    names itself, the phase and the rank it waited for."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.counters = ctx.alloc_shared("barrier", 8, device="cpu")
+        self.mine = self.counters.local.view(torch.int64)
+        self.mine[0] = 0
+        self.peers = [c.view(torch.int64) for c in self.counters.peers]
+        self.phase = 0
+
+    def arrive(self, ctx: Context) -> None:
+        if ctx.device.type == "cuda":
+            torch.cuda.current_stream(ctx.device).synchronize()  # the fill is done before any peer may read it
+        ctx.pause_point("before_barrier")
+        self.phase += 1
+        ctx.events.arrive(self.phase)
+        self.mine[0] = self.phase
+
+    def wait(self, ctx: Context) -> None:
+        deadline = time.monotonic() + ctx.timeout_s
+        for peer, counter in enumerate(self.peers):
+            while int(counter[0]) < self.phase:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"barrier: rank {ctx.rank} waited {ctx.timeout_s:.0f} s at phase {self.phase} "
+                                       f"(batch {ctx.batch_index} layer {ctx.layer}) for rank {peer}, at phase {int(counter[0])}")
+                time.sleep(POLL_S)
+        ctx.events.passed(self.phase)
+        ctx.pause_point("after_barrier")
+
+
+def token_split_tokens(ctx: Context) -> Dict[str, torch.Tensor]:
+    """The planted token_split: zigzag over each request's extend TOKENS (2*cp blocks), as public zigzag
+    code splits, instead of over its pages. Returns the tokens this rank then computes."""
+    requests, tokens = [], []
+    blocks = 2 * ctx.cp
+    for r, req in enumerate(ctx.batch.requests):
+        n = req.extend_len
+        bounds = [0]
+        for j in range(blocks):
+            bounds.append(bounds[-1] + n // blocks + (1 if j < n % blocks else 0))
+        for j in (ctx.rank, blocks - 1 - ctx.rank):
+            for t in range(bounds[j], bounds[j + 1]):
+                requests.append(r)
+                tokens.append(req.prefix_len + t)
+    return {"request": torch.tensor(requests, dtype=torch.int64), "token": torch.tensor(tokens, dtype=torch.int64)}
+
+
+class _Exchange:
+    """What both references share: mutant switch, the plan cache, overflow, the fill's sources."""
+
+    def __init__(self, mutant: Optional[str] = None, events: bool = True) -> None:
+        if mutant is not None and mutant not in MUTANTS:
+            raise TypeError(f"unknown mutant '{mutant}' (known: {', '.join(MUTANTS)})")
+        self.mutant = mutant
+        self.use_events = events
+        self._plan = None
+        self._plan_key = None
+
+    def bug(self, name: str) -> bool:
+        return self.mutant == name
+
+    def half(self, layer: int) -> int:
+        return 0 if self.bug("single_half") else layer % 2
+
+    def agree_capability(self, ctx: Context) -> bool:
+        mine = torch.tensor([1 if ctx.ipc_capable() else 0], dtype=torch.int32)
+        if not self.bug("unagreed_capability"):
+            if ctx.device.type == "cuda":
+                mine = mine.to(ctx.device)
+            dist.all_reduce(mine, op=dist.ReduceOp.MIN, group=ctx.group)
+        return bool(int(mine.item()))
+
+    def refuse_overflow(self, ctx: Context) -> None:
+        layout = ctx.layout
+        total = layout.current_pages_total
+        if self.bug("rank_local_overflow"):
+            total = int((ctx.writers() == ctx.rank).sum()) * ctx.cp
+        if total > self.staging_slots:
+            raise ctx.StagingOverflow(f"batch {ctx.batch_index}: {total} current pages > {self.staging_slots} staging slots")
+
+    def plan(self, ctx: Context, kind: str):
+        # Anchored on the batch object (section 5), never on a buffer address.
+        key = ctx.dense_out(kind).data_ptr() if self.bug("address_keyed_plan_cache") else id(ctx.batch)
+        if self._plan is None or key != self._plan_key:
+            self._plan_key = key
+            self._plan = self.build_plan(ctx)
+        return self._plan
+
+    def fill_sources(self, ctx: Context, kind: str, target: str):
+        """(rows, destination rows, current indices written): this rank's rows and where they go."""
+        layout, page = ctx.layout, ctx.setting.page_size
+        if self.bug("token_split"):
+            mine = token_split_tokens(ctx)
+            req, tok = mine["request"], mine["token"]
+            first_index = torch.tensor(layout.request_first_current_index, dtype=torch.int64)
+            first_slot = torch.tensor(layout.request_first_current_slot, dtype=torch.int64)
+            prefix = torch.tensor([r.prefix_len for r in ctx.batch.requests], dtype=torch.int64)
+            offset = tok - prefix[req]
+            index = first_index[req] + offset // page
+            base = index if target == "staging" else first_slot[req] + offset // page
+            dest = base * page + offset % page
+            rows = ctx.row_content(kind, req, tok)
+        else:
+            inverse = ctx.page_inverse(target)
+            dest = inverse["dest_row"]
+            rows = ctx.rows(kind)
+            index = None
+        own = self.own_pages(ctx) if index is None else torch.unique(index)
+        return rows, dest.to(ctx.device), own
+
+    def own_pages(self, ctx: Context) -> torch.Tensor:
+        return torch.nonzero(ctx.writers() == ctx.rank).reshape(-1)
+
+    def end_batch(self, ctx: Context) -> None:
+        pass
+
+    def teardown(self, ctx: Context) -> None:
+        pass
+
+
+class StagingDirect(_Exchange):
+    """PROTOCOL.md section 5, in torch ops."""
+
+    def setup(self, ctx: Context) -> None:
+        self.staging_slots = ctx.staging_slots
+        ctx.declare_staging(self.staging_slots)
+        self.ipc = self.agree_capability(ctx)
+        page = ctx.setting.page_size
+        self.staging: Dict[str, List[torch.Tensor]] = {}
+        for kind in ctx.kinds:
+            shared = ctx.alloc_shared(f"staging-{kind}", 2 * self.staging_slots * page * ctx.row_bytes[kind])
+            self.staging[kind] = [p.view(2, self.staging_slots, page, ctx.row_bytes[kind]) for p in shared.peers]
+        self.barrier = CountingBarrier(ctx)
+
+    def build_plan(self, ctx: Context) -> torch.Tensor:
+        return ctx.plan()  # (slots, 2): [table_index, source_page], the same on every layer
+
+    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
+        if layer == 0:
+            self.refuse_overflow(ctx)
+        if not self.ipc:
+            return fallback_compose(ctx, layer)
+        half = self.half(layer)
+        kinds = ctx.kinds_on(layer)
+        own = self.fill_all(ctx, layer, half, kinds, before=self.bug("arrive_before_fill"))
+        idle = own.numel() == 0
+        skips = self.bug("no_barrier") or (self.bug("skip_idle_barrier") and idle)
+        if not skips and not self.bug("arrive_before_fill"):
+            self.barrier.arrive(ctx)
+        if not skips:
+            self.barrier.wait(ctx)
+        return {kind: self.gather(ctx, layer, half, kind) for kind in kinds}
+
+    def fill_all(self, ctx: Context, layer: int, half: int, kinds: List[str], before: bool) -> torch.Tensor:
+        own = self.own_pages(ctx)
+        if before:
+            self.barrier.arrive(ctx)  # the planted bug: peers may pass before this rank's fill
+        for kind in kinds:
+            rows, dest, own = self.fill_sources(ctx, kind, "staging")
+            mine = self.staging[kind][ctx.rank][half]
+            if not self.bug("skip_zero"):
+                if self.use_events:
+                    ctx.events.write(half, own, "zero")
+                mine[own.to(ctx.device)] = 0
+            ctx.pause_point("before_fill")
+            if self.use_events:
+                ctx.events.write(half, own, "fill")
+            mine.view(-1, ctx.row_bytes[kind])[dest] = rows
+        ctx.pause_point("after_fill")
+        return own
+
+    def gather(self, ctx: Context, layer: int, half: int, kind: str) -> torch.Tensor:
+        """ONE slot-dense gather over the 2*cp-entry pointer table: one index per table entry."""
+        plan = self.plan(ctx, kind)
+        dense = ctx.dense_out(kind).view(-1, ctx.setting.page_size, ctx.row_bytes[kind])
+        table = plan[:, 0]
+        for entry in range(2 * ctx.cp):
+            if entry == ctx.cp:
+                ctx.pause_point("gather")  # pool pages read; the staging pages next
+            slots = torch.nonzero(table == entry).reshape(-1)
+            if slots.numel() == 0:
+                continue
+            pages = plan[slots, 1]
+            if entry < ctx.cp:
+                dense[slots] = ctx.pool[kind][entry][layer][pages]
+            else:
+                if self.use_events:
+                    ctx.events.read(entry - ctx.cp, half, pages)
+                dense[slots] = self.staging[kind][entry - ctx.cp][half][pages]
+        return dense.view(-1, ctx.row_bytes[kind])
+
+
+def fallback_compose(ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
+    """v2_fallback (section 7): no peer mapping. Local materialize of owned prefix pages and own
+    current rows into a zeroed dense buffer, then one whole-buffer sum all-reduce (uint8 view)."""
+    out = {}
+    page = ctx.setting.page_size
+    plan = ctx.plan()
+    inverse = ctx.page_inverse("dense")
+    for kind in ctx.kinds_on(layer):
+        dense = torch.zeros((plan.shape[0], page, ctx.row_bytes[kind]), dtype=torch.uint8, device=ctx.device)
+        mine = torch.nonzero((plan[:, 0] == ctx.rank)).reshape(-1)
+        dense[mine] = ctx.pool[kind][ctx.rank][layer][plan[mine, 1]]
+        dense.view(-1, ctx.row_bytes[kind])[inverse["dest_row"]] = ctx.rows(kind)
+        dist.all_reduce(dense.view(-1), op=dist.ReduceOp.SUM, group=ctx.group)
+        out[kind] = dense.view(-1, ctx.row_bytes[kind])
+    return out
+
+
+class V2(_Exchange):
+    """PROTOCOL.md section 7, v2: prefix gather from the pool, compact all-reduce of current pages."""
+
+    def __init__(self, mutant: Optional[str] = None, events: bool = True, allreduce: str = "ipc") -> None:
+        super().__init__(mutant, events)
+        if allreduce not in ("ipc", "collective"):
+            raise TypeError(f"allreduce='{allreduce}' is not 'ipc' or 'collective'")
+        self.allreduce = allreduce
+
+    def setup(self, ctx: Context) -> None:
+        self.staging_slots = ctx.staging_slots  # the compact buffer holds every current page
+        ctx.declare_staging(self.staging_slots)
+        self.ipc = self.agree_capability(ctx)
+        page = ctx.setting.page_size
+        self.compact: Dict[str, List[torch.Tensor]] = {}
+        for kind in ctx.kinds:
+            shared = ctx.alloc_shared(f"compact-{kind}", 2 * self.staging_slots * page * ctx.row_bytes[kind])
+            self.compact[kind] = [p.view(2, self.staging_slots, page, ctx.row_bytes[kind]) for p in shared.peers]
+        self.barrier = CountingBarrier(ctx)
+
+    def build_plan(self, ctx: Context) -> torch.Tensor:
+        plan = ctx.plan().clone()
+        plan[plan[:, 0] >= ctx.cp, 0] = -1  # the -1 sentinel: current slots are zero-filled by the gather
+        return plan
+
+    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
+        if layer == 0:
+            self.refuse_overflow(ctx)
+        if not self.ipc:
+            return fallback_compose(ctx, layer)
+        half = self.half(layer)
+        kinds = ctx.kinds_on(layer)
+        own = self.pack(ctx, layer, half, kinds)
+        total = ctx.layout.current_pages_total
+        if self.allreduce == "collective":
+            summed = {k: self.collective_sum(ctx, k, half, total) for k in kinds}
+        else:
+            self.sync(ctx, own)
+            summed = {k: self.ipc_sum(ctx, k, half, total) for k in kinds}
+        return {k: self.unpack(ctx, layer, k, summed[k]) for k in kinds}
+
+    def pack(self, ctx: Context, layer: int, half: int, kinds: List[str]) -> torch.Tensor:
+        own = self.own_pages(ctx)
+        if self.bug("arrive_before_fill"):
+            self.barrier.arrive(ctx)
+        total = ctx.layout.current_pages_total
+        for kind in kinds:
+            rows, dest, own = self.fill_sources(ctx, kind, "staging")
+            mine = self.compact[kind][ctx.rank][half]
+            if not self.bug("skip_zero"):
+                # Writer-exclusive bytes: every page this rank does not write is zero in its compact buffer.
+                if self.use_events:
+                    ctx.events.write(half, torch.arange(total), "zero")
+                mine[:total] = 0
+            ctx.pause_point("before_fill")
+            if self.use_events:
+                ctx.events.write(half, own, "fill")
+            mine.view(-1, ctx.row_bytes[kind])[dest] = rows
+        ctx.pause_point("after_fill")
+        return own
+
+    def sync(self, ctx: Context, own: torch.Tensor) -> None:
+        skips = self.bug("no_barrier") or (self.bug("skip_idle_barrier") and own.numel() == 0)
+        if not skips and not self.bug("arrive_before_fill"):
+            self.barrier.arrive(ctx)
+        if not skips:
+            self.barrier.wait(ctx)
+
+    def ipc_sum(self, ctx: Context, kind: str, half: int, total: int) -> torch.Tensor:
+        """One-shot all-reduce: every rank reads every peer's compact half and adds (uint8, exact: one
+        non-zero contributor per byte)."""
+        ctx.pause_point("gather")
+        acc = torch.zeros_like(self.compact[kind][ctx.rank][half][:total])
+        writers = ctx.writers()
+        for peer in range(ctx.cp):
+            if self.use_events and peer != ctx.rank:
+                # The pages the peer filled; the rest of its compact half is its zeros.
+                ctx.events.read(peer, half, torch.nonzero(writers == peer).reshape(-1))
+            acc += self.compact[kind][peer][half][:total]
+        return acc
+
+    def collective_sum(self, ctx: Context, kind: str, half: int, total: int) -> torch.Tensor:
+        summed = self.compact[kind][ctx.rank][half][:total].clone()
+        dist.all_reduce(summed.view(-1), op=dist.ReduceOp.SUM, group=ctx.group)
+        return summed
+
+    def unpack(self, ctx: Context, layer: int, kind: str, summed: torch.Tensor) -> torch.Tensor:
+        plan = self.plan(ctx, kind)
+        page, row_bytes = ctx.setting.page_size, ctx.row_bytes[kind]
+        dense = torch.zeros((plan.shape[0], page, row_bytes), dtype=torch.uint8, device=ctx.device)
+        for entry in range(ctx.cp):
+            slots = torch.nonzero(plan[:, 0] == entry).reshape(-1)
+            if slots.numel():
+                dense[slots] = ctx.pool[kind][entry][layer][plan[slots, 1]]
+        dense[ctx.current_slots()] = summed
+        return dense.view(-1, row_bytes)

@@ -1,0 +1,39 @@
+"""Misbehaving implementations for the harness's own tests (loaded by path, as a user's file is)."""
+
+import time
+
+import torch
+
+from cpkv.conformance.reference import StagingDirect
+
+
+class RaisesOnLayer1(StagingDirect):
+    """A correct exchange that raises on layer 1 of batch 0 on rank 1."""
+
+    def compose_layer(self, ctx, layer):
+        if ctx.rank == 1 and ctx.batch_index == 0 and layer == 1:
+            raise ValueError("engine bug: page table lookup failed")
+        return super().compose_layer(ctx, layer)
+
+
+class WrongDtype(StagingDirect):
+    """Returns its dense buffers viewed as int32."""
+
+    def compose_layer(self, ctx, layer):
+        return {k: v.view(torch.int32) for k, v in super().compose_layer(ctx, layer).items()}
+
+
+class NeverReturns(StagingDirect):
+    """Rank 0 never returns from its first layer (a wait of its own with no bound)."""
+
+    def compose_layer(self, ctx, layer):
+        while ctx.rank == 0:
+            time.sleep(0.05)
+        return super().compose_layer(ctx, layer)
+
+
+class NumpyOutputs(StagingDirect):
+    """A correct exchange that hands back its dense buffers as NumPy arrays (the array interface)."""
+
+    def compose_layer(self, ctx, layer):
+        return {k: v.cpu().numpy() for k, v in super().compose_layer(ctx, layer).items()}

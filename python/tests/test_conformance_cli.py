@@ -1,0 +1,99 @@
+"""`python3 -m cpkv.conformance` and the harness's handling of bad implementations: one located line
+and exit 1 or 2, never a hang, an orphan process or a file left in /dev/shm.
+
+Why it matters: the harness runs code it did not write. An implementation that raises, returns the
+wrong thing or never returns must be named (rank, batch, layer, and where in its code) within the
+stated window, and the group torn down; bad input must be rejected before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from cpkv import conformance  # noqa: E402
+from cpkv.conformance import _shm  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.environ.get("CPKV_SOURCE_DIR", os.path.join(HERE, "..", ".."))
+TINY = os.path.join(SOURCE, "traces", "samples", "tiny.jsonl")
+IMPLS = os.path.join(HERE, "conformance_impls.py")
+# The bound of every wait of the bad-implementation session: the hang is named within
+# 2 * WINDOW_S + 5 s (the harness's own wait), well before the watchdog.
+WINDOW_S = 1.5
+CLI_TIMEOUT_S = 120
+
+
+def cli(*args: str):
+    return subprocess.run([sys.executable, "-m", "cpkv.conformance", *args], capture_output=True, text=True, timeout=CLI_TIMEOUT_S,
+                          env=dict(os.environ))
+
+
+def test_an_impl_that_does_not_import_is_one_line_and_exit_2():
+    done = cli(TINY, "--impl", "no_such_engine.exchange:Exchange", "--ranks", "2")
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "no_such_engine.exchange" in lines[0] and "ModuleNotFoundError" in lines[0]
+
+
+def test_ranks_that_differ_from_the_trace_cp_are_exit_2():
+    done = cli(TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "3")
+    assert done.returncode == 2, done
+    assert "--ranks: 3 ranks for a trace of cp = 2" in done.stderr
+
+
+def test_a_planted_bug_fails_with_a_table_a_located_line_json_and_a_reproducer(tmp_path):
+    out = tmp_path / "result.json"
+    done = cli(TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2", "--seed", "5", "--mutant", "skip_zero",
+               "--json", str(out))
+    assert done.returncode == 1, done
+    assert "cpkv conformance: " in done.stdout and "seed 5" in done.stdout
+    assert "FAIL: bytes" in done.stdout
+    assert "mismatch: rank" in done.stdout and "the wrong row is 0xa5 staging poison" in done.stdout
+    replay = [line for line in done.stdout.splitlines() if line.startswith("replay: ")]
+    assert replay and "--mutant skip_zero" in replay[0] and "--seed 5" in replay[0]
+    result = json.loads(out.read_text())
+    assert result["passed"] is False and result["checks_fired"][0] == "bytes" and result["leftovers"] == []
+
+
+@pytest.fixture(scope="module")
+def bad_impls():
+    setting_batches = __import__("cpkv").read_trace(TINY)
+    batches = list(setting_batches)[:2]
+    names = ["NumpyOutputs", "RaisesOnLayer1", "WrongDtype", "NeverReturns"]
+    cases = [conformance.case(f"{IMPLS}:{n}", setting_batches.setting, batches, seed=2, window_s=WINDOW_S) for n in names]
+    return dict(zip(names, conformance.run_cases(cases)))
+
+
+def test_outputs_with_the_array_interface_are_accepted(bad_impls):
+    outcome = bad_impls["NumpyOutputs"]
+    assert outcome.passed, outcome.mismatches + outcome.findings + [outcome.failure or ""]
+
+
+def test_an_impl_that_raises_is_named_with_rank_batch_layer_and_its_line(bad_impls):
+    outcome = bad_impls["RaisesOnLayer1"]
+    assert not outcome.passed
+    assert "rank 1 batch 0 layer 1 raised in compose_layer: ValueError: engine bug" in outcome.failure
+    assert "conformance_impls.py:" in outcome.failure
+    assert outcome.leftovers == []
+
+
+def test_an_impl_that_returns_the_wrong_dtype_breaks_the_contract(bad_impls):
+    outcome = bad_impls["WrongDtype"]
+    assert outcome.checks_fired()[0] == "contract", outcome.findings
+    assert "dtype torch.int32, expected torch.uint8" in outcome.findings[0]
+
+
+def test_an_impl_that_never_returns_is_named_and_torn_down(bad_impls):
+    outcome = bad_impls["NeverReturns"]
+    assert outcome.failure_kind == "hang", outcome.failure
+    assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: never returned"), outcome.failure
+    assert outcome.leftovers == []
+    assert [p for p in _shm.leftovers() if os.path.basename(p).startswith(f"{_shm.PREFIX}{os.getpid()}-")] == []
