@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -556,6 +557,20 @@ TEST_F(CliReliability, AnInterruptedChartLeavesNoHelperProcessBehind) {
   EXPECT_EQ(run.out.find("left"), std::string::npos) << run.out;
   // The helper's stderr capture is removed; the chart's own folder (cli/model_replay.cpp) is not yet.
   for (const std::string& name : files_in(dir_ / "tmp")) EXPECT_NE(name.rfind("cpkv-child-", 0), 0u) << name;
+}
+
+// Root replacing a user's --json file left it root-owned (issue 22, item 16); the owner and group
+// are now kept as the mode is. Giving a file away needs root: elsewhere the test is skipped.
+TEST_F(CliReliability, AReplacedOutputKeepsItsOwnerAndGroup) {
+  const fs::path json = write("report.json", "old report\n");
+  if (::chown(json.c_str(), 4321, 4322) != 0) GTEST_SKIP() << "cannot give a file away here: " << std::strerror(errno);
+  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--json", json.string()});
+  ASSERT_EQ(run.status, 0) << run.err;
+  struct stat st {};
+  ASSERT_EQ(::stat(json.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 4321u);
+  EXPECT_EQ(st.st_gid, 4322u);
+  EXPECT_NE(slurp(json), "old report\n");
 }
 
 }  // namespace
