@@ -210,6 +210,8 @@ OutputFile::OutputFile(std::string option, std::string path) : option_(std::move
     target_ = fs::canonical(path_).string();
     existed_ = true;
     mode_ = st.st_mode & 07777;
+    owner_ = st.st_uid;
+    group_ = st.st_gid;
     id_ = FileId{st.st_dev, st.st_ino};
   }
   const std::string folder = fs::path(target_).parent_path().string();
@@ -303,6 +305,9 @@ void OutputFile::commit() {
     ::umask(mask);
     mode = 0666 & ~mask;
   }
+  // The replaced file's owner and group kept where this user may give them (root replacing a
+  // user's file left it root-owned: issue 22, item 16); before the mode, which chown may clear.
+  if (existed_ && ::chown(temporary_.c_str(), owner_, group_) != 0 && errno != EPERM) fail("chown", errno);
   if (::chmod(temporary_.c_str(), mode) != 0) fail("chmod", errno);
   if (::rename(temporary_.c_str(), target_.c_str()) != 0) fail("rename", errno);
   harness::untrack_file(temporary_);  // the name is gone: nothing left for the watcher to remove

@@ -92,6 +92,8 @@ class OutputFile {
   std::unique_ptr<std::ofstream> out_;
   bool existed_ = false;
   mode_t mode_ = 0;           // the replaced file's permissions, kept
+  uid_t owner_ = 0;           // and its owner and group, where this user may give them
+  gid_t group_ = 0;
   bool committed_ = false;
   int write_errno_ = 0;       // why a write failed, kept for the message
 };

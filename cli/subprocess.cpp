@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/temp_files.hpp"
 
 extern char** environ;
@@ -56,50 +57,75 @@ std::string ChildOutcome::describe() const {
   return text;
 }
 
+namespace {
+
+// Waits at most until `deadline` for the group leader `pid` to end (left unreaped, so its pid, the
+// group's id, cannot be reused), then kills the whole group: a helper's own children go with it.
+// Returns the leader's wait status; sets timed_out when the deadline came first.
+int end_group(pid_t pid, std::chrono::steady_clock::time_point deadline, bool& timed_out) {
+  for (;;) {
+    siginfo_t info{};
+    const int waited = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT);
+    if (waited == 0 && info.si_pid == pid) break;
+    if (waited < 0 && errno != EINTR) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  ::kill(-pid, SIGKILL);
+  harness::untrack_group(pid);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+}  // namespace
+
 ChildOutcome run_child(const std::vector<std::string>& argv, std::chrono::milliseconds limit) {
   ChildOutcome outcome;
   std::string err_path = fmt::format("{}/{}XXXXXX", harness::temp_folder(), harness::temp_stem("cpkv-child"));
-  const int err_fd = ::mkstemp(err_path.data());
+  const int err_fd = harness::create_tracked_file(err_path, 0);  // removed by the watcher on interruption
   if (err_fd < 0) return outcome;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, err_fd, STDERR_FILENO);
+  // A group of its own: the limit and an interruption end the helper and everything it started.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  pid_t pid = 0;
-  const int spawned = ::posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  int spawned = 0;
+  const pid_t pid = harness::spawn_tracked_group([&] {
+    pid_t child = -1;
+    spawned = ::posix_spawnp(&child, args[0], &actions, &attributes, args.data(), environ);
+    return spawned == 0 ? child : -1;
+  });
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   ::close(err_fd);
   if (spawned != 0) {
     outcome.stderr_tail = std::strerror(spawned);
     ::unlink(err_path.c_str());
+    harness::untrack_file(err_path);
     return outcome;
   }
   outcome.ran = true;
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  for (;;) {
-    const pid_t done = ::waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-      outcome.timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  const int status = end_group(pid, std::chrono::steady_clock::now() + limit, outcome.timed_out);
   if (!outcome.timed_out) {
     if (WIFEXITED(status)) outcome.exit_status = WEXITSTATUS(status);
     if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
   }
   outcome.stderr_tail = last_line(err_path);
   ::unlink(err_path.c_str());
+  harness::untrack_file(err_path);
   return outcome;
 }
 

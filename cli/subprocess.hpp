@@ -18,8 +18,10 @@ struct ChildOutcome {
   std::string describe() const;  // "exit status 1: ImportError: ..." and the like
 };
 
-// Runs argv[0] (searched in PATH) with argv, stdin and stdout on /dev/null, stderr captured, and
-// waits at most `limit`.
+// Runs argv[0] (searched in PATH) with argv, stdin and stdout on /dev/null, stderr captured, in a
+// process group of its own tracked by the interrupt watcher, and waits at most `limit`; then the
+// whole group is killed (the helper's own children too: an orphaned python3 ran on and recreated
+// its output after cpkv had exited).
 ChildOutcome run_child(const std::vector<std::string>& argv, std::chrono::milliseconds limit);
 
 }  // namespace cpkv::cli

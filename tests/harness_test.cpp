@@ -31,6 +31,7 @@
 
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/harness/shared_region.hpp"
 #include "cpkv/harness/source.hpp"
 #include "cpkv/harness/temp_files.hpp"
 
@@ -713,6 +714,15 @@ TEST_F(TraceSnapshotTest, ABatchBeyondTheFirstReadingIsRefused) {
   ASSERT_EQ(::utimensat(AT_FDCWD, trace().c_str(), times, 0), 0);
   const std::string why = refusal([&] { count(source); });
   EXPECT_NE(why.find("batch 1 reads pool page 9"), std::string::npos) << why;
+}
+
+// A shared-memory message said "needs 0 MiB ... has 0 MiB free" for a small region (issue 22,
+// item 23): a size below 1 MiB is said in KiB, below 10 MiB with a decimal.
+TEST(SizeText, ASizeIsNeverSaidAsZeroMiB) {
+  EXPECT_EQ(size_text(1), "1 KiB");
+  EXPECT_EQ(size_text(300 * 1024), "300 KiB");
+  EXPECT_EQ(size_text((std::uint64_t{32} << 20) / 10), "3.2 MiB");
+  EXPECT_EQ(size_text(std::uint64_t{64} << 20), "64 MiB");
 }
 
 }  // namespace

@@ -53,8 +53,8 @@ void reserve_pages(bip::shared_memory_object& object, const std::string& name, s
     const int error = ::posix_fallocate(fd, static_cast<off_t>(range.offset), static_cast<off_t>(range.bytes));
     if (error == 0) continue;
     if (error == ENOSPC || error == EFBIG) {
-      throw SharedMemoryFull(fmt::format("shared memory region {} needs {} MiB ({} bytes of {}), /dev/shm has {} MiB free", name, reserved >> 20,
-                                         reserved, bytes, shm_free_bytes() >> 20));
+      throw SharedMemoryFull(fmt::format("shared memory region {} needs {} ({} bytes of {}), /dev/shm has {} free", name, size_text(reserved),
+                                         reserved, bytes, size_text(shm_free_bytes())));
     }
     throw std::runtime_error(fmt::format("cannot reserve {} bytes for shared memory region {}: {}", range.bytes, name, std::strerror(error)));
   }
@@ -65,6 +65,13 @@ std::uint64_t shm_free_bytes() {
   struct statvfs fs {};
   if (::statvfs("/dev/shm", &fs) != 0) return UINT64_MAX;
   return static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+}
+
+std::string size_text(std::uint64_t bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  if (bytes < (std::uint64_t{1} << 20)) return fmt::format("{} KiB", (bytes + 1023) / 1024);
+  if (bytes < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / kMiB);
+  return fmt::format("{} MiB", bytes >> 20);
 }
 
 SharedRegion SharedRegion::create(std::size_t bytes) { return create(bytes, {ByteRange{0, bytes}}); }

@@ -171,8 +171,8 @@ std::uint64_t sum_bytes(const std::vector<SharedRegion::ByteRange>& ranges) {
 void check_needed(std::uint64_t needed) {
   const std::uint64_t free_bytes = shm_free_bytes();
   if (needed > free_bytes) {
-    throw SharedMemoryFull(fmt::format("the simulated group needs {} MiB of shared memory ({} bytes, pools included), /dev/shm has {} MiB free "
-                                       "(lower the staging size, the batch, the layers or cp)", needed >> 20, needed, free_bytes >> 20));
+    throw SharedMemoryFull(fmt::format("the simulated group needs {} of shared memory ({} bytes, pools included), /dev/shm has {} free "
+                                       "(lower the staging size, the batch, the layers or cp)", harness::size_text(needed), needed, harness::size_text(free_bytes)));
   }
 }
 

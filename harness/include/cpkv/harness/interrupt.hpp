@@ -17,6 +17,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 
 namespace cpkv::harness {
@@ -44,6 +45,12 @@ void untrack_region(const std::string& name);
 // fork() for a rank process, the child tracked before the watcher can see the registry again: 0 in
 // the child, the pid in the parent (tracked; reap_tracked forgets it once it has ended), -1 with errno.
 pid_t fork_tracked_rank();
+
+// A helper program in a process group of its own (POSIX_SPAWN_SETPGROUP, group id = its pid):
+// `spawn` runs under the registry's lock and returns the pid (or -1); the watcher SIGKILLs the
+// whole group on interruption. The owner kills the group itself when done and untracks it.
+pid_t spawn_tracked_group(const std::function<pid_t()>& spawn);
+void untrack_group(pid_t pid);
 
 // Temporary files (a trace read from a pipe and spooled) the watcher removes on interruption.
 // create_tracked_file makes one with mkstemps(name_template, suffix_chars) under the registry's

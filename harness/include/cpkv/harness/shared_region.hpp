@@ -59,6 +59,9 @@ class SharedRegion {
 // Bytes free in /dev/shm now (UINT64_MAX if it cannot be asked).
 std::uint64_t shm_free_bytes();
 
+// A size for a message, never "0 MiB" for a few KiB (issue 22, item 23): "512 KiB", "3.2 MiB", "40 MiB".
+std::string size_text(std::uint64_t bytes);
+
 // Removes every cpkv region whose creator process no longer exists. Returns how many it removed.
 int sweep_stale_regions();
 
