@@ -152,53 +152,6 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   }
 }
 
-// Stores `bytes` (1..8) of `word` at `out`, the widest stores the row's alignment allows: rows start
-// at multiples of row_bytes from a 256-byte-aligned base.
-__device__ __forceinline__ void store_word(std::uint8_t* out, std::uint64_t word, std::uint32_t bytes, std::uint32_t row_bytes) {
-  if (bytes == 8 && row_bytes % 8 == 0) {
-    *reinterpret_cast<std::uint64_t*>(out) = word;
-  } else if (bytes % 4 == 0 && row_bytes % 4 == 0) {
-    for (std::uint32_t b = 0; b < bytes; b += 4) *reinterpret_cast<std::uint32_t*>(out + b) = static_cast<std::uint32_t>(word >> (8 * b));
-  } else {
-    for (std::uint32_t b = 0; b < bytes; ++b) out[b] = static_cast<std::uint8_t>(word >> (8 * b));
-  }
-}
-
-// One warp per produced row, its lanes on consecutive 8-byte words (coalesced stores); blockIdx.y is
-// the kind. The row's key and destination are worked out once per row, not once per word: the
-// per-word cost is one mix and one store, so the fill runs at the store rate, not the integer rate.
-__global__ void produce_kernel(const __grid_constant__ ProduceArgs a) {
-  const ProduceKind& k = a.kind[blockIdx.y];
-  const std::uint32_t words = (k.row_bytes + 7) / 8;
-  const std::int64_t rows = a.page_count * a.page_size;
-  const std::uint32_t lane = threadIdx.x % 32;
-  const std::int64_t warps_per_block = blockDim.x / 32;
-  for (std::int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < rows; row += gridDim.x * warps_per_block) {
-    const std::int32_t t = a.row_token[row];
-    if (t == kRowUntouched || (t < 0 && !a.zero_tails)) continue;
-    const std::uint64_t key =
-        t >= 0 ? model::current_row_key(a.seed, a.layer, k.kind, static_cast<std::uint32_t>(a.request[t]), static_cast<std::uint64_t>(a.token[t])) : 0;
-    const std::int64_t page = a.pages[row / a.page_size];
-    std::uint8_t* out = k.dest + (page * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes);
-    for (std::uint32_t w = lane; w < words; w += 32) {
-      const std::uint64_t word = t >= 0 ? model::content_word(key, w) : 0;
-      store_word(out + 8 * w, word, min(8U, k.row_bytes - 8 * w), k.row_bytes);
-    }
-  }
-}
-
-__global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
-                                    BarrierStatus* status) {
-  const std::uint64_t phase = state->phase + 1;
-  const int p = threadIdx.x;
-  if (p < cp) {
-    signal_peers(peer_pads, rank, cp, phase - lag, p);
-    wait_flag(peer_pads, rank, p, phase - lag, status);
-  }
-  __syncthreads();
-  if (p == 0) state->phase = phase;
-}
-
 // The compose grid's cap: every block resident at once (its blocks wait on each other), and at most
 // kComposeBlocksPerSm per SM (CPKV_COMPOSE_BLOCKS_PER_SM overrides it, for the bench's A/B).
 int compose_blocks_max() {
@@ -247,19 +200,73 @@ cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+namespace {
+
+// Stores `bytes` (1..8) of `word` at `out`, the widest stores the row's alignment allows: rows start
+// at multiples of row_bytes from a 256-byte-aligned base.
+__device__ __forceinline__ void store_word(std::uint8_t* out, std::uint64_t word, std::uint32_t bytes, std::uint32_t row_bytes) {
+  if (bytes == 8 && row_bytes % 8 == 0) {
+    *reinterpret_cast<std::uint64_t*>(out) = word;
+  } else if (bytes % 4 == 0 && row_bytes % 4 == 0) {
+    for (std::uint32_t b = 0; b < bytes; b += 4) *reinterpret_cast<std::uint32_t*>(out + b) = static_cast<std::uint32_t>(word >> (8 * b));
+  } else {
+    for (std::uint32_t b = 0; b < bytes; ++b) out[b] = static_cast<std::uint8_t>(word >> (8 * b));
+  }
+}
+
+// One warp per produced row, its lanes on consecutive 8-byte words (coalesced stores); blockIdx.y is
+// the kind. The row's key and destination are worked out once per row, not once per word: the
+// per-word cost is one mix and one store, so the fill runs at the store rate, not the integer rate.
+__global__ void produce_kernel(const __grid_constant__ ProduceArgs a) {
+  const ProduceKind& k = a.kind[blockIdx.y];
+  const std::uint32_t words = (k.row_bytes + 7) / 8;
+  const std::int64_t rows = a.page_count * a.page_size;
+  const std::uint32_t lane = threadIdx.x % 32;
+  const std::int64_t warps_per_block = blockDim.x / 32;
+  for (std::int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < rows; row += gridDim.x * warps_per_block) {
+    const std::int32_t t = a.row_token[row];
+    if (t == kRowUntouched || (t < 0 && !a.zero_tails)) continue;
+    const std::uint64_t key =
+        t >= 0 ? model::current_row_key(a.seed, a.layer, k.kind, static_cast<std::uint32_t>(a.request[t]), static_cast<std::uint64_t>(a.token[t])) : 0;
+    const std::int64_t page = a.pages[row / a.page_size];
+    std::uint8_t* out = k.dest + (page * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes);
+    for (std::uint32_t w = lane; w < words; w += 32) {
+      const std::uint64_t word = t >= 0 ? model::content_word(key, w) : 0;
+      store_word(out + 8 * w, word, min(8U, k.row_bytes - 8 * w), k.row_bytes);
+    }
+  }
+}
+
+}  // namespace
+
 cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
   CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
   if (args.page_count == 0 || args.kinds == 0) return cudaSuccess;
-  constexpr int kWarpsPerBlock = 8;
   const std::int64_t rows = args.page_count * args.page_size;
-  const int blocks = static_cast<int>(std::clamp<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 4096));
-  produce_kernel<<<dim3(blocks, args.kinds), 32 * kWarpsPerBlock, 0, stream>>>(args);
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((rows + kProduceWarps - 1) / kProduceWarps, 1, kProduceBlocksMax));
+  produce_kernel<<<dim3(blocks, args.kinds), kProduceThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
+                                    BarrierStatus* status) {
+  const std::uint64_t phase = state->phase + 1;
+  const int p = threadIdx.x;
+  if (p < cp) {
+    signal_peers(peer_pads, rank, cp, phase - lag, p);
+    wait_flag(peer_pads, rank, p, phase - lag, status);
+  }
+  __syncthreads();
+  if (p == 0) state->phase = phase;
+}
+
+}  // namespace
+
 cudaError_t launch_barrier_next(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
                                 BarrierStatus* status, cudaStream_t stream) {
-  barrier_next_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, state, lag, status);
+  barrier_next_kernel<<<kOneBlock, kBarrierThreads, 0, stream>>>(peer_pads, rank, cp, state, lag, status);
   return cudaGetLastError();
 }
 
