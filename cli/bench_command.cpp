@@ -190,16 +190,11 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   }
   nlohmann::json curve = nlohmann::json::array();
   for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.first}, {"us", point.second}});
-  out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
-                     {"ce_push_gbps", ceilings.ce_push_gbps},
-                     {"local_copy_gbps", ceilings.local_copy_gbps},
-                     {"barrier_us", ceilings.barrier_us},
-                     {"barrier_us_launch_free", ceilings.barrier_us_launch_free},
-                     {"barrier_us_graph", ceilings.barrier_us_graph},
-                     {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps},
-                     {"allreduce_latency_us", ceilings.allreduce_latency_us},
-                     {"allreduce_curve", curve},
-                     {"gather", gathers}};
+  nlohmann::json measured = {{"allreduce_latency_us", ceilings.allreduce_latency_us}, {"allreduce_curve", curve}, {"gather", gathers}};
+#define CPKV_CEILING_KEY(name, fold) measured[#name] = ceilings.name;
+  CPKV_BENCH_CEILING_SCALARS(CPKV_CEILING_KEY)
+#undef CPKV_CEILING_KEY
+  out["ceilings"] = measured;
   const model::CostParameters model_c = model::derive_ceilings(ceilings);
   out["peer_gbps"] = model_c.peer_gbps;
   out["local_gbps"] = model_c.local_gbps;

@@ -293,11 +293,18 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
 
 namespace {
 
+// One scalar ceiling over the ranks (CPKV_BENCH_CEILING_SCALARS): the least from rank 0 on, or the
+// most, no less than `to` holds already.
+void fold_scalar(const Bootstrap& boot, std::int32_t cp, double BenchRank::*field, CeilingFold fold, double& to) {
+  if (fold == kLeast) to = boot.bench_results[0].*field;
+  for (std::int32_t r = 0; r < cp; ++r) to = fold == kLeast ? std::min(to, boot.bench_results[r].*field) : std::max(to, boot.bench_results[r].*field);
+}
+
 // The ceilings, folded over the ranks: the slowest rank's rate and the longest wait.
 void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
-  c.ce_peer_gbps = 1e30;
-  c.ce_push_gbps = 1e30;
-  c.local_copy_gbps = 1e30;
+#define CPKV_FOLD_SCALAR(name, fold) fold_scalar(boot, cp, &BenchRank::name, fold, c.name);
+  CPKV_BENCH_CEILING_SCALARS(CPKV_FOLD_SCALAR)
+#undef CPKV_FOLD_SCALAR
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
     for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30, 1e30});
   }
@@ -311,13 +318,6 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
-    c.ce_peer_gbps = std::min(c.ce_peer_gbps, br.ce_peer_gbps);
-    c.ce_push_gbps = std::min(c.ce_push_gbps, br.ce_push_gbps);
-    c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
-    c.barrier_us = std::max(c.barrier_us, br.barrier_us);
-    c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
-    c.barrier_us_graph = std::max(c.barrier_us_graph, br.barrier_us_graph);
-    c.allreduce_busbw_gbps = r == 0 ? br.allreduce_busbw_gbps : std::min(c.allreduce_busbw_gbps, br.allreduce_busbw_gbps);
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
       for (int k = 0; k < kCeilingCounts; ++k) {
         Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];

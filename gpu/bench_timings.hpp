@@ -1,4 +1,5 @@
-// The bench's per-batch timings, one row each (as DeepEP keeps its launch configs in one header):
+// The bench's measurements in one place. The per-batch timings, one row each (as DeepEP keeps its
+// launch configs in one header):
 // what is timed, whether its spread is kept, and the stem of its JSON keys. Every rank's record
 // (BenchRank), the folded result (BenchResult), the timing loop (time_batch), the fold over ranks
 // (fold_bench) and the bodies (LayerBodies, indexed by Timing) derive from this table, so adding a
@@ -59,6 +60,21 @@ static_assert(timing_table_in_order(), "kTimingTable's rows are in Timing's orde
 static_assert(kTimings == static_cast<int>(Timing::compose_no_barrier) + 1, "a row for every Timing");
 
 constexpr int timing_index(Timing t) { return static_cast<int>(t); }
+
+// The scalar ceilings: each rank measures one into the BenchRank field of the name, the bench folds
+// them over the ranks into the Ceilings (model::MeasuredCeilings) field of the same name, and the
+// name is its key in `cpkv bench`'s "ceilings" object, so a new scalar is one X(...) here (and its
+// field in both structs). X(name, fold): kLeast for a rate (the slowest rank), kMost for a wait (the
+// longest).
+enum CeilingFold : int { kLeast, kMost };
+#define CPKV_BENCH_CEILING_SCALARS(X) \
+  X(ce_peer_gbps, kLeast)             \
+  X(ce_push_gbps, kLeast)             \
+  X(local_copy_gbps, kLeast)          \
+  X(barrier_us, kMost)                \
+  X(barrier_us_launch_free, kMost)    \
+  X(barrier_us_graph, kMost)          \
+  X(allreduce_busbw_gbps, kLeast)
 
 // One body per timing: the layer loop time_batch captures and replays.
 using LayerBodies = std::array<std::function<void(std::int32_t)>, kTimings>;
