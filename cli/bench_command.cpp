@@ -184,9 +184,11 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
 void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
   for (const auto& g : ceilings.gather) {
-    gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}, {"block_per_page_gbps", g.block_gbps},
-                       {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps},
-                       {"push_block_per_page_gbps", g.push_gbps}});
+    nlohmann::json row = {{"page_bytes", g.page_bytes}, {"pages", g.pages}};
+#define CPKV_GATHER_KEY(rank_field, field, key) row[key] = g.field;
+    CPKV_BENCH_GATHER_RATES(CPKV_GATHER_KEY)
+#undef CPKV_GATHER_KEY
+    gathers.push_back(row);
   }
   nlohmann::json curve = nlohmann::json::array();
   for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.first}, {"us", point.second}});

@@ -306,7 +306,13 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
   CPKV_BENCH_CEILING_SCALARS(CPKV_FOLD_SCALAR)
 #undef CPKV_FOLD_SCALAR
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30, 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) {
+      Ceilings::Gather g{kCeilingPageBytes[ps], kCeilingPageCounts[k]};
+#define CPKV_GATHER_START(rank_field, field, key) g.field = 1e30;
+      CPKV_BENCH_GATHER_RATES(CPKV_GATHER_START)
+#undef CPKV_GATHER_START
+      c.gather.push_back(g);
+    }
   }
   if (boot.bench_results[0].allreduce_busbw_gbps > 0) {
     for (int s = 0; s < kAllreduceSizes; ++s) {
@@ -321,11 +327,9 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
       for (int k = 0; k < kCeilingCounts; ++k) {
         Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];
-        g.gbps = std::min(g.gbps, br.gather_gbps[ps][k]);
-        g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
-        g.ce_batch_gbps = std::min(g.ce_batch_gbps, br.gather_ce_batch_gbps[ps][k]);
-        g.bulk_gbps = std::min(g.bulk_gbps, br.gather_bulk_gbps[ps][k]);
-        g.push_gbps = std::min(g.push_gbps, br.gather_push_gbps[ps][k]);
+#define CPKV_GATHER_FOLD(rank_field, field, key) g.field = std::min(g.field, br.rank_field[ps][k]);
+        CPKV_BENCH_GATHER_RATES(CPKV_GATHER_FOLD)
+#undef CPKV_GATHER_FOLD
       }
     }
   }

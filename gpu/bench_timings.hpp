@@ -76,6 +76,16 @@ enum CeilingFold : int { kLeast, kMost };
   X(barrier_us_graph, kMost)          \
   X(allreduce_busbw_gbps, kLeast)
 
+// The gather sweep's rates, per page size and page count: X(rank_field, field, json_key), the
+// BenchRank array each rank fills, the Ceilings::Gather field the bench folds it into (the slowest
+// rank), and its key in each row of `cpkv bench`'s "ceilings"."gather".
+#define CPKV_BENCH_GATHER_RATES(X)                               \
+  X(gather_gbps, gbps, "gbps")                                   \
+  X(gather_block_gbps, block_gbps, "block_per_page_gbps")        \
+  X(gather_ce_batch_gbps, ce_batch_gbps, "ce_batch_gbps")        \
+  X(gather_bulk_gbps, bulk_gbps, "bulk_tma_gbps")                \
+  X(gather_push_gbps, push_gbps, "push_block_per_page_gbps")
+
 // One body per timing: the layer loop time_batch captures and replays.
 using LayerBodies = std::array<std::function<void(std::int32_t)>, kTimings>;
 
