@@ -10,8 +10,19 @@
 
 namespace cpkv::kernels {
 
-namespace {
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
+  kind.page_bytes = page_bytes;
+  if (page_bytes % 16 != 0) {  // byte copies, one warp per page
+    kind.chunks = 1;
+    kind.chunk_bytes = page_bytes;
+    return;
+  }
+  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
+  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
+  kind.chunk_bytes = (even + 15) / 16 * 16;
+}
 
+namespace {
 
 __device__ void wait_flag(const ComposeArgs& a, std::int32_t peer, std::uint64_t phase) { wait_flag(a.peer_pads, a.rank, peer, phase, a.status); }
 
@@ -168,18 +179,6 @@ int compose_blocks_max() {
 }
 
 }  // namespace
-
-void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
-  kind.page_bytes = page_bytes;
-  if (page_bytes % 16 != 0) {  // byte copies, one warp per page
-    kind.chunks = 1;
-    kind.chunk_bytes = page_bytes;
-    return;
-  }
-  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
-  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
-  kind.chunk_bytes = (even + 15) / 16 * 16;
-}
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
