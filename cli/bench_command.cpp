@@ -124,16 +124,34 @@ double predicted_us(const model::Setting& setting, const model::Batch& batch, mo
 }
 
 
+// The figures of batch b that kTimingTable names a JSON key for (gpu/bench_timings.hpp): the
+// median, min and max where the row keeps its spread, and the launches per layer.
+void add_timing_keys(const cuda::BenchResult& result, std::size_t b, nlohmann::json& row) {
+  for (const cuda::TimingRow& timing : cuda::kTimingTable) {
+    const auto figure = [&](cuda::TimingStat stat) { return result.per_batch(timing.timing, stat)[b]; };
+    if (timing.json_nodes != nullptr) row[timing.json_nodes] = figure(cuda::kNodes);
+    if (timing.json_stem == nullptr) continue;
+    const std::string stem = timing.json_stem;
+    row[stem + "_median"] = figure(cuda::kMedian);
+    if (!timing.spread) continue;
+    row[stem + "_min"] = figure(cuda::kMin);
+    row[stem + "_max"] = figure(cuda::kMax);
+  }
+}
+
 // One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
 // alone, which is what the ideal counts (the fill is the model's own KV write in serving).
 void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResult& result, const cuda::Ceilings& ceilings, nlohmann::json& rows) {
   const model::CostParameters model_c = model::derive_ceilings(ceilings);
-  for (std::size_t b = 0; b < result.layer_us_median.size() && b < s.batches.size(); ++b) {
+  for (std::size_t b = 0; b < result.per_batch(cuda::Timing::with_fill).size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
     const ModelBytes ideal_bytes = mean_bytes(s.source.setting, s.batches[b], model::Variant::staging_direct, s.timed_cycle);
     const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
-    const double us = result.compose_us_median[b];
+    const double us = result.per_batch(cuda::Timing::compose_only)[b];
+    const double isolated_us = result.per_batch(cuda::Timing::isolated)[b];
+    const double pre_us = result.per_batch(cuda::Timing::pre_only)[b];
+    const double no_barrier_us = result.per_batch(cuda::Timing::compose_no_barrier)[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
     const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
     // The isolated current-page exchange exists where current pages move on their own: barrier +
@@ -142,23 +160,13 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
     rows.push_back({{"batch", b},
                     {"variant", model::to_string(variant)},
                     {"byte_exact", result.report.passed()},
-                    {"compose_us_per_layer_median", us},
-                    {"compose_us_per_layer_min", result.compose_us_min[b]},
-                    {"compose_us_per_layer_max", result.compose_us_max[b]},
-                    {"with_fill_us_per_layer_median", result.layer_us_median[b]},
-                    {"fill_alone_us_per_layer_median", result.fill_us_median[b]},
-                    {"pre_signal_alone_us_per_layer_median", result.pre_us_median[b] > 0 ? nlohmann::json(result.pre_us_median[b]) : nlohmann::json()},
-                    {"with_fill_us_per_layer_min", result.layer_us_min[b]},
-                    {"with_fill_us_per_layer_max", result.layer_us_max[b]},
-                    {"launches_per_layer_compose", result.compose_nodes_per_layer[b]},
-                    {"launches_per_layer_with_fill", result.nodes_per_layer[b]},
+                    {"pre_signal_alone_us_per_layer_median", pre_us > 0 ? nlohmann::json(pre_us) : nlohmann::json()},
                     {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0},
-                    {"isolated_current_us", isolated_applies ? nlohmann::json(result.isolated_us_median[b]) : nlohmann::json(nullptr)},
+                    {"isolated_current_us", isolated_applies ? nlohmann::json(isolated_us) : nlohmann::json(nullptr)},
                     {"barrier_share_us", model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather
-                                             ? nlohmann::json(result.isolated_us_median[b] - result.isolated_gather_us_median[b])
+                                             ? nlohmann::json(isolated_us - result.per_batch(cuda::Timing::isolated_gather_only)[b])
                                              : nlohmann::json(nullptr)},
-                    {"barrier_share_in_layer_us", result.compose_no_barrier_us_median[b] > 0 ? nlohmann::json(us - result.compose_no_barrier_us_median[b])
-                                                                                               : nlohmann::json(nullptr)},
+                    {"barrier_share_in_layer_us", no_barrier_us > 0 ? nlohmann::json(us - no_barrier_us) : nlohmann::json(nullptr)},
                     {"peer_bytes_per_rank_layer", bytes.peer},
                     {"local_bytes_per_rank_layer", bytes.local},
                     {"allreduce_bytes_per_layer", bytes.allreduce},
@@ -168,6 +176,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
                     {"model_us_per_layer", predicted},
                     {"model_error", predicted / us - 1.0},
                     {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
+    add_timing_keys(result, b, rows.back());
   }
 }
 
@@ -175,22 +184,19 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
 void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json gathers = nlohmann::json::array();
   for (const auto& g : ceilings.gather) {
-    gathers.push_back({{"page_bytes", g.page_bytes}, {"pages", g.pages}, {"gbps", g.gbps}, {"block_per_page_gbps", g.block_gbps},
-                       {"ce_batch_gbps", g.ce_batch_gbps}, {"bulk_tma_gbps", g.bulk_gbps},
-                       {"push_block_per_page_gbps", g.push_gbps}});
+    nlohmann::json row = {{"page_bytes", g.page_bytes}, {"pages", g.pages}};
+#define CPKV_GATHER_KEY(rank_field, field, key) row[key] = g.field;
+    CPKV_BENCH_GATHER_RATES(CPKV_GATHER_KEY)
+#undef CPKV_GATHER_KEY
+    gathers.push_back(row);
   }
   nlohmann::json curve = nlohmann::json::array();
   for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.first}, {"us", point.second}});
-  out["ceilings"] = {{"ce_peer_gbps", ceilings.ce_peer_gbps},
-                     {"ce_push_gbps", ceilings.ce_push_gbps},
-                     {"local_copy_gbps", ceilings.local_copy_gbps},
-                     {"barrier_us", ceilings.barrier_us},
-                     {"barrier_us_launch_free", ceilings.barrier_us_launch_free},
-                     {"barrier_us_graph", ceilings.barrier_us_graph},
-                     {"allreduce_busbw_gbps", ceilings.allreduce_busbw_gbps},
-                     {"allreduce_latency_us", ceilings.allreduce_latency_us},
-                     {"allreduce_curve", curve},
-                     {"gather", gathers}};
+  nlohmann::json measured = {{"allreduce_latency_us", ceilings.allreduce_latency_us}, {"allreduce_curve", curve}, {"gather", gathers}};
+#define CPKV_CEILING_KEY(name, fold) measured[#name] = ceilings.name;
+  CPKV_BENCH_CEILING_SCALARS(CPKV_CEILING_KEY)
+#undef CPKV_CEILING_KEY
+  out["ceilings"] = measured;
   const model::CostParameters model_c = model::derive_ceilings(ceilings);
   out["peer_gbps"] = model_c.peer_gbps;
   out["local_gbps"] = model_c.local_gbps;

@@ -272,8 +272,8 @@ void measure_ceilings(Rank& r, BenchRank& out) {
   r.barrier();
 }
 
-// Times the batch just run (its bytes were checked first): the layer loop with the fill, the
-// compose exchange alone (its fill done by the replays before it), the isolated exchange.
+// Times the batch just run (its bytes were checked first): every body of kTimingTable, each a
+// captured layer loop replayed `timing_reps` times.
 void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out) {
   if (batch_index >= kBenchBatchesMax) return;
   const std::int32_t layers = r.ctx.options.layers;
@@ -281,35 +281,38 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   // even number of layers (the CLI refuses --layers 1 for timing).
   const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
   const std::int32_t reps = r.ctx.cuda.timing_reps;
-  const std::vector<double> layer = graph_layer_us(r, cycle, reps, bodies.with_fill, out.nodes_per_layer[batch_index]);
-  out.layer_us_median[batch_index] = layer[layer.size() / 2];
-  out.layer_us_min[batch_index] = layer.front();
-  out.layer_us_max[batch_index] = layer.back();
-  const std::vector<double> compose = graph_layer_us(r, cycle, reps, bodies.compose_only, out.compose_nodes_per_layer[batch_index]);
-  out.compose_us_median[batch_index] = compose[compose.size() / 2];
-  out.compose_us_min[batch_index] = compose.front();
-  out.compose_us_max[batch_index] = compose.back();
-  // The parts timed alone, medians only.
-  const std::pair<const std::function<void(std::int32_t)>*, double(BenchRank::*)[kBenchBatchesMax]> parts[] = {
-      {&bodies.isolated, &BenchRank::isolated_us_median},     {&bodies.isolated_gather_only, &BenchRank::isolated_gather_us_median},
-      {&bodies.fill_only, &BenchRank::fill_us_median},        {&bodies.pre_only, &BenchRank::pre_us_median},
-      {&bodies.compose_no_barrier, &BenchRank::compose_no_barrier_us_median}};
-  for (const auto& [body, field] : parts) {
-    double nodes = 0;
-    const std::vector<double> us = graph_layer_us(r, cycle, reps, *body, nodes);
-    (out.*field)[batch_index] = us[us.size() / 2];
+  // In kTimingTable's order: compose_only's fill is the one the with_fill replays before it left.
+  for (const TimingRow& row : kTimingTable) {
+    double (&t)[kTimingStats][kBenchBatchesMax] = out.timing[timing_index(row.timing)];
+    const std::vector<double> us = graph_layer_us(r, cycle, reps, bodies[timing_index(row.timing)], t[kNodes][batch_index]);
+    t[kMedian][batch_index] = us[us.size() / 2];
+    t[kMin][batch_index] = us.front();
+    t[kMax][batch_index] = us.back();
   }
 }
 
 namespace {
 
+// One scalar ceiling over the ranks (CPKV_BENCH_CEILING_SCALARS): the least from rank 0 on, or the
+// most, no less than `to` holds already.
+void fold_scalar(const Bootstrap& boot, std::int32_t cp, double BenchRank::*field, CeilingFold fold, double& to) {
+  if (fold == kLeast) to = boot.bench_results[0].*field;
+  for (std::int32_t r = 0; r < cp; ++r) to = fold == kLeast ? std::min(to, boot.bench_results[r].*field) : std::max(to, boot.bench_results[r].*field);
+}
+
 // The ceilings, folded over the ranks: the slowest rank's rate and the longest wait.
 void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
-  c.ce_peer_gbps = 1e30;
-  c.ce_push_gbps = 1e30;
-  c.local_copy_gbps = 1e30;
+#define CPKV_FOLD_SCALAR(name, fold) fold_scalar(boot, cp, &BenchRank::name, fold, c.name);
+  CPKV_BENCH_CEILING_SCALARS(CPKV_FOLD_SCALAR)
+#undef CPKV_FOLD_SCALAR
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
-    for (int k = 0; k < kCeilingCounts; ++k) c.gather.push_back({kCeilingPageBytes[ps], kCeilingPageCounts[k], 1e30, 1e30, 1e30, 1e30, 1e30});
+    for (int k = 0; k < kCeilingCounts; ++k) {
+      Ceilings::Gather g{kCeilingPageBytes[ps], kCeilingPageCounts[k]};
+#define CPKV_GATHER_START(rank_field, field, key) g.field = 1e30;
+      CPKV_BENCH_GATHER_RATES(CPKV_GATHER_START)
+#undef CPKV_GATHER_START
+      c.gather.push_back(g);
+    }
   }
   if (boot.bench_results[0].allreduce_busbw_gbps > 0) {
     for (int s = 0; s < kAllreduceSizes; ++s) {
@@ -321,21 +324,12 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
   }
   for (std::int32_t r = 0; r < cp; ++r) {
     const BenchRank& br = boot.bench_results[r];
-    c.ce_peer_gbps = std::min(c.ce_peer_gbps, br.ce_peer_gbps);
-    c.ce_push_gbps = std::min(c.ce_push_gbps, br.ce_push_gbps);
-    c.local_copy_gbps = std::min(c.local_copy_gbps, br.local_copy_gbps);
-    c.barrier_us = std::max(c.barrier_us, br.barrier_us);
-    c.barrier_us_launch_free = std::max(c.barrier_us_launch_free, br.barrier_us_launch_free);
-    c.barrier_us_graph = std::max(c.barrier_us_graph, br.barrier_us_graph);
-    c.allreduce_busbw_gbps = r == 0 ? br.allreduce_busbw_gbps : std::min(c.allreduce_busbw_gbps, br.allreduce_busbw_gbps);
     for (int ps = 0; ps < kCeilingPageSizes; ++ps) {
       for (int k = 0; k < kCeilingCounts; ++k) {
         Ceilings::Gather& g = c.gather[ps * kCeilingCounts + k];
-        g.gbps = std::min(g.gbps, br.gather_gbps[ps][k]);
-        g.block_gbps = std::min(g.block_gbps, br.gather_block_gbps[ps][k]);
-        g.ce_batch_gbps = std::min(g.ce_batch_gbps, br.gather_ce_batch_gbps[ps][k]);
-        g.bulk_gbps = std::min(g.bulk_gbps, br.gather_bulk_gbps[ps][k]);
-        g.push_gbps = std::min(g.push_gbps, br.gather_push_gbps[ps][k]);
+#define CPKV_GATHER_FOLD(rank_field, field, key) g.field = std::min(g.field, br.rank_field[ps][k]);
+        CPKV_BENCH_GATHER_RATES(CPKV_GATHER_FOLD)
+#undef CPKV_GATHER_FOLD
       }
     }
   }
@@ -344,26 +338,20 @@ void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
 }  // namespace
 
 void fold_bench(const Bootstrap& boot, std::int32_t cp, std::int64_t batches_run, BenchResult& out) {
-  using PerBatch = double[kBenchBatchesMax];
   // One figure of batch b over the ranks: the worst (longest time, most nodes), or the least for a minimum.
-  const auto fold = [&](PerBatch BenchRank::*field, std::int64_t b, bool least) {
-    double v = (boot.bench_results[0].*field)[b];
-    for (std::int32_t r = 1; r < cp; ++r) v = least ? std::min(v, (boot.bench_results[r].*field)[b]) : std::max(v, (boot.bench_results[r].*field)[b]);
+  const auto fold = [&](int t, int stat, std::int64_t b) {
+    double v = boot.bench_results[0].timing[t][stat][b];
+    for (std::int32_t r = 1; r < cp; ++r) {
+      const double next = boot.bench_results[r].timing[t][stat][b];
+      v = stat == kMin ? std::min(v, next) : std::max(v, next);
+    }
     return v;
   };
-  const std::pair<PerBatch BenchRank::*, std::vector<double> BenchResult::*> worst[] = {
-      {&BenchRank::layer_us_median, &BenchResult::layer_us_median},       {&BenchRank::layer_us_max, &BenchResult::layer_us_max},
-      {&BenchRank::compose_us_median, &BenchResult::compose_us_median},   {&BenchRank::compose_us_max, &BenchResult::compose_us_max},
-      {&BenchRank::isolated_us_median, &BenchResult::isolated_us_median}, {&BenchRank::isolated_gather_us_median, &BenchResult::isolated_gather_us_median},
-      {&BenchRank::fill_us_median, &BenchResult::fill_us_median},         {&BenchRank::pre_us_median, &BenchResult::pre_us_median},
-      {&BenchRank::compose_no_barrier_us_median, &BenchResult::compose_no_barrier_us_median},
-      {&BenchRank::nodes_per_layer, &BenchResult::nodes_per_layer},       {&BenchRank::compose_nodes_per_layer, &BenchResult::compose_nodes_per_layer}};
-  const std::pair<PerBatch BenchRank::*, std::vector<double> BenchResult::*> least[] = {
-      {&BenchRank::layer_us_min, &BenchResult::layer_us_min}, {&BenchRank::compose_us_min, &BenchResult::compose_us_min}};
   const std::int64_t batches = std::min<std::int64_t>(batches_run, kBenchBatchesMax);
-  for (std::int64_t b = 0; b < batches; ++b) {
-    for (const auto& [from, to] : worst) (out.*to).push_back(fold(from, b, false));
-    for (const auto& [from, to] : least) (out.*to).push_back(fold(from, b, true));
+  for (int t = 0; t < kTimings; ++t) {
+    for (int stat = 0; stat < kTimingStats; ++stat) {
+      for (std::int64_t b = 0; b < batches; ++b) out.timing[t][stat].push_back(fold(t, stat, b));
+    }
   }
   fold_ceilings(boot, cp, out.ceilings);
   for (std::int32_t r = 0; r < cp; ++r) {

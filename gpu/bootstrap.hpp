@@ -39,22 +39,9 @@ inline constexpr std::uint64_t kAllreduceSizeBytes[kAllreduceSizes] = {4ULL << 1
 
 // What one rank measured in benchmark mode.
 struct BenchRank {
-  // Per batch: the layer with the producer step (fill), the compose exchange alone (fill done
-  // before the timed region), the isolated current-page exchange; each a median over replays of
-  // the batch's captured layer loop (CUDA graph), per layer.
-  double layer_us_median[kBenchBatchesMax];
-  double layer_us_min[kBenchBatchesMax];
-  double layer_us_max[kBenchBatchesMax];
-  double compose_us_median[kBenchBatchesMax];
-  double compose_us_min[kBenchBatchesMax];
-  double compose_us_max[kBenchBatchesMax];
-  double isolated_us_median[kBenchBatchesMax];
-  double isolated_gather_us_median[kBenchBatchesMax];  // the isolated exchange's gather without its barrier
-  double fill_us_median[kBenchBatchesMax];             // the producer launch alone
-  double pre_us_median[kBenchBatchesMax];              // the compose launch's pre-signal copies alone (0: none)
-  double compose_no_barrier_us_median[kBenchBatchesMax];  // the compose launch with its barrier taken out (0: it has none)
-  double nodes_per_layer[kBenchBatchesMax];          // launches (graph nodes) per layer, with the fill
-  double compose_nodes_per_layer[kBenchBatchesMax];  // the same, compose only
+  // Per batch, per timing of kTimingTable (gpu/bench_timings.hpp): median, min, max (where the row
+  // keeps its spread) and launches per layer.
+  double timing[kTimings][kTimingStats][kBenchBatchesMax];
   double ce_peer_gbps;
   double local_copy_gbps;
   double barrier_us;

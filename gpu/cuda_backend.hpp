@@ -14,6 +14,7 @@
 #include "cpkv/harness/run.hpp"
 #include "cpkv/model/costs.hpp"
 #include "cpkv/model/setting.hpp"
+#include "bench_timings.hpp"
 
 namespace cpkv::cuda {
 
@@ -45,19 +46,10 @@ using Ceilings = model::MeasuredCeilings;
 
 struct BenchResult {
   harness::RunReport report;
-  std::vector<double> layer_us_median;     // per batch, the layer with its fill: max over ranks of each rank's median
-  std::vector<double> layer_us_min;
-  std::vector<double> layer_us_max;
-  std::vector<double> compose_us_median;   // per batch: the compose exchange alone (fill before the timed region)
-  std::vector<double> compose_us_min;
-  std::vector<double> compose_us_max;
-  std::vector<double> isolated_us_median;  // per batch: the isolated current-page exchange
-  std::vector<double> isolated_gather_us_median;  // per batch: its gather alone (the barrier's share is the difference)
-  std::vector<double> fill_us_median;             // per batch: the producer launch alone (fill and zeroed tails)
-  std::vector<double> pre_us_median;              // per batch: the pre-signal copies alone (publish, pack; 0: none)
-  std::vector<double> compose_no_barrier_us_median;  // per batch: the compose launch without its barrier (timing only; 0: none)
-  std::vector<double> nodes_per_layer;     // per batch: launches per layer (CUDA graph nodes), with the fill
-  std::vector<double> compose_nodes_per_layer;
+  // Per batch, per timing of kTimingTable (gpu/bench_timings.hpp), folded over the ranks: the worst
+  // rank (the longest time, the most launches), the least for a minimum.
+  std::vector<double> timing[kTimings][kTimingStats];
+  const std::vector<double>& per_batch(Timing t, TimingStat stat = kMedian) const { return timing[timing_index(t)][stat]; }
   Ceilings ceilings;
   std::int64_t host_syncs_in_layer_loop = 0;
 };

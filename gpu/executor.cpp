@@ -9,31 +9,11 @@
 #include <fmt/format.h>
 
 #include "cpkv/model/expected.hpp"
-#include "device_plan.hpp"
-#include "mutant_policy.hpp"
-#include "rank.hpp"
+#include "batch_run.hpp"
 
 namespace cpkv::cuda {
 
 namespace {
-
-// One batch in flight on one rank: its plan on host and device, the launch arguments of every
-// layer (pointer tables, destinations: batch values, built once), and the planted bug's switches
-// (GpuMutantPolicy, gpu/mutant_policy.hpp; off unless asked for).
-struct BatchRun {
-  Rank& r;
-  const BatchPlan& b;
-  const DevicePlan& d;
-  kernels::VerifyResult* verify;
-  std::vector<kernels::ProduceArgs> produce;  // [layer]
-  std::vector<kernels::ComposeArgs> compose;  // [layer]
-  std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
-  std::uint64_t peer_pages_per_kind = 0;                   // pages gathered from peers, per kind and layer
-  std::uint64_t peer_bytes = 0;
-  GpuMutantPolicy mutant;
-
-  std::int32_t half_of(std::int32_t l) const { return mutant.single_half() ? 0 : model::parity_half(l); }
-};
 
 kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::size_t k) {
   const RankMemory& mem = run.r.mem;
@@ -126,105 +106,79 @@ void build_launches(BatchRun& run) {
   }
 }
 
-// After the compose launch: the all-reduces, the unpack, and the verify kernel, per kind.
-void layer_collectives(BatchRun& run, std::int32_t l, std::size_t k, bool check) {
+}  // namespace
+
+// After the compose launch, one kind: the all-reduces and the unpack.
+Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k) {
   Rank& r = run.r;
-  const model::Setting& setting = r.ctx.source.setting;
-  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
   const std::int32_t h = run.half_of(l);
   const std::uint64_t pb = r.page_bytes(k);
-  std::uint8_t* dense_k = r.mem.dense_half(h, k);
+  Reduced reduced;
   for (const model::SlotRange& range : run.b.plan.allreduce_ranges) {
     const std::uint64_t offset = r.mem.dense_offset[h][k] + range.slot_begin * pb;
     r.all_reduce(r.mem.dense + offset, r.mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
-    if (check) ++totals.collectives;
-    if (check) totals.bytes_reduced += (range.slot_end - range.slot_begin) * pb;
+    ++reduced.calls;
+    reduced.bytes += (range.slot_end - range.slot_begin) * pb;
   }
   if (run.b.plan.compact_allreduce) {
     r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * pb);
-    if (check) ++totals.collectives;
-    if (check) totals.bytes_reduced += run.b.plan.compact_pages * pb;
-    CPKV_CUDA_CHECK(kernels::launch_gather(dense_k, pb, run.tables[l][k], run.d.unpack, static_cast<std::int64_t>(run.b.unpack.size()), r.stream));
+    ++reduced.calls;
+    reduced.bytes += run.b.plan.compact_pages * pb;
+    CPKV_CUDA_CHECK(kernels::launch_gather(r.mem.dense_half(h, k), pb, run.tables[l][k], run.d.unpack, static_cast<std::int64_t>(run.b.unpack.size()), r.stream));
   }
-  if (check) run.peer_bytes += run.peer_pages_per_kind * pb;
-  if (check && r.ctx.cuda.verify) {
-    const std::size_t kinds = setting.kinds.size();
-    CPKV_CUDA_CHECK(kernels::launch_verify(dense_k, setting.kinds[k].row_bytes, setting.page_size, run.d.slots, static_cast<std::int64_t>(run.b.slots.size()),
-                                           r.ctx.options.seed, static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), run.verify + l * kinds + k, r.stream));
-  }
+  return reduced;
 }
 
-// One layer of the exchange, as the plan says, with no host synchronization inside: the dense
-// half cleared where the plan says so, the producer step (skipped when `fill` is false: the
-// benchmark's compose-only timing, whose fill was done before), the fused compose launch, then the
-// collectives. staging_direct is two launches: produce and compose.
-void run_layer(BatchRun& run, std::int32_t l, bool check, bool fill = true) {
+void clear_dense(BatchRun& run, std::int32_t l) {
+  if (!run.b.plan.zero_dense || run.mutant.skips_zero()) return;
+  Rank& r = run.r;
+  const std::size_t kinds = r.ctx.source.setting.kinds.size();
+  const std::int32_t h = run.half_of(l);
+  const std::uint64_t half_bytes = r.mem.dense_offset[h][kinds - 1] - r.mem.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
+}
+
+void produce(BatchRun& run, std::int32_t l) {
+  if (run.mutant.slow_producer()) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, run.r.stream));
+  CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], run.r.stream));
+}
+
+void compose(BatchRun& run, std::int32_t l) {
+  const kernels::ComposeArgs& args = run.compose[l];
+  if (args.barrier != kernels::kNoBarrier) ++run.r.barrier_phase;
+  CPKV_CUDA_CHECK(kernels::launch_compose(args, run.r.stream));
+}
+
+namespace {
+
+// The verify kernel of one kind of the layer (after its collectives).
+void verify_layer(BatchRun& run, std::int32_t l, std::size_t k) {
   Rank& r = run.r;
   const model::Setting& setting = r.ctx.source.setting;
   const std::size_t kinds = setting.kinds.size();
-  const std::int32_t h = run.half_of(l);
-  if (run.b.plan.zero_dense && !run.mutant.skips_zero()) {
-    const std::uint64_t half_bytes = r.mem.dense_offset[h][kinds - 1] - r.mem.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
-    CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
-  }
-  if (fill && run.mutant.slow_producer()) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, r.stream));
-  if (fill) CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream));
-  const kernels::ComposeArgs& compose = run.compose[l];
-  if (compose.barrier != kernels::kNoBarrier) {
-    ++r.barrier_phase;
-    if (check) ++r.ctx.boot->totals[r.ctx.rank].barriers;
-  }
-  CPKV_CUDA_CHECK(kernels::launch_compose(compose, r.stream));
-  for (std::size_t k = 0; k < kinds; ++k) {
-    if (setting.kind_active(k, l)) layer_collectives(run, l, k, check);
-  }
+  CPKV_CUDA_CHECK(kernels::launch_verify(r.mem.dense_half(run.half_of(l), k), setting.kinds[k].row_bytes, setting.page_size, run.d.slots,
+                                         static_cast<std::int64_t>(run.b.slots.size()), r.ctx.options.seed, static_cast<std::uint32_t>(l),
+                                         static_cast<std::uint32_t>(k), run.verify + l * kinds + k, r.stream));
 }
 
-// The isolated current-page exchange, for the benchmark (what it is comes from the plan, as the
-// variant table's `isolated` column says): the fused launch with only the current pages where the
-// plan has a barrier, the compact all-reduce of the same pages where it has one. Without
-// `with_barrier` the same gather runs with no flag (timing only: the barrier's share is the
-// difference).
-void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* current_only, std::int64_t current_count, bool with_barrier) {
+// One layer of the exchange, as the plan says, counted and checked: the parts of batch_run.hpp
+// (staging_direct is two launches: produce and compose), the totals, the verify kernel per kind.
+void run_layer(BatchRun& run, std::int32_t l) {
   Rank& r = run.r;
   const model::Setting& setting = r.ctx.source.setting;
-  if (run.b.plan.barrier) {
-    kernels::ComposeArgs a = run.compose[l];
-    a.entries = current_only;
-    a.pre_count = 0;
-    a.count = current_count;
-    a.barrier = with_barrier ? kernels::kSignalAtStart : kernels::kNoBarrier;
-    a.order_pre = 0;
-    if (with_barrier) ++r.barrier_phase;
-    CPKV_CUDA_CHECK(kernels::launch_compose(a, r.stream));
-  }
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  clear_dense(run, l);
+  produce(run, l);
+  if (run.compose[l].barrier != kernels::kNoBarrier) ++totals.barriers;
+  compose(run, l);
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-    if (setting.kind_active(k, l) && run.b.plan.compact_allreduce) {
-      r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * r.page_bytes(k));
-    }
+    if (!setting.kind_active(k, l)) continue;
+    const Reduced reduced = layer_collectives(run, l, k);
+    totals.collectives += reduced.calls;
+    totals.bytes_reduced += reduced.bytes;
+    run.peer_bytes += run.peer_pages_per_kind * r.page_bytes(k);
+    if (r.ctx.cuda.verify) verify_layer(run, l, k);
   }
-}
-
-// The compose launch's pre-signal copies alone (staging_publish's publish, v2's pack), no barrier:
-// what the bench sets beside the whole launch to see how much of the pre phase the rest overlaps.
-// Nothing is launched where the launch has no pre-signal copies.
-void run_pre_only(BatchRun& run, std::int32_t l) {
-  kernels::ComposeArgs a = run.compose[l];
-  if (a.pre_count == 0) return;
-  a.count = a.pre_count;
-  a.barrier = kernels::kNoBarrier;
-  a.order_pre = 0;
-  CPKV_CUDA_CHECK(kernels::launch_compose(a, run.r.stream));
-}
-
-// The compose launch of the layer with its barrier taken out, for the benchmark: what the barrier
-// costs inside the layer as run is the difference (timing only: without the flags the bytes read
-// from peers' staging may be stale). Nothing is launched where the launch has no barrier.
-void run_compose_no_barrier(BatchRun& run, std::int32_t l) {
-  kernels::ComposeArgs a = run.compose[l];
-  if (a.barrier == kernels::kNoBarrier) return;
-  a.barrier = kernels::kNoBarrier;
-  CPKV_CUDA_CHECK(kernels::launch_compose(a, run.r.stream));
 }
 
 // Pool content for the pages this rank owns (written once: it never changes), and garbage in the
@@ -312,24 +266,12 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   const std::int64_t syncs_before = r.host_syncs;
   for (std::int32_t l = 0; l < layers; ++l) {
     r.ctx.progress.at(batch_index, l);
-    run_layer(run, l, true);
+    run_layer(run, l);
     ++totals.layers;
   }
   BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
   bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / layers);
-  if (r.ctx.cuda.timing_reps > 0) {
-    std::vector<kernels::GatherEntry> current_only;
-    for (const kernels::GatherEntry& e : b.gather2) {
-      if (e.table_index >= r.cp() && e.table_index < 2 * r.cp()) current_only.push_back(e);
-    }
-    const kernels::GatherEntry* d_current_only = uploads.upload(current_only);
-    const LayerBodies bodies{[&](std::int32_t l) { run_layer(run, l, false); }, [&](std::int32_t l) { run_layer(run, l, false, false); },
-                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), true); },
-                             [&](std::int32_t l) { run_isolated(run, l, d_current_only, static_cast<std::int64_t>(current_only.size()), false); },
-                             [&](std::int32_t l) { CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], r.stream)); },
-                             [&](std::int32_t l) { run_pre_only(run, l); }, [&](std::int32_t l) { run_compose_no_barrier(run, l); }};
-    time_batch(r, batch_index, bodies, bench);
-  }
+  if (r.ctx.cuda.timing_reps > 0) time_run(run, uploads, batch_index);
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status
   totals.bytes_gathered_from_peers += run.peer_bytes;
   collect_findings(r, batch_index, verify);

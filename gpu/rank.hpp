@@ -92,15 +92,6 @@ void leave_group(Rank& r);
 
 // bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
 void measure_ceilings(Rank& r, BenchRank& out);
-struct LayerBodies {
-  std::function<void(std::int32_t)> with_fill;     // one layer: producer step + compose
-  std::function<void(std::int32_t)> compose_only;  // one layer without the producer step
-  std::function<void(std::int32_t)> isolated;      // the isolated current-page exchange
-  std::function<void(std::int32_t)> isolated_gather_only;  // the same without the barrier (its share)
-  std::function<void(std::int32_t)> fill_only;     // the producer step alone
-  std::function<void(std::int32_t)> pre_only;      // the compose launch's pre-signal copies alone (publish, pack)
-  std::function<void(std::int32_t)> compose_no_barrier;  // the compose launch with its barrier taken out (its share in the layer)
-};
 void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 
 // The whole life of one rank process (executor.cpp).

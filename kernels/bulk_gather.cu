@@ -14,8 +14,6 @@ namespace {
 
 namespace ptx = cuda::ptx;
 
-constexpr int kBulkStages = 2;
-
 __global__ void bulk_gather_kernel(std::uint8_t* dst, std::uint64_t page_bytes, const __grid_constant__ PointerTable table, const GatherEntry* entries,
                                    std::int64_t count, BulkStatus* status) {
   extern __shared__ __align__(128) std::uint8_t stage[];
@@ -65,7 +63,7 @@ cudaError_t launch_bulk_gather(std::uint8_t* dst, std::uint64_t page_bytes, Poin
   if (count == 0) return cudaSuccess;
   const std::int64_t chunks = count * static_cast<std::int64_t>((page_bytes + kBulkChunkBytes - 1) / kBulkChunkBytes);
   const int blocks = static_cast<int>(std::min<std::int64_t>(chunks, kBulkBlocksMax));
-  bulk_gather_kernel<<<blocks, 32, kBulkStages * kBulkChunkBytes, stream>>>(dst, page_bytes, table, entries, count, status);
+  bulk_gather_kernel<<<blocks, kBulkThreads, kBulkStages * kBulkChunkBytes, stream>>>(dst, page_bytes, table, entries, count, status);
   return cudaGetLastError();
 }
 

@@ -10,8 +10,19 @@
 
 namespace cpkv::kernels {
 
-namespace {
+void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
+  kind.page_bytes = page_bytes;
+  if (page_bytes % 16 != 0) {  // byte copies, one warp per page
+    kind.chunks = 1;
+    kind.chunk_bytes = page_bytes;
+    return;
+  }
+  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
+  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
+  kind.chunk_bytes = (even + 15) / 16 * 16;
+}
 
+namespace {
 
 __device__ void wait_flag(const ComposeArgs& a, std::int32_t peer, std::uint64_t phase) { wait_flag(a.peer_pads, a.rank, peer, phase, a.status); }
 
@@ -152,6 +163,44 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   }
 }
 
+// The compose grid's cap: every block resident at once (its blocks wait on each other), and at most
+// kComposeBlocksPerSm per SM (CPKV_COMPOSE_BLOCKS_PER_SM overrides it, for the bench's A/B).
+int compose_blocks_max() {
+  static const int blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CPKV_CUDA_CHECK(cudaGetDevice(&device));
+    CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CPKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compose_kernel, kComposeThreads, 0));
+    int wanted = kComposeBlocksPerSm;
+    if (const char* text = std::getenv("CPKV_COMPOSE_BLOCKS_PER_SM"); text != nullptr && std::atoi(text) > 0) wanted = std::atoi(text);
+    return std::max(1, sms * std::min(per_sm, wanted));
+  }();
+  return blocks;
+}
+
+}  // namespace
+
+cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
+  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
+  CPKV_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
+  std::int32_t items_per_entry = 0;
+  for (int k = 0; k < args.kinds; ++k) {
+    const ComposeKind& kind = args.kind[k];
+    CPKV_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
+    CPKV_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
+    items_per_entry += kind.chunks;
+  }
+  ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
+  launched.items_per_entry = items_per_entry;
+  const std::int64_t items = args.count * items_per_entry;
+  const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
+  const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));
+  compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(launched);
+  return cudaGetLastError();
+}
+
+namespace {
+
 // Stores `bytes` (1..8) of `word` at `out`, the widest stores the row's alignment allows: rows start
 // at multiples of row_bytes from a 256-byte-aligned base.
 __device__ __forceinline__ void store_word(std::uint8_t* out, std::uint64_t word, std::uint32_t bytes, std::uint32_t row_bytes) {
@@ -187,6 +236,19 @@ __global__ void produce_kernel(const __grid_constant__ ProduceArgs a) {
   }
 }
 
+}  // namespace
+
+cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
+  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
+  if (args.page_count == 0 || args.kinds == 0) return cudaSuccess;
+  const std::int64_t rows = args.page_count * args.page_size;
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((rows + kProduceWarps - 1) / kProduceWarps, 1, kProduceBlocksMax));
+  produce_kernel<<<dim3(blocks, args.kinds), kProduceThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
                                     BarrierStatus* status) {
   const std::uint64_t phase = state->phase + 1;
@@ -199,67 +261,11 @@ __global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_
   if (p == 0) state->phase = phase;
 }
 
-// The compose grid's cap: every block resident at once (its blocks wait on each other), and at most
-// kComposeBlocksPerSm per SM (CPKV_COMPOSE_BLOCKS_PER_SM overrides it, for the bench's A/B).
-int compose_blocks_max() {
-  static const int blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CPKV_CUDA_CHECK(cudaGetDevice(&device));
-    CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CPKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compose_kernel, kComposeThreads, 0));
-    int wanted = kComposeBlocksPerSm;
-    if (const char* text = std::getenv("CPKV_COMPOSE_BLOCKS_PER_SM"); text != nullptr && std::atoi(text) > 0) wanted = std::atoi(text);
-    return std::max(1, sms * std::min(per_sm, wanted));
-  }();
-  return blocks;
-}
-
 }  // namespace
-
-void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes) {
-  kind.page_bytes = page_bytes;
-  if (page_bytes % 16 != 0) {  // byte copies, one warp per page
-    kind.chunks = 1;
-    kind.chunk_bytes = page_bytes;
-    return;
-  }
-  kind.chunks = static_cast<std::int32_t>((page_bytes + kChunkBytesMax - 1) / kChunkBytesMax);
-  const std::uint64_t even = (page_bytes + kind.chunks - 1) / kind.chunks;
-  kind.chunk_bytes = (even + 15) / 16 * 16;
-}
-
-cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
-  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier
-  CPKV_ASSERT(args.pre_count >= 0 && args.pre_count <= args.count && args.state != nullptr);
-  std::int32_t items_per_entry = 0;
-  for (int k = 0; k < args.kinds; ++k) {
-    const ComposeKind& kind = args.kind[k];
-    CPKV_ASSERT(kind.chunks >= 1 && kind.chunk_bytes * kind.chunks >= kind.page_bytes && kind.chunk_bytes * (kind.chunks - 1) < kind.page_bytes);
-    CPKV_ASSERT(kind.page_bytes % 16 != 0 || (kind.chunk_bytes % 16 == 0 && kind.chunk_bytes <= kChunkBytesMax));
-    items_per_entry += kind.chunks;
-  }
-  ComposeArgs launched = args;  // what the kernel derives its work items from, summed here once
-  launched.items_per_entry = items_per_entry;
-  const std::int64_t items = args.count * items_per_entry;
-  const std::int64_t wanted = std::max<std::int64_t>(1, (items + kComposeWarps - 1) / kComposeWarps);
-  const int blocks = static_cast<int>(std::min<std::int64_t>(wanted, compose_blocks_max()));
-  compose_kernel<<<blocks, kComposeThreads, 0, stream>>>(launched);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
-  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
-  if (args.page_count == 0 || args.kinds == 0) return cudaSuccess;
-  constexpr int kWarpsPerBlock = 8;
-  const std::int64_t rows = args.page_count * args.page_size;
-  const int blocks = static_cast<int>(std::clamp<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, 4096));
-  produce_kernel<<<dim3(blocks, args.kinds), 32 * kWarpsPerBlock, 0, stream>>>(args);
-  return cudaGetLastError();
-}
 
 cudaError_t launch_barrier_next(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
                                 BarrierStatus* status, cudaStream_t stream) {
-  barrier_next_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, state, lag, status);
+  barrier_next_kernel<<<kOneBlock, kBarrierThreads, 0, stream>>>(peer_pads, rank, cp, state, lag, status);
   return cudaGetLastError();
 }
 

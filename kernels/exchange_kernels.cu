@@ -10,6 +10,21 @@ namespace cpkv::kernels {
 
 namespace {
 
+// Thread p of the barrier block: signal peer p (write `phase` into word `rank` of its pad), then
+// wait until peer p's signal in the own pad reaches `phase`. False (and `status` written) on timeout.
+__device__ bool signal_and_wait(std::uint64_t* const* peer_pads, std::int32_t rank, int p, std::uint64_t phase, BarrierStatus* status) {
+  store_release_sys(peer_pads[p] + rank, phase);
+  return wait_flag(peer_pads, rank, p, phase, status);
+}
+
+int blocks_for(std::int64_t items, int threads, int cap) {
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((items + threads - 1) / threads, cap)));
+}
+
+}  // namespace
+
+namespace {
+
 __global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page_bytes, const __grid_constant__ PointerTable table,
                               const GatherEntry* __restrict__ entries, std::int64_t count) {
   const bool vector_ok = page_bytes % 16 == 0;
@@ -52,6 +67,18 @@ __global__ void gather_kernel(std::uint8_t* __restrict__ dst, std::uint64_t page
   }
 }
 
+}  // namespace
+
+cudaError_t launch_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries, std::int64_t count,
+                          cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::min<std::int64_t>(count, kGatherBlocksMax));
+  gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(dst, page_bytes, table, entries, count);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void populate_pool_kernel(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
                                      const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind) {
   const std::uint32_t words = (row_bytes + 7) / 8;
@@ -67,13 +94,18 @@ __global__ void populate_pool_kernel(std::uint8_t* pool, std::uint32_t row_bytes
   }
 }
 
+}  // namespace
 
-// Thread p of the barrier block: signal peer p (write `phase` into word `rank` of its pad), then
-// wait until peer p's signal in the own pad reaches `phase`. False (and `status` written) on timeout.
-__device__ bool signal_and_wait(std::uint64_t* const* peer_pads, std::int32_t rank, int p, std::uint64_t phase, BarrierStatus* status) {
-  store_release_sys(peer_pads[p] + rank, phase);
-  return wait_flag(peer_pads, rank, p, phase, status);
+cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
+                                 const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind,
+                                 cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  const std::int64_t items = count * page_size * ((row_bytes + 7) / 8);
+  populate_pool_kernel<<<blocks_for(items, kElementwiseThreads, kPopulateBlocksMax), kElementwiseThreads, 0, stream>>>(pool, row_bytes, page_size, logical, local, count, seed, layer, kind);
+  return cudaGetLastError();
 }
+
+namespace {
 
 // One block; thread p < cp talks to peer p.
 __global__ void barrier_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status) {
@@ -84,6 +116,16 @@ __global__ void barrier_kernel(std::uint64_t* const* peer_pads, std::int32_t ran
   }
   __syncthreads();
 }
+
+}  // namespace
+
+cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status,
+                           cudaStream_t stream) {
+  barrier_kernel<<<kOneBlock, kBarrierThreads, 0, stream>>>(peer_pads, rank, cp, phase, status);
+  return cudaGetLastError();
+}
+
+namespace {
 
 // `count` barriers back to back in one launch (the launch-free latency); stops at a timeout.
 __global__ void barrier_loop_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
@@ -100,6 +142,16 @@ __global__ void barrier_loop_kernel(std::uint64_t* const* peer_pads, std::int32_
     if (stop) return;
   }
 }
+
+}  // namespace
+
+cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
+                                std::int32_t count, BarrierStatus* status, cudaStream_t stream) {
+  barrier_loop_kernel<<<kOneBlock, kBarrierThreads, 0, stream>>>(peer_pads, rank, cp, first_phase, count, status);
+  return cudaGetLastError();
+}
+
+namespace {
 
 __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
                               std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result) {
@@ -131,6 +183,19 @@ __global__ void verify_kernel(const std::uint8_t* dense, std::uint32_t row_bytes
   }
 }
 
+}  // namespace
+
+cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
+                          std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result,
+                          cudaStream_t stream) {
+  if (slot_count == 0) return cudaSuccess;
+  const std::int64_t items = slot_count * page_size * ((row_bytes + 7) / 8);
+  verify_kernel<<<blocks_for(items, kElementwiseThreads, kVerifyBlocksMax), kElementwiseThreads, 0, stream>>>(dense, row_bytes, page_size, slots, slot_count, seed, layer, kind, result);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void sum_bytes_kernel(std::uint8_t* dst, const __grid_constant__ PointerTable table, std::int32_t cp, std::uint64_t bytes) {
   for (std::uint64_t i = blockIdx.x * std::uint64_t{blockDim.x} + threadIdx.x; i < bytes; i += std::uint64_t{gridDim.x} * blockDim.x) {
     std::uint32_t sum = 0;
@@ -139,82 +204,52 @@ __global__ void sum_bytes_kernel(std::uint8_t* dst, const __grid_constant__ Poin
   }
 }
 
+}  // namespace
+
+cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return cudaSuccess;
+  sum_bytes_kernel<<<blocks_for(static_cast<std::int64_t>(bytes), kElementwiseThreads, kSumBlocksMax), kElementwiseThreads, 0, stream>>>(dst, table, cp, bytes);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void spin_kernel(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {
   }
 }
 
+}  // namespace
+
+cudaError_t launch_spin(long long cycles, cudaStream_t stream) {
+  spin_kernel<<<kOneBlock, kOneThread, 0, stream>>>(cycles);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void stamp_kernel(std::uint64_t* word, std::uint64_t value) { store_release_sys(word, value); }
+
+}  // namespace
+
+cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t stream) {
+  stamp_kernel<<<kOneBlock, kOneThread, 0, stream>>>(word, value);
+  return cudaGetLastError();
+}
+
+namespace {
 
 __global__ void check_stamps_kernel(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors) {
   const int p = threadIdx.x;
   if (p < cp && load_acquire_sys(words[p]) != expected) atomicAdd(errors, 1ULL);
 }
 
-int blocks_for(std::int64_t items, int threads, int cap) {
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>((items + threads - 1) / threads, cap)));
-}
-
 }  // namespace
-
-cudaError_t launch_gather(std::uint8_t* dst, std::uint64_t page_bytes, PointerTable table, const GatherEntry* entries, std::int64_t count,
-                          cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
-  const int blocks = static_cast<int>(std::min<std::int64_t>(count, kGatherBlocksMax));
-  gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(dst, page_bytes, table, entries, count);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_populate_pool(std::uint8_t* pool, std::uint32_t row_bytes, std::int32_t page_size, const std::int64_t* logical,
-                                 const std::int64_t* local, std::int64_t count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind,
-                                 cudaStream_t stream) {
-  if (count == 0) return cudaSuccess;
-  const std::int64_t items = count * page_size * ((row_bytes + 7) / 8);
-  populate_pool_kernel<<<blocks_for(items, 256, 4096), 256, 0, stream>>>(pool, row_bytes, page_size, logical, local, count, seed, layer, kind);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_barrier(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t phase, BarrierStatus* status,
-                           cudaStream_t stream) {
-  barrier_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, phase, status);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t cp, std::uint64_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return cudaSuccess;
-  sum_bytes_kernel<<<blocks_for(static_cast<std::int64_t>(bytes), 256, 4096), 256, 0, stream>>>(dst, table, cp, bytes);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_spin(long long cycles, cudaStream_t stream) {
-  spin_kernel<<<1, 1, 0, stream>>>(cycles);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t stream) {
-  stamp_kernel<<<1, 1, 0, stream>>>(word, value);
-  return cudaGetLastError();
-}
 
 cudaError_t launch_check_stamps(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors,
                                 cudaStream_t stream) {
-  check_stamps_kernel<<<1, 32, 0, stream>>>(words, cp, expected, errors);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
-                                std::int32_t count, BarrierStatus* status, cudaStream_t stream) {
-  barrier_loop_kernel<<<1, 32, 0, stream>>>(peer_pads, rank, cp, first_phase, count, status);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_verify(const std::uint8_t* dense, std::uint32_t row_bytes, std::int32_t page_size, const SlotSource* slots,
-                          std::int64_t slot_count, std::uint64_t seed, std::uint32_t layer, std::uint32_t kind, VerifyResult* result,
-                          cudaStream_t stream) {
-  if (slot_count == 0) return cudaSuccess;
-  const std::int64_t items = slot_count * page_size * ((row_bytes + 7) / 8);
-  verify_kernel<<<blocks_for(items, 256, 8192), 256, 0, stream>>>(dense, row_bytes, page_size, slots, slot_count, seed, layer, kind, result);
+  check_stamps_kernel<<<kOneBlock, kBarrierThreads, 0, stream>>>(words, cp, expected, errors);
   return cudaGetLastError();
 }
 

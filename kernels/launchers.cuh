@@ -1,6 +1,6 @@
 // Every host launcher of the cpkv kernels (one header lists them, as DeepEP does). Each kernel sits
 // beside its launcher in a .cu file; each launcher returns the cudaError_t of its launch so callers
-// check it with CPKV_CUDA_CHECK. Limits live in kernels/config.cuh.
+// check it with CPKV_CUDA_CHECK. Limits and launch shapes live in kernels/config.cuh.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,92 @@
+// The bench's measurements in one place. The per-batch timings, one row each (as DeepEP keeps its
+// launch configs in one header):
+// what is timed, whether its spread is kept, and the stem of its JSON keys. Every rank's record
+// (BenchRank), the folded result (BenchResult), the timing loop (time_batch), the fold over ranks
+// (fold_bench) and the bodies (LayerBodies, indexed by Timing) derive from this table, so adding a
+// timing is one row here and its body. The CLI's rows name the figures that are derived from two
+// timings (a barrier's share, a figure left null where a variant has no such part) itself.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace cpkv::cuda {
+
+enum class Timing : int {
+  with_fill,             // one layer: producer step + compose
+  compose_only,          // one layer without the producer step (its fill done by the replays before it)
+  isolated,              // the isolated current-page exchange
+  isolated_gather_only,  // the same without the barrier (the barrier's share is the difference)
+  fill_only,             // the producer launch alone (fill and zeroed tails)
+  pre_only,              // the compose launch's pre-signal copies alone (publish, pack; 0: none)
+  compose_no_barrier,    // the compose launch with its barrier taken out (timing only; 0: none)
+};
+// What is kept of one timing, per batch: the median, min and max over replays of the batch's
+// captured layer loop (CUDA graph), per layer, and the launches (graph nodes) per layer.
+enum TimingStat : int { kMedian = 0, kMin = 1, kMax = 2, kNodes = 3, kTimingStats = 4 };
+
+struct TimingRow {
+  Timing timing;
+  const char* name;
+  // Min and max reported (else only the median and the launches are).
+  bool spread;
+  // JSON key stem of `cpkv bench`'s rows: <stem>_median (and _min, _max where spread); nullptr where
+  // the CLI derives the row's figures from this timing and others.
+  const char* json_stem;
+  // JSON key of the launches per layer, or nullptr.
+  const char* json_nodes;
+};
+
+inline constexpr TimingRow kTimingTable[] = {
+    {Timing::with_fill, "with_fill", true, "with_fill_us_per_layer", "launches_per_layer_with_fill"},
+    {Timing::compose_only, "compose_only", true, "compose_us_per_layer", "launches_per_layer_compose"},
+    {Timing::isolated, "isolated", false, nullptr, nullptr},
+    {Timing::isolated_gather_only, "isolated_gather_only", false, nullptr, nullptr},
+    {Timing::fill_only, "fill_only", false, "fill_alone_us_per_layer", nullptr},
+    {Timing::pre_only, "pre_only", false, nullptr, nullptr},
+    {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr},
+};
+inline constexpr int kTimings = static_cast<int>(std::size(kTimingTable));
+
+constexpr bool timing_table_in_order() {
+  for (int i = 0; i < kTimings; ++i) {
+    if (static_cast<int>(kTimingTable[i].timing) != i) return false;
+  }
+  return true;
+}
+static_assert(timing_table_in_order(), "kTimingTable's rows are in Timing's order (rows are indexed by it)");
+static_assert(kTimings == static_cast<int>(Timing::compose_no_barrier) + 1, "a row for every Timing");
+
+constexpr int timing_index(Timing t) { return static_cast<int>(t); }
+
+// The scalar ceilings: each rank measures one into the BenchRank field of the name, the bench folds
+// them over the ranks into the Ceilings (model::MeasuredCeilings) field of the same name, and the
+// name is its key in `cpkv bench`'s "ceilings" object, so a new scalar is one X(...) here (and its
+// field in both structs). X(name, fold): kLeast for a rate (the slowest rank), kMost for a wait (the
+// longest).
+enum CeilingFold : int { kLeast, kMost };
+#define CPKV_BENCH_CEILING_SCALARS(X) \
+  X(ce_peer_gbps, kLeast)             \
+  X(ce_push_gbps, kLeast)             \
+  X(local_copy_gbps, kLeast)          \
+  X(barrier_us, kMost)                \
+  X(barrier_us_launch_free, kMost)    \
+  X(barrier_us_graph, kMost)          \
+  X(allreduce_busbw_gbps, kLeast)
+
+// The gather sweep's rates, per page size and page count: X(rank_field, field, json_key), the
+// BenchRank array each rank fills, the Ceilings::Gather field the bench folds it into (the slowest
+// rank), and its key in each row of `cpkv bench`'s "ceilings"."gather".
+#define CPKV_BENCH_GATHER_RATES(X)                               \
+  X(gather_gbps, gbps, "gbps")                                   \
+  X(gather_block_gbps, block_gbps, "block_per_page_gbps")        \
+  X(gather_ce_batch_gbps, ce_batch_gbps, "ce_batch_gbps")        \
+  X(gather_bulk_gbps, bulk_gbps, "bulk_tma_gbps")                \
+  X(gather_push_gbps, push_gbps, "push_block_per_page_gbps")
+
+// One body per timing: the layer loop time_batch captures and replays.
+using LayerBodies = std::array<std::function<void(std::int32_t)>, kTimings>;
+
+}  // namespace cpkv::cuda
