@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|perf|lean|quick|probe|benches]
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
 # (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
@@ -9,6 +9,7 @@
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
+# (foreign: verify, the conformance harness on CUDA ranks, and a functional bench on one GPU)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,12 +39,36 @@ if ! ls /usr/lib/x86_64-linux-gnu/cmake/rapidcheck >/dev/null 2>&1; then
   export CMAKE_PREFIX_PATH="/tmp/rc/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 fi
 build="$root/build-gpu"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure.log" 2>&1 \
+# The Python package (and the conformance harness) against the machine's own python3 with PyTorch,
+# where it has one (Debian's /usr/bin/python3 there has no pybind11 and no torch).
+py_args=()
+if python3 -c "import torch, pybind11" >/dev/null 2>&1; then
+  py_args=(-DPython3_EXECUTABLE="$(command -v python3)" -Dpybind11_DIR="$(python3 -m pybind11 --cmakedir)")
+fi
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 "${py_args[@]}" > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 grep "cpkv:" "$OUT/configure.log"
 cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
+if [[ "$what" == foreign ]]; then
+  # Issue 23's CUDA path and the house on one GPU: the gpu tests (the conformance harness's CUDA
+  # test among them), the GPU planted bugs, the harness's CLI on CUDA ranks (a pass and a planted
+  # bug), and a functional bench (oversubscribed ranks: its figures are not timings).
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|passed|failed" "$OUT/gpu-tests.log" | tail -30
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"
+  export PYTHONPATH="$build/python"
+  for args in "--impl cpkv.conformance.reference:StagingDirect" "--impl cpkv.conformance.reference:V2" \
+              "--impl cpkv.conformance.reference:StagingDirect --mutant single_half" "--impl cpkv.conformance.reference:StagingDirect --swarm --seed 4"; do
+    timeout 180 python3 -m cpkv.conformance "$root/traces/samples/tiny.jsonl" $args --ranks 2 --device cuda --window 10 >> "$OUT/conformance-cuda.txt" 2>&1
+    echo "conformance cuda $args: exit $?" | tee -a "$OUT/conformance-cuda.txt"
+  done
+  tail -40 "$OUT/conformance-cuda.txt"
+  timeout 200 "$cpkv" bench "$root/traces/samples/tiny.jsonl" --backend cuda --cp 2 --layers 2 --reps 3 --json "$OUT/bench-smoke.json" > "$OUT/bench-smoke.txt" 2>&1
+  echo "bench smoke (oversubscribed, not a timing): exit $?"; tail -12 "$OUT/bench-smoke.txt"
+fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
