@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|perf|lean|quick|probe|benches]
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
 # (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
@@ -9,7 +9,7 @@
 # (perf: a functional smoke replay, the gpu tests, `cpkv mutants --backend cuda`, then the benchmark
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
-# (foreign: verify, the conformance harness on CUDA ranks, and a functional bench on one GPU)
+# (foreign: verify and the conformance harness on CUDA ranks; conformance: the harness part alone)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -53,12 +53,18 @@ echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
 if [[ "$what" == foreign ]]; then
   # Issue 23's CUDA path and the house on one GPU: the gpu tests (the conformance harness's CUDA
-  # test among them), the GPU planted bugs, the harness's CLI on CUDA ranks (a pass and a planted
-  # bug), and a functional bench (oversubscribed ranks: its figures are not timings).
+  # test among them) and the GPU planted bugs; the harness's CLI on CUDA ranks follows.
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|passed|failed" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == foreign || "$what" == conformance ]]; then
+  # (conformance: this part alone) the harness's CUDA test, then its CLI on CUDA ranks.
+  if [[ "$what" == conformance ]]; then
+    (cd "$build" && ctest -R cpkv.python.conformance_gpu --output-on-failure --timeout 300) > "$OUT/gpu-tests.log" 2>&1
+    echo "conformance gpu test: exit $?"; grep -E "passed|failed|skipped|Error" "$OUT/gpu-tests.log" | tail -20
+  fi
   export PYTHONPATH="$build/python"
   for args in "--impl cpkv.conformance.reference:StagingDirect" "--impl cpkv.conformance.reference:V2" \
               "--impl cpkv.conformance.reference:StagingDirect --mutant single_half" "--impl cpkv.conformance.reference:StagingDirect --swarm --seed 4"; do
@@ -66,8 +72,6 @@ if [[ "$what" == foreign ]]; then
     echo "conformance cuda $args: exit $?" | tee -a "$OUT/conformance-cuda.txt"
   done
   tail -40 "$OUT/conformance-cuda.txt"
-  timeout 200 "$cpkv" bench "$root/traces/samples/tiny.jsonl" --backend cuda --cp 2 --layers 2 --reps 3 --json "$OUT/bench-smoke.json" > "$OUT/bench-smoke.txt" 2>&1
-  echo "bench smoke (oversubscribed, not a timing): exit $?"; tail -12 "$OUT/bench-smoke.txt"
 fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.

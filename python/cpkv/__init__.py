@@ -30,6 +30,18 @@ Every number comes from the C++ model; this package only converts and arranges.
 
 from __future__ import annotations
 
+import importlib.util as _importlib_util
+import os as _os
+import sys as _sys
+
+# PyTorch first, where it is installed: measured on the GPU machine (PyTorch 2.11, pybind11 3.1,
+# 2026-12-01), `import cpkv` and then `import torch` aborts inside torch's import ("free(): invalid
+# pointer"; both extensions share pybind11's internals, and torch's must be the first made), while
+# `import torch` and then `import cpkv` works. CPKV_IMPORT_TORCH_FIRST=0 turns this off.
+if (_os.environ.get("CPKV_IMPORT_TORCH_FIRST", "1") != "0" and "torch" not in _sys.modules
+        and _importlib_util.find_spec("torch") is not None):
+    import torch as _torch  # noqa: F401
+
 from . import _cpkv
 from ._check import assert_dense_equal, first_mismatch
 from ._cpkv import (
