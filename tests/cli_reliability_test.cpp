@@ -508,6 +508,21 @@ TEST_F(CliReliability, AFileNameOfAnyBytesFitsTheTraceHeader) {
   EXPECT_FALSE(fs::exists(dir_ / "p.jsonl"));
 }
 
+// A trace whose name is not UTF-8: the replay ran every variant, then failed writing its --json
+// ("invalid UTF-8 byte"), the results lost (issue 22, item 7). The name is escaped in the report,
+// for the simulator and the model alike.
+TEST_F(CliReliability, AReplayOfATraceNamedInAnyBytesWritesItsJson) {
+  const fs::path trace = dir_ / "t\xff.jsonl";
+  fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", trace);
+  for (const char* backend : {"sim", "model"}) {
+    SCOPED_TRACE(backend);
+    const fs::path json = dir_ / fmt::format("{}.json", backend);
+    const CliRun run = cpkv({"replay", trace.string(), "--backend", backend, "--variant", "staging_direct", "--json", json.string()});
+    ASSERT_EQ(run.status, 0) << run.err;
+    EXPECT_EQ(nlohmann::json::parse(slurp(json))["trace"], (dir_ / "t\\xFF.jsonl").string());
+  }
+}
+
 // A positive quantity too small to compute with: 5e-324 GB/s printed "inf" and 1e-300 printed
 // 300-digit figures, exit 0 (issue 22, item 19). The range now starts at option_limits::positive_min.
 TEST_F(CliReliability, PositiveQuantitiesTooSmallToComputeWithAreRefused) {

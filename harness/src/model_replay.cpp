@@ -14,6 +14,7 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/traces/text.hpp"
 
 namespace cpkv::harness {
 namespace {
@@ -164,7 +165,7 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
                  t.evaluations, t.model_seconds, batches_per_second, t.read_seconds);
   ModelReplayOutput result;
   result.json = {
-        {"trace", label}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
+        {"trace", traces::escape_bytes(label)}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
         {"staging_slots", cost_model.staging_slots()}, {"batches", t.batches}, {"requests", t.requests}, {"extend_tokens", t.extend_tokens},
         {"prefix_tokens", t.prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", t.rejected.size()},
         {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},

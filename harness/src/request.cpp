@@ -9,6 +9,7 @@
 #include "cpkv/harness/shared_region.hpp"
 #include "cpkv/model/assert.hpp"
 #include "cpkv/model/limits.hpp"
+#include "cpkv/traces/text.hpp"
 
 namespace cpkv::harness {
 
@@ -203,7 +204,8 @@ std::vector<std::string> failure_lines(const RunReport& report, const std::strin
 
 nlohmann::json replay_json(const CheckedRequest& checked, const ScannedSource& scanned, std::string_view mode, const nlohmann::json& runs) {
   const ReplayRequest& r = checked.request;
-  return {{"trace", r.trace_label}, {"seed", r.seed}, {"layers", scanned.layers}, {"mode", mode}, {"mutant", r.mutant},
+  // The name as the user gave it, its non-UTF-8 bytes written \\xNN: JSON holds only UTF-8 (issue 22, item 7).
+  return {{"trace", traces::escape_bytes(r.trace_label)}, {"seed", r.seed}, {"layers", scanned.layers}, {"mode", mode}, {"mutant", r.mutant},
           {"rejected_batches", rejected_json(scanned.scan.rejected)}, {"runs", runs}};
 }
 
