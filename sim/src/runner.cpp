@@ -205,6 +205,9 @@ RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& op
 namespace {
 
 enum RankExit : int { kRankOk = kRankExitOk, kRankDeadlock = kRankExitDeadlock, kRankError = kRankExitError };
+// A thread rank that left its wait because a peer thread had already stopped (threads only: rank
+// processes are ended by the launcher). Not a finding of its own: the peer's is the report.
+constexpr int kRankLeftForAStoppedPeer = 100;
 
 // The rank a waiting rank waits for: the first peer whose arrival counter of the kind it waits at
 // is behind its own (it has arrived; they have not), or kWaitingOnPeers if none is (yet).
@@ -223,8 +226,11 @@ std::int32_t waited_on(const World& world, std::int32_t rank, Op op) {
 
 // The body of one free-running rank. Returns its exit code. `progress` is the launcher's record of
 // this rank (processes only): every step beats it, every wait says on whom.
+// `peers_stopped` (threads): set once a peer thread stopped; a wait then ends at once instead of
+// running into its own bound while the peer it waits for is gone.
 int free_rank(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
-              const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress) {
+              const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress,
+              const std::atomic<bool>* peers_stopped = nullptr) {
   RankMachine machine(world, source.setting, options, rank);
   FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
   const auto run_program = [&]() -> int {
@@ -240,6 +246,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
       }
       while (!machine.runnable()) {
         if (++spins > 64) injector.between_polls();
+        if (peers_stopped != nullptr && spins % 64 == 0 && peers_stopped->load(std::memory_order_relaxed)) return kRankLeftForAStoppedPeer;
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;
@@ -287,15 +294,17 @@ void run_rank_threads(const World& world, const BatchSource& source, const harne
   std::vector<int> status(cp, kRankOk);
   std::vector<std::string> errors(cp);
   std::atomic<std::int32_t> finished{0};
+  std::atomic<bool> stopped{false};  // a thread ended other than normally: its peers' waits end too
   std::vector<std::thread> threads;
   for (std::int32_t r = 0; r < cp; ++r) {
     threads.emplace_back([&, r] {
       try {
-        status[r] = free_rank(world, source, options, faults, limits, r, nullptr);
+        status[r] = free_rank(world, source, options, faults, limits, r, nullptr, &stopped);
       } catch (const std::exception& e) {
         status[r] = kRankError;
         errors[r] = e.what();
       }
+      if (status[r] != kRankOk) stopped.store(true);
       finished.fetch_add(1);
     });
   }
@@ -307,7 +316,7 @@ void run_rank_threads(const World& world, const BatchSource& source, const harne
   for (std::thread& t : threads) t.join();
   for (std::int32_t r = 0; r < cp && report.failure.empty(); ++r) {
     if (status[r] == kRankDeadlock) report.deadlock = true;
-    if (status[r] != kRankOk) {
+    if (status[r] != kRankOk && status[r] != kRankLeftForAStoppedPeer) {
       report.failure = fmt::format("rank {} stopped ({}{}): {}", r, status[r] == kRankDeadlock ? "wait limit" : "error",
                                    errors[r].empty() ? "" : ": " + errors[r], describe_positions(world));
     }
