@@ -37,8 +37,16 @@ std::string describe(const Violation& v) {
                                            "byte exactness",
                                            "capability agreement",
                                            "liveness"};
-  return fmt::format("invariant {} ({}): rank {} batch {} layer {} slot {} step {}: {}", v.invariant,
-                     kNames[std::clamp(v.invariant, 0, kInvariants)], v.rank, v.batch, v.layer, v.slot, v.step, v.detail);
+  // Where, in words: a field that does not apply (-1) is left out, not printed as -1 (issue 25,
+  // item 4); a violation seen only once the group stopped says so.
+  std::string where;
+  if (v.rank >= 0) where += fmt::format(" rank {}", v.rank);
+  if (v.batch >= 0) where += fmt::format(" batch {}", v.batch);
+  if (v.layer >= 0) where += fmt::format(" layer {}", v.layer);
+  if (v.slot >= 0) where += fmt::format(" slot {}", v.slot);
+  if (v.step >= 0) where += fmt::format(" step {}", v.step);
+  if (v.batch < 0 && v.layer < 0 && v.step < 0) where += " at the end of the run";
+  return fmt::format("invariant {} ({}):{}: {}", v.invariant, kNames[std::clamp(v.invariant, 0, kInvariants)], where, v.detail);
 }
 
 }  // namespace cpkv::harness
