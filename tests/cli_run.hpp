@@ -45,6 +45,18 @@ inline std::string slurp(const fs::path& path) {
   return buffer.str();
 }
 
+// A scratch folder of this test process (`stem` names the suite), and a file written into it.
+inline fs::path temp_dir(const std::string& stem) {
+  const fs::path dir = fs::temp_directory_path() / (stem + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+inline std::string write_temp(const std::string& stem, const std::string& name, const std::string& text) {
+  const fs::path path = temp_dir(stem) / name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path.string();
+}
+
 inline fs::path cpkv_binary() { return fs::path(CPKV_BINARY_DIR) / "cli" / "cpkv"; }
 
 inline std::string sample(const std::string& name) { return (fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / name).string(); }

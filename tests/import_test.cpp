@@ -37,17 +37,8 @@ using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-fs::path temp_dir() {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_import_test_{}", ::getpid());
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string write_temp(const std::string& name, const std::string& text) {
-  const fs::path path = temp_dir() / name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path.string();
-}
+fs::path temp_dir() { return cpkv::test::temp_dir("cpkv_import_test"); }
+std::string write_temp(const std::string& name, const std::string& text) { return cpkv::test::write_temp("cpkv_import_test", name, text); }
 
 std::string log_line(std::int64_t timestamp, std::int64_t input, std::vector<std::int64_t> hashes) {
   return nlohmann::json{{"timestamp", timestamp}, {"input_length", input}, {"output_length", 1}, {"hash_ids", hashes}}.dump() + "\n";

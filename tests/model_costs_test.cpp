@@ -26,17 +26,8 @@ using cpkv::model::Batch;
 using cpkv::model::Request;
 using namespace cpkv::test;  // NOLINT: the CLI tests' one runner (cli_run.hpp)
 
-fs::path temp_dir() {
-  const fs::path dir = fs::temp_directory_path() / fmt::format("cpkv_costs_test_{}", ::getpid());
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string write_temp(const std::string& name, const std::string& text) {
-  const fs::path path = temp_dir() / name;
-  std::ofstream(path, std::ios::binary) << text;
-  return path.string();
-}
+fs::path temp_dir() { return cpkv::test::temp_dir("cpkv_costs_test"); }
+std::string write_temp(const std::string& name, const std::string& text) { return cpkv::test::write_temp("cpkv_costs_test", name, text); }
 
 // The closed form must be the model: compare every field of model::layer_bytes(variant_plan(...))
 // for random batches under every split policy, cp 1..8, every rank, variant and layer.

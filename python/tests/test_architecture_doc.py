@@ -3,7 +3,7 @@
 Why it matters: the architecture page is how a new engineer (or an engine team adding a backend or
 a foreign implementation) finds their way; a page that names files that moved or functions that no
 longer exist sends them to the wrong place. Every backticked path must exist in the repository
-(`cpkv/harness/x.hpp` include paths are looked up under the folders' include/), and every
+(whole paths from the repository root, as a reader would type them), and every
 backticked `path: name` pair must name an identifier that occurs in that file.
 """
 
@@ -20,13 +20,7 @@ EXTENSIONS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh", ".md", ".txt", 
 
 def resolve(token: str) -> Path | None:
     candidate = ROOT / token
-    if candidate.exists():
-        return candidate
-    if token.startswith("cpkv/"):  # an include path: <folder>/include/cpkv/<folder>/...
-        for include in ROOT.glob("*/include"):
-            if (include / token).exists():
-                return include / token
-    return None
+    return candidate if candidate.exists() else None
 
 
 def backticked(text: str) -> list[str]:
@@ -62,5 +56,6 @@ def test_every_named_function_occurs_in_its_file():
 def test_the_checker_itself_sees_a_missing_file_and_a_missing_function(tmp_path):
     """The two checks can fail: a made-up path does not resolve, a made-up name does not occur."""
     assert resolve("harness/src/no_such_file.cpp") is None
-    assert resolve("cpkv/harness/request.hpp") is not None
+    assert resolve("cpkv/harness/request.hpp") is None  # an include path is not a path in the repository
+    assert resolve("harness/include/cpkv/harness/request.hpp") is not None
     assert not re.search(r"\bno_such_function\b", (ROOT / "harness/src/request.cpp").read_text())
