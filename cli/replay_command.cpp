@@ -181,7 +181,7 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--schedule", o->request.schedule,
                   "run the ranks as step machines under a schedule instead: 'random' (from --seed), 'round-robin', or a FILE of choices");
   cmd->add_option("--seed", o->request.seed, "the one seed of every random choice (content, schedule, injected delays)")->capture_default_str()->check(seed_value());
-  cmd->add_option("--mutant", o->request.mutant, fmt::format("switch on a planted bug: {} (the simulator holds every one; cuda: {})", harness::mutant_names(), harness::mutant_names(harness::kGpuHolds)))->capture_default_str();
+  cmd->add_option("--mutant", o->request.mutant, fmt::format("switch on a planted bug: {} (the simulator holds the protocol's; cuda: {}; around an --exchange plugin the harness holds: {})", harness::mutant_names(), harness::mutant_names(harness::kGpuHolds), harness::mutant_names(harness::kHarnessHolds)))->capture_default_str();
   cmd->add_option("--layers", o->layers, "layers simulated per batch: a number or 'all'")->capture_default_str();
   cmd->add_option("--batch", o->request.batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--wait-ms-max", o->request.wait_ms_max, "bound on any single wait of a rank (default: sim 20000, cuda 120000)")->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
@@ -191,8 +191,12 @@ void register_replay(CLI::App& app) {
       ->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
   cmd->add_option("--ipc-missing-rank", o->request.ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
   cmd->add_flag("--swarm", o->request.swarm,
-                "free-running: draw every fault knob (delay probabilities and lengths, the slow rank, where it is slow and how it rotates, "
-                "where ranks yield) from --seed and print them, instead of the fixed defaults");
+                "free-running sim: draw every fault knob (delay probabilities and lengths, the slow rank, where it is slow and how it rotates, "
+                "where ranks yield) from --seed and print them, instead of the fixed defaults; cuda: a rotating slow rank whose spin before its exchange is drawn from --seed");
+  cmd->add_option("--exchange", o->request.exchange,
+                  "cuda: run this exchange plugin (a shared object exporting cpkv_exchange_v1, include/cpkv/exchange_abi.h) instead of cpkv's own "
+                  "fused compose, under the same checks; its own planted bugs and the harness's (stale_page_inverse, reused_plan, unzeroed_rows) "
+                  "are taken by --mutant");
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file (a regular file)");
   add_model_replay_options(cmd, o->model);

@@ -83,7 +83,7 @@ class CudaBackend final : public harness::Backend {
   explicit CudaBackend(CudaOptions options) : options_(options) {}
   std::string name() const override { return "cuda"; }
   harness::RunReport run(const harness::BatchSource& source, const harness::RunOptions& options) override {
-    if (!harness::held_by(options.mutant, harness::kGpuHolds)) {
+    if (!harness::held_by(options.mutant, harness::kGpuHolds | harness::kHarnessHolds)) {
       throw std::invalid_argument(fmt::format("the GPU backend does not hold planted bug '{}'", harness::to_string(options.mutant)));
     }
     return run_group(source, options, options_, nullptr);
@@ -103,19 +103,42 @@ BenchResult run_bench(const harness::BatchSource& source, const harness::RunOpti
   return result;
 }
 
+// --swarm on the GPU: a rotating slow rank whose spin before its exchange is drawn from the seed,
+// 1 to 8 Mi cycles (about 0.5 to 4.5 ms on an H200).
+std::int64_t slow_rank_cycles_of(std::uint64_t seed) {
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return static_cast<std::int64_t>((z ^ (z >> 31)) % 8 + 1) << 20;
+}
+
 void register_backend(harness::Registry& registry) {
   harness::BackendEntry cuda;
   cuda.name = "cuda";
-  cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device";
-  cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault;
-  cuda.mutants = harness::kGpuHolds;
+  cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
+                 "--exchange runs a plugin's exchange instead of cpkv's own";
+  cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
+  cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;
     if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;
     if (c.request.wait_ms_max) options.wait_ms_max = *c.request.wait_ms_max;
     options.on_progress = progress;
+    options.exchange = c.exchange;
+    if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
+  };
+  cuda.knobs_line = [](const harness::CheckedRequest& c) {
+    std::string line;
+    if (c.exchange) {
+      line = fmt::format("exchange: plugin '{}' ({}), ABI version {}", c.exchange->name, c.request.exchange.value_or(""), CPKV_EXCHANGE_ABI_VERSION);
+    }
+    if (c.request.swarm) {
+      line += fmt::format("{}slow rank: (batch + layer) % cp spins {} cycles before its exchange (drawn from seed {})", line.empty() ? "" : " | ",
+                          slow_rank_cycles_of(c.request.seed), c.request.seed);
+    }
+    return line;
   };
   registry.add(std::move(cuda));
 }

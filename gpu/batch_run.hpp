@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "device_plan.hpp"
@@ -42,6 +43,18 @@ void clear_dense(BatchRun& run, std::int32_t l);
 void produce(BatchRun& run, std::int32_t l);
 void compose(BatchRun& run, std::int32_t l);
 Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k);
+
+// What every exchange's batch shares (executor.cpp), cpkv's own and a plugin's (plugin_host.cpp):
+// the pool content of the pages this rank owns and garbage in the dense buffers; the verify kernel
+// of one kind of a layer over dense half `half`; a violation; what the device found in the batch
+// (the barrier status, wrong bytes), recorded.
+void populate(Rank& r, const BatchPlan& b, const DevicePlan& d);
+void verify_kind(Rank& r, const BatchPlan& b, const DevicePlan& d, kernels::VerifyResult* verify, std::int32_t l, std::size_t k, std::int32_t half);
+harness::Violation violation(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, const std::string& detail);
+void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* verify);
+
+// plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange.
+void run_plugin_batches(Rank& r, kernels::VerifyResult* verify);
 
 // bench_bodies.cpp: times the batch just run (its bytes checked first) with every body of
 // kTimingTable; the isolated exchange's current pages are uploaded through `uploads`.

@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include "checks.cuh"
+#include "cpkv/exchange_abi.h"
 #include "config.cuh"
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/run.hpp"
@@ -75,6 +76,10 @@ struct Bootstrap {
   std::atomic<std::int64_t> violations_by_invariant[harness::kInvariants + 1];  // every violation, kept or not
   harness::Violation violations[harness::kViolationsMax];
   cudaIpcMemHandle_t bench[kRanksMax];
+  // An exchange plugin's symmetric allocations (alloc_symmetric, in call order) and each rank's
+  // verdict on the batch in flight (1: it refused it as an overflow), compared for invariant 3.
+  cudaIpcMemHandle_t symmetric[kRanksMax][CPKV_SYMMETRIC_MAX];
+  std::atomic<std::int32_t> plugin_refused[kRanksMax];
   BenchRank bench_results[kRanksMax];
   // barrier_stress results
   std::atomic<std::uint64_t> phase_errors[kRanksMax];

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/harness/exchange_plugin.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/harness/run.hpp"
 #include "cpkv/model/costs.hpp"
@@ -39,6 +40,11 @@ struct CudaOptions {
   // Called on the launching thread with the batches every rank has finished (about every 100 ms);
   // for a progress bar. May be empty.
   std::function<void(std::int64_t batches_done)> on_progress;
+  // The exchange: cpkv's own fused compose (null) or a loaded plugin (include/cpkv/exchange_abi.h).
+  std::shared_ptr<const harness::ExchangePlugin> exchange;
+  // A rotating slow rank: on layer l of batch b, rank (b + l) % cp spins this many cycles on its
+  // stream before its exchange starts (0: none; replay --swarm draws it from the seed).
+  std::int64_t slow_rank_cycles = 0;
 };
 
 // Ceilings measured in the same run (all ranks at once), worst rank: the cost model's own input type.

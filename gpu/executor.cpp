@@ -108,6 +108,14 @@ void build_launches(BatchRun& run) {
 
 }  // namespace
 
+void verify_kind(Rank& r, const BatchPlan& b, const DevicePlan& d, kernels::VerifyResult* verify, std::int32_t l, std::size_t k, std::int32_t half) {
+  const model::Setting& setting = r.ctx.source.setting;
+  const std::size_t kinds = setting.kinds.size();
+  CPKV_CUDA_CHECK(kernels::launch_verify(r.mem.dense_half(half, k), setting.kinds[k].row_bytes, setting.page_size, d.slots,
+                                         static_cast<std::int64_t>(b.slots.size()), r.ctx.options.seed, static_cast<std::uint32_t>(l),
+                                         static_cast<std::uint32_t>(k), verify + l * kinds + k, r.stream));
+}
+
 // After the compose launch, one kind: the all-reduces and the unpack.
 Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k) {
   Rank& r = run.r;
@@ -138,6 +146,11 @@ void clear_dense(BatchRun& run, std::int32_t l) {
   CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
 }
 
+void slow_rank_delay(Rank& r, std::int32_t l) {
+  if (r.ctx.cuda.slow_rank_cycles <= 0 || (r.batch_index + l) % r.cp() != r.ctx.rank) return;
+  CPKV_CUDA_CHECK(kernels::launch_spin(r.ctx.cuda.slow_rank_cycles, r.stream));
+}
+
 void produce(BatchRun& run, std::int32_t l) {
   if (run.mutant.slow_producer()) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, run.r.stream));
   CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], run.r.stream));
@@ -152,14 +165,7 @@ void compose(BatchRun& run, std::int32_t l) {
 namespace {
 
 // The verify kernel of one kind of the layer (after its collectives).
-void verify_layer(BatchRun& run, std::int32_t l, std::size_t k) {
-  Rank& r = run.r;
-  const model::Setting& setting = r.ctx.source.setting;
-  const std::size_t kinds = setting.kinds.size();
-  CPKV_CUDA_CHECK(kernels::launch_verify(r.mem.dense_half(run.half_of(l), k), setting.kinds[k].row_bytes, setting.page_size, run.d.slots,
-                                         static_cast<std::int64_t>(run.b.slots.size()), r.ctx.options.seed, static_cast<std::uint32_t>(l),
-                                         static_cast<std::uint32_t>(k), run.verify + l * kinds + k, r.stream));
-}
+void verify_layer(BatchRun& run, std::int32_t l, std::size_t k) { verify_kind(run.r, run.b, run.d, run.verify, l, k, run.half_of(l)); }
 
 // One layer of the exchange, as the plan says, counted and checked: the parts of batch_run.hpp
 // (staging_direct is two launches: produce and compose), the totals, the verify kernel per kind.
@@ -168,6 +174,7 @@ void run_layer(BatchRun& run, std::int32_t l) {
   const model::Setting& setting = r.ctx.source.setting;
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
   clear_dense(run, l);
+  slow_rank_delay(r, l);
   produce(run, l);
   if (run.compose[l].barrier != kernels::kNoBarrier) ++totals.barriers;
   compose(run, l);
@@ -180,6 +187,8 @@ void run_layer(BatchRun& run, std::int32_t l) {
     if (r.ctx.cuda.verify) verify_layer(run, l, k);
   }
 }
+
+}  // namespace
 
 // Pool content for the pages this rank owns (written once: it never changes), and garbage in the
 // dense buffers, as a fresh allocation would hold; then every pool is populated before anyone gathers.
@@ -241,8 +250,11 @@ void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* 
   }
 }
 
+namespace {
+
 // One batch: plan, upload, populate, the layers, the benchmark's timing, one synchronization, findings.
 void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
+  r.batch_index = batch_index;
   const model::Setting& setting = r.ctx.source.setting;
   const std::int32_t layers = r.ctx.options.layers;
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
@@ -304,13 +316,17 @@ int cuda_rank(const RankContext& ctx) {
   const std::size_t verify_slots = static_cast<std::size_t>(ctx.options.layers) * ctx.source.setting.kinds.size();
   kernels::VerifyResult* verify = nullptr;
   CPKV_CUDA_CHECK(cudaMalloc(&verify, verify_slots * sizeof(kernels::VerifyResult)));
-  std::vector<bool> populated(ctx.source.setting.pool_pages_per_rank(), false);
-  harness::BatchCursor cursor(ctx.source);
-  while (std::optional<model::Batch> batch = cursor.next()) {
-    ctx.progress.at(cursor.index(), -1);
-    ctx.progress.step("batch");
-    run_batch(r, *batch, cursor.index(), populated, verify);
-    ctx.boot->batches_done[ctx.rank].fetch_add(1);
+  if (ctx.cuda.exchange) {
+    run_plugin_batches(r, verify);
+  } else {
+    std::vector<bool> populated(ctx.source.setting.pool_pages_per_rank(), false);
+    harness::BatchCursor cursor(ctx.source);
+    while (std::optional<model::Batch> batch = cursor.next()) {
+      ctx.progress.at(cursor.index(), -1);
+      ctx.progress.step("batch");
+      run_batch(r, *batch, cursor.index(), populated, verify);
+      ctx.boot->batches_done[ctx.rank].fetch_add(1);
+    }
   }
   check_drained(r);
   leave_group(r);

@@ -65,6 +65,7 @@ struct Rank {
   // Every host-device synchronization of the batch path goes through sync_stream and is counted, so
   // the benchmark reports how many fall inside the layer loop (the seeds found 642 per forward).
   std::int64_t host_syncs = 0;
+  std::int64_t batch_index = 0;     // the batch in flight
 
   std::int32_t cp() const { return ctx.source.setting.cp; }
   std::uint64_t page_bytes(std::size_t kind) const {
@@ -93,6 +94,9 @@ void leave_group(Rank& r);
 // bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
 void measure_ceilings(Rank& r, BenchRank& out);
 void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
+
+// The rotating slow rank of CudaOptions::slow_rank_cycles, before layer l's exchange (executor.cpp).
+void slow_rank_delay(Rank& r, std::int32_t l);
 
 // The whole life of one rank process (executor.cpp).
 int cuda_rank(const RankContext& ctx);

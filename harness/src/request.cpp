@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/shared_region.hpp"
@@ -92,7 +93,7 @@ void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
   } given[] = {{r.ranks_as.has_value(), kTakesRanksAs, "ranks_as"},       {r.schedule.has_value(), kTakesSchedule, "schedule"},
                {r.swarm, kTakesSwarm, "swarm"},                           {r.wait_ms_max.has_value(), kTakesWaitMsMax, "wait_ms_max"},
                {r.stuck_ms_max.has_value(), kTakesStuckMsMax, "stuck_ms_max"}, {r.ipc_missing_rank >= 0, kTakesIpcFault, "ipc_missing_rank"},
-               {r.event_log, kTakesEventLog, "event_log"}};
+               {r.event_log, kTakesEventLog, "event_log"},                 {r.exchange.has_value(), kTakesExchange, "exchange"}};
   for (const auto& g : given) {
     if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
   }
@@ -113,6 +114,40 @@ void check_numbers(const ReplayRequest& r) {
   }
 }
 
+// The plugin loaded and checked against the request: the variants asked for are ones it implements
+// ("all": every one it implements), a planted bug is one it holds itself or one of the harness's
+// that reaches what it reads. Without a plugin the harness's own planted bugs have nothing to reach.
+void check_exchange(CheckedRequest& c) {
+  const ReplayRequest& r = c.request;
+  const std::uint32_t needs = c.mutant == Mutant::stale_page_inverse ? CPKV_USES_INVERSE : c.mutant == Mutant::reused_plan ? CPKV_USES_PLAN
+                              : c.mutant == Mutant::unzeroed_rows ? CPKV_USES_ROWS : 0u;
+  if (!r.exchange) {
+    if (needs != 0) throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin: give --exchange", r.mutant));
+    return;
+  }
+  c.exchange = load_exchange_plugin(*r.exchange);
+  const ExchangePlugin& plugin = *c.exchange;
+  std::string implemented;
+  for (model::Variant v : plugin.variants) implemented += (implemented.empty() ? "" : ", ") + std::string(model::to_string(v));
+  std::vector<model::Variant> chosen;
+  for (model::Variant v : c.variants) {
+    if (plugin.implements(v)) {
+      chosen.push_back(v);
+    } else if (r.variant != "all") {
+      throw RequestError("variant", fmt::format("exchange plugin '{}' does not implement {} (it implements: {})", plugin.name, model::to_string(v), implemented));
+    }
+  }
+  c.variants = chosen;
+  if (needs != 0 && (plugin.uses & needs) == 0) {
+    throw RequestError("mutant", fmt::format("'{}' cannot reach exchange plugin '{}': it does not read that input (cpkv_exchange_v1.uses)", r.mutant, plugin.name));
+  }
+  if (c.mutant != Mutant::none && needs == 0 && !plugin.holds(r.mutant)) {
+    throw RequestError("mutant", fmt::format("exchange plugin '{}' does not hold planted bug '{}' (it holds: {}; the harness holds: {})", plugin.name, r.mutant,
+                                             plugin.mutants.empty() ? std::string("none") : fmt::format("{}", fmt::join(plugin.mutants, ", ")),
+                                             mutant_names(kHarnessHolds)));
+  }
+}
+
 }  // namespace
 
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry) {
@@ -126,6 +161,7 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
   c.mutant = checked_mutant(request, *c.backend);
   check_numbers(request);
   check_taken(request, *c.backend);
+  check_exchange(c);
   if (request.event_log && c.variants.size() != 1) throw RequestError("event_log", "give one variant (the log is one run's)");
   if (c.backend->check) c.backend->check(c);
   return c;
@@ -185,6 +221,7 @@ std::string replay_line(const CheckedRequest& checked, model::Variant variant, s
   if (checked.mutant != Mutant::none) line += fmt::format(" --mutant {}", to_string(checked.mutant));
   if (r.batch) line += fmt::format(" --batch {}", *r.batch);
   if (r.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", r.ipc_missing_rank);
+  if (r.exchange) line += fmt::format(" --exchange {}", traces::escape_bytes(*r.exchange));
   return line;
 }
 

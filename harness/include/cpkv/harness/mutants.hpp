@@ -31,12 +31,18 @@ enum class Mutant : std::uint8_t {
   plan_rebuilt_per_layer,
   reversed_request_order,
   unmatched_arrival,
+  stale_page_inverse,
+  reused_plan,
+  unzeroed_rows,
 };
 
 // Which backends can switch a planted bug on (a bit set: a bug may live in several).
 enum BackendBits : std::uint8_t {
   kSimulatorHolds = 1u << 0,  // sim/: the step machine asks sim::MutantPolicy
   kGpuHolds = 1u << 1,        // gpu/: the executor asks cuda::GpuMutantPolicy
+  // gpu/: the harness around any exchange plugin corrupts an input it hands over
+  // (include/cpkv/exchange_abi.h); it applies to a plugin that reads that input (cpkv_exchange_v1.uses).
+  kHarnessHolds = 1u << 2,
 };
 
 struct MutantInfo {
@@ -48,7 +54,7 @@ struct MutantInfo {
 };
 
 inline constexpr MutantInfo kMutantTable[] = {
-    {Mutant::none, "none", 0, kSimulatorHolds | kGpuHolds, "the correct protocol"},
+    {Mutant::none, "none", 0, kSimulatorHolds | kGpuHolds | kHarnessHolds, "the correct protocol"},
     {Mutant::single_half, "single_half", 2, kSimulatorHolds | kGpuHolds, "every layer uses staging half 0"},
     {Mutant::no_barrier, "no_barrier", 2, kSimulatorHolds | kGpuHolds, "the counting barrier is skipped"},
     {Mutant::arrive_before_fill, "arrive_before_fill", 2, kSimulatorHolds, "arrive at the barrier before the fill, wait after it"},
@@ -66,6 +72,10 @@ inline constexpr MutantInfo kMutantTable[] = {
      "the layout puts requests in reverse order: self-consistent, only a plain oracle sees it"},
     {Mutant::unmatched_arrival, "unmatched_arrival", 4, kSimulatorHolds,
      "rank 0 arrives once more after a batch's last layer, unwaited: only quiescence sees it"},
+    {Mutant::stale_page_inverse, "stale_page_inverse", 6, kHarnessHolds,
+     "the harness hands a plugin the first batch's page inverse on every later batch (a plugin that reads it)"},
+    {Mutant::reused_plan, "reused_plan", 5, kHarnessHolds, "the harness hands a plugin the first batch's compose plan on every later batch"},
+    {Mutant::unzeroed_rows, "unzeroed_rows", 6, kHarnessHolds, "the harness hands a plugin current rows whose partial pages' tails are not zeroed"},
 };
 inline constexpr std::size_t kMutantRows = std::size(kMutantTable);
 
@@ -98,15 +108,19 @@ constexpr std::array<Mutant, count_held(Backend)> held_by() {
 }  // namespace detail
 static_assert(detail::mutant_table_follows_enum(),
               "kMutantTable: one row per Mutant in enum order, unique names, none first with invariant 0, the rest 1..8, each held somewhere");
-static_assert(static_cast<std::size_t>(Mutant::unmatched_arrival) + 1 == kMutantRows,
+static_assert(static_cast<std::size_t>(Mutant::unzeroed_rows) + 1 == kMutantRows,
               "kMutantTable: a row is missing (the last enumerator must close the table)");
 
 // Every planted bug (none excluded), and the subsets each backend holds, in the table's order.
-inline constexpr std::array<Mutant, detail::count_held(kSimulatorHolds | kGpuHolds)> kAllMutants =
-    detail::held_by<kSimulatorHolds | kGpuHolds>();
+// kAllMutants: the protocol's planted bugs (every one the simulator holds); kHarnessMutants: the
+// harness's own around a plugin.
+inline constexpr std::uint8_t kEveryBackend = kSimulatorHolds | kGpuHolds | kHarnessHolds;
+inline constexpr std::array<Mutant, detail::count_held(kSimulatorHolds | kGpuHolds)> kAllMutants = detail::held_by<kSimulatorHolds | kGpuHolds>();
 inline constexpr auto kSimulatorMutants = detail::held_by<kSimulatorHolds>();
 inline constexpr auto kGpuMutants = detail::held_by<kGpuHolds>();
-static_assert(kAllMutants.size() + 1 == kMutantRows, "every planted bug is held by some backend");
+inline constexpr auto kHarnessMutants = detail::held_by<kHarnessHolds>();
+static_assert(kAllMutants.size() + kHarnessMutants.size() + 1 == kMutantRows, "every planted bug is held by some backend");
+static_assert(kAllMutants.size() == kSimulatorMutants.size(), "the simulator holds every protocol planted bug");
 
 constexpr const MutantInfo& info(Mutant mutant) { return kMutantTable[static_cast<std::size_t>(mutant)]; }
 constexpr std::string_view to_string(Mutant mutant) { return info(mutant).name; }
@@ -114,6 +128,6 @@ constexpr bool held_by(Mutant mutant, std::uint8_t backends) { return (info(muta
 // "none" or a row's name; anything else: nullopt.
 std::optional<Mutant> parse_mutant(std::string_view text);
 // "none, single_half, ..." of the mutants a backend set holds (none included), for help texts and errors.
-std::string mutant_names(std::uint8_t backends = kSimulatorHolds | kGpuHolds);
+std::string mutant_names(std::uint8_t backends = kEveryBackend);
 
 }  // namespace cpkv::harness

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cpkv/harness/exchange_plugin.hpp"
 #include "cpkv/harness/mutants.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/run.hpp"
@@ -49,6 +50,7 @@ enum RequestOptionBits : std::uint32_t {
   kTakesStuckMsMax = 1u << 4,    // stuck_ms_max
   kTakesIpcFault = 1u << 5,      // ipc_missing_rank
   kTakesEventLog = 1u << 6,      // event_log (scheduled runs only)
+  kTakesExchange = 1u << 7,      // exchange: a plugin shared object (include/cpkv/exchange_abi.h)
 };
 
 struct ReplayRequest {
@@ -66,6 +68,7 @@ struct ReplayRequest {
   std::optional<std::int64_t> stuck_ms_max;   // default: the backend's
   std::int32_t ipc_missing_rank = -1;         // -1: none
   bool event_log = false;
+  std::optional<std::string> exchange;        // an exchange plugin's path (default: the backend's own exchange)
 };
 
 // Bounds of the numeric options, with their reasons (the CLI's and Python's alike).
@@ -82,6 +85,7 @@ struct CheckedRequest {
   std::vector<model::Variant> variants;
   Mutant mutant = Mutant::none;
   std::shared_ptr<const void> backend_state;  // what the entry's check parsed (the simulator's schedule)
+  std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: none given)
 };
 
 // A progress callback: batches every rank has finished.

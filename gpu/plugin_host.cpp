@@ -1,0 +1,450 @@
+// The host side of the exchange plugin ABI (include/cpkv/exchange_abi.h) in one GPU rank: the
+// context a plugin sees (the setting as C arrays, the pool and dense buffers, a flag pad of its own,
+// the batch and this rank's page inverse, this layer's current rows), its services (symmetric
+// allocations over CUDA IPC, a sum all-reduce), and the batch loop around its calls: population,
+// the rows, the rotating slow rank, the byte check after every layer, the overflow verdicts
+// compared over the group (invariant 3), and the planted bugs that live in the harness.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "batch_run.hpp"
+#include "cpkv/model/plan.hpp"
+#include "cpkv/traces/trace.hpp"
+
+namespace cpkv::cuda {
+
+static_assert(CPKV_CP_MAX == kRanksMax, "the ABI's rank arrays hold one node's ranks");
+static_assert(CPKV_KINDS_MAX == kernels::kKindsMax, "the ABI's kind count is the kernels'");
+
+namespace {
+
+struct SymmetricBlock {
+  std::uint8_t* local = nullptr;
+  std::vector<std::uint8_t*> peers;
+  std::uint64_t bytes = 0;
+};
+
+// This batch's ABI view and what backs it: host arrays, and device copies (freed with `uploads`).
+struct PluginBatch {
+  cpkv_batch c{};
+  std::vector<std::int64_t> prefix_len, extend_len, page_begin, page_table;
+  std::string json;
+  std::vector<std::int32_t> plan_table_index, writer, produce_row_token, inv_request, row_request;
+  std::vector<std::int64_t> plan_source_page, current_slot, own_current_index, row_token, inv_token, pages;
+};
+
+// The planted bugs that live here keep the first batch's plan and page inverse.
+struct FirstBatch {
+  bool kept = false;
+  std::vector<std::int32_t> plan_table_index;
+  std::vector<std::int64_t> plan_source_page, own_current_index;
+};
+
+struct PluginHost {
+  PluginHost(Rank& rank, const harness::ExchangePlugin& loaded) : r(rank), plugin(loaded) {}
+  Rank& r;
+  const harness::ExchangePlugin& plugin;
+  cpkv_exchange_ctx ctx{};
+  std::vector<cpkv_kind> kinds;
+  std::vector<std::vector<std::uint8_t>> active;
+  std::vector<std::string> kind_names;
+  std::string setting_json, variant, path_variant, mutant;
+  std::vector<void*> pool, dense, dense_peer;
+  std::vector<const void*> rows;
+  std::vector<std::uint64_t> pool_offset, dense_offset;
+  std::vector<std::uint64_t*> pads;
+  std::uint64_t** pad_table = nullptr;
+  std::vector<SymmetricBlock> symmetric;
+  std::vector<std::uint8_t*> rows_buffer;  // [kind]: current_pages_max pages
+  bool in_setup = false;
+  FirstBatch first;
+
+  std::string where(const char* call, std::int64_t batch, std::int32_t layer) const {
+    std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin.name, call, r.ctx.rank);
+    if (batch >= 0) at += fmt::format(" batch {}", batch);
+    if (layer >= 0) at += fmt::format(" layer {}", layer);
+    return at;
+  }
+};
+
+PluginHost* host_of(cpkv_exchange_ctx* c) { return static_cast<PluginHost*>(c->harness); }
+
+cpkv_status fail(cpkv_exchange_ctx* c, const std::string& text) {
+  std::snprintf(c->error, sizeof(c->error), "%s", text.c_str());
+  return CPKV_ERROR;
+}
+
+// A symmetric allocation: cudaMalloc, `fill` in every byte, the IPC handle through the bootstrap
+// segment, a host barrier, every peer's opened. Collective: every rank makes the same calls.
+SymmetricBlock allocate_symmetric(PluginHost& h, std::uint64_t bytes, int fill) {
+  Rank& r = h.r;
+  const std::size_t n = h.symmetric.size();
+  CPKV_ASSERT(n < CPKV_SYMMETRIC_MAX);
+  SymmetricBlock block;
+  block.bytes = bytes;
+  CPKV_CUDA_CHECK(cudaMalloc(&block.local, std::max<std::uint64_t>(bytes, 256)));
+  CPKV_CUDA_CHECK(cudaMemset(block.local, fill, std::max<std::uint64_t>(bytes, 256)));
+  CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->symmetric[r.ctx.rank][n], block.local));
+  CPKV_CUDA_CHECK(cudaDeviceSynchronize());
+  r.barrier();
+  block.peers.assign(r.cp(), nullptr);
+  for (std::int32_t p = 0; p < r.cp(); ++p) {
+    if (p == r.ctx.rank) {
+      block.peers[p] = block.local;
+      continue;
+    }
+    void* ptr = nullptr;
+    CPKV_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, r.ctx.boot->symmetric[p][n], cudaIpcMemLazyEnablePeerAccess));
+    block.peers[p] = static_cast<std::uint8_t*>(ptr);
+  }
+  h.symmetric.push_back(block);
+  return block;
+}
+
+cpkv_status alloc_symmetric(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symmetric* out) {
+  PluginHost& h = *host_of(c);
+  if (!h.in_setup) return fail(c, "alloc_symmetric is collective and may be called from setup only");
+  if (out == nullptr) return fail(c, "alloc_symmetric: out is NULL");
+  if (h.symmetric.size() >= CPKV_SYMMETRIC_MAX) return fail(c, fmt::format("alloc_symmetric: more than {} allocations", CPKV_SYMMETRIC_MAX - 1));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CPKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (bytes > free_bytes) return fail(c, fmt::format("alloc_symmetric: {} bytes asked, {} free on device {}", bytes, free_bytes, c->device));
+  const SymmetricBlock block = allocate_symmetric(h, bytes, 0xA5);
+  *out = cpkv_symmetric{};
+  out->local = block.local;
+  for (std::int32_t p = 0; p < h.r.cp(); ++p) out->peers[p] = block.peers[p];
+  out->bytes = bytes;
+  return CPKV_OK;
+}
+
+// The peers' bases of the allocation `buffer .. buffer + bytes` lies in, and its offset there.
+std::optional<std::pair<std::vector<std::uint8_t*>, std::uint64_t>> symmetric_range(const PluginHost& h, const std::uint8_t* buffer, std::uint64_t bytes) {
+  const RankMemory& mem = h.r.mem;
+  if (buffer >= mem.dense && buffer + bytes <= mem.dense + mem.dense_bytes) return std::make_pair(mem.peer_dense, static_cast<std::uint64_t>(buffer - mem.dense));
+  for (const SymmetricBlock& b : h.symmetric) {
+    if (buffer >= b.local && buffer + bytes <= b.local + b.bytes) return std::make_pair(b.peers, static_cast<std::uint64_t>(buffer - b.local));
+  }
+  return std::nullopt;
+}
+
+cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t bytes, void* stream) {
+  PluginHost& h = *host_of(c);
+  if (stream != static_cast<void*>(h.r.stream)) return fail(c, "all_reduce_sum: enqueue on the stream compose_layer was given");
+  auto* own = static_cast<std::uint8_t*>(buffer);
+  const auto range = symmetric_range(h, own, bytes);
+  if (!range) return fail(c, fmt::format("all_reduce_sum: {} bytes at {} are not inside the dense buffers or a symmetric allocation", bytes, buffer));
+  const std::uint64_t scratch = static_cast<std::uint64_t>(std::max(h.r.ctx.shape.slot_count_max, h.r.ctx.shape.current_pages_max)) * h.r.page_bytes(0);
+  if (!h.r.use_nccl && bytes > scratch) return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, scratch));
+  h.r.all_reduce(own, range->first, range->second, bytes);
+  return CPKV_OK;
+}
+
+void describe_setting(PluginHost& h) {
+  const model::Setting& setting = h.r.ctx.source.setting;
+  const std::int32_t layers = h.r.ctx.options.layers;
+  const RankMemory& mem = h.r.mem;
+  const std::size_t nk = setting.kinds.size();
+  h.active.assign(nk, std::vector<std::uint8_t>(layers));
+  for (std::size_t k = 0; k < nk; ++k) h.kind_names.emplace_back(setting.kinds[k].name);
+  for (std::size_t k = 0; k < nk; ++k) {
+    for (std::int32_t l = 0; l < layers; ++l) h.active[k][l] = setting.kind_active(k, l) ? 1 : 0;
+    h.kinds.push_back(cpkv_kind{h.kind_names[k].c_str(), setting.kinds[k].row_bytes, 0, h.active[k].data()});
+  }
+  h.setting_json = traces::header_to_json(traces::TraceHeader{setting, nlohmann::json::object()}).dump();
+  for (std::int32_t p = 0; p < h.r.cp(); ++p) {
+    h.pool.push_back(mem.peer_pool[p]);
+    h.dense_peer.push_back(mem.peer_dense[p]);
+  }
+  for (std::int32_t l = 0; l < layers; ++l) {
+    for (std::size_t k = 0; k < nk; ++k) h.pool_offset.push_back(mem.pool_offset[l][k]);
+  }
+  for (std::int32_t half = 0; half < 2; ++half) {
+    for (std::size_t k = 0; k < nk; ++k) {
+      h.dense.push_back(mem.dense_half(half, k));
+      h.dense_offset.push_back(mem.dense_offset[half][k]);
+    }
+  }
+}
+
+void build_context(PluginHost& h) {
+  Rank& r = h.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  describe_setting(h);
+  h.variant = std::string(model::to_string(r.ctx.options.variant));
+  h.path_variant = std::string(model::to_string(r.variant));
+  h.mutant = h.plugin.holds(std::string(harness::to_string(r.ctx.options.mutant))) ? std::string(harness::to_string(r.ctx.options.mutant)) : "none";
+  cpkv_exchange_ctx& c = h.ctx;
+  c.abi_version = CPKV_EXCHANGE_ABI_VERSION;
+  c.ctx_bytes = sizeof(cpkv_exchange_ctx);
+  c.rank = r.ctx.rank;
+  c.cp = r.cp();
+  c.device = r.ctx.rank % r.ctx.gpus;
+  c.layers = r.ctx.options.layers;
+  c.seed = r.ctx.options.seed;
+  c.variant = h.variant.c_str();
+  c.path_variant = h.path_variant.c_str();
+  c.ipc_capable = 1;
+  for (std::int32_t p = 0; p < r.cp(); ++p) c.ipc_capable = std::min(c.ipc_capable, r.ctx.boot->probe[p].load());
+  c.page_size = setting.page_size;
+  c.kind_count = static_cast<std::int32_t>(setting.kinds.size());
+  c.kinds = h.kinds.data();
+  c.setting_json = h.setting_json.c_str();
+  c.mutant = h.mutant.c_str();
+  c.pool_pages_per_rank = setting.pool_pages_per_rank();
+  c.staging_slots = r.staging_slots;
+  c.slot_count_max = r.ctx.shape.slot_count_max;
+  c.current_pages_max = r.ctx.shape.current_pages_max;
+  c.wait_ms_max = r.ctx.cuda.wait_ms_max;
+  c.pool = h.pool.data();
+  c.pool_offset = h.pool_offset.data();
+  c.dense = h.dense.data();
+  c.dense_peer = h.dense_peer.data();
+  c.dense_offset = h.dense_offset.data();
+  c.alloc_symmetric = alloc_symmetric;
+  c.all_reduce_sum = all_reduce_sum;
+  c.harness = &h;
+}
+
+// A flag pad of the plugin's own (not the one cpkv's IPC all-reduce counts on), and the rows buffers.
+void allocate_plugin_memory(PluginHost& h) {
+  Rank& r = h.r;
+  const SymmetricBlock pad = allocate_symmetric(h, CPKV_CP_MAX * sizeof(std::uint64_t), 0);
+  for (std::uint8_t* p : pad.peers) h.pads.push_back(reinterpret_cast<std::uint64_t*>(p));
+  CPKV_CUDA_CHECK(cudaMalloc(&h.pad_table, h.pads.size() * sizeof(std::uint64_t*)));
+  CPKV_CUDA_CHECK(cudaMemcpy(h.pad_table, h.pads.data(), h.pads.size() * sizeof(std::uint64_t*), cudaMemcpyHostToDevice));
+  h.ctx.flag_pad = h.pads[r.ctx.rank];
+  h.ctx.flag_pads = h.pads.data();
+  h.ctx.flag_pad_table = h.pad_table;
+  const std::size_t nk = r.ctx.source.setting.kinds.size();
+  h.rows_buffer.assign(nk, nullptr);
+  h.rows.assign(nk, nullptr);
+  for (std::size_t k = 0; k < nk; ++k) CPKV_CUDA_CHECK(cudaMalloc(&h.rows_buffer[k], std::max<std::uint64_t>(256, r.ctx.shape.current_pages_max * r.page_bytes(k))));
+  h.ctx.rows = h.rows.data();
+}
+
+// The ABI's view of the batch: PROTOCOL.md sections 2, 3 and 5, from the layout alone.
+void describe_layout(PluginHost& h, const model::Batch& batch, const model::BatchLayout& layout, PluginBatch& pb) {
+  const std::int32_t cp = h.r.cp(), rank = h.r.ctx.rank, P = layout.page_size;
+  for (const model::Slot& slot : layout.slots) {
+    const bool prefix = slot.kind == model::SlotKind::prefix;
+    const std::int64_t page = slot.page_or_index;
+    pb.plan_table_index.push_back(prefix ? static_cast<std::int32_t>(page % cp) : cp + layout.current[page].writer);
+    pb.plan_source_page.push_back(prefix ? page / cp : page);
+  }
+  std::vector<std::int64_t> own_index_of(layout.current.size(), -1);
+  for (std::size_t i = 0; i < layout.current.size(); ++i) {
+    pb.writer.push_back(layout.current[i].writer);
+    pb.current_slot.push_back(layout.current[i].slot);
+    if (layout.current[i].writer != rank) continue;
+    own_index_of[i] = static_cast<std::int64_t>(pb.own_current_index.size());
+    pb.own_current_index.push_back(static_cast<std::int64_t>(i));
+  }
+  const std::size_t own = pb.own_current_index.size();
+  pb.produce_row_token.assign(own * P, kernels::kRowZero);
+  pb.row_request.assign(own * P, -1);
+  pb.row_token.assign(own * P, -1);
+  const model::PageInverse inverse = model::page_inverse(layout, batch, rank, model::InverseTarget::staging);
+  for (std::size_t t = 0; t < inverse.tokens.size(); ++t) {
+    const std::int64_t row = own_index_of[inverse.dest_row[t] / P] * P + inverse.dest_row[t] % P;
+    pb.produce_row_token[row] = static_cast<std::int32_t>(t);
+    pb.row_request[row] = inverse.tokens[t].request;
+    pb.row_token[row] = inverse.tokens[t].token;
+    pb.inv_request.push_back(inverse.tokens[t].request);
+    pb.inv_token.push_back(inverse.tokens[t].token);
+  }
+  pb.pages.resize(own);
+  std::iota(pb.pages.begin(), pb.pages.end(), 0);
+}
+
+// The harness's planted bugs on what it hands over: the first batch's plan or page inverse, kept
+// in range of this batch (the corruption is of content, never of bounds).
+void plant_harness_bug(PluginHost& h, const model::BatchLayout& layout, PluginBatch& pb) {
+  const harness::Mutant m = h.r.ctx.options.mutant;
+  FirstBatch& first = h.first;
+  if (!first.kept) {
+    first = FirstBatch{true, pb.plan_table_index, pb.plan_source_page, pb.own_current_index};
+    return;
+  }
+  const std::int64_t current = layout.current_pages_total;
+  const std::int32_t cp = h.r.cp();
+  if (m == harness::Mutant::reused_plan && !first.plan_table_index.empty()) {
+    for (std::size_t s = 0; s < pb.plan_table_index.size(); ++s) {
+      const std::size_t f = s % first.plan_table_index.size();
+      const bool staged = first.plan_table_index[f] >= cp;
+      pb.plan_table_index[s] = staged && current == 0 ? 0 : first.plan_table_index[f];
+      pb.plan_source_page[s] = staged ? (current == 0 ? 0 : first.plan_source_page[f] % current) : first.plan_source_page[f];
+    }
+  }
+  if (m == harness::Mutant::stale_page_inverse && !first.own_current_index.empty() && current > 0) {
+    for (std::size_t j = 0; j < pb.own_current_index.size(); ++j) pb.own_current_index[j] = first.own_current_index[j % first.own_current_index.size()] % current;
+  }
+}
+
+void fill_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, const model::BatchLayout& layout, DeviceUploads& up, PluginBatch& pb) {
+  pb.page_begin.push_back(0);
+  for (const model::Request& q : batch.requests) {
+    pb.prefix_len.push_back(q.prefix_len);
+    pb.extend_len.push_back(q.extend_len);
+    pb.page_table.insert(pb.page_table.end(), q.prefix_pages.begin(), q.prefix_pages.end());
+    pb.page_begin.push_back(static_cast<std::int64_t>(pb.page_table.size()));
+  }
+  pb.json = traces::batch_to_json(batch, index).dump();
+  describe_layout(h, batch, layout, pb);
+  plant_harness_bug(h, layout, pb);
+  cpkv_batch& c = pb.c;
+  c.index = index;
+  c.requests = static_cast<std::int32_t>(batch.requests.size());
+  c.prefix_len = pb.prefix_len.data();
+  c.extend_len = pb.extend_len.data();
+  c.page_table_begin = pb.page_begin.data();
+  c.page_table = pb.page_table.data();
+  c.json = pb.json.c_str();
+  c.slot_count = layout.slot_count;
+  c.current_pages = layout.current_pages_total;
+  c.staging_slots = h.r.staging_slots;
+  c.overflow = layout.current_pages_total > h.r.staging_slots ? 1 : 0;
+  c.plan_table_index = up.upload(pb.plan_table_index);
+  c.plan_source_page = up.upload(pb.plan_source_page);
+  c.writer = up.upload(pb.writer);
+  c.current_slot = up.upload(pb.current_slot);
+  c.own_pages = static_cast<std::int64_t>(pb.own_current_index.size());
+  c.own_current_index = up.upload(pb.own_current_index);
+  c.row_request = up.upload(pb.row_request);
+  c.row_token = up.upload(pb.row_token);
+}
+
+// This layer's current rows of this rank's pages, into the rows buffers (the model's KV write):
+// the producer kernel over pages 0..own-1 of each kind's buffer, tails zeroed unless the harness's
+// planted bug keeps them (they then hold the previous layer's rows, or the poison of the batch start).
+void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* pages, const std::int32_t* row_token, const std::int32_t* inv_request,
+                const std::int64_t* inv_token, std::int32_t l) {
+  Rank& r = h.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  kernels::ProduceArgs a{};
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+    h.rows[k] = setting.kind_active(k, l) ? h.rows_buffer[k] : nullptr;
+    if (setting.kind_active(k, l)) a.kind[a.kinds++] = {h.rows_buffer[k], setting.kinds[k].row_bytes, static_cast<std::uint32_t>(k)};
+  }
+  a.page_size = setting.page_size;
+  a.pages = pages;
+  a.row_token = row_token;
+  a.page_count = pb.c.own_pages;
+  a.request = inv_request;
+  a.token = inv_token;
+  a.seed = r.ctx.options.seed;
+  a.layer = static_cast<std::uint32_t>(l);
+  a.zero_tails = r.ctx.options.mutant == harness::Mutant::unzeroed_rows ? 0 : 1;
+  if (a.page_count > 0) CPKV_CUDA_CHECK(kernels::launch_produce(a, r.stream));
+}
+
+// A call's status: CPKV_OK, or the run ends with the plugin's own line, located (a timeout is
+// invariant 8's). A CUDA error the call left behind (a bad launch) ends it too.
+void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_t batch, std::int32_t layer) {
+  const cudaError_t launch = cudaGetLastError();
+  if (status == CPKV_OK && launch == cudaSuccess) return;
+  h.ctx.error[CPKV_ERROR_BYTES - 1] = '\0';
+  const std::string text = status == CPKV_OK ? fmt::format("left a CUDA error: {}", cudaGetErrorString(launch))
+                           : status == CPKV_TIMEOUT ? fmt::format("timed out (invariant 8, liveness): {}", h.ctx.error)
+                           : status == CPKV_OVERFLOW ? fmt::format("refused the batch after it started writing or waiting: {}", h.ctx.error)
+                                                     : fmt::format("returned an error: {}", h.ctx.error[0] != '\0' ? h.ctx.error : "(no error text)");
+  if (status == CPKV_TIMEOUT) record(h.r.ctx.boot, violation(8, h.r.ctx.rank, batch, layer, text));
+  throw std::runtime_error(fmt::format("{} {}", h.where(call, batch, layer), text));
+}
+
+// Every rank's verdict on the batch (refused as an overflow or not) must be the same (invariant 3).
+void agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
+  Rank& r = h.r;
+  r.ctx.boot->plugin_refused[r.ctx.rank].store(refused ? 1 : 0);
+  r.barrier();
+  const std::int32_t rank0 = r.ctx.boot->plugin_refused[0].load();
+  if (r.ctx.rank != 0 && rank0 != (refused ? 1 : 0)) {
+    record(r.ctx.boot, violation(3, r.ctx.rank, index, 0, fmt::format("rank {} {} the batch, rank 0 {} it", r.ctx.rank, refused ? "refused" : "accepted",
+                                                                          rank0 != 0 ? "refused" : "accepted")));
+  }
+  r.barrier();
+}
+
+// The layers of one accepted batch: rows, the slow rank, the plugin's layer, the byte check.
+void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const PluginBatch& pb, const std::int64_t* const dev[4],
+                kernels::VerifyResult* verify, std::int64_t index) {
+  Rank& r = h.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
+    r.ctx.progress.at(index, l);
+    write_rows(h, pb, dev[0], reinterpret_cast<const std::int32_t*>(dev[1]), reinterpret_cast<const std::int32_t*>(dev[2]), dev[3], l);
+    slow_rank_delay(r, l);
+    check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+      if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
+    }
+    ++totals.layers;
+  }
+}
+
+void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
+  Rank& r = h.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  r.batch_index = index;
+  ++totals.batches;
+  // cpkv's own plan of the batch, for the pool population and the byte check only (staging never
+  // limits it: the plugin's staging is its own).
+  const BatchPlan hb = build_batch_plan(setting, batch, model::Variant::staging_direct, r.ctx.rank, r.ctx.shape.current_pages_max, populated);
+  DeviceUploads uploads(r.stream);
+  const DevicePlan hd = upload_plan(hb, TableBounds{r.cp(), setting.pool_pages_per_rank(), r.ctx.shape.current_pages_max}, uploads);
+  PluginBatch pb;
+  fill_batch(h, batch, index, hb.layout, uploads, pb);
+  const std::int64_t* dev[4] = {uploads.upload(pb.pages), reinterpret_cast<const std::int64_t*>(uploads.upload(pb.produce_row_token)),
+                                reinterpret_cast<const std::int64_t*>(uploads.upload(pb.inv_request)), uploads.upload(pb.inv_token)};
+  const std::vector<kernels::VerifyResult> verify_init(static_cast<std::size_t>(r.ctx.options.layers) * setting.kinds.size(), kernels::VerifyResult{0, ~0ULL});
+  CPKV_CUDA_CHECK(cudaMemcpyAsync(verify, verify_init.data(), verify_init.size() * sizeof(kernels::VerifyResult), cudaMemcpyHostToDevice, r.stream));
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.barrier_status, 0, sizeof(kernels::BarrierStatus), r.stream));
+  for (std::size_t k = 0; k < h.rows_buffer.size(); ++k) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
+  populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
+  h.ctx.batch = &pb.c;
+  const cpkv_status begun = h.plugin.table->begin_batch != nullptr ? h.plugin.table->begin_batch(&h.ctx) : CPKV_OK;
+  if (begun != CPKV_OVERFLOW) check_call(h, begun, "begin_batch", index, -1);
+  agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
+  if (begun == CPKV_OVERFLOW) {
+    ++totals.overflows;
+  } else {
+    run_layers(h, hb, hd, pb, dev, verify, index);
+  }
+  r.sync_stream();
+  check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);
+  h.ctx.batch = nullptr;
+  collect_findings(r, index, verify);
+  r.barrier();  // nobody rewrites pools or dense buffers a peer still reads
+}
+
+}  // namespace
+
+void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
+  PluginHost h{r, *r.ctx.cuda.exchange};
+  build_context(h);
+  allocate_plugin_memory(h);
+  r.ctx.progress.step("plugin setup");
+  h.in_setup = true;
+  check_call(h, h.plugin.table->setup(&h.ctx), "setup", -1, -1);
+  h.in_setup = false;
+  std::vector<bool> populated(r.ctx.source.setting.pool_pages_per_rank(), false);
+  harness::BatchCursor cursor(r.ctx.source);
+  while (std::optional<model::Batch> batch = cursor.next()) {
+    r.ctx.progress.at(cursor.index(), -1);
+    r.ctx.progress.step("batch");
+    run_plugin_batch(h, *batch, cursor.index(), populated, verify);
+    r.ctx.boot->batches_done[r.ctx.rank].fetch_add(1);
+  }
+  r.sync_stream();
+  check_call(h, h.plugin.table->teardown(&h.ctx), "teardown", -1, -1);
+}
+
+}  // namespace cpkv::cuda

@@ -1,0 +1,183 @@
+/* cpkv exchange plugin ABI, version 1: how an engine team's own CUDA compose exchange runs under
+ * cpkv's harness unchanged (`cpkv replay TRACE --backend cuda --exchange ./libmine.so`, likewise
+ * `cpkv bench` and `cpkv mutants --backend cuda`).
+ *
+ * Plain C (C99), no CUDA header: device pointers are `void*`, a stream is the `cudaStream_t`
+ * value passed as `void*`. No C++ type crosses this boundary. Section numbers (PROTOCOL.md §N)
+ * name the specification, kept beside the repository (../shared/PROTOCOL.md).
+ *
+ * A plugin is a shared object exporting one symbol, `cpkv_exchange_v1` (CPKV_EXCHANGE_SYMBOL), a
+ * `const cpkv_exchange_v1_t` whose `abi_version` is CPKV_EXCHANGE_ABI_VERSION and whose `struct_bytes`
+ * is sizeof(cpkv_exchange_v1_t) as the plugin was compiled. cpkv refuses, by name and before any rank
+ * starts, a file that is not a shared object, one without the symbol, and one built against another
+ * ABI version. A later version adds fields only at the end of both structs and bumps the version.
+ *
+ * Life of one rank process (cpkv forks one per rank, rank r on GPU r % gpu_count, sets the device
+ * and creates the stream before `setup`):
+ *
+ *   setup(ctx)                          once; collective calls (alloc_symmetric) only here
+ *   for every batch:
+ *     begin_batch(ctx)                  ctx->batch is valid from here to end_batch (optional: may be NULL)
+ *     for layer in 0..layers-1:
+ *       compose_layer(ctx, layer, stream)   enqueue only: no host synchronization needed or wanted
+ *     end_batch(ctx)                    after cpkv synchronized the stream; report what the device found
+ *   teardown(ctx)                       once
+ *
+ * After every compose_layer cpkv enqueues its own check on the same stream: every byte of the
+ * dense buffer of every kind active on the layer (ctx->dense[half * kind_count + k], half = layer
+ * % 2) must equal the specification's expected content (PROTOCOL.md §3, §8), and a wrong byte is
+ * reported with rank, batch, layer, kind, slot, row and byte. Every call returns a cpkv_status; on
+ * anything but CPKV_OK the plugin writes one line into ctx->error (NUL-terminated, at most
+ * CPKV_ERROR_BYTES including the NUL), which cpkv prints, located, and the run fails (exit 1).
+ */
+#ifndef CPKV_EXCHANGE_ABI_H
+#define CPKV_EXCHANGE_ABI_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CPKV_EXCHANGE_ABI_VERSION 1u
+#define CPKV_EXCHANGE_SYMBOL "cpkv_exchange_v1"
+#define CPKV_CP_MAX 8          /* ranks of one node (PROTOCOL.md §1) */
+#define CPKV_KINDS_MAX 4       /* buffer kinds per layer */
+#define CPKV_ERROR_BYTES 512   /* ctx->error, NUL included */
+#define CPKV_SYMMETRIC_MAX 16  /* alloc_symmetric calls per rank */
+
+typedef enum cpkv_status {
+  CPKV_OK = 0,
+  CPKV_ERROR = 1,    /* anything else went wrong: ctx->error says what */
+  CPKV_TIMEOUT = 2,  /* a bounded wait of the plugin gave up: ctx->error names rank, peer and phase (invariant 8) */
+  CPKV_OVERFLOW = 3  /* begin_batch (or compose_layer of layer 0, before any write or wait) refuses a batch
+                        whose current pages exceed the plugin's staging (PROTOCOL.md §4); every rank must
+                        refuse the same batches (invariant 3) */
+} cpkv_status;
+
+/* What a plugin reads of the inputs cpkv hands over (cpkv_exchange_v1.uses): the planted bugs that
+ * live in the harness (a stale page inverse, a plan reused across batches, rows handed over with
+ * their tails not zeroed) apply to a plugin that reads what they corrupt. */
+#define CPKV_USES_ROWS 1u     /* ctx->rows */
+#define CPKV_USES_PLAN 2u     /* ctx->batch->plan_table_index / plan_source_page */
+#define CPKV_USES_INVERSE 4u  /* ctx->batch->own_current_index */
+
+/* One buffer kind (PROTOCOL.md §1): main KV, indexer K, ... */
+typedef struct cpkv_kind {
+  const char* name;         /* "kv_fp8", "indexer_k", ... */
+  uint32_t row_bytes;       /* bytes per token row */
+  uint32_t reserved;
+  const uint8_t* active;    /* host, [layers]: 1 where the kind is on the layer (the layer pattern) */
+} cpkv_kind;
+
+/* One symmetric allocation: this rank's pointer and every rank's (own included), device memory. */
+typedef struct cpkv_symmetric {
+  void* local;
+  void* peers[CPKV_CP_MAX];
+  uint64_t bytes;
+} cpkv_symmetric;
+
+/* The batch in flight (valid from begin_batch to end_batch). Host arrays describe it (PROTOCOL.md
+ * §1-3); device arrays are cpkv's own plan and this rank's page inverse, for plugins that want them. */
+typedef struct cpkv_batch {
+  int64_t index;                      /* 0-based in the trace */
+  int32_t requests;
+  int32_t reserved;
+  const int64_t* prefix_len;          /* host [requests]: a multiple of page_size */
+  const int64_t* extend_len;          /* host [requests]: >= 1 */
+  const int64_t* page_table_begin;    /* host [requests + 1]: request r's prefix pages are page_table[begin[r] .. begin[r+1]) */
+  const int64_t* page_table;          /* host: logical page ids (page g lives on rank g % cp at local page g / cp) */
+  const char* json;                   /* the batch as its trace line (traces/README.md) */
+  int64_t slot_count;                 /* dense slots of this batch, merged-span order (§3) */
+  int64_t current_pages;              /* current_pages_total (§2-3) */
+  int64_t staging_slots;              /* cpkv's staging capacity for the setting's caps (§4) */
+  int32_t overflow;                   /* 1: current_pages > staging_slots (cpkv's verdict; the plugin decides its own) */
+  int32_t reserved2;
+  /* cpkv's staging_direct compose plan (§5), device [slot_count]: table_index in 0..2cp-1 (pool of
+   * rank t, or staging of rank t - cp), source_page (a local pool page, or a current index in the
+   * layer's staging half). */
+  const int32_t* plan_table_index;
+  const int64_t* plan_source_page;
+  const int32_t* writer;              /* device [current_pages]: the writer rank of each current index (§2) */
+  const int64_t* current_slot;        /* device [current_pages]: its dense slot */
+  /* This rank's page inverse (§5): the current pages it writes, in current-index order. */
+  int64_t own_pages;
+  const int64_t* own_current_index;   /* device [own_pages]: the current index of own page j */
+  const int32_t* row_request;         /* device [own_pages * page_size]: request of row j*P+o, -1 past its end */
+  const int64_t* row_token;           /* device [own_pages * page_size]: token index in the request, -1 past its end */
+} cpkv_batch;
+
+typedef struct cpkv_exchange_ctx cpkv_exchange_ctx;
+
+struct cpkv_exchange_ctx {
+  uint32_t abi_version;               /* CPKV_EXCHANGE_ABI_VERSION */
+  uint32_t ctx_bytes;                 /* sizeof(cpkv_exchange_ctx) as cpkv was compiled */
+  /* The group and the run (§1). */
+  int32_t rank, cp, device;           /* device: the CUDA ordinal this process uses (set current) */
+  int32_t layers;                     /* layers run per batch */
+  uint64_t seed;                      /* the content seed (§8): a plugin may compute rows itself */
+  const char* variant;                /* the variant asked for: one of the plugin's `variants` */
+  const char* path_variant;           /* the variant the group agreed to run (differs where the IPC capability is missing, §7) */
+  int32_t ipc_capable;                /* the group's agreed capability (a MIN over ranks, §7) */
+  int32_t page_size;                  /* P */
+  int32_t kind_count;
+  int32_t reserved;
+  const cpkv_kind* kinds;             /* host [kind_count] */
+  const char* setting_json;           /* the setting as the trace header's JSON */
+  const char* mutant;                 /* a planted bug the plugin holds itself (`mutants`), or "none" */
+  int64_t pool_pages_per_rank;
+  int64_t staging_slots;              /* cpkv's staging capacity for the setting's caps (§4), per half and kind */
+  int64_t slot_count_max;             /* the largest batch's slots: the dense buffers' capacity */
+  int64_t current_pages_max;          /* the largest batch's current pages */
+  int64_t wait_ms_max;                /* the bound for the plugin's own host waits; device waits: a few seconds */
+  /* The pool (§1), prefilled by cpkv at each page's storage owner: rank p's slab is pool[p]; layer l,
+   * kind k, local page q at pool[p] + pool_offset[l * kind_count + k] + q * page_size * row_bytes. */
+  void* const* pool;                  /* host [cp] of device pointers (own slab included) */
+  const uint64_t* pool_offset;        /* host [layers * kind_count] */
+  /* The dense buffers the plugin must produce (§3), per parity half and kind, slot_count_max slots
+   * each; they are one symmetric allocation: rank p's copy of dense[i] is dense_peer[p] + dense_offset[i]. */
+  void* const* dense;                 /* host [2 * kind_count] of device pointers */
+  void* const* dense_peer;            /* host [cp]: every rank's dense allocation */
+  const uint64_t* dense_offset;       /* host [2 * kind_count] */
+  /* One flag pad per rank (§5 step 3): CPKV_CP_MAX zeroed uint64 words of device memory, every
+   * rank's mapped; pad_table is a device array of the cp pads (for a kernel to index). */
+  uint64_t* flag_pad;
+  uint64_t* const* flag_pads;         /* host [cp] */
+  uint64_t* const* flag_pad_table;    /* device [cp] */
+  /* The batch in flight (NULL outside begin_batch..end_batch). */
+  const cpkv_batch* batch;
+  /* This layer's current rows of the pages this rank writes (the stand-in for the model's KV write,
+   * §8), valid during compose_layer: rows[k] is a device buffer of own_pages * page_size rows of
+   * kinds[k].row_bytes, own page j's rows at j * page_size, rows past a request's end zero. */
+  const void* const* rows;            /* host [kind_count] of device pointers (NULL for a kind off the layer) */
+  /* Services. alloc_symmetric is collective: every rank calls it in the same order, from setup
+   * only; the memory is poisoned (0xA5) and stays until teardown. all_reduce_sum sums bytes (uint8,
+   * wrapping) of a range inside the dense buffers or a symmetric allocation over the group, in
+   * place, enqueued on `stream` (NCCL with one GPU per rank, IPC otherwise). */
+  cpkv_status (*alloc_symmetric)(cpkv_exchange_ctx* ctx, uint64_t bytes, cpkv_symmetric* out);
+  cpkv_status (*all_reduce_sum)(cpkv_exchange_ctx* ctx, void* buffer, uint64_t bytes, void* stream);
+  void* plugin_state;                 /* the plugin's own, untouched by cpkv */
+  void* harness;                      /* cpkv's own, opaque */
+  char error[CPKV_ERROR_BYTES];       /* the plugin's one-line error text */
+};
+
+typedef struct cpkv_exchange_v1_t {
+  uint32_t abi_version;               /* CPKV_EXCHANGE_ABI_VERSION */
+  uint32_t struct_bytes;              /* sizeof(cpkv_exchange_v1_t) */
+  const char* name;                   /* one word, for reports */
+  const char* const* variants;        /* NULL-terminated: the variants it implements (§7 names) */
+  const char* const* mutants;         /* NULL-terminated planted bugs it holds itself (ctx->mutant); may be NULL */
+  uint32_t uses;                      /* CPKV_USES_* */
+  uint32_t reserved;
+  cpkv_status (*setup)(cpkv_exchange_ctx* ctx);
+  cpkv_status (*begin_batch)(cpkv_exchange_ctx* ctx);  /* may be NULL */
+  cpkv_status (*compose_layer)(cpkv_exchange_ctx* ctx, int32_t layer, void* stream);
+  cpkv_status (*end_batch)(cpkv_exchange_ctx* ctx);
+  cpkv_status (*teardown)(cpkv_exchange_ctx* ctx);
+} cpkv_exchange_v1_t;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CPKV_EXCHANGE_ABI_H */

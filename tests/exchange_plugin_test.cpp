@@ -1,0 +1,150 @@
+// The exchange plugin loader (harness/include/cpkv/harness/exchange_plugin.hpp) against real shared
+// objects built from tests/plugins/stub_exchange.c, and what `cpkv replay --exchange` does with a
+// bad one: every refusal is one line naming the file and what is wrong with it, exit 2, before any
+// rank starts (include/cpkv/exchange_abi.h promises this; no GPU is needed for any of it).
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "cli_run.hpp"
+#include "cpkv/harness/exchange_plugin.hpp"
+#include "cpkv/harness/request.hpp"
+
+namespace cpkv {
+namespace {
+
+using harness::RequestError;
+
+std::string refusal(const std::string& path) {
+  try {
+    harness::load_exchange_plugin(path);
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.option(), "exchange");
+    return e.reason();
+  }
+  ADD_FAILURE() << path << " was accepted";
+  return "";
+}
+
+TEST(ExchangePlugin, AValidTableIsLoadedWithItsNameVariantsAndUses) {
+  const auto plugin = harness::load_exchange_plugin(CPKV_STUB_ok);
+  EXPECT_EQ(plugin->name, "stub");
+  ASSERT_EQ(plugin->variants.size(), 2u);
+  EXPECT_EQ(plugin->variants[0], model::Variant::staging_direct);
+  EXPECT_EQ(plugin->variants[1], model::Variant::v2);
+  EXPECT_TRUE(plugin->implements(model::Variant::v2));
+  EXPECT_FALSE(plugin->implements(model::Variant::fused_ar));
+  EXPECT_EQ(plugin->uses, CPKV_USES_PLAN);
+  EXPECT_TRUE(plugin->mutants.empty());
+  EXPECT_FALSE(plugin->builtin);
+}
+
+TEST(ExchangePlugin, AnotherAbiVersionIsRefusedNamingBoth) {
+  const std::string why = refusal(CPKV_STUB_v2);
+  EXPECT_NE(why.find("ABI version 2"), std::string::npos) << why;
+  EXPECT_NE(why.find("speaks version 1"), std::string::npos) << why;
+}
+
+TEST(ExchangePlugin, ASharedObjectWithoutTheSymbolIsRefused) {
+  const std::string why = refusal(CPKV_STUB_nosym);
+  EXPECT_NE(why.find("exports no symbol cpkv_exchange_v1"), std::string::npos) << why;
+}
+
+TEST(ExchangePlugin, AnUnknownVariantAndAMissingFunctionAreRefused) {
+  EXPECT_NE(refusal(CPKV_STUB_badvariant).find("unknown variant 'warp_drive'"), std::string::npos);
+  EXPECT_NE(refusal(CPKV_STUB_nocompose).find("has no compose_layer function"), std::string::npos);
+}
+
+TEST(ExchangePlugin, AFileThatIsNotASharedObjectIsRefusedBeforeDlopen) {
+  const std::string text = test::write_temp("cpkv_exchange_plugin", "libfake.so", "not an ELF file\n");
+  EXPECT_NE(refusal(text).find("is not a shared object"), std::string::npos);
+  EXPECT_NE(refusal(std::filesystem::path(text).parent_path().string()).find("is not a regular file"), std::string::npos);
+  EXPECT_NE(refusal(text + ".missing").find("cannot be read"), std::string::npos);
+  // An ELF file that is not a shared object (an executable) gets the loader's own reason.
+  EXPECT_NE(refusal("/bin/true").find("cannot be loaded"), std::string::npos);
+  std::filesystem::remove_all(std::filesystem::path(text).parent_path());
+}
+
+// The request's checks with a plugin: which options a backend takes, the variants it implements,
+// which planted bugs reach it.
+class ExchangeRequest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Entries with the options a plugin host takes; nothing is run, so their factories make nothing.
+    const auto make = [](const harness::CheckedRequest&, const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
+    harness::BackendEntry plugin_host;
+    plugin_host.name = "host";
+    plugin_host.options = harness::kTakesExchange;
+    plugin_host.mutants = harness::kGpuHolds | harness::kHarnessHolds;
+    plugin_host.make = make;
+    registry.add(std::move(plugin_host));
+    harness::BackendEntry other;
+    other.name = "other";
+    other.mutants = harness::kSimulatorHolds;
+    other.make = make;
+    registry.add(std::move(other));
+  }
+  std::string refused(const harness::ReplayRequest& r, const std::string& option) {
+    try {
+      harness::check_request(r, registry);
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.option(), option) << e.what();
+      return e.reason();
+    }
+    ADD_FAILURE() << "accepted";
+    return "";
+  }
+  harness::ReplayRequest with(std::string variant, std::string mutant) {
+    harness::ReplayRequest r;
+    r.backend = "host";
+    r.variant = std::move(variant);
+    r.mutant = std::move(mutant);
+    r.exchange = CPKV_STUB_ok;
+    return r;
+  }
+  harness::Registry registry;
+};
+
+TEST_F(ExchangeRequest, AllMeansTheVariantsThePluginImplementsAndANamedOtherOneIsRefused) {
+  const harness::CheckedRequest c = harness::check_request(with("all", "none"), registry);
+  ASSERT_TRUE(c.exchange);
+  EXPECT_EQ(c.variants, (std::vector<model::Variant>{model::Variant::v2, model::Variant::staging_direct}));  // the table's order
+  EXPECT_NE(refused(with("fused_ar", "none"), "variant").find("does not implement fused_ar (it implements: staging_direct, v2)"), std::string::npos);
+}
+
+TEST_F(ExchangeRequest, AHarnessPlantedBugMustReachWhatThePluginReads) {
+  EXPECT_NO_THROW(harness::check_request(with("staging_direct", "reused_plan"), registry));  // the stub reads the plan
+  EXPECT_NE(refused(with("staging_direct", "stale_page_inverse"), "mutant").find("does not read that input"), std::string::npos);
+  EXPECT_NE(refused(with("staging_direct", "single_half"), "mutant").find("does not hold planted bug 'single_half'"), std::string::npos);
+  harness::ReplayRequest builtin = with("staging_direct", "reused_plan");
+  builtin.exchange.reset();
+  EXPECT_NE(refused(builtin, "mutant").find("give --exchange"), std::string::npos);
+  harness::ReplayRequest elsewhere = with("staging_direct", "none");
+  elsewhere.backend = "other";
+  EXPECT_NE(refused(elsewhere, "exchange").find("--backend other does not take it"), std::string::npos);
+}
+
+TEST_F(ExchangeRequest, TheReplayLineCarriesThePlugin) {
+  const harness::CheckedRequest c = harness::check_request(with("staging_direct", "reused_plan"), registry);
+  const std::string line = harness::replay_line(c, model::Variant::staging_direct, 2);
+  EXPECT_NE(line.find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos) << line;
+  EXPECT_NE(line.find(" --mutant reused_plan"), std::string::npos) << line;
+}
+
+// The real binary: a bad plugin is one line and exit 2 before anything runs (a machine with the
+// cuda backend built; without it `--backend cuda` itself is refused, which the test says).
+TEST(ExchangePluginCli, ABadPluginIsOneLineAndExit2BeforeAnyRankStarts) {
+  const test::CliRun probe = test::run_cpkv("replay traces/samples/tiny.jsonl --backend cuda --exchange /nonexistent.so");
+  if (probe.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << probe.err;
+  test::expect_bad_input(probe, "--exchange: /nonexistent.so: cannot be read");
+  test::expect_bad_input(test::run_cpkv(std::string("replay traces/samples/tiny.jsonl --backend cuda --exchange ") + CPKV_STUB_v2),
+                         "was built against cpkv exchange ABI version 2");
+  test::expect_bad_input(test::run_cpkv(std::string("replay traces/samples/tiny.jsonl --backend cuda --exchange ") + CPKV_STUB_nosym),
+                         "exports no symbol cpkv_exchange_v1");
+  test::expect_bad_input(test::run_cpkv("replay traces/samples/tiny.jsonl --backend sim --exchange /nonexistent.so"),
+                         "--exchange: --backend sim does not take it");
+}
+
+}  // namespace
+}  // namespace cpkv
