@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|plugin|perf|lean|quick|probe|benches]
+# (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
 # (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
@@ -154,6 +155,32 @@ if [[ "$what" == check ]]; then
   timeout 200 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
     --json "$OUT/bench-seeds_batch-cp2.json" --markdown "$OUT/bench-seeds_batch-cp2.md"
   echo "bench seeds_batch: exit $?"
+fi
+if [[ "$what" == plugin ]]; then
+  # Issue 24: the exchange plugin ABI on the GPU. The plugin's gpu test, the plain example on every
+  # bundled trace (also oversubscribed cp 8), each planted bug of the harness, a plugin that fails,
+  # the plain example under compute-sanitizer memcheck, then every gpu test and the GPU mutants
+  # (cpkv's own exchange, unchanged by the ABI's host side).
+  plain="$build/examples/libcpkv_exchange_plain.so"
+  (cd "$build" && ctest -R cpkv.tests.gpu_plugin --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -10
+  for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2" \
+              "mooncake_slice.jsonl --layers 2 --mutant reused_plan" "mooncake_slice.jsonl --layers 2 --mutant stale_page_inverse" \
+              "mooncake_slice.jsonl --layers 2 --mutant unzeroed_rows"; do
+    echo "== cpkv replay $args --exchange plain" >> "$OUT/plugin-replays.txt"
+    timeout 240 "$cpkv" replay "$root/traces/samples/"$args --backend cuda --exchange "$plain" >> "$OUT/plugin-replays.txt" 2>&1
+    echo "plugin replay $args: exit $?" | tee -a "$OUT/plugin-replays.txt"
+  done
+  timeout 120 "$cpkv" replay "$root/traces/samples/tiny.jsonl" --backend cuda --variant staging_direct --exchange "$build/tests/libcpkv_stub_exchange_ok.so" > "$OUT/plugin-stub.txt" 2>&1
+  echo "stub plugin (its setup fails): exit $?"; cat "$OUT/plugin-stub.txt"
+  sanitizer=/usr/local/cuda/bin/compute-sanitizer
+  timeout 300 "$sanitizer" --tool memcheck --target-processes all --error-exitcode 3 "$cpkv" replay "$root/traces/samples/tiny.jsonl" --backend cuda \
+    --exchange "$plain" --layers 2 > "$OUT/plugin-memcheck.txt" 2>&1
+  echo "plain plugin under compute-sanitizer memcheck: exit $?"; tail -8 "$OUT/plugin-memcheck.txt"
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-tests.log" | tail -30
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; tail -12 "$OUT/gpu-mutants.txt"
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1

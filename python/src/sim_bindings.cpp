@@ -122,6 +122,7 @@ void bind_sim(py::module_& m) {
     py::list held;
     if (row.backends & harness::kSimulatorHolds) held.append("sim");
     if (row.backends & harness::kGpuHolds) held.append("cuda");
+    if (row.backends & harness::kHarnessHolds) held.append("cuda-plugin");  // the harness around an --exchange plugin
     mutants[py::str(std::string(row.name))] = py::make_tuple(row.invariant, py::tuple(held));
   }
   m.attr("MUTANTS") = mutants;
