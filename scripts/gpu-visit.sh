@@ -162,7 +162,7 @@ if [[ "$what" == plugin ]]; then
   # the plain example under compute-sanitizer memcheck, then every gpu test and the GPU mutants
   # (cpkv's own exchange, unchanged by the ABI's host side).
   plain="$build/examples/libcpkv_exchange_plain.so"
-  (cd "$build" && ctest -R cpkv.tests.gpu_plugin --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
   echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -10
   for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2" \
               "mooncake_slice.jsonl --layers 2 --mutant reused_plan" "mooncake_slice.jsonl --layers 2 --mutant stale_page_inverse" \

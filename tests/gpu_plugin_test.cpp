@@ -44,7 +44,8 @@ TEST(GpuPlugin, EveryHarnessPlantedBugFailsThePlainExampleAndItsReplayLineReprod
     EXPECT_NE(run.out.find("mismatch: rank"), std::string::npos) << name << ": a located wrong byte\n" << run.out;
     const std::size_t at = run.out.find("replay: cpkv replay ");
     ASSERT_NE(at, std::string::npos) << run.out;
-    const std::string line = run.out.substr(at + 20, run.out.find('\n', at) - at - 20);
+    const std::size_t from = at + std::string("replay: cpkv ").size();  // run_cpkv names the binary itself
+    const std::string line = run.out.substr(from, run.out.find('\n', at) - from);
     EXPECT_NE(line.find("--mutant " + name), std::string::npos) << line;
     const test::CliRun again = test::run_cpkv(line);
     EXPECT_EQ(again.status, 1) << "the printed line reproduces the failure: " << line << "\n" << again.out << again.err;
