@@ -1,7 +1,7 @@
-// Every fact about one exchange variant, as one row of one table (as nccl-tests gives each
-// collective one struct). `kAllVariants`, parsing, printing, the backends' path choice, the cost
-// model's closed-form counts and the generators derive from it. Adding a variant: one enumerator, one row, one plan
-// function (docs/ARCHITECTURE.md, "Adding a variant").
+// Every fact about one exchange variant, as one row of one table (as nccl-tests gives each collective
+// one struct). `kAllVariants`, parsing, printing, the backends' path choice, the cost model's counts
+// and the generators derive from it. Adding a variant: one enumerator, one row (with its plan
+// function and closed form), nothing else (docs/ARCHITECTURE.md, "Adding a variant").
 #pragma once
 
 #include <array>
