@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bench_markdown.hpp"
 #include "commands.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/model/costs.hpp"
@@ -125,14 +126,15 @@ double predicted_us(const model::Setting& setting, const model::Batch& batch, mo
 
 
 // The figures of batch b that kTimingTable names a JSON key for (gpu/bench_timings.hpp): the
-// median, min and max where the row keeps its spread, and the launches per layer.
+// median (null where the row says 0 means none), min and max where the row keeps its spread, and
+// the launches per layer.
 void add_timing_keys(const cuda::BenchResult& result, std::size_t b, nlohmann::json& row) {
   for (const cuda::TimingRow& timing : cuda::kTimingTable) {
     const auto figure = [&](cuda::TimingStat stat) { return result.per_batch(timing.timing, stat)[b]; };
     if (timing.json_nodes != nullptr) row[timing.json_nodes] = figure(cuda::kNodes);
     if (timing.json_stem == nullptr) continue;
     const std::string stem = timing.json_stem;
-    row[stem + "_median"] = figure(cuda::kMedian);
+    row[stem + "_median"] = timing.zero_is_none && figure(cuda::kMedian) <= 0 ? nlohmann::json() : nlohmann::json(figure(cuda::kMedian));
     if (!timing.spread) continue;
     row[stem + "_min"] = figure(cuda::kMin);
     row[stem + "_max"] = figure(cuda::kMax);
@@ -150,7 +152,6 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
     const double ideal_us = ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
     const double us = result.per_batch(cuda::Timing::compose_only)[b];
     const double isolated_us = result.per_batch(cuda::Timing::isolated)[b];
-    const double pre_us = result.per_batch(cuda::Timing::pre_only)[b];
     const double no_barrier_us = result.per_batch(cuda::Timing::compose_no_barrier)[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
     const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
@@ -160,7 +161,6 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cuda::BenchResu
     rows.push_back({{"batch", b},
                     {"variant", model::to_string(variant)},
                     {"byte_exact", result.report.passed()},
-                    {"pre_signal_alone_us_per_layer_median", pre_us > 0 ? nlohmann::json(pre_us) : nlohmann::json()},
                     {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0},
                     {"isolated_current_us", isolated_applies ? nlohmann::json(isolated_us) : nlohmann::json(nullptr)},
                     {"barrier_share_us", model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather
@@ -193,7 +193,7 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   nlohmann::json curve = nlohmann::json::array();
   for (const auto& point : ceilings.allreduce_curve) curve.push_back({{"bytes", point.first}, {"us", point.second}});
   nlohmann::json measured = {{"allreduce_latency_us", ceilings.allreduce_latency_us}, {"allreduce_curve", curve}, {"gather", gathers}};
-#define CPKV_CEILING_KEY(name, fold) measured[#name] = ceilings.name;
+#define CPKV_CEILING_KEY(name, fold, ...) measured[#name] = ceilings.name;
   CPKV_BENCH_CEILING_SCALARS(CPKV_CEILING_KEY)
 #undef CPKV_CEILING_KEY
   out["ceilings"] = measured;
@@ -205,53 +205,6 @@ void add_ceilings(const cuda::Ceilings& ceilings, nlohmann::json& out) {
   out["allreduce_latency_us"] = model_c.allreduce_latency_us;
   out["launch_us"] = model_c.launch_us;
   out["gather_fixed_us"] = model_c.gather_fixed_us;
-}
-
-std::string markdown_table(const nlohmann::json& rows, const cuda::Ceilings& ceilings, std::int32_t layer_count) {
-  std::string md = fmt::format(
-      "Compose = the exchange alone (the fill done before the timed region); with fill = the layer including the producer step. "
-      "us per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
-      "ms/batch = compose x {} layers; pre-signal copies alone = the compose launch's publish (staging_publish) or pack (v2) launched by "
-      "itself, no barrier; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked there).\n\n"
-      "| batch | variant | compose us | min-max | pre-signal copies alone us | with fill us (fill alone) | launches/layer (compose, with fill) | ms/batch | isolated current us "
-      "(barrier's share) | barrier in the layer us | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |\n",
-      layer_count);
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& r : rows) {
-    std::string isolated = r["isolated_current_us"].is_null() ? "-" : fmt::format("{:.1f}", r["isolated_current_us"].get<double>());
-    if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
-    const std::string pre = r["pre_signal_alone_us_per_layer_median"].is_null() ? "-" : fmt::format("{:.1f}", r["pre_signal_alone_us_per_layer_median"].get<double>());
-    const std::string in_layer = r["barrier_share_in_layer_us"].is_null() ? "-" : fmt::format("{:.1f}", r["barrier_share_in_layer_us"].get<double>());
-    md += fmt::format("| {} | {} | {:.1f} | {:.1f}-{:.1f} | {} | {:.1f} ({:.1f}) | {:.0f}, {:.0f} | {:.2f} | {} | {} | {:.2f} | {:.0f} | {:.2f} | {:.1f} | {:+.0f}% | {} |\n",
-                      r["batch"].get<int>(), r["variant"].get<std::string>(), r["compose_us_per_layer_median"].get<double>(),
-                      r["compose_us_per_layer_min"].get<double>(), r["compose_us_per_layer_max"].get<double>(), pre,
-                      r["with_fill_us_per_layer_median"].get<double>(), r["fill_alone_us_per_layer_median"].get<double>(),
-                      r["launches_per_layer_compose"].get<double>(),
-                      r["launches_per_layer_with_fill"].get<double>(), r["ms_per_batch_compose"].get<double>(), isolated, in_layer,
-                      r["peer_bytes_per_rank_layer"].get<double>() / 1e6, r["achieved_peer_gbps"].get<double>(), r["ratio_to_ideal"].get<double>(),
-                      r["model_us_per_layer"].get<double>(), 100.0 * r["model_error"].get<double>(), r["byte_exact"].get<bool>() ? "yes" : "NO");
-  }
-  md += fmt::format("\nCeilings (same run, worst rank): copy-engine peer pull {:.0f} GB/s (push {:.0f} GB/s), local copy {:.0f} GB/s, barrier {:.2f} us "
-                    "(launch included; {:.2f} us as graph nodes; {:.2f} us launch-free, looped in one kernel; in the layers it is folded "
-                    "into the compose launch), NCCL all-reduce {:.0f} GB/s bus bandwidth at 64 MiB, {:.1f} us at 4 KiB (per call as CUDA graph nodes).\n",
-                    ceilings.ce_peer_gbps, ceilings.ce_push_gbps, ceilings.local_copy_gbps, ceilings.barrier_us, ceilings.barrier_us_graph,
-                    ceilings.barrier_us_launch_free, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us);
-  if (!ceilings.allreduce_curve.empty()) {
-    std::vector<std::string> points;
-    for (const auto& point : ceilings.allreduce_curve) points.push_back(fmt::format("{} KiB {:.1f} us", static_cast<std::uint64_t>(point.first) >> 10, point.second));
-    md += fmt::format("NCCL all-reduce per call as CUDA graph nodes, by size (the model's curve): {}.\n", fmt::join(points, ", "));
-  }
-  md += "\nScattered pages pulled from the peer, every rank at once (GB/s and share of the copy-engine ceiling):\n\n"
-        "| page bytes | pages | fused compose copy (warp per page) | of CE | gather (block per page) | of CE | copy engines, batched | of CE | "
-        "bulk copy (TMA) | of CE | pushed instead (block per page, remote stores) | of CE |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& g : ceilings.gather) {
-    const double ce = ceilings.ce_peer_gbps;
-    const std::string bulk = g.bulk_gbps == 0 ? "- | -" : g.bulk_gbps < 0 ? "WRONG | -" : fmt::format("{:.0f} | {:.2f}", g.bulk_gbps, g.bulk_gbps / ce);
-    const std::string push = g.push_gbps == 0 ? "- | -" : g.push_gbps < 0 ? "WRONG | -" : fmt::format("{:.0f} | {:.2f}", g.push_gbps, g.push_gbps / ce);
-    md += fmt::format("| {} | {} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {:.0f} | {:.2f} | {} | {} |\n", g.page_bytes, g.pages, g.gbps, g.gbps / ce, g.block_gbps,
-                      g.block_gbps / ce, g.ce_batch_gbps, g.ce_batch_gbps / ce, bulk, push);
-  }
-  return md;
 }
 
 void run_bench(const BenchOptions& o) {
@@ -300,7 +253,7 @@ void run_bench(const BenchOptions& o) {
   }
   add_ceilings(ceilings, out);
   out["rows"] = rows;
-  const std::string md = markdown_table(rows, ceilings, s.source.setting.layer_count());
+  const std::string md = bench_markdown(rows, ceilings, s.source.setting.layer_count());
   fmt::print("{}", md);
   if (json) json->write(out.dump(2) + "\n");
   if (markdown) markdown->write(md);

@@ -43,7 +43,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   report.variant = options.variant;
   report.mode = "cuda";
   const std::int32_t cp = source.setting.cp;
-  if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the {} ranks of one node", cp, kRanksMax));
+  if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the cuda backend's cap of {} ranks (one node's GPUs)", cp, kRanksMax));
   const int gpus = gpu_count();
   if (gpus == 0) {
     report.failure = "no CUDA device";
@@ -119,6 +119,7 @@ void register_backend(harness::Registry& registry) {
                  "--exchange runs a plugin's exchange instead of cpkv's own";
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
+  cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;

@@ -302,7 +302,7 @@ void fold_scalar(const Bootstrap& boot, std::int32_t cp, double BenchRank::*fiel
 
 // The ceilings, folded over the ranks: the slowest rank's rate and the longest wait.
 void fold_ceilings(const Bootstrap& boot, std::int32_t cp, Ceilings& c) {
-#define CPKV_FOLD_SCALAR(name, fold) fold_scalar(boot, cp, &BenchRank::name, fold, c.name);
+#define CPKV_FOLD_SCALAR(name, fold, ...) fold_scalar(boot, cp, &BenchRank::name, fold, c.name);
   CPKV_BENCH_CEILING_SCALARS(CPKV_FOLD_SCALAR)
 #undef CPKV_FOLD_SCALAR
   for (int ps = 0; ps < kCeilingPageSizes; ++ps) {

@@ -1,10 +1,10 @@
 // The bench's measurements in one place. The per-batch timings, one row each (as DeepEP keeps its
-// launch configs in one header):
-// what is timed, whether its spread is kept, and the stem of its JSON keys. Every rank's record
-// (BenchRank), the folded result (BenchResult), the timing loop (time_batch), the fold over ranks
-// (fold_bench) and the bodies (LayerBodies, indexed by Timing) derive from this table, so adding a
-// timing is one row here and its body. The CLI's rows name the figures that are derived from two
-// timings (a barrier's share, a figure left null where a variant has no such part) itself.
+// launch configs in one header): what is timed, whether its spread is kept, the stem of its JSON
+// keys, its unit, and its markdown column and legend. Every rank's record (BenchRank), the folded
+// result (BenchResult), the timing loop (time_batch), the fold over ranks (fold_bench), the bodies
+// (LayerBodies, indexed by Timing), the JSON rows and the markdown columns (cli/bench_markdown.cpp)
+// derive from this table, so adding a timing is one row here and its body. The CLI names the
+// figures derived from two timings (a barrier's share) itself.
 #pragma once
 
 #include <array>
@@ -37,16 +37,28 @@ struct TimingRow {
   const char* json_stem;
   // JSON key of the launches per layer, or nullptr.
   const char* json_nodes;
+  // The unit of its figures (per layer: the cycle's replays divided by its layers).
+  const char* unit;
+  // Its column in `cpkv bench --markdown` ("compose": "compose us", "compose min-max", "launches/layer
+  // (compose)"), and what it times, for the table's legend; nullptr: no column of its own (the CLI
+  // shows it through a derived figure).
+  const char* column;
+  const char* legend;
+  // A median of 0 means the variant has no such part: the JSON holds null, the table "-".
+  bool zero_is_none;
 };
 
 inline constexpr TimingRow kTimingTable[] = {
-    {Timing::with_fill, "with_fill", true, "with_fill_us_per_layer", "launches_per_layer_with_fill"},
-    {Timing::compose_only, "compose_only", true, "compose_us_per_layer", "launches_per_layer_compose"},
-    {Timing::isolated, "isolated", false, nullptr, nullptr},
-    {Timing::isolated_gather_only, "isolated_gather_only", false, nullptr, nullptr},
-    {Timing::fill_only, "fill_only", false, "fill_alone_us_per_layer", nullptr},
-    {Timing::pre_only, "pre_only", false, nullptr, nullptr},
-    {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr},
+    {Timing::with_fill, "with_fill", true, "with_fill_us_per_layer", "launches_per_layer_with_fill", "us", "with fill",
+     "the layer including the producer step", false},
+    {Timing::compose_only, "compose_only", true, "compose_us_per_layer", "launches_per_layer_compose", "us", "compose",
+     "the exchange alone (the fill done before the timed region)", false},
+    {Timing::isolated, "isolated", false, nullptr, nullptr, "us", nullptr, nullptr, false},
+    {Timing::isolated_gather_only, "isolated_gather_only", false, nullptr, nullptr, "us", nullptr, nullptr, false},
+    {Timing::fill_only, "fill_only", false, "fill_alone_us_per_layer", nullptr, "us", "fill alone", "the producer launch by itself", false},
+    {Timing::pre_only, "pre_only", false, "pre_signal_alone_us_per_layer", nullptr, "us", "pre-signal copies alone",
+     "the compose launch's publish (staging_publish) or pack (v2) launched by itself, no barrier", true},
+    {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr, "us", nullptr, nullptr, false},
 };
 inline constexpr int kTimings = static_cast<int>(std::size(kTimingTable));
 
@@ -62,19 +74,20 @@ static_assert(kTimings == static_cast<int>(Timing::compose_no_barrier) + 1, "a r
 constexpr int timing_index(Timing t) { return static_cast<int>(t); }
 
 // The scalar ceilings: each rank measures one into the BenchRank field of the name, the bench folds
-// them over the ranks into the Ceilings (model::MeasuredCeilings) field of the same name, and the
-// name is its key in `cpkv bench`'s "ceilings" object, so a new scalar is one X(...) here (and its
-// field in both structs). X(name, fold): kLeast for a rate (the slowest rank), kMost for a wait (the
-// longest).
+// them over the ranks into the Ceilings (model::MeasuredCeilings) field of the same name, the name
+// is its key in `cpkv bench`'s "ceilings" object, and the label, unit and decimals make its part of
+// the markdown's ceilings line, so a new scalar is one X(...) here (and its field in both structs).
+// X(name, fold, label, unit, decimals): fold kLeast for a rate (the slowest rank), kMost for a wait
+// (the longest).
 enum CeilingFold : int { kLeast, kMost };
-#define CPKV_BENCH_CEILING_SCALARS(X) \
-  X(ce_peer_gbps, kLeast)             \
-  X(ce_push_gbps, kLeast)             \
-  X(local_copy_gbps, kLeast)          \
-  X(barrier_us, kMost)                \
-  X(barrier_us_launch_free, kMost)    \
-  X(barrier_us_graph, kMost)          \
-  X(allreduce_busbw_gbps, kLeast)
+#define CPKV_BENCH_CEILING_SCALARS(X)                                                                        \
+  X(ce_peer_gbps, kLeast, "copy-engine peer pull", "GB/s", 0)                                               \
+  X(ce_push_gbps, kLeast, "copy-engine push into the peer", "GB/s", 0)                                      \
+  X(local_copy_gbps, kLeast, "local copy", "GB/s", 0)                                                       \
+  X(barrier_us, kMost, "barrier (launch included)", "us", 2)                                                \
+  X(barrier_us_launch_free, kMost, "barrier launch-free (looped in one kernel)", "us", 2)                   \
+  X(barrier_us_graph, kMost, "barrier as CUDA graph nodes", "us", 2)                                        \
+  X(allreduce_busbw_gbps, kLeast, "NCCL all-reduce bus bandwidth at 64 MiB", "GB/s", 0)
 
 // The gather sweep's rates, per page size and page count: X(rank_field, field, json_key), the
 // BenchRank array each rank fills, the Ceilings::Gather field the bench folds it into (the slowest

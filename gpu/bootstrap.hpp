@@ -21,7 +21,7 @@
 namespace cpkv::cuda {
 
 using Clock = std::chrono::steady_clock;
-inline constexpr int kRanksMax = kernels::kCpMax;   // one node's GPUs
+inline constexpr int kRanksMax = kernels::kCpMax;   // the cuda backend's cap, one node's GPUs (its registry entry's ranks_max)
 inline constexpr int kBenchBatchesMax = kBenchBatchesLimit;
 inline constexpr std::int64_t kHostWaitMsMax = 120000;  // the declared silence of an NCCL init or destroy (a first init is slow)
 static_assert(kRanksMax <= harness::kRanksMax, "the launcher carves a progress record for every rank");

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/model/costs.hpp"
 #include "cpkv/model/plan.hpp"
 #include "model_tiny_batch.hpp"
 
@@ -276,6 +277,59 @@ TEST(ModelVariants, EveryTableRowAgreesWithThePlanItBuilds) {
       EXPECT_EQ(row.isolated == IsolatedExchange::none, !row.needs_ipc) << where;
     }
   }
+}
+
+// The pages and launches one layer and kind of `plan` moves, read off its steps (PROTOCOL.md
+// section 7: the publish and v2's pack run before the compose launch's signal, v2's unpack after its
+// all-reduce).
+LayerCounts counts_of_plan(const VariantPlan& plan, std::int32_t cp) {
+  LayerCounts n;
+  n.pulled_pages_from.assign(cp, 0);
+  for (const auto* gather : {&plan.gather1, &plan.gather2}) {
+    n.gathers += gather->empty() ? 0 : 1;
+    for (const SlotDescriptor& d : *gather) {
+      if (d.table_index >= 0) ++n.pulled_pages_from[d.table_index % cp];
+    }
+  }
+  n.barriers = plan.barrier ? 1 : 0;
+  n.allreduce_calls = plan.allreduce_count();
+  for (const SlotRange& range : plan.allreduce_ranges) n.allreduce_pages += range.slot_end - range.slot_begin;
+  n.allreduce_pages += plan.compact_pages;
+  const auto own = static_cast<std::int64_t>(plan.own_current.size());
+  n.pre_signal_pages = (plan.publish ? own : 0) + (plan.compact_allreduce ? own : 0);
+  n.unpack_pages = plan.compact_allreduce ? plan.compact_pages : 0;
+  n.materialize_pages = static_cast<std::int64_t>(plan.local_prefix_slots.size());
+  return n;
+}
+
+TEST(ModelVariants, EveryRowsClosedFormCountsAreThoseOfThePlanItBuilds) {
+  // The cost model reads a variant's counts from its row (model/src/costs.cpp: layer_bytes_from_counts);
+  // a row whose closed form drifts from its plan function would model bytes the backends never move.
+  const Setting setting = tiny_setting();
+  const BatchLayout layout = layout_batch(setting, tiny_batch());
+  BatchCounts counts;
+  count_batch(setting, tiny_batch(), counts);
+  for (const VariantInfo& row : kVariantTable) {
+    for (std::int32_t rank = 0; rank < 2; ++rank) {
+      const LayerCounts want = counts_of_plan(variant_plan(layout, row.variant, rank), setting.cp);
+      const LayerCounts got = closed_form_counts(row.counts, counts, rank);
+      const std::string where = std::string(row.name) + " rank " + std::to_string(rank);
+      EXPECT_EQ(got.gathers, want.gathers) << where;
+      EXPECT_EQ(got.barriers, want.barriers) << where;
+      EXPECT_EQ(got.allreduce_calls, want.allreduce_calls) << where;
+      EXPECT_EQ(got.allreduce_pages, want.allreduce_pages) << where;
+      EXPECT_EQ(got.pre_signal_pages, want.pre_signal_pages) << where;
+      EXPECT_EQ(got.unpack_pages, want.unpack_pages) << where;
+      EXPECT_EQ(got.materialize_pages, want.materialize_pages) << where;
+      EXPECT_EQ(got.pulled_pages_from, want.pulled_pages_from) << where;
+    }
+  }
+  // By hand (model_tiny_batch.hpp): staging_direct's rank 0 reads page 2 and its own c0 c2 from
+  // itself, page 5 and c1 c3 c4 from rank 1; legacy issues two calls per request over all 7 slots.
+  EXPECT_EQ(closed_form_counts(info(Variant::staging_direct).counts, counts, 0).pulled_pages_from, (std::vector<std::int64_t>{3, 4}));
+  EXPECT_EQ(closed_form_counts(info(Variant::legacy_span_ar).counts, counts, 1).allreduce_calls, 4);
+  EXPECT_EQ(closed_form_counts(info(Variant::legacy_span_ar).counts, counts, 1).allreduce_pages, 7);
+  EXPECT_EQ(closed_form_counts(info(Variant::v2).counts, counts, 1).pre_signal_pages, 3);
 }
 
 TEST(ModelVariants, NamesPathsAndBarrierVariantsComeFromTheTable) {

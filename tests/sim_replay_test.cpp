@@ -45,7 +45,7 @@ constexpr BundledTrace kMooncakeSlice{"mooncake_slice.jsonl", 2};
 // The replay command's flags for the way a report's ranks ran (scheduled tests here use the seeded
 // random schedule, except where a test says otherwise).
 std::string run_flags(const RunReport& report) {
-  return report.mode == "scheduled" ? "--schedule random" : "--ranks-as " + report.mode;
+  return report.mode == "sim/scheduled" ? "--schedule random" : "--ranks-as " + report.mode.substr(report.mode.find('/') + 1);
 }
 
 // What a reader needs to see when a run fails: its verdict, failure, first violations, and the

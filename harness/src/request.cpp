@@ -169,6 +169,10 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
 
 ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source) {
   const ReplayRequest& r = checked.request;
+  if (source.setting.cp > checked.backend->ranks_max) {
+    throw RequestError("backend", fmt::format("{}: cp {} of {} exceeds this backend's cap of {} ranks", checked.backend->name, source.setting.cp,
+                                              r.trace_label, checked.backend->ranks_max));
+  }
   ScannedSource s;
   s.scan = scan(source);
   if (r.batch && s.scan.shape.batches == 0) throw RequestError("batch", fmt::format("{} is not in {}", *r.batch, r.trace_label));

@@ -31,64 +31,47 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
   }
 }
 
+namespace {
+std::int64_t evaluate(const model::CountTerms& t, const BatchCounts& c, std::int32_t rank) {
+  return t.one + t.requests * c.requests + t.slots * c.slot_count + t.current * c.current_pages_total +
+         t.own_prefix * c.prefix_pages_by_owner[rank] + t.own_current * c.current_pages_by_writer[rank];
+}
+}  // namespace
+
+LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts& c, std::int32_t rank) {
+  LayerCounts n;
+  n.gathers = form.gathers;
+  n.barriers = form.barriers;
+  n.allreduce_calls = evaluate(form.allreduce_calls, c, rank);
+  n.allreduce_pages = evaluate(form.allreduce_pages, c, rank);
+  n.pre_signal_pages = evaluate(form.pre_signal_pages, c, rank);
+  n.unpack_pages = evaluate(form.unpack_pages, c, rank);
+  n.materialize_pages = evaluate(form.materialize_pages, c, rank);
+  const auto cp = static_cast<std::int32_t>(c.current_pages_by_writer.size());
+  n.pulled_pages_from.assign(cp, 0);
+  for (std::int32_t p = 0; p < cp; ++p) {
+    const bool current = p == rank ? form.pulls_own_current : form.pulls_peer_current;
+    n.pulled_pages_from[p] = (form.pulls_prefix ? c.prefix_pages_by_owner[p] : 0) + (current ? c.current_pages_by_writer[p] : 0);
+  }
+  return n;
+}
+
 model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& c, model::Variant variant,
                                           std::int32_t rank, std::int32_t layer) {
-  using model::AllReduceFamily;
-  using model::PeerPages;
   const std::int32_t cp = setting.cp;
+  const LayerCounts n = closed_form_counts(model::info(variant).counts, c, rank);
+  const std::int32_t kinds_active = setting.kinds_on_layer(layer);
+  const std::uint64_t page_bytes = setting.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting.page_size);
   model::LayerBytes bytes;
   bytes.own_rank = rank;
   bytes.pulled_from.assign(cp, 0);
-  const std::int32_t kinds_active = setting.kinds_on_layer(layer);
-  const std::uint64_t page_bytes = setting.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting.page_size);
-  const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[rank]);
-  const auto prefix_gather = [&] {
-    for (std::int32_t p = 0; p < cp; ++p) bytes.pulled_from[p] += static_cast<std::uint64_t>(c.prefix_pages_by_owner[p]) * page_bytes;
-  };
-  const auto current_gather = [&](bool own_too) {
-    for (std::int32_t w = 0; w < cp; ++w) {
-      if (w != rank || own_too) bytes.pulled_from[w] += static_cast<std::uint64_t>(c.current_pages_by_writer[w]) * page_bytes;
-    }
-  };
-  const model::VariantInfo& row = model::info(variant);
-  std::uint64_t allreduce_pages = 0;
-  std::int32_t allreduce_calls = 0;
-  switch (row.allreduce) {
-    case AllReduceFamily::none:
-      break;
-    case AllReduceFamily::per_span:
-    case AllReduceFamily::dense:
-      bytes.local_copy_bytes = static_cast<std::uint64_t>(c.prefix_pages_by_owner[rank]) * page_bytes;  // local materialize
-      allreduce_pages = static_cast<std::uint64_t>(c.slot_count);  // the spans tile the buffer
-      allreduce_calls = row.allreduce == AllReduceFamily::per_span ? static_cast<std::int32_t>(2 * c.requests) : 1;
-      break;
-    case AllReduceFamily::compact:  // pack own pages, unpack every current page
-      allreduce_pages = static_cast<std::uint64_t>(c.current_pages_total);
-      allreduce_calls = 1;
-      bytes.local_copy_bytes = (own_pages + static_cast<std::uint64_t>(c.current_pages_total)) * page_bytes;
-      break;
-  }
-  // Without the dense all-reduce, prefix pages are gathered from their owners' pools.
-  std::int32_t gather_count = 0;
-  if (!model::zeroes_dense(variant)) {
-    prefix_gather();
-    gather_count = 1;
-  }
-  switch (row.peer_pages) {
-    case PeerPages::all_reduced:
-      break;
-    case PeerPages::dense:
-    case PeerPages::staging:
-      // Filled straight into staging: the one gather after the barrier reads own pages too.
-      current_gather(/*own_too=*/row.fill_to_staging);
-      bytes.barriers = 1;
-      if (!row.fill_to_staging) ++gather_count;  // a second gather, after the barrier
-      if (row.peer_pages == PeerPages::staging && !row.fill_to_staging) bytes.local_copy_bytes += own_pages * page_bytes;  // publish
-      break;
-  }
-  bytes.gathers = gather_count * kinds_active;
-  bytes.allreduces = allreduce_calls * kinds_active;
-  bytes.allreduce_bytes = allreduce_pages * page_bytes;
+  for (std::int32_t p = 0; p < cp; ++p) bytes.pulled_from[p] = static_cast<std::uint64_t>(n.pulled_pages_from[p]) * page_bytes;
+  bytes.local_copy_bytes = static_cast<std::uint64_t>(n.local_copy_pages()) * page_bytes;
+  bytes.gathers = static_cast<std::int32_t>(n.gathers) * kinds_active;
+  bytes.barriers = static_cast<std::int32_t>(n.barriers);
+  bytes.allreduces = static_cast<std::int32_t>(n.allreduce_calls) * kinds_active;
+  bytes.allreduce_bytes = static_cast<std::uint64_t>(n.allreduce_pages) * page_bytes;
+  // The ring all-reduce's receive volume, from the ring predecessor (as model::layer_bytes counts it).
   if (cp > 1) bytes.pulled_from[(rank + cp - 1) % cp] += 2 * (cp - 1) * bytes.allreduce_bytes / cp;
   return bytes;
 }
@@ -131,20 +114,15 @@ struct LayerSteps {
 LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
                        std::uint64_t page_bytes, std::int64_t dense_slots) {
   const std::int32_t cp = setting.cp;
-  const model::VariantInfo& row = model::info(variant);
-  const auto own_pages = static_cast<std::uint64_t>(c.current_pages_by_writer[bytes.own_rank]);
+  const LayerCounts n = closed_form_counts(model::info(variant).counts, c, bytes.own_rank);
   const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp : 0;
   LayerSteps s;
   // The memset clears the dense half of every kind, active on this layer or not (gpu/executor.cpp run_layer).
   if (model::zeroes_dense(variant)) {
     s.zero = static_cast<std::uint64_t>(std::max(c.slot_count, dense_slots)) * setting.row_bytes_all_kinds() * static_cast<std::uint64_t>(setting.page_size);
   }
-  if (row.allreduce == model::AllReduceFamily::compact) {
-    s.pre = own_pages * page_bytes;
-    s.unpack = static_cast<std::uint64_t>(c.current_pages_total) * page_bytes;
-  } else if (row.peer_pages == model::PeerPages::staging && !row.fill_to_staging) {
-    s.pre = own_pages * page_bytes;  // the publish: peers read it after the signal
-  }
+  s.pre = static_cast<std::uint64_t>(n.pre_signal_pages) * page_bytes;
+  s.unpack = static_cast<std::uint64_t>(n.unpack_pages) * page_bytes;
   s.post_peer = bytes.pulled_from_peers() - ring_bytes;
   s.post_local = bytes.pulled_from[bytes.own_rank] + bytes.local_copy_bytes - s.pre - s.unpack;
   return s;
@@ -167,27 +145,21 @@ double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int3
 }
 
 double allreduces_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, std::int32_t layer, const CostParameters& ceilings) {
-  using model::AllReduceFamily;
   const std::int32_t cp = setting.cp;
   if (cp <= 1) return 0.0;
+  const model::VariantInfo& row = model::info(variant);
+  const LayerCounts n = closed_form_counts(row.counts, c, /*rank=*/0);  // the same calls on every rank
+  if (n.allreduce_calls == 0) return 0.0;
   // A call of no bytes (an empty span) enqueues nothing: NCCL returns at once for a count of 0.
   const auto call_us = [&](std::int64_t pages, double page_bytes) { return pages > 0 ? allreduce_call_us(ceilings, static_cast<double>(pages) * page_bytes, cp) : 0.0; };
   double us = 0.0;
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
     if (!setting.kind_active(k, layer)) continue;
     const double page_bytes = static_cast<double>(setting.kinds[k].row_bytes) * setting.page_size;
-    switch (model::info(variant).allreduce) {
-      case AllReduceFamily::none:
-        break;
-      case AllReduceFamily::per_span:
-        for (const std::int64_t pages : c.span_pages) us += call_us(pages, page_bytes);
-        break;
-      case AllReduceFamily::dense:
-        us += call_us(c.slot_count, page_bytes);
-        break;
-      case AllReduceFamily::compact:
-        us += call_us(c.current_pages_total, page_bytes);
-        break;
+    if (row.allreduce == model::AllReduceFamily::per_span) {
+      for (const std::int64_t pages : c.span_pages) us += call_us(pages, page_bytes);  // one call per span, each its own size
+    } else {
+      us += static_cast<double>(n.allreduce_calls) * call_us(n.allreduce_pages / n.allreduce_calls, page_bytes);  // equal calls
     }
   }
   return us;

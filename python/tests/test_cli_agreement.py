@@ -72,6 +72,17 @@ def test_replay_sim_equals_the_cli_json(cli, tiny, tmp_path, args, kwargs):
     assert ours["runs"] and all(run["ranks"] for run in ours["runs"])
 
 
+@pytest.mark.parametrize("kwargs, mode", [
+    ({"ranks_as": "threads"}, "sim/threads"),
+    ({"schedule": "round-robin"}, "sim/scheduled"),
+])
+def test_replay_json_spells_mode_one_way_the_backends_name(tiny, kwargs, mode):
+    # README, "The replay --json object": the top-level mode and every run's are the backend's name.
+    report = cpkv.replay(tiny, backend="sim", variant="v2,staging_direct", **kwargs)
+    assert report["mode"] == mode
+    assert [run["mode"] for run in report["runs"]] == [mode, mode]
+
+
 def test_replay_of_a_planted_bug_fails_and_names_the_invariant(tiny):
     report = cpkv.replay(tiny, variant="staging_direct", schedule="round-robin", mutant="skip_zero")
     run = report["runs"][0]

@@ -15,7 +15,7 @@ namespace {
 class FreeBackend final : public harness::Backend {
  public:
   FreeBackend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) : ranks_as_(ranks_as), faults_(faults), limits_(limits) {}
-  std::string name() const override { return ranks_as_ == RanksAs::processes ? "sim/processes" : "sim/threads"; }
+  std::string name() const override { return std::string(mode_name(ranks_as_)); }
   RunReport run(const BatchSource& source, const harness::RunOptions& options) override { return run_free(source, options, ranks_as_, faults_, limits_); }
 
  private:
@@ -28,7 +28,7 @@ class ScheduledBackend final : public harness::Backend {
  public:
   ScheduledBackend(Schedule schedule, RunLimits limits, bool record_events)
       : schedule_(std::move(schedule)), limits_(limits), record_events_(record_events) {}
-  std::string name() const override { return "sim/scheduled"; }
+  std::string name() const override { return std::string(kScheduledMode); }
   RunReport run(const BatchSource& source, const harness::RunOptions& options) override {
     return run_scheduled(source, options, schedule_, limits_, record_events_);
   }

@@ -173,7 +173,7 @@ RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& op
                         bool record_events) {
   RunReport report;
   report.variant = options.variant;
-  report.mode = "scheduled";
+  report.mode = kScheduledMode;
   const SourceShape shape = measure(source);
   World world(world_geometry(source, options, shape), options.seed);
   std::vector<RankMachine> machines;
@@ -358,7 +358,7 @@ RunReport run_free(const BatchSource& source, const harness::RunOptions& options
                    const RunLimits& limits) {
   RunReport report;
   report.variant = options.variant;
-  report.mode = ranks_as == RanksAs::processes ? "processes" : "threads";
+  report.mode = mode_name(ranks_as);
   if (ranks_as == RanksAs::threads && faults.kill_rank >= 0) {
     // A thread's SIGKILL takes the whole process, launcher included: nothing would be reported.
     throw std::invalid_argument("FaultOptions.kill_rank needs ranks as processes: in thread mode it would kill the launcher");

@@ -30,6 +30,8 @@
 #include <string>
 #include <string_view>
 
+#include "cpkv/model/limits.hpp"
+
 namespace cpkv::harness {
 
 // Exit codes of a rank process.
@@ -38,7 +40,9 @@ inline constexpr int kRankExitDeadlock = 3;  // the rank gave up waiting (its ow
 inline constexpr int kRankExitError = 4;     // an exception or a failed setup
 
 // Limits of the launcher, each with its reason.
-inline constexpr std::int32_t kRanksMax = 64;          // progress records carved up front; cp of one node is 8
+// Progress records are carved up front, one per rank: as many as the model admits (a trace's cp).
+// A backend may cap itself lower in its registry entry (BackendEntry::ranks_max).
+inline constexpr std::int32_t kRanksMax = model::limits::cp_max;
 inline constexpr std::int64_t kPollUs = 500;            // reap/watch tick: a dead rank is seen within a millisecond
 inline constexpr std::int64_t kTickMs = 100;            // on_tick cadence (a progress bar)
 inline constexpr std::int64_t kSignalSettleMs = 200;    // a rank killed by Ctrl-C: time for the parent's own SIGINT to be seen

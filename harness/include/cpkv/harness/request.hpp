@@ -22,6 +22,7 @@
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/run.hpp"
 #include "cpkv/harness/source.hpp"
+#include "cpkv/model/limits.hpp"
 
 namespace cpkv::harness {
 
@@ -97,6 +98,7 @@ struct BackendEntry {
   std::uint32_t options = 0;                  // RequestOptionBits it takes
   std::uint8_t mutants = 0;                   // BackendBits of the planted bugs it holds (0: none, moves no content)
   bool moves_content = true;                  // false: the model replay (no ranks, no Backend)
+  std::int32_t ranks_max = model::limits::cp_max;  // the most ranks it runs: a source of larger cp is refused
   // Options beyond the common ones (a schedule file parsed, ranks_as named); may be empty.
   std::function<void(CheckedRequest&)> check;
   // What needs the source, before any rank starts (the simulator's /dev/shm space); may be empty.

@@ -59,7 +59,7 @@ struct Totals {
 
 struct RunReport {
   model::Variant variant = model::Variant::staging_direct;
-  std::string mode;                       // "scheduled", "processes", "threads", "cuda"
+  std::string mode;                       // the backend's name: "sim/scheduled", "sim/processes", "sim/threads", "cuda"
   std::int64_t batches = 0;
   std::vector<Totals> ranks;
   std::vector<Violation> violations;      // first kViolationsMax

@@ -34,7 +34,23 @@ struct BatchCounts {
 // Counts of a batch (writers from model::writer_of, so every split policy is the model's).
 void count_batch(const model::Setting& setting, const model::Batch& batch, BatchCounts& counts);
 
-// model::layer_bytes(setting, model::variant_plan(layout, variant, rank), layer), from the counts.
+// A variant's closed form (its kVariantTable row's `counts`) evaluated on one batch for one rank:
+// pages and launches of one layer and one active buffer kind.
+struct LayerCounts {
+  std::int64_t gathers = 0;
+  std::int64_t barriers = 0;
+  std::int64_t allreduce_calls = 0;
+  std::int64_t allreduce_pages = 0;
+  std::int64_t pre_signal_pages = 0;
+  std::int64_t unpack_pages = 0;
+  std::int64_t materialize_pages = 0;
+  std::vector<std::int64_t> pulled_pages_from;  // [cp]: pages the gathers read from rank p
+  std::int64_t local_copy_pages() const { return pre_signal_pages + unpack_pages + materialize_pages; }
+};
+LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts& counts, std::int32_t rank);
+
+// model::layer_bytes(setting, model::variant_plan(layout, variant, rank), layer), from the counts:
+// the row's closed form times the layer's page bytes and active kinds.
 model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& counts,
                                           model::Variant variant, std::int32_t rank, std::int32_t layer);
 

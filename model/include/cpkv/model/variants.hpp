@@ -1,7 +1,7 @@
-// Every fact about one exchange variant, as one row of one table (as nccl-tests gives each
-// collective one struct). `kAllVariants`, parsing, printing, the backends' path choice, the closed-form
-// byte counts and the generators derive from it. Adding a variant: one enumerator, one row, one plan
-// function (docs/ARCHITECTURE.md, "Adding a variant").
+// Every fact about one exchange variant, as one row of one table (as nccl-tests gives each collective
+// one struct). `kAllVariants`, parsing, printing, the backends' path choice, the cost model's counts
+// and the generators derive from it. Adding a variant: one enumerator, one row (with its plan
+// function and closed form), nothing else (docs/ARCHITECTURE.md, "Adding a variant").
 #pragma once
 
 #include <array>
@@ -60,6 +60,37 @@ void staging_publish(const BatchLayout& layout, std::int32_t rank, VariantPlan& 
 void staging_direct(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
 }  // namespace plans
 
+// A count of one layer and one buffer kind as a sum of the batch's counts (model::BatchCounts)
+// with small coefficients: one + requests + slots + current pages + this rank's prefix pages (by
+// storage owner) + this rank's current pages (by writer).
+struct CountTerms {
+  std::int8_t one = 0;
+  std::int8_t requests = 0;
+  std::int8_t slots = 0;
+  std::int8_t current = 0;
+  std::int8_t own_prefix = 0;
+  std::int8_t own_current = 0;
+};
+
+// A variant's per-layer counts in closed form, per rank and active buffer kind: what
+// model::layer_bytes(variant_plan(...)) counts, written as sums of batch counts so the cost model
+// needs no plan (model/src/costs.cpp: layer_bytes_from_counts evaluates them and states no rule of
+// its own). tests/model_plan_test.cpp checks every row's against the plan it builds.
+struct ClosedForm {
+  std::int8_t gathers = 0;        // gather launches (gather1, gather2)
+  std::int8_t barriers = 0;       // counting barriers (per layer, not per kind)
+  CountTerms allreduce_calls;     // sum all-reduce calls
+  CountTerms allreduce_pages;     // pages summed by them, all calls together
+  CountTerms pre_signal_pages;    // local copies before the compose launch's signal: publish, compact pack
+  CountTerms unpack_pages;        // local copies after the all-reduce: compact unpack
+  CountTerms materialize_pages;   // local copies of own prefix pages into the dense buffer
+  // Pages the gathers read from rank p: its prefix pages (as storage owner), and its current pages
+  // (as writer) when p is a peer / this rank itself.
+  bool pulls_prefix = false;
+  bool pulls_peer_current = false;
+  bool pulls_own_current = false;
+};
+
 struct VariantInfo {
   Variant variant;
   std::string_view name;
@@ -69,24 +100,37 @@ struct VariantInfo {
   AllReduceFamily allreduce;    // the all-reduces issued
   IsolatedExchange isolated;    // what the bench's isolated exchange times
   PlanFunction plan;            // the steps of one rank (VariantPlan)
+  ClosedForm counts;            // the plan's per-layer counts from batch counts (the cost model's)
 };
 
+// The `counts` column names only its non-zero fields; GCC 12 warns of the others (designated
+// initializers leave them at zero by the language's rule, which is meant here).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 inline constexpr VariantInfo kVariantTable[] = {
     {Variant::legacy_span_ar, "legacy_span_ar", false, PeerPages::all_reduced, false, AllReduceFamily::per_span,
-     IsolatedExchange::none, &plans::span_allreduce},
+     IsolatedExchange::none, &plans::span_allreduce,
+     {.allreduce_calls = {.requests = 2}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
     {Variant::fused_ar, "fused_ar", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none,
-     &plans::dense_allreduce},
+     &plans::dense_allreduce,
+     {.allreduce_calls = {.one = 1}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
     {Variant::v2, "v2", true, PeerPages::all_reduced, false, AllReduceFamily::compact, IsolatedExchange::compact_allreduce,
-     &plans::compact_allreduce},
+     &plans::compact_allreduce,
+     {.gathers = 1, .allreduce_calls = {.one = 1}, .allreduce_pages = {.current = 1}, .pre_signal_pages = {.own_current = 1},
+      .unpack_pages = {.current = 1}, .pulls_prefix = true}},
     {Variant::v2_fallback, "v2_fallback", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none,
-     &plans::dense_allreduce},
+     &plans::dense_allreduce,
+     {.allreduce_calls = {.one = 1}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
     {Variant::symm_dense, "symm_dense", true, PeerPages::dense, false, AllReduceFamily::none, IsolatedExchange::barrier_and_gather,
-     &plans::symmetric_dense},
+     &plans::symmetric_dense, {.gathers = 2, .barriers = 1, .pulls_prefix = true, .pulls_peer_current = true}},
     {Variant::staging_publish, "staging_publish", true, PeerPages::staging, false, AllReduceFamily::none,
-     IsolatedExchange::barrier_and_gather, &plans::staging_publish},
+     IsolatedExchange::barrier_and_gather, &plans::staging_publish,
+     {.gathers = 2, .barriers = 1, .pre_signal_pages = {.own_current = 1}, .pulls_prefix = true, .pulls_peer_current = true}},
     {Variant::staging_direct, "staging_direct", true, PeerPages::staging, true, AllReduceFamily::none,
-     IsolatedExchange::barrier_and_gather, &plans::staging_direct},
+     IsolatedExchange::barrier_and_gather, &plans::staging_direct,
+     {.gathers = 1, .barriers = 1, .pulls_prefix = true, .pulls_peer_current = true, .pulls_own_current = true}},
 };
+#pragma GCC diagnostic pop
 inline constexpr std::size_t kVariantCount = std::size(kVariantTable);
 
 namespace detail {

@@ -42,6 +42,9 @@ Schedule read_schedule_file(const std::string& path);
 std::optional<Schedule> named_schedule(std::string_view name, std::uint64_t seed);
 
 enum class RanksAs : std::uint8_t { processes, threads };
+// A run's mode as the report, the run header and the replay JSON spell it (the backend's name).
+inline constexpr std::string_view kScheduledMode = "sim/scheduled";
+constexpr std::string_view mode_name(RanksAs ranks_as) { return ranks_as == RanksAs::processes ? "sim/processes" : "sim/threads"; }
 
 // Which rank plays a slow role on a layer: always the same rank, a rank that moves every layer, or
 // every batch.
