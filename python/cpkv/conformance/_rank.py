@@ -359,13 +359,14 @@ def drive(cases, rank: int, reporter: Reporter) -> None:
         run_case(spec, rank, groups, reporter)
 
 
-def rank_main(rank: int, specs, queue) -> None:
+def rank_main(rank: int, specs, queue, body=None) -> None:
     """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
-    peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line."""
+    peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line.
+    body: what the rank runs (default drive; bench/conformance_overhead.py passes its own loop)."""
     reporter = Reporter(queue)
     code = 0
     try:
-        drive(specs, rank, reporter)
+        (body or drive)(specs, rank, reporter)
     except ContractError as error:
         reporter.send("error", rank, "contract", str(error), "")
         code = 2 if str(error).startswith("--") else 1
