@@ -59,6 +59,8 @@ class Events:
         self.enabled = True
 
     def _add(self, what: str, a: int = 0, b: int = 0, c: int = 0) -> None:
+        if not self.enabled:
+            return
         self.used = True
         self.log.append((time.monotonic_ns(), what, self._ctx.rank, self._ctx.layer, a, b, c))
 
@@ -132,7 +134,7 @@ class Context:
         self.layer = -1
         self._hgroup = harness_group
         self._run = run
-        self._positions = positions
+        self._positions = positions.numpy()  # a view of the shared table: an element write costs 0.2 us, a tensor's 3.7 us (2026-12-02)
         self._adversity = adversity
         self._ipc_capable = ipc_capable
         self._dense_rows_max = dense_rows_max
