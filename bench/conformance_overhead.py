@@ -113,8 +113,7 @@ def main() -> int:
     setting = reader.setting
     staging = cpkv.staging_capacity(setting).staging_slots
     batches = [b for b in reader if cpkv.layout_batch(setting, b).current_pages_total <= staging]  # refused batches time nothing
-    spec = cpkv.conformance.case(a.impl, setting, batches, device=a.device, delays=False)
-    spec.timing = True
+    spec = cpkv.conformance.case(a.impl, setting, batches, device=a.device, timing=True)
     launcher = BenchLauncher(spec, a.rounds)
     launcher.run()
     if launcher.failed() or len(launcher.results) != setting.cp:

@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("torch")
 
 from cpkv import conformance  # noqa: E402
-from cpkv.conformance import _shm  # noqa: E402
+from cpkv.conformance import _report, _shm  # noqa: E402
+import cpkv  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get("CPKV_SOURCE_DIR", os.path.join(HERE, "..", ".."))
@@ -99,7 +100,11 @@ def bad_impls():
     batches = list(setting_batches)[:2]
     names = ["NumpyOutputs", "RaisesOnLayer1", "WrongDtype", "NeverReturns"]
     cases = [conformance.case(f"{IMPLS}:{n}", setting_batches.setting, batches, seed=2, window_s=WINDOW_S) for n in names]
-    return dict(zip(names, conformance.run_cases(cases)))
+    # --time, in the same session (no extra processes): checks off, so even a planted bug passes.
+    timed = [conformance.case("cpkv.conformance.reference:StagingDirect", setting_batches.setting, batches, seed=2, window_s=WINDOW_S,
+                              timing=True, mutant=mutant) for mutant in (None, "skip_zero")]
+    # NeverReturns stays last: it ends the session's processes.
+    return dict(zip(names[:3] + ["timed", "timed_skip_zero"] + names[3:], conformance.run_cases(cases[:3] + timed + cases[3:])))
 
 
 def test_outputs_with_the_array_interface_are_accepted(bad_impls):
@@ -127,3 +132,22 @@ def test_an_impl_that_never_returns_is_named_and_torn_down(bad_impls):
     assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: never returned"), outcome.failure
     assert outcome.leftovers == []
     assert [p for p in _shm.leftovers() if os.path.basename(p).startswith(f"{_shm.PREFIX}{os.getpid()}-")] == []
+
+
+def test_time_mode_measures_every_layer_with_checks_off(bad_impls):
+    """README: --time turns the checks off and reports each layer's compose time as a median and p90;
+    on CPU the GPU-only columns say n/a."""
+    outcome = bad_impls["timed"]
+    assert outcome.passed and outcome.batches, outcome.failure
+    for record in outcome.batches:
+        assert [len(per_rank) for per_rank in record["compose_s"]] == [2, 2]  # two layers, both ranks
+        assert all(0 < seconds < WINDOW_S for per_rank in record["compose_s"] for seconds in per_rank)
+        assert record["events"] == 0  # the hooks were off
+    assert bad_impls["timed_skip_zero"].passed  # the poison it leaves is not looked at
+    spec = conformance.case("cpkv.conformance.reference:StagingDirect", cpkv.read_trace(TINY).setting,
+                            list(cpkv.read_trace(TINY))[:2], timing=True)
+    lines = _report.table(spec, outcome)
+    assert any(line.startswith("compose per layer (perf_counter") and "median" in line and "p90" in line for line in lines), lines
+    run = _report.run_json(spec, outcome, "processes")
+    assert run["compose_ms"]["layers"] == 4 and 0 < run["compose_ms"]["median"] <= run["compose_ms"]["p90"]
+    assert (run["host_syncs_per_layer"], run["graph_capturable"], run["builtin_staging_direct_ms"]) == ("n/a", "n/a", "n/a")
