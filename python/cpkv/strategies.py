@@ -68,19 +68,54 @@ def _with_caps(s: _cpkv.Setting, max_total_extend_tokens: Optional[int] = None, 
                          staging_mib=staging_mib)
 
 
-@st.composite
-def settings(draw: st.DrawFn, cp_max: int = CP_MAX, page_size_log2_max: int = PAGE_SIZE_LOG2_MAX,
-             layers_max: int = LAYERS_MAX) -> _cpkv.Setting:
+Fixed = Union[None, int, str, List[str], st.SearchStrategy]
+
+
+def _pick(draw: st.DrawFn, value, drawn: st.SearchStrategy):
+    # None: gen_setting's own draw; a strategy: drawn from it; anything else: that value, exactly.
+    if value is None:
+        return draw(drawn)
+    if isinstance(value, st.SearchStrategy):
+        return draw(value)
+    return value
+
+
+def _check_fixed(cp, page_size, kinds, layer_pattern, split, pool_pages) -> None:
+    """A fixed value the model refuses is refused here, once, with the model's own located line
+    (cpkv.InputError: 'page_size: 3 is not a power of two'), not as a draw that fails every example."""
+    probe = {"cp": 1, "page_size": 1, "kinds": list(KIND_SETS[0]), "layer_pattern": "F", "pool_pages": 1, "split": _cpkv.SPLIT_POLICIES[0]}
+    fixed = {"cp": cp, "page_size": page_size, "kinds": kinds, "layer_pattern": layer_pattern, "split": split, "pool_pages": pool_pages}
+    for name, value in fixed.items():
+        if value is not None and not isinstance(value, st.SearchStrategy):
+            probe[name] = list(value) if name == "kinds" else value
+    _cpkv.Setting(**probe)
+
+
+def settings(cp_max: int = CP_MAX, page_size_log2_max: int = PAGE_SIZE_LOG2_MAX, layers_max: int = LAYERS_MAX, *,
+             cp: Fixed = None, page_size: Fixed = None, kinds: Fixed = None, layer_pattern: Fixed = None, split: Fixed = None,
+             pool_pages: Fixed = None) -> st.SearchStrategy:
     """A setting without caps, as gen_setting draws it: cp in 1..cp_max, P = 2^(0..page_size_log2_max),
     one of five buffer-kind sets, 1..layers_max layers each 'F' or 'S', a split policy, and 1..128
-    pool pages."""
-    cp = draw(st.integers(1, cp_max))
-    page_size = 1 << draw(st.integers(0, page_size_log2_max))
-    kinds = list(draw(st.sampled_from(KIND_SETS)))
-    layers = draw(st.integers(1, layers_max))
-    pattern = "".join(draw(st.lists(st.sampled_from("FS"), min_size=layers, max_size=layers)))
-    split = draw(st.sampled_from(_cpkv.SPLIT_POLICIES))
-    pool_pages = draw(st.integers(1, POOL_PAGES_MAX))
+    pool pages.
+
+    Each keyword fixes one field exactly: ``settings(cp=2, page_size=4)`` draws only settings of cp 2
+    and P 4 (the value is used as given, not reached by filtering the draws, so any value the model
+    accepts costs nothing, ``cp=7, page_size=128`` included); a strategy instead of a value is drawn
+    from. A value the model refuses raises cpkv.InputError here, naming the field."""
+    _check_fixed(cp, page_size, kinds, layer_pattern, split, pool_pages)
+    return _settings(cp_max, page_size_log2_max, layers_max, cp, page_size, kinds, layer_pattern, split, pool_pages)
+
+
+@st.composite
+def _settings(draw: st.DrawFn, cp_max: int, page_size_log2_max: int, layers_max: int, cp: Fixed, page_size: Fixed, kinds: Fixed,
+              layer_pattern: Fixed, split: Fixed, pool_pages: Fixed) -> _cpkv.Setting:
+    cp = _pick(draw, cp, st.integers(1, cp_max))
+    page_size = _pick(draw, page_size, st.integers(0, page_size_log2_max).map(lambda log2: 1 << log2))
+    kinds = list(_pick(draw, kinds, st.sampled_from(KIND_SETS)))
+    patterns = st.integers(1, layers_max).flatmap(lambda n: st.lists(st.sampled_from("FS"), min_size=n, max_size=n).map("".join))
+    pattern = _pick(draw, layer_pattern, patterns)
+    split = _pick(draw, split, st.sampled_from(_cpkv.SPLIT_POLICIES))
+    pool_pages = _pick(draw, pool_pages, st.integers(1, POOL_PAGES_MAX))
     return _cpkv.Setting(cp=cp, page_size=page_size, kinds=kinds, layer_pattern=pattern, pool_pages=pool_pages, split=split)
 
 

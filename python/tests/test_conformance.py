@@ -29,22 +29,7 @@ SEED = 3
 
 R = cpkv.Request
 
-# Which checks may fire first for each bug, from the specification: a reuse hazard or an unsynchronized
-# read shows as wrong bytes or as invariant 2; two writers of a page as invariant 1 (its bytes can even
-# be right); a skipped barrier as invariant 4 or a rank left waiting (liveness: a raised timeout); a
-# stale plan as wrong bytes, a wrong shape (contract) or an index error; a rank-local overflow verdict
-# as invariant 3 or a rank left waiting; an unagreed capability as mismatched collectives (a timeout).
-EXPECTED = {
-    "single_half": {"bytes", "invariant 2"},
-    "no_barrier": {"bytes", "invariant 2"},
-    "skip_zero": {"bytes"},
-    "token_split": {"invariant 1"},
-    "arrive_before_fill": {"bytes", "invariant 2"},
-    "skip_idle_barrier": {"invariant 4", "raised", "liveness"},
-    "address_keyed_plan_cache": {"bytes", "contract", "raised"},
-    "rank_local_overflow": {"invariant 3", "raised", "liveness"},
-    "unagreed_capability": {"raised", "liveness", "bytes"},
-}
+from conformance_expected import EXPECTED  # noqa: E402  (the checks the specification names for each planted bug)
 
 
 def tiny_case():

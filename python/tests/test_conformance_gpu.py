@@ -25,15 +25,9 @@ from cpkv import conformance  # noqa: E402
 SOURCE = os.environ.get("CPKV_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 TINY = os.path.join(SOURCE, "traces", "samples", "tiny.jsonl")
 WINDOW_S = 10.0
-# On a GPU the byte check and the event checker both run; a bug may show as either.
-EXPECTED = {
-    "single_half": {"bytes", "invariant 2"},
-    "no_barrier": {"bytes", "invariant 2"},
-    "skip_zero": {"bytes"},
-    "token_split": {"invariant 1"},
-    "arrive_before_fill": {"bytes", "invariant 2"},
-    "skip_idle_barrier": {"invariant 4", "raised", "liveness"},
-}
+from conformance_expected import EXPECTED as _CPU_EXPECTED, GPU_BUGS  # noqa: E402
+
+EXPECTED = {bug: _CPU_EXPECTED[bug] for bug in GPU_BUGS}
 NAMES = ["correct"] + list(EXPECTED)
 IMPLS = {"staging_direct": "cpkv.conformance.reference:StagingDirect", "v2": "cpkv.conformance.reference:V2"}
 
@@ -64,3 +58,27 @@ def test_reference_on_cuda_passes_or_its_planted_bug_is_caught(sessions, impl, n
         assert outcome.passed, detail
     else:
         assert set(outcome.checks_fired()) & EXPECTED[name], f"{name}: fired {outcome.checks_fired()}:\n{detail}"
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_a_correct_run_on_cuda_reports_host_syncs_and_graph_capture_per_layer(sessions, impl):
+    """Issue 23: on the GPU the harness says, per layer, whether compose_layer can be captured into a
+    CUDA graph (one line of why not) and how many host synchronizations it made. The references call
+    torch.nonzero on device tensors in every layer (a synchronization each), so both figures are known
+    without reading the harness: at least one sync per layer, and no layer capturable."""
+    outcome = sessions(impl)["correct"]
+    syncs = [n for b in outcome.batches for per_rank in b["host_syncs"] for n in per_rank]
+    assert syncs and all(isinstance(n, int) and n >= 1 for n in syncs), syncs
+    assert len(outcome.capture) == 2 and all(len(per_rank) == 2 for per_rank in outcome.capture), outcome.capture
+    assert all(v.startswith("no: ") and len(v.splitlines()) == 1 for per_rank in outcome.capture for v in per_rank), outcome.capture
+
+
+def test_time_mode_on_cuda_times_layers_with_cuda_events():
+    reader = cpkv.read_trace(TINY)
+    outcome = conformance.run(IMPLS["staging_direct"], reader.setting, list(reader)[:2], seed=3, device="cuda", window_s=WINDOW_S,
+                              timing=True)
+    assert outcome.passed, outcome.failure
+    times = [t for b in outcome.batches for per_rank in b["compose_s"] for t in per_rank]
+    assert len(times) == 2 * 2 * 2 and all(0 < t < WINDOW_S for t in times), times
+    assert outcome.capture == []  # --time captures nothing and counts nothing
+    assert all(n is None for b in outcome.batches for per_rank in b["host_syncs"] for n in per_rank)

@@ -75,7 +75,7 @@ def test_a_token_granularity_split_is_caught_at_the_first_row_of_the_second_writ
 
 
 def test_the_strategies_find_the_token_split_bug_on_their_own():
-    zigzag = cs.settings(cp_max=4, page_size_log2_max=3).filter(lambda s: s.split == "zigzag" and s.kind_active(0, 0))
+    zigzag = cs.settings(cp_max=4, page_size_log2_max=3, split="zigzag").filter(lambda s: s.kind_active(0, 0))
 
     def caught(drawn):
         setting, batch = drawn

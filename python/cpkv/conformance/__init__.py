@@ -52,16 +52,19 @@ def _impl_name(impl: Union[str, type]) -> str:
 
 def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
         layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
-        window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> Outcome:
+        window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None,
+        timing: bool = False) -> Outcome:
     """Run `impl` (a 'module:Class' string, or an importable class) over the batches, one spawned
-    process per rank; returns the Outcome (passed, mismatches, findings, failure, positions)."""
+    process per rank; returns the Outcome (passed, mismatches, findings, failure, positions).
+    timing: --time (checks, delays and event hooks off; each layer's compose time in the records)."""
     return launch(case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
-                       window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs))
+                       window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing))
 
 
 def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
          layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
-         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None) -> RunSpec:
+         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None,
+         timing: bool = False) -> RunSpec:
     """One case, checked, for run_cases (the arguments are run()'s)."""
     batches = list(batches)
     if not batches:
@@ -71,8 +74,8 @@ def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv
     if device not in ("cpu", "cuda"):
         raise _cpkv_input_error("device", f"'{device}' is not cpu or cuda")
     return RunSpec(impl=_impl_name(impl), setting=setting, batches=batches, layers=layers_for(setting, layers), seed=seed, device=device,
-                   swarm=swarm, delays=delays, mutant=mutant, window_s=window_s, ipc_fail_rank=ipc_fail_rank,
-                   impl_kwargs=dict(impl_kwargs or {}))
+                   swarm=swarm, delays=delays and not timing, mutant=mutant, window_s=window_s, ipc_fail_rank=ipc_fail_rank,
+                   impl_kwargs=dict(impl_kwargs or {}), timing=timing)
 
 
 def run_cases(cases: List[RunSpec]) -> List[Outcome]:

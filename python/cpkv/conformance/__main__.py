@@ -1,5 +1,5 @@
 """python3 -m cpkv.conformance TRACE --impl module:Class --ranks N [--device cpu|cuda] [--seed S] [--swarm]
-[--layers L] [--mutant NAME] [--json F]
+[--layers L] [--mutant NAME] [--time] [--json F]
 
 Runs an implementation over a trace under the conformance harness and prints a table like
 `cpkv replay`'s, with a one-line reproducer on failure. Exit 0: every check passed; 1: a check
@@ -21,6 +21,7 @@ from typing import List, Optional
 from .. import _cpkv
 from .._errors import InputError, TraceError
 from . import _adversity as adv
+from . import _report
 from . import _shm
 from ._context import ContractError
 from ._launch import Outcome, launch
@@ -45,7 +46,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
     p.add_argument("--ipc-fail-rank", type=int, default=-1, help="this rank's IPC capability probe fails")
     p.add_argument("--window", type=float, default=20.0, help="seconds before a wait or a silent rank is reported (default 20)")
-    p.add_argument("--json", metavar="F", help="write the result as JSON to F")
+    p.add_argument("--time", action="store_true",
+                   help="checks, delays and event hooks off; each layer's compose time measured (median and p90)")
+    p.add_argument("--json", metavar="F", help="write the result as JSON to F (`cpkv replay --json`'s schema)")
     return p.parse_args(argv)
 
 
@@ -58,6 +61,7 @@ def reproducer(a: argparse.Namespace) -> str:
         parts += ["--ipc-fail-rank", str(a.ipc_fail_rank)]
     parts += ["--swarm"] if a.swarm else []
     parts += ["--no-delays"] if a.no_delays else []
+    parts += ["--time"] if a.time else []
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -65,20 +69,7 @@ def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: 
     knob = adv.knobs(a.seed, a.swarm)
     return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
             f"{setting.layer_count} layers | impl {a.impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
-            "delays: off" if a.no_delays else adv.describe(knob, a.swarm)]
-
-
-def table(a: argparse.Namespace, o: Outcome, layers: int) -> List[str]:
-    refused = sum(1 for b in o.batches if any(b["refused"]))
-    result = "pass" if o.passed else f"FAIL: {', '.join(o.checks_fired())}"
-    lines = [f"{'impl':40s} {'batches':>8s} {'layers':>7s} {'overflow':>9s} {'mismatch':>9s} {'violation':>10s}  result"]
-    lines.append(f"{a.impl[:40]:40s} {len(o.batches):8d} {len(o.batches) * layers:7d} {refused:9d} {len(o.mismatches):9d} "
-                 f"{len(o.findings):10d}  {result} ({o.seconds:.2f} s)")
-    syncs = [n for b in o.batches for rank in b.get("host_syncs", []) for n in rank]
-    if a.device == "cuda" and syncs:
-        lines.append(f"implicit host synchronizations per layer (torch sync debug mode): max {max(syncs)}, "
-                     f"mean {sum(syncs) / len(syncs):.1f} over {len(syncs)} rank-layers")
-    return lines
+            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm)]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -87,14 +78,6 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
         lines.append(o.failure)
         lines += [f"  {p}" for p in o.positions]
     return lines
-
-
-def as_json(a: argparse.Namespace, setting: _cpkv.Setting, o: Outcome, layers: int) -> dict:
-    return {"trace": a.trace, "impl": a.impl, "mutant": a.mutant or "none", "device": a.device, "ranks": setting.cp, "seed": a.seed,
-            "swarm": a.swarm, "layers": layers, "knobs": None if a.no_delays else adv.knobs(a.seed, a.swarm),
-            "passed": o.passed, "checks_fired": o.checks_fired(), "mismatches": o.mismatches, "violation_details": o.findings,
-            "failure": o.failure or "", "positions": o.positions, "seconds": o.seconds, "leftovers": o.leftovers,
-            "batches": o.batches, "reproducer": reproducer(a)}
 
 
 def check_impl(a: argparse.Namespace) -> None:
@@ -116,7 +99,8 @@ def spec_of(a: argparse.Namespace, setting: _cpkv.Setting, batches: List[_cpkv.B
         batches = [batches[a.batch]]
     layers = a.layers or setting.layer_count
     return RunSpec(impl=a.impl, setting=setting, batches=batches, layers=layers, seed=a.seed, device=a.device, swarm=a.swarm,
-                   delays=not a.no_delays, mutant=a.mutant, window_s=a.window, ipc_fail_rank=a.ipc_fail_rank)
+                   delays=not (a.no_delays or a.time), mutant=a.mutant, window_s=a.window, ipc_fail_rank=a.ipc_fail_rank,
+                   timing=a.time)
 
 
 def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
@@ -132,9 +116,8 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
     except Exception as error:  # this rank's failure, one line; torchrun ends the others
         outcome.failure, outcome.failure_kind = f"rank {rank}: {type(error).__name__}: {error}", "raised"
     for message in reporter.messages:
-        if message[0] == "batch":
-            record = dict(message[3], batch=message[2])
-            outcome.batches.append(record)
+        if message[0] in ("batch", "capture"):
+            outcome.record(message)
     _shm.remove_run(spec.run)
     outcome.seconds = time.monotonic() - started
     return outcome if rank == 0 or outcome.failure else None
@@ -162,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     outcome = run_torchrun(spec) if torchrun else launch(spec)
     if outcome is None:
         return 0
-    print("\n".join(table(a, outcome, spec.layers)))
+    print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))
         print(f"replay: {reproducer(a)}")
@@ -170,7 +153,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"cpkv conformance: left behind: {', '.join(outcome.leftovers)}", file=sys.stderr)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(as_json(a, setting, outcome, spec.layers), f, indent=2, sort_keys=True)
+            mode = "torchrun" if torchrun else "processes"
+            json.dump(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a)), f, indent=2, sort_keys=True)
     if outcome.failure_kind == "contract" and outcome.failure and outcome.failure.split(": ", 1)[-1].startswith("--"):
         return 2
     return 0 if outcome.passed else 1

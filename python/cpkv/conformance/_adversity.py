@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
@@ -58,24 +59,25 @@ def _mix(seed: int, stream: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64)
 
 
+@dataclass
 class Adversity:
     """One rank's delays. positions: the (cp, POSITION_COLUMNS) int64 shared table of every rank."""
 
-    def __init__(self, knob: Dict[str, object], rank: int, cp: int, layers: int, positions: torch.Tensor,
-                 device: torch.device, enabled: bool) -> None:
-        self.knob = knob
-        self.rank = rank
-        self.cp = cp
-        self.layers = layers
-        self.positions = positions
-        self.device = device
-        self.enabled = enabled
-        self.rng = random.Random(_mix(int(knob["seed"]), 0x1000 + rank))
-        self.batch = -1
-        self.layer = -1
-        self.uses_pause_points = False  # sticky: once the implementation pauses, holds wait for its points
-        self.held_producer = False
-        self.held_reader = False
+    knob: Dict[str, object]
+    rank: int
+    cp: int
+    layers: int
+    positions: torch.Tensor
+    device: torch.device
+    enabled: bool
+    batch: int = -1
+    layer: int = -1
+    uses_pause_points: bool = False  # sticky: once the implementation pauses, holds wait for its points
+    held_producer: bool = False
+    held_reader: bool = False
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(_mix(int(self.knob["seed"]), 0x1000 + self.rank))
 
     def slow_rank(self, role: str, batch: int, layer: int) -> int:
         producer = int(self.knob["slow_rank"])

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from .. import _cpkv
 from . import _adversity as adv
+from . import _probes
 from . import _shm
 
 
@@ -53,13 +54,20 @@ class Events:
         self._ctx = ctx
         self.log: List[Tuple[int, str, int, int, int, int, int]] = []
         self.used = False
+        # Off in --time runs and while a layer is captured into a CUDA graph: the hooks then return at
+        # once (no host copy of the slots, nothing logged).
+        self.enabled = True
 
     def _add(self, what: str, a: int = 0, b: int = 0, c: int = 0) -> None:
+        if not self.enabled:
+            return
         self.used = True
         self.log.append((time.monotonic_ns(), what, self._ctx.rank, self._ctx.layer, a, b, c))
 
     def write(self, half: int, slots: Sequence[int], what: str = "fill") -> None:
         """This rank writes (what='zero' or 'fill') the given current indices of its staging half."""
+        if not self.enabled:
+            return
         if what not in ("zero", "fill"):
             raise ContractError(f"events.write: what={what!r} is not 'zero' or 'fill'")
         for slot in _ints(slots):
@@ -69,24 +77,31 @@ class Events:
 
     def read(self, peer: int, half: int, slots: Sequence[int]) -> None:
         """This rank reads the given current indices of `peer`'s staging half."""
+        if not self.enabled:
+            return
         self._ctx._publish(adv.STAGE_READING)
         for slot in _ints(slots):
             self._add("read", peer, half, slot)
 
     def arrive(self, phase: int) -> None:
         """This rank arrives at a counting barrier (phase: its arrivals so far, this one included)."""
+        if not self.enabled:
+            return
         self._add("arrive", phase)
         self._ctx._publish(adv.STAGE_ARRIVED, arrivals=phase)
 
     def passed(self, phase: int) -> None:
         """This rank passed the barrier it arrived at with `phase`."""
+        if not self.enabled:
+            return
         self._add("passed", phase)
         self._ctx._publish(adv.STAGE_PASSED)
 
 
 def _ints(values: Sequence[int]) -> List[int]:
     if isinstance(values, torch.Tensor):
-        return [int(v) for v in values.reshape(-1).tolist()]
+        with _probes.uncounted():  # the hook's own copy is not the implementation's synchronization
+            return [int(v) for v in values.reshape(-1).tolist()]
     if isinstance(values, (int, np.integer)):
         return [int(values)]
     return [int(v) for v in values]
@@ -119,7 +134,7 @@ class Context:
         self.layer = -1
         self._hgroup = harness_group
         self._run = run
-        self._positions = positions
+        self._positions = positions.numpy()  # a view of the shared table: an element write costs 0.2 us, a tensor's 3.7 us (2026-12-02)
         self._adversity = adversity
         self._ipc_capable = ipc_capable
         self._dense_rows_max = dense_rows_max
@@ -127,7 +142,10 @@ class Context:
         self.timeout_s = timeout_s  # the bound for the implementation's own waits (its barrier's timeout)
         self._buffers: List[SharedBuffer] = []
         self._rows_cache: Dict[str, torch.Tensor] = {}
-        self._tokens: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        # The batch's plan, writers, slots and page inverses on the device, made once per batch: an
+        # implementation that asks for them in every layer makes no host copy (nor synchronization)
+        # of the harness's for it, and a layer can be captured into a CUDA graph. Not to be modified.
+        self._batch_cache: Dict[str, torch.Tensor] = {}
 
     # --- what the implementation may call -------------------------------------------------------
 
@@ -162,46 +180,51 @@ class Context:
 
     def plan(self) -> torch.Tensor:
         """cpkv's staging_direct compose plan: (slot_count, 2) int64 [table_index, source_page]."""
-        return torch.from_numpy(np.ascontiguousarray(_cpkv.staging_direct_plan(self.layout))).to(self.device)
+        return self._cached("plan", lambda: torch.from_numpy(np.ascontiguousarray(_cpkv.staging_direct_plan(self.layout))))
 
     def writers(self) -> torch.Tensor:
         """int64 (current_pages_total,): the writer rank of each current page (section 2)."""
-        return torch.from_numpy(self.layout.writers.astype(np.int64)).to(self.device)
+        return self._cached("writers", lambda: torch.from_numpy(self.layout.writers.astype(np.int64)))
 
     def current_slots(self) -> torch.Tensor:
         """int64 (current_pages_total,): the dense slot of each current page (section 3)."""
-        return torch.from_numpy(np.ascontiguousarray(self.layout.current_slots)).to(self.device)
+        return self._cached("current_slots", lambda: torch.from_numpy(np.ascontiguousarray(self.layout.current_slots)))
 
     def page_inverse(self, target: str = "dense") -> Dict[str, torch.Tensor]:
         """This rank's page inverse (section 5): request, token and dest_row per current token it
         computes, rows of the dense buffer (target='dense') or of staging (target='staging')."""
-        inv = _cpkv.page_inverse(self.layout, self.batch, self.rank, target)
-        return {"request": torch.from_numpy(inv.request.astype(np.int64)).to(self.device),
-                "token": torch.from_numpy(inv.token).to(self.device),
-                "dest_row": torch.from_numpy(inv.dest_row).to(self.device)}
+        inv = None
+
+        def field(name: str):
+            nonlocal inv
+            if inv is None:
+                inv = _cpkv.page_inverse(self.layout, self.batch, self.rank, target)
+            return torch.from_numpy(np.ascontiguousarray(getattr(inv, name)).astype(np.int64))
+
+        return {name: self._cached(f"inverse-{target}-{name}", lambda name=name: field(name)) for name in ("request", "token", "dest_row")}
 
     def tokens(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """(request, token) int64 tensors of the current tokens this rank computes, in page-inverse order."""
-        if self._tokens is None:
-            inv = _cpkv.page_inverse(self.layout, self.batch, self.rank, "dense")
-            self._tokens = (torch.from_numpy(inv.request.astype(np.int64)), torch.from_numpy(inv.token))
-        return self._tokens[0].to(self.device), self._tokens[1].to(self.device)
+        inverse = self.page_inverse("dense")
+        return inverse["request"], inverse["token"]
 
     def rows(self, kind: str) -> torch.Tensor:
         """This layer's current rows of `kind` for tokens(): (n, row_bytes) uint8, the model's KV write."""
         if kind not in self._rows_cache:
-            requests, tokens = self.tokens()
+            requests, tokens = self._tokens_host()
             self._rows_cache[kind] = self.row_content(kind, requests, tokens)
         return self._rows_cache[kind]
 
     def row_content(self, kind: str, requests, tokens) -> torch.Tensor:
         """The current rows of any (request, token) pairs on this layer (an implementation with a
         split of its own computes its own tokens' rows)."""
-        req = [int(v) for v in torch.as_tensor(requests).reshape(-1).tolist()]
-        tok = [int(v) for v in torch.as_tensor(tokens).reshape(-1).tolist()]
+        with _probes.uncounted():
+            req = [int(v) for v in torch.as_tensor(requests).reshape(-1).tolist()]
+            tok = [int(v) for v in torch.as_tensor(tokens).reshape(-1).tolist()]
         out = torch.empty((len(tok), self.row_bytes[kind]), dtype=torch.uint8)
         _cpkv.conformance.fill_current_rows(out.numpy(), self.setting, self.seed, self.layer, kind, req, tok)
-        return out.to(self.device)
+        with _probes.uncounted():
+            return out.to(self.device)
 
     def dense_out(self, kind: str) -> torch.Tensor:
         """A dense output buffer of `kind` for this batch, (dense_rows(), row_bytes) uint8 on the device,
@@ -221,6 +244,24 @@ class Context:
 
     # --- the harness's side -----------------------------------------------------------------------
 
+    def _cached(self, key: str, make) -> torch.Tensor:
+        if key not in self._batch_cache:
+            host = make()
+            self._batch_cache[key + "/host"] = host
+            with _probes.uncounted():  # the harness's copy to the device, not the implementation's
+                self._batch_cache[key] = host.to(self.device)
+        return self._batch_cache[key]
+
+    def _tokens_host(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        self.page_inverse("dense")
+        return self._batch_cache["inverse-dense-request/host"], self._batch_cache["inverse-dense-token/host"]
+
+    def _warm(self, layer: int) -> None:
+        """Every helper's tensors of this batch and layer made before a capture (they copy from the host)."""
+        self.plan(), self.writers(), self.current_slots(), self.page_inverse("staging")
+        for kind in self.kinds_on(layer):
+            self.rows(kind)
+
     def _publish(self, stage: int, arrivals: Optional[int] = None) -> None:
         row = self._positions[self.rank]
         row[adv.COL_BATCH] = self.batch_index
@@ -234,7 +275,7 @@ class Context:
         self.batch_index = index
         self.batch = batch
         self.layout = _cpkv.layout_batch(self.setting, batch)
-        self._tokens = None
+        self._batch_cache = {}
 
     def _begin_layer(self, layer: int) -> None:
         self.layer = layer

@@ -47,6 +47,17 @@ class Outcome:
     positions: List[str] = field(default_factory=list)
     seconds: float = 0.0
     leftovers: List[str] = field(default_factory=list)
+    capture: List[List[str]] = field(default_factory=list)  # CUDA: per rank, per layer 'yes' or 'no: ...'
+    capture_batch: Optional[int] = None                     # the batch whose layers were captured
+
+    def record(self, message: tuple) -> Optional[dict]:
+        """Take a rank-0 report ('batch' or 'capture'); returns the batch record it added, if any."""
+        if message[0] == "capture":
+            self.capture_batch, self.capture = message[2], message[3]
+            return None
+        record = dict(message[3], batch=message[2])
+        self.batches.append(record)
+        return record
 
     @property
     def mismatches(self) -> List[str]:
@@ -121,9 +132,13 @@ class Launcher:
         self.fatal = False
         self.case = 0  # the case the ranks are in (the lowest not yet done by every rank)
 
+    # What each spawned rank runs (a benchmark swaps in a loop of its own, keeping the watchdog and teardown).
+    rank_target = staticmethod(rank_main)
+
     def start(self) -> None:
         for rank in range(self.cp):
-            p = self.context.Process(target=rank_main, args=(rank, self.specs, self.queue), name=f"cpkv-conformance-rank{rank}", daemon=True)
+            p = self.context.Process(target=self.rank_target, args=(rank, self.specs, self.queue), name=f"cpkv-conformance-rank{rank}",
+                                     daemon=True)
             p.start()
             self.processes.append(p)
 
@@ -157,10 +172,10 @@ class Launcher:
     def handle(self, message: tuple) -> None:
         what, case = message[0], message[1]
         outcome = self.outcomes[case]
-        if what == "batch":
-            record = dict(message[3])
-            record["batch"] = message[2]
-            outcome.batches.append(record)
+        if what == "capture":
+            outcome.record(message)
+        elif what == "batch":
+            record = outcome.record(message)
             if record["raised"] and outcome.failure is None:
                 # Raised inside a batch and reported through the batch sync: every rank is still in
                 # step, so the session goes on to the next case.

@@ -15,7 +15,6 @@ import os
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -26,8 +25,10 @@ import torch.distributed as dist
 from .. import _cpkv
 from . import _adversity as adv
 from . import _check
+from . import _probes
 from . import _shm
 from ._context import Context, ContractError, StagingOverflow
+from ._probes import _first_line
 
 
 @dataclass
@@ -50,6 +51,7 @@ class RunSpec:
     init_method: str = "env://"
     oversubscribe: bool = True     # cuda: ranks share GPUs when there are fewer GPUs than ranks
     impl_kwargs: Dict[str, Any] = field(default_factory=dict)
+    timing: bool = False           # --time: checks, delays and events off; each layer's compose time measured
 
 
 class Reporter:
@@ -192,7 +194,7 @@ def init_groups(spec: RunSpec, rank: int):
 def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions: torch.Tensor) -> Context:
     """Once per case: the Context with its pools mapped and prefilled."""
     knob = adv.knobs(spec.seed, spec.swarm)
-    adversity = adv.Adversity(knob, rank, spec.setting.cp, spec.layers, positions, device, spec.delays)
+    adversity = adv.Adversity(knob, rank, spec.setting.cp, spec.layers, positions, device, spec.delays and not spec.timing)
     ctx = Context(rank=rank, setting=spec.setting, layers=spec.layers, seed=spec.seed, device=device, group=dist.group.WORLD,
                   harness_group=hgroup, run=spec.run, positions=positions, adversity=adversity,
                   ipc_capable=rank != spec.ipc_fail_rank, timeout_s=spec.window_s,
@@ -206,11 +208,6 @@ def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions
 class LayerResult:
     mismatch: Optional[str] = None
     explained: Optional[str] = None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _where_in_impl(error: BaseException) -> str:
@@ -231,50 +228,30 @@ class BatchOutcome:
         self.contract: Optional[str] = None
         self.error: Optional[str] = None
         self.error_ns = 0  # when it raised: the first to raise is the one to name, the rest time out after it
+        self.mismatch_kinds = 0  # the dense buffers (layer, kind) with a wrong byte (the lines: the first layer's)
         self.compose_s: List[float] = []
-        self.host_syncs: List[int] = []  # per layer, CUDA only: implicit host synchronizations
+        self.host_syncs: List[Optional[int]] = []  # per layer: host synchronizations (CUDA; None elsewhere)
 
     def summary(self, ctx: Context) -> dict:
         return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
-                "compose_s": self.compose_s, "host_syncs": self.host_syncs}
-
-
-class _SyncCounter:
-    """Counts the implicit host synchronizations a layer makes on CUDA (torch's sync debug mode warns
-    at each: .item(), nonzero(), a blocking copy to the host; an explicit stream.synchronize() is not
-    among them). Off the GPU it counts nothing."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.on = device.type == "cuda"
-        self.count = 0
-
-    def __enter__(self) -> "_SyncCounter":
-        if self.on:
-            self._catch = warnings.catch_warnings(record=True)
-            self._seen = self._catch.__enter__()
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode(1)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.on:
-            torch.cuda.set_sync_debug_mode(0)
-            self.count = sum(1 for w in self._seen if "synchroniz" in str(w.message))
-            self._catch.__exit__(*exc)
+                "compose_s": self.compose_s, "host_syncs": self.host_syncs, "mismatch_kinds": self.mismatch_kinds,
+                "arrivals": sum(1 for e in ctx.events.log if e[1] == "arrive")}
 
 
 def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
     outcome = BatchOutcome()
     ctx._begin_batch(index, batch)
     ctx.events.log = []
+    timer = _probes.LayerTimer(ctx.device)
     for layer in range(spec.layers):
         ctx._begin_layer(layer)
         ctx._adversity.enter_layer(index, layer)
-        started = time.perf_counter()
         try:
-            with _SyncCounter(ctx.device) as syncs:
+            with _probes.SyncCounter(ctx.device, enabled=not spec.timing) as syncs:
+                timer.start()
                 out = impl.compose_layer(ctx, layer)
+            outcome.compose_s.append(timer.stop())  # on CUDA: after the rank's stream is done
             outcome.host_syncs.append(syncs.count)
         except StagingOverflow:
             outcome.refused_at = layer
@@ -284,46 +261,62 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
             outcome.error_ns = time.monotonic_ns()
             outcome.error = f"rank {ctx.rank} batch {index} layer {layer} raised in compose_layer: {_first_line(error)} (at {_where_in_impl(error)})"
             return outcome
-        if ctx.device.type == "cuda":
-            torch.cuda.current_stream(ctx.device).synchronize()
-        outcome.compose_s.append(time.perf_counter() - started)
-        ctx.events._add("layer_end")
-        ctx._publish(adv.STAGE_CHECK)
-        try:
-            found = _check.check_layer(ctx, oracle, layer, out)
-        except ContractError as error:
-            outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
-            found = []
-        if found and not outcome.mismatches:
-            outcome.mismatches = found
+        if not spec.timing:
+            check_one_layer(ctx, oracle, index, layer, out, outcome)
     impl.end_batch(ctx)
     return outcome
 
 
-def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, replay, reporter: Reporter) -> bool:
-    """Every rank's summary to every rank; rank 0 runs the batch-level checks and reports. True: stop."""
+def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: BatchOutcome) -> None:
+    ctx.events._add("layer_end")
+    ctx._publish(adv.STAGE_CHECK)
+    try:
+        found = _check.check_layer(ctx, oracle, layer, out)
+    except ContractError as error:
+        outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
+        found = []
+    outcome.mismatch_kinds += len(found)
+    if found and not outcome.mismatches:
+        outcome.mismatches = found
+
+
+def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, replay, reporter: Reporter) -> List[bool]:
+    """Every rank's summary to every rank; rank 0 runs the batch-level checks and reports.
+    Returns [stop, every rank composed every layer]."""
     ctx._publish(adv.STAGE_BATCH_SYNC)
     summaries: List[Any] = [None] * ctx.cp
     dist.all_gather_object(summaries, outcome.summary(ctx), group=ctx._hgroup)
-    findings: List[str] = []
+    verdict = [False, False]
     if ctx.rank == 0:
         declared = ctx.declared_staging_slots or ctx.staging_slots
-        findings += [s["contract"] for s in summaries if s["contract"]]
+        findings = [s["contract"] for s in summaries if s["contract"]]
         raised = [s["error"] for s in sorted(summaries, key=lambda s: s["error_ns"]) if s["error"]]
         findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)
         findings += replay.replay(index, summaries)
         mismatches = [line for s in summaries for line in s["mismatches"]]
-        reporter.send("batch", index, {"mismatches": mismatches, "findings": findings, "raised": raised,
-                                       "refused": [s["refused_at"] is not None for s in summaries],
-                                       "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
-                                       "compose_s": [s["compose_s"] for s in summaries],
-                                       "host_syncs": [s["host_syncs"] for s in summaries],
-                                       "events": sum(len(s["events"]) for s in summaries)})
-        stop = [bool(findings or mismatches or raised)]
-    else:
-        stop = [False]
-    dist.broadcast_object_list(stop, src=0, group=ctx._hgroup)
-    return stop[0]
+        record = {"mismatches": mismatches, "findings": findings, "raised": raised,
+                  "refused": [s["refused_at"] is not None for s in summaries],
+                  "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
+                  "events": sum(len(s["events"]) for s in summaries)}
+        for key in ("compose_s", "host_syncs", "mismatch_kinds", "arrivals"):
+            record[key] = [s[key] for s in summaries]  # one entry per rank
+        reporter.send("batch", index, record)
+        verdict = [bool(findings or mismatches or raised), all(len(s["compose_s"]) == spec.layers for s in summaries)]
+    dist.broadcast_object_list(verdict, src=0, group=ctx._hgroup)
+    return verdict
+
+
+def _capture_report(ctx: Context, impl, spec: RunSpec, composed, reporter: Reporter) -> None:
+    """CUDA, after the checked run: whether each layer of the last batch every rank composed can be
+    captured into a CUDA graph (events and delays off meanwhile); rank 0 reports every rank's answer."""
+    ctx._begin_batch(*composed)
+    ctx.events.enabled, ctx._adversity.enabled = False, False
+    verdicts = _probes.capture_layers(ctx, impl, spec.layers)
+    ctx.events.enabled, ctx._adversity.enabled = True, spec.delays
+    everyone: List[Any] = [None] * ctx.cp
+    dist.all_gather_object(everyone, verdicts, group=ctx._hgroup)
+    if ctx.rank == 0:
+        reporter.send("capture", composed[0], everyone)
 
 
 def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
@@ -331,12 +324,18 @@ def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
     ctx = setup_rank(spec, rank, *groups)
     impl = make_impl(spec)
     impl.setup(ctx)
+    ctx.events.enabled = not spec.timing
     replay = _check.EventReplay(spec.setting, spec.layers, spec.batches) if rank == 0 else None
+    stop, composed = False, None
     for index, batch in enumerate(spec.batches):
         oracle = _cpkv.conformance.ByteOracle(spec.setting, batch)
         outcome = run_batch(ctx, impl, spec, index, batch, oracle)
-        if _batch_sync(ctx, spec, index, outcome, replay, reporter):
+        stop, everyone_composed = _batch_sync(ctx, spec, index, outcome, replay, reporter)
+        composed = (index, batch) if everyone_composed else composed
+        if stop:
             break
+    if ctx.device.type == "cuda" and not spec.timing and not stop and composed is not None:
+        _capture_report(ctx, impl, spec, composed, reporter)
     ctx._publish(adv.STAGE_TEARDOWN)
     impl.teardown(ctx)
     dist.barrier(group=ctx._hgroup)  # every rank is out of the case before its memory goes
@@ -360,13 +359,14 @@ def drive(cases, rank: int, reporter: Reporter) -> None:
         run_case(spec, rank, groups, reporter)
 
 
-def rank_main(rank: int, specs, queue) -> None:
+def rank_main(rank: int, specs, queue, body=None) -> None:
     """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
-    peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line."""
+    peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line.
+    body: what the rank runs (default drive; bench/conformance_overhead.py passes its own loop)."""
     reporter = Reporter(queue)
     code = 0
     try:
-        drive(specs, rank, reporter)
+        (body or drive)(specs, rank, reporter)
     except ContractError as error:
         reporter.send("error", rank, "contract", str(error), "")
         code = 2 if str(error).startswith("--") else 1

@@ -159,6 +159,61 @@ class _Exchange:
     def own_pages(self, ctx: Context) -> torch.Tensor:
         return torch.nonzero(ctx.writers() == ctx.rank).reshape(-1)
 
+    # --- the shape both exchanges share, with the planted-bug switches in one place ---------------
+
+    # The shared buffer of 2 parity halves a rank fills (staging, or v2's compact buffer).
+    halves_name = "staging"
+
+    def setup(self, ctx: Context) -> None:
+        self.staging_slots = ctx.staging_slots
+        ctx.declare_staging(self.staging_slots)
+        self.ipc = self.agree_capability(ctx)
+        page = ctx.setting.page_size
+        self.halves: Dict[str, List[torch.Tensor]] = {}
+        for kind in ctx.kinds:
+            shared = ctx.alloc_shared(f"{self.halves_name}-{kind}", 2 * self.staging_slots * page * ctx.row_bytes[kind])
+            self.halves[kind] = [p.view(2, self.staging_slots, page, ctx.row_bytes[kind]) for p in shared.peers]
+        self.barrier = CountingBarrier(ctx)
+
+    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
+        if layer == 0:
+            self.refuse_overflow(ctx)
+        if not self.ipc:
+            return fallback_compose(ctx, layer)
+        return self.compose(ctx, layer, self.half(layer), ctx.kinds_on(layer))
+
+    def zero_slots(self, ctx: Context, own: torch.Tensor) -> torch.Tensor:
+        """The slots of this rank's half zeroed before its fill."""
+        return own
+
+    def fill(self, ctx: Context, layer: int, half: int, kinds: List[str]) -> torch.Tensor:
+        """Zero and fill this rank's pages of half `half` of every kind; returns the pages it wrote."""
+        own = self.own_pages(ctx)
+        if self.bug("arrive_before_fill"):
+            self.barrier.arrive(ctx)  # the planted bug: peers may pass before this rank's fill
+        for kind in kinds:
+            rows, dest, own = self.fill_sources(ctx, kind, "staging")
+            mine = self.halves[kind][ctx.rank][half]
+            if not self.bug("skip_zero"):
+                zeroed = self.zero_slots(ctx, own)
+                if self.use_events:
+                    ctx.events.write(half, zeroed, "zero")
+                mine[zeroed.to(ctx.device)] = 0
+            ctx.pause_point("before_fill")
+            if self.use_events:
+                ctx.events.write(half, own, "fill")
+            mine.view(-1, ctx.row_bytes[kind])[dest] = rows
+        ctx.pause_point("after_fill")
+        return own
+
+    def sync(self, ctx: Context, own: torch.Tensor) -> None:
+        """The barrier between the fill and the reads of peers' halves (section 5 step 3)."""
+        skips = self.bug("no_barrier") or (self.bug("skip_idle_barrier") and own.numel() == 0)
+        if not skips and not self.bug("arrive_before_fill"):
+            self.barrier.arrive(ctx)
+        if not skips:
+            self.barrier.wait(ctx)
+
     def end_batch(self, ctx: Context) -> None:
         pass
 
@@ -169,53 +224,12 @@ class _Exchange:
 class StagingDirect(_Exchange):
     """PROTOCOL.md section 5, in torch ops."""
 
-    def setup(self, ctx: Context) -> None:
-        self.staging_slots = ctx.staging_slots
-        ctx.declare_staging(self.staging_slots)
-        self.ipc = self.agree_capability(ctx)
-        page = ctx.setting.page_size
-        self.staging: Dict[str, List[torch.Tensor]] = {}
-        for kind in ctx.kinds:
-            shared = ctx.alloc_shared(f"staging-{kind}", 2 * self.staging_slots * page * ctx.row_bytes[kind])
-            self.staging[kind] = [p.view(2, self.staging_slots, page, ctx.row_bytes[kind]) for p in shared.peers]
-        self.barrier = CountingBarrier(ctx)
-
     def build_plan(self, ctx: Context) -> torch.Tensor:
         return ctx.plan()  # (slots, 2): [table_index, source_page], the same on every layer
 
-    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
-        if layer == 0:
-            self.refuse_overflow(ctx)
-        if not self.ipc:
-            return fallback_compose(ctx, layer)
-        half = self.half(layer)
-        kinds = ctx.kinds_on(layer)
-        own = self.fill_all(ctx, layer, half, kinds, before=self.bug("arrive_before_fill"))
-        idle = own.numel() == 0
-        skips = self.bug("no_barrier") or (self.bug("skip_idle_barrier") and idle)
-        if not skips and not self.bug("arrive_before_fill"):
-            self.barrier.arrive(ctx)
-        if not skips:
-            self.barrier.wait(ctx)
+    def compose(self, ctx: Context, layer: int, half: int, kinds: List[str]) -> Dict[str, torch.Tensor]:
+        self.sync(ctx, self.fill(ctx, layer, half, kinds))
         return {kind: self.gather(ctx, layer, half, kind) for kind in kinds}
-
-    def fill_all(self, ctx: Context, layer: int, half: int, kinds: List[str], before: bool) -> torch.Tensor:
-        own = self.own_pages(ctx)
-        if before:
-            self.barrier.arrive(ctx)  # the planted bug: peers may pass before this rank's fill
-        for kind in kinds:
-            rows, dest, own = self.fill_sources(ctx, kind, "staging")
-            mine = self.staging[kind][ctx.rank][half]
-            if not self.bug("skip_zero"):
-                if self.use_events:
-                    ctx.events.write(half, own, "zero")
-                mine[own.to(ctx.device)] = 0
-            ctx.pause_point("before_fill")
-            if self.use_events:
-                ctx.events.write(half, own, "fill")
-            mine.view(-1, ctx.row_bytes[kind])[dest] = rows
-        ctx.pause_point("after_fill")
-        return own
 
     def gather(self, ctx: Context, layer: int, half: int, kind: str) -> torch.Tensor:
         """ONE slot-dense gather over the 2*cp-entry pointer table: one index per table entry."""
@@ -234,7 +248,7 @@ class StagingDirect(_Exchange):
             else:
                 if self.use_events:
                     ctx.events.read(entry - ctx.cp, half, pages)
-                dense[slots] = self.staging[kind][entry - ctx.cp][half][pages]
+                dense[slots] = self.halves[kind][entry - ctx.cp][half][pages]
         return dense.view(-1, ctx.row_bytes[kind])
 
 
@@ -260,34 +274,22 @@ class V2(_Exchange):
 
     def __init__(self, mutant: Optional[str] = None, events: bool = True, allreduce: str = "ipc") -> None:
         super().__init__(mutant, events)
+        self.halves_name = "compact"  # the compact buffer holds every current page
         if allreduce not in ("ipc", "collective"):
             raise TypeError(f"allreduce='{allreduce}' is not 'ipc' or 'collective'")
         self.allreduce = allreduce
-
-    def setup(self, ctx: Context) -> None:
-        self.staging_slots = ctx.staging_slots  # the compact buffer holds every current page
-        ctx.declare_staging(self.staging_slots)
-        self.ipc = self.agree_capability(ctx)
-        page = ctx.setting.page_size
-        self.compact: Dict[str, List[torch.Tensor]] = {}
-        for kind in ctx.kinds:
-            shared = ctx.alloc_shared(f"compact-{kind}", 2 * self.staging_slots * page * ctx.row_bytes[kind])
-            self.compact[kind] = [p.view(2, self.staging_slots, page, ctx.row_bytes[kind]) for p in shared.peers]
-        self.barrier = CountingBarrier(ctx)
 
     def build_plan(self, ctx: Context) -> torch.Tensor:
         plan = ctx.plan().clone()
         plan[plan[:, 0] >= ctx.cp, 0] = -1  # the -1 sentinel: current slots are zero-filled by the gather
         return plan
 
-    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
-        if layer == 0:
-            self.refuse_overflow(ctx)
-        if not self.ipc:
-            return fallback_compose(ctx, layer)
-        half = self.half(layer)
-        kinds = ctx.kinds_on(layer)
-        own = self.pack(ctx, layer, half, kinds)
+    def zero_slots(self, ctx: Context, own: torch.Tensor) -> torch.Tensor:
+        # Writer-exclusive bytes: every page this rank does not write is zero in its compact buffer.
+        return torch.arange(ctx.layout.current_pages_total)
+
+    def compose(self, ctx: Context, layer: int, half: int, kinds: List[str]) -> Dict[str, torch.Tensor]:
+        own = self.fill(ctx, layer, half, kinds)
         total = ctx.layout.current_pages_total
         if self.allreduce == "collective":
             summed = {k: self.collective_sum(ctx, k, half, total) for k in kinds}
@@ -296,48 +298,21 @@ class V2(_Exchange):
             summed = {k: self.ipc_sum(ctx, k, half, total) for k in kinds}
         return {k: self.unpack(ctx, layer, k, summed[k]) for k in kinds}
 
-    def pack(self, ctx: Context, layer: int, half: int, kinds: List[str]) -> torch.Tensor:
-        own = self.own_pages(ctx)
-        if self.bug("arrive_before_fill"):
-            self.barrier.arrive(ctx)
-        total = ctx.layout.current_pages_total
-        for kind in kinds:
-            rows, dest, own = self.fill_sources(ctx, kind, "staging")
-            mine = self.compact[kind][ctx.rank][half]
-            if not self.bug("skip_zero"):
-                # Writer-exclusive bytes: every page this rank does not write is zero in its compact buffer.
-                if self.use_events:
-                    ctx.events.write(half, torch.arange(total), "zero")
-                mine[:total] = 0
-            ctx.pause_point("before_fill")
-            if self.use_events:
-                ctx.events.write(half, own, "fill")
-            mine.view(-1, ctx.row_bytes[kind])[dest] = rows
-        ctx.pause_point("after_fill")
-        return own
-
-    def sync(self, ctx: Context, own: torch.Tensor) -> None:
-        skips = self.bug("no_barrier") or (self.bug("skip_idle_barrier") and own.numel() == 0)
-        if not skips and not self.bug("arrive_before_fill"):
-            self.barrier.arrive(ctx)
-        if not skips:
-            self.barrier.wait(ctx)
-
     def ipc_sum(self, ctx: Context, kind: str, half: int, total: int) -> torch.Tensor:
         """One-shot all-reduce: every rank reads every peer's compact half and adds (uint8, exact: one
         non-zero contributor per byte)."""
         ctx.pause_point("gather")
-        acc = torch.zeros_like(self.compact[kind][ctx.rank][half][:total])
+        acc = torch.zeros_like(self.halves[kind][ctx.rank][half][:total])
         writers = ctx.writers()
         for peer in range(ctx.cp):
             if self.use_events and peer != ctx.rank:
                 # The pages the peer filled; the rest of its compact half is its zeros.
                 ctx.events.read(peer, half, torch.nonzero(writers == peer).reshape(-1))
-            acc += self.compact[kind][peer][half][:total]
+            acc += self.halves[kind][peer][half][:total]
         return acc
 
     def collective_sum(self, ctx: Context, kind: str, half: int, total: int) -> torch.Tensor:
-        summed = self.compact[kind][ctx.rank][half][:total].clone()
+        summed = self.halves[kind][ctx.rank][half][:total].clone()
         dist.all_reduce(summed.view(-1), op=dist.ReduceOp.SUM, group=ctx.group)
         return summed
 

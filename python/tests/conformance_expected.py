@@ -1,0 +1,22 @@
+"""Which checks the harness may fire first for each planted bug of the reference implementations,
+from the specification (PROTOCOL.md section 9), shared by the CPU and the GPU conformance tests."""
+
+# Which checks may fire first for each bug, from the specification: a reuse hazard or an unsynchronized
+# read shows as wrong bytes or as invariant 2; two writers of a page as invariant 1 (its bytes can even
+# be right); a skipped barrier as invariant 4 or a rank left waiting (liveness: a raised timeout); a
+# stale plan as wrong bytes, a wrong shape (contract) or an index error; a rank-local overflow verdict
+# as invariant 3 or a rank left waiting; an unagreed capability as mismatched collectives (a timeout).
+EXPECTED = {
+    "single_half": {"bytes", "invariant 2"},
+    "no_barrier": {"bytes", "invariant 2"},
+    "skip_zero": {"bytes"},
+    "token_split": {"invariant 1"},
+    "arrive_before_fill": {"bytes", "invariant 2"},
+    "skip_idle_barrier": {"invariant 4", "raised", "liveness"},
+    "address_keyed_plan_cache": {"bytes", "contract", "raised"},
+    "rank_local_overflow": {"invariant 3", "raised", "liveness"},
+    "unagreed_capability": {"raised", "liveness", "bytes"},
+}
+
+# On a GPU the byte check and the event checker both run; the bugs the GPU test plants are these.
+GPU_BUGS = ("single_half", "no_barrier", "skip_zero", "token_split", "arrive_before_fill", "skip_idle_barrier")
