@@ -153,16 +153,16 @@ TEST_F(CliReliability, ImportNeverReplacesItsInput) {
 // --- 2. shell injection -----------------------------------------------------------------------
 
 TEST_F(CliReliability, ChartFileNamesAreNeverRunAsShellCode) {
-  // Where matplotlib is missing, a stand-in python3 early in PATH "draws" by writing its third
-  // argument, so the chart path is exercised either way.
-  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0;
+  // Where the configured interpreter lacks matplotlib, a stand-in (CPKV_PYTHON) "draws" by writing
+  // its third argument, so the chart path is exercised either way.
+  const bool have_matplotlib = std::system(fmt::format("'{}' -c 'import matplotlib' > /dev/null 2>&1", CPKV_CHART_PYTHON).c_str()) == 0;
   RunSetup setup;
   setup.cwd = dir_;
   if (!have_matplotlib) {
     fs::create_directories(dir_ / "bin");
     std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n";
     fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
-    setup.env.push_back(fmt::format("PATH={}:{}", (dir_ / "bin").string(), std::getenv("PATH")));
+    setup.env.push_back("CPKV_PYTHON=" + (dir_ / "bin" / "python3").string());
   }
   const std::string evil = "x';touch PWNED;'.jsonl";
   fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", dir_ / evil);
