@@ -238,6 +238,21 @@ TEST(CliReplay, SwarmWithAScheduleIsBadInput) {
   expect_bad_input(run_cpkv(fmt::format("replay '{}' --backend sim --schedule random --swarm", sample("tiny.jsonl"))), "--swarm");
 }
 
+// The progress bar counted batches, so a one-batch trace sat at 0/1 until it ended (issue 25 item
+// 4). On a terminal (script(1) gives cpkv one) a scheduled replay of tiny batch 0 over its 2 layers
+// shows 1 of 2 layers before the end.
+TEST(CliReplay, TheProgressBarMovesPerLayer) {
+  if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) is not installed: no terminal to give cpkv";
+  const std::string command = fmt::format("exec '{}' replay '{}' --batch 0 --variant staging_direct --schedule round-robin", cpkv_binary().string(),
+                                          sample("tiny.jsonl"));
+  // Bounded: timeout(1) ends script(1) and the run if either hangs.
+  const CliRun run = spawn({"/bin/sh", "-c", "exec timeout 20 script -qefc \"$0\" /dev/null < /dev/null", command}, temp_dir("cli_progress"));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("] 1/2 layers"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("] 2/2 layers"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("batches\r"), std::string::npos) << run.out;
+}
+
 // The byte column was rank 0's figure under the header "peer_bytes/rank" (issue 25 item 4). From
 // the hand calculation of tiny batch 0 above (staging_direct, both layers): rank 0 pulls 23104 B
 // (rank 1's share), rank 1 pulls 17328 B (rank 0's): the most is 23104, the least 17328.
