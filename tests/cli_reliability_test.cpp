@@ -152,6 +152,14 @@ TEST_F(CliReliability, ImportNeverReplacesItsInput) {
 
 // --- 2. shell injection -----------------------------------------------------------------------
 
+// A stand-in interpreter (a shell script) in the test's folder: `body` after the #! line.
+fs::path stand_in(const fs::path& dir, const std::string& name, const std::string& body) {
+  fs::create_directories(dir / "bin");
+  std::ofstream(dir / "bin" / name) << "#!/bin/sh\n" << body;
+  fs::permissions(dir / "bin" / name, fs::perms::owner_all);
+  return dir / "bin" / name;
+}
+
 TEST_F(CliReliability, ChartFileNamesAreNeverRunAsShellCode) {
   // Where the configured interpreter lacks matplotlib, a stand-in (CPKV_PYTHON) "draws" by writing
   // its third argument, so the chart path is exercised either way.
@@ -159,10 +167,7 @@ TEST_F(CliReliability, ChartFileNamesAreNeverRunAsShellCode) {
   RunSetup setup;
   setup.cwd = dir_;
   if (!have_matplotlib) {
-    fs::create_directories(dir_ / "bin");
-    std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n";
-    fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
-    setup.env.push_back("CPKV_PYTHON=" + (dir_ / "bin" / "python3").string());
+    setup.env.push_back("CPKV_PYTHON=" + stand_in(dir_, "python3", "if [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n").string());
   }
   const std::string evil = "x';touch PWNED;'.jsonl";
   fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", dir_ / evil);
@@ -554,10 +559,8 @@ TEST_F(CliReliability, AnUnknownRcParamsKeyIsRefusedListingTheKnownOnes) {
 // stderr capture file in TMPDIR, nor the chart's own CSV and script (issue 25 item 6: they were
 // left in a cpkv-chart-* folder).
 TEST_F(CliReliability, AnInterruptedChartLeavesNoHelperProcessBehind) {
-  fs::create_directories(dir_ / "bin");
-  std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nsleep 300 &\necho $! > \"$CPKV_TEST_DIR/grandchild.tmp\"\n"
-                                             "echo $$ > \"$CPKV_TEST_DIR/child\"\nmv \"$CPKV_TEST_DIR/grandchild.tmp\" \"$CPKV_TEST_DIR/grandchild\"\nwait\n";
-  fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
+  stand_in(dir_, "python3", "if [ \"$1\" = -c ]; then exit 0; fi\nsleep 300 &\necho $! > \"$CPKV_TEST_DIR/grandchild.tmp\"\n"
+                            "echo $$ > \"$CPKV_TEST_DIR/child\"\nmv \"$CPKV_TEST_DIR/grandchild.tmp\" \"$CPKV_TEST_DIR/grandchild\"\nwait\n");
   // Every wait bounded: the helper's start (10 s), cpkv's exit, the helpers' end (5 s each).
   const std::string script = fmt::format(
       "export CPKV_PYTHON='{0}/bin/python3' CPKV_TEST_DIR='{0}'; cd '{1}'\n"
@@ -576,14 +579,6 @@ TEST_F(CliReliability, AnInterruptedChartLeavesNoHelperProcessBehind) {
     EXPECT_NE(name.rfind("cpkv-child-", 0), 0u) << name;
     EXPECT_NE(name.rfind("cpkv-chart-", 0), 0u) << name;
   }
-}
-
-// A stand-in interpreter (a shell script) in the test's folder: `body` after the #! line.
-fs::path stand_in(const fs::path& dir, const std::string& name, const std::string& body) {
-  fs::create_directories(dir / "bin");
-  std::ofstream(dir / "bin" / name) << "#!/bin/sh\n" << body;
-  fs::permissions(dir / "bin" / name, fs::perms::owner_all);
-  return dir / "bin" / name;
 }
 
 // --chart ran the first python3 on PATH, so under a pyenv shim without matplotlib the interpreter
