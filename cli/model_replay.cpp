@@ -27,6 +27,8 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "cpkv/harness/model_replay.hpp"
+#include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/temp_files.hpp"
 #include "cpkv/model/costs.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
@@ -148,46 +150,101 @@ model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile
   return c;
 }
 
+namespace {
+
+#ifndef CPKV_CHART_PYTHON
+#define CPKV_CHART_PYTHON "python3"
+#endif
+
+// The interpreter that draws the chart: $CPKV_PYTHON when set and not empty, else the one configure
+// found (CMake's Python3_EXECUTABLE, baked in), never whichever python3 comes first on PATH (a pyenv
+// shim without matplotlib hid the interpreter that had it).
+struct ChartPython {
+  std::string program;
+  std::string origin;  // for messages: where the choice came from
+};
+ChartPython chart_python() {
+  const char* chosen = std::getenv("CPKV_PYTHON");
+  if (chosen != nullptr && *chosen != '\0') return {chosen, "from CPKV_PYTHON"};
+  return {CPKV_CHART_PYTHON, "configured at build time; CPKV_PYTHON overrides it"};
+}
+
+}  // namespace
+
 void check_chart_tools() {
-  const ChildOutcome probe = run_child({"python3", "-c", "import matplotlib"}, kChartProbeLimit);
+  const ChartPython python = chart_python();
+  const ChildOutcome probe = run_child({python.program, "-c", "import matplotlib"}, kChartProbeLimit);
+  if (!probe.ran) {
+    throw OptionError(fmt::format("--chart: the chart's interpreter {} ({}) cannot be started: {}", python.program, python.origin,
+                                  probe.stderr_tail));
+  }
   if (!probe.ok()) {
-    throw OptionError(fmt::format("--chart: python3 with matplotlib is not installed (python3 {}; Debian/Ubuntu: apt-get install python3-matplotlib)",
-                                  probe.describe()));
+    throw OptionError(fmt::format("--chart: {} ({}) cannot import matplotlib ({}); install matplotlib for it (Debian/Ubuntu: apt-get "
+                                  "install python3-matplotlib for /usr/bin/python3) or set CPKV_PYTHON to an interpreter that has it",
+                                  python.program, python.origin, probe.describe()));
   }
 }
 
 namespace {
 
-// The per-batch modelled time per variant as a PNG, drawn by python3 + matplotlib from a CSV. The
-// file names and the title reach python3 as arguments, never through a shell.
+// The chart's two input files (the CSV and the script), made in $TMPDIR by mkstemps and tracked by
+// the interrupt watcher, so an interruption removes them as it kills the plotting process; removed
+// here on every other way out.
+class ChartFiles {
+ public:
+  ChartFiles() = default;
+  ChartFiles(const ChartFiles&) = delete;
+  ChartFiles& operator=(const ChartFiles&) = delete;
+  ~ChartFiles() {
+    for (const std::string& path : paths_) {
+      ::unlink(path.c_str());
+      harness::untrack_file(path);
+    }
+  }
+  // A new file "cpkv-chart-<pid>-XXXXXX<suffix>" holding `content`; returns its path.
+  const std::string& add(const std::string& suffix, const std::string& content) {
+    std::string path = fmt::format("{}/{}XXXXXX{}", harness::temp_folder(), harness::temp_stem("cpkv-chart"), suffix);
+    const int fd = harness::create_tracked_file(path, static_cast<int>(suffix.size()));
+    if (fd < 0) throw std::runtime_error(fmt::format("--chart: cannot create a temporary file in {}: {}", harness::temp_folder(), std::strerror(errno)));
+    paths_.push_back(path);
+    const int error = harness::write_all(fd, content);
+    const int closed = ::close(fd) == 0 ? 0 : errno;
+    if (error != 0 || closed != 0) throw std::runtime_error(fmt::format("--chart: cannot write {}: {}", path, std::strerror(error != 0 ? error : closed)));
+    return paths_.back();
+  }
+
+ private:
+  std::vector<std::string> paths_;
+};
+
+constexpr const char* kChartScript =
+    "import csv, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+    "rows = list(csv.reader(open(sys.argv[1])))\nnames, data = rows[0], rows[1:]\n"
+    "fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)\nx = [int(r[0]) for r in data]\n"
+    "for k in range(1, len(names)):\n"
+    "    ax.plot(x, [float(r[k]) for r in data], label=names[k], linewidth=0.9, marker='.' if len(x) < 60 else None)\n"
+    "ax.set_xlabel('batch'); ax.set_ylabel('modelled exchange time per batch (ms)')\n"
+    "ax.set_title(sys.argv[3], fontsize=9); ax.grid(alpha=0.3); ax.legend(fontsize=8, ncol=4)\n"
+    "fig.tight_layout(); fig.savefig(sys.argv[2])\n";
+
+// The per-batch modelled time per variant as a PNG, drawn by the chart's interpreter + matplotlib
+// from a CSV. The file names and the title reach it as arguments, never through a shell.
 void write_chart(OutputFile& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
                  const std::vector<std::array<double, model::kVariantCount>>& ms) {
-  std::string dir_template = (std::filesystem::temp_directory_path() / "cpkv-chart-XXXXXX").string();
-  if (::mkdtemp(dir_template.data()) == nullptr) throw std::runtime_error(fmt::format("--chart: cannot create a temporary folder: {}", std::strerror(errno)));
-  const std::filesystem::path dir = dir_template;
-  {
-    std::ofstream csv(dir / "times.csv");
-    csv << "batch";
-    for (model::Variant v : model::kAllVariants) csv << ',' << model::to_string(v);
-    csv << '\n';
-    for (std::size_t b = 0; b < ms.size(); ++b) {
-      csv << batch_index[b];
-      for (double t : ms[b]) csv << ',' << fmt::format("{:.6f}", t);
-      csv << '\n';
-    }
-    std::ofstream script(dir / "chart.py");
-    script << "import csv, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-              "rows = list(csv.reader(open(sys.argv[1])))\nnames, data = rows[0], rows[1:]\n"
-              "fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)\nx = [int(r[0]) for r in data]\n"
-              "for k in range(1, len(names)):\n"
-              "    ax.plot(x, [float(r[k]) for r in data], label=names[k], linewidth=0.9, marker='.' if len(x) < 60 else None)\n"
-              "ax.set_xlabel('batch'); ax.set_ylabel('modelled exchange time per batch (ms)')\n"
-              "ax.set_title(sys.argv[3], fontsize=9); ax.grid(alpha=0.3); ax.legend(fontsize=8, ncol=4)\n"
-              "fig.tight_layout(); fig.savefig(sys.argv[2])\n";
+  std::string csv = "batch";
+  for (model::Variant v : model::kAllVariants) csv += fmt::format(",{}", model::to_string(v));
+  csv += '\n';
+  for (std::size_t b = 0; b < ms.size(); ++b) {
+    csv += std::to_string(batch_index[b]);
+    for (double t : ms[b]) csv += fmt::format(",{:.6f}", t);
+    csv += '\n';
   }
-  const ChildOutcome drawn = run_child({"python3", (dir / "chart.py").string(), (dir / "times.csv").string(), png.temporary(), title}, kChartDrawLimit);
-  std::filesystem::remove_all(dir);
-  if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: python3 failed to draw {} ({})", png.path(), drawn.describe()));
+  ChartFiles files;
+  const std::string csv_path = files.add(".csv", csv);
+  const std::string script_path = files.add(".py", kChartScript);
+  const ChartPython python = chart_python();
+  const ChildOutcome drawn = run_child({python.program, script_path, csv_path, png.temporary(), title}, kChartDrawLimit);
+  if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: {} failed to draw {} ({})", python.program, png.path(), drawn.describe()));
   png.commit();
 }
 

@@ -1,5 +1,6 @@
 // cpkv plan: the batch-logical plan of every batch of a trace, without moving any content.
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -24,7 +25,7 @@ struct PlanOptions {
   std::optional<std::int64_t> batch;
   std::optional<std::int32_t> rank;
   std::string variant_name = "staging_direct";
-  bool json = false;
+  std::optional<std::string> json_path;
 };
 
 std::vector<std::vector<std::int32_t>> writers_by_request(const model::BatchLayout& layout, std::size_t requests) {
@@ -33,52 +34,107 @@ std::vector<std::vector<std::int32_t>> writers_by_request(const model::BatchLayo
   return writers;
 }
 
-void print_batch(const PlanOptions& options, const model::Setting& setting, const model::StagingCapacity& capacity,
-                 model::Variant variant, std::int64_t index, const model::Batch& batch) {
-  const model::BatchLayout layout = model::layout_batch(setting, batch);
-  const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, capacity.staging_slots);
-  const auto writers = writers_by_request(layout, batch.requests.size());
-  // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
-  const auto matrix = verdict.overflow ? std::vector<std::vector<std::uint64_t>>() : model::batch_bytes_pulled(setting, layout, variant);
-  const std::int32_t rank_first = options.rank.value_or(0);
-  const std::int32_t rank_end = options.rank ? *options.rank + 1 : setting.cp;
-  if (options.json) {
-    nlohmann::json out;
-    out["batch"] = index;
-    out["requests"] = batch.requests.size();
-    out["current_pages_total"] = layout.current_pages_total;
-    out["slot_count"] = layout.slot_count;
-    out["staging_slots"] = capacity.staging_slots;
-    out["staging_source"] = model::to_string(capacity.source);
-    out["verdict"] = verdict.overflow ? "overflow" : "ok";
-    out["verdict_detail"] = verdict.describe();
-    out["writers"] = writers;
-    out["variant"] = model::to_string(variant);
-    out["layers"] = setting.layer_count();
-    nlohmann::json ranks = nlohmann::json::array();
-    for (std::int32_t rank = rank_first; rank < rank_end; ++rank) {
-      ranks.push_back({{"rank", rank}, {"bytes_pulled_from", verdict.overflow ? nlohmann::json(nullptr) : nlohmann::json(matrix[rank])}});
+// What one batch's plan says: the numbers both the text and the JSON print.
+struct BatchPlan {
+  model::BatchLayout layout;
+  model::Verdict verdict;
+  std::vector<std::vector<std::int32_t>> writers;
+  std::vector<std::vector<std::uint64_t>> matrix;  // [reader][holder]; empty for a rejected batch
+  std::int32_t rank_first = 0, rank_end = 0;       // the ranks printed
+};
+
+// A row's own entry is the reader's own memory (a local copy); the rest is pulled from peers.
+std::uint64_t pulled_from_peers(const std::vector<std::uint64_t>& row, std::int32_t rank) {
+  std::uint64_t sum = 0;
+  for (std::size_t from = 0; from < row.size(); ++from) sum += static_cast<std::int32_t>(from) == rank ? 0 : row[from];
+  return sum;
+}
+
+std::string batch_json(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
+                       std::int64_t index, std::size_t requests) {
+  nlohmann::json out;
+  out["batch"] = index;
+  out["requests"] = requests;
+  out["current_pages_total"] = p.layout.current_pages_total;
+  out["slot_count"] = p.layout.slot_count;
+  out["staging_slots"] = capacity.staging_slots;
+  out["staging_source"] = model::to_string(capacity.source);
+  out["verdict"] = p.verdict.overflow ? "overflow" : "ok";
+  out["verdict_detail"] = p.verdict.describe();
+  out["writers"] = p.writers;
+  out["variant"] = model::to_string(variant);
+  out["layers"] = setting.layer_count();
+  nlohmann::json ranks = nlohmann::json::array();
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    nlohmann::json entry = {{"rank", rank}, {"bytes_pulled_from", nullptr}, {"local_bytes", nullptr}, {"peer_bytes", nullptr}};
+    if (!p.verdict.overflow) {
+      entry["bytes_pulled_from"] = p.matrix[rank];
+      entry["local_bytes"] = p.matrix[rank][rank];
+      entry["peer_bytes"] = pulled_from_peers(p.matrix[rank], rank);
     }
-    out["ranks"] = ranks;
-    fmt::print("{}\n", out.dump());
+    ranks.push_back(entry);
+  }
+  out["ranks"] = ranks;
+  return out.dump() + "\n";
+}
+
+// Each rank's bytes by the rank that holds them. The rank's own entry is local (its own memory,
+// copied, never pulled): rows that are equal as vectors still split differently into local and
+// pulled, so an equal row is printed once and each rank's split after it.
+std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model::Variant variant) {
+  std::string text = fmt::format("  bytes each rank reads per batch ({}, {} layers), by the rank that holds them; a rank's own entry is "
+                                 "local (its own memory, not pulled), the others are pulled from peers:\n",
+                                 model::to_string(variant), setting.layer_count());
+  bool same = p.rank_end - p.rank_first > 1;
+  for (std::int32_t rank = p.rank_first + 1; rank < p.rank_end; ++rank) same = same && p.matrix[rank] == p.matrix[p.rank_first];
+  if (same) text += fmt::format("    every rank reads [{}] from ranks 0..{}\n", fmt::join(p.matrix[p.rank_first], " "), setting.cp - 1);
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    const std::vector<std::uint64_t>& row = p.matrix[rank];
+    text += fmt::format("    rank {}: local {}, pulled from peers {}", rank, row[rank], pulled_from_peers(row, rank));
+    if (!same) {
+      std::vector<std::string> peers;
+      for (std::int32_t from = 0; from < setting.cp; ++from) {
+        if (from != rank) peers.push_back(fmt::format("{} from rank {}", row[from], from));
+      }
+      text += fmt::format(" ({})", fmt::join(peers, ", "));
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+std::string batch_text(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
+                       std::int64_t index, const model::Batch& batch) {
+  std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, staging_slots {} ({}), verdict {}\n", index,
+                                 batch.requests.size(), p.layout.current_pages_total, p.layout.slot_count, capacity.staging_slots,
+                                 model::to_string(capacity.source), p.verdict.describe());
+  for (std::size_t r = 0; r < p.writers.size(); ++r) {
+    text += fmt::format("  request {}: prefix {} + extend {} tokens, writers of its {} current pages: [{}]\n", r, batch.requests[r].prefix_len,
+                        batch.requests[r].extend_len, p.writers[r].size(), fmt::join(p.writers[r], " "));
+  }
+  if (p.verdict.overflow) return text + "  rejected before any rank writes staging or waits: no bytes move\n";
+  return text + bytes_text(p, setting, variant);
+}
+
+// The report goes to stdout batch by batch; with --json it is held until the JSON file is written,
+// so a failed write leaves nothing on stdout but the error.
+void plan_batch(const PlanOptions& options, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
+                std::int64_t index, const model::Batch& batch, OutputFile* json, std::string& held) {
+  BatchPlan p;
+  p.layout = model::layout_batch(setting, batch);
+  p.verdict = model::overflow_verdict(p.layout.current_pages_total, capacity.staging_slots);
+  p.writers = writers_by_request(p.layout, batch.requests.size());
+  // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
+  if (!p.verdict.overflow) p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
+  p.rank_first = options.rank.value_or(0);
+  p.rank_end = options.rank ? *options.rank + 1 : setting.cp;
+  const std::string text = batch_text(p, setting, capacity, variant, index, batch);
+  if (json == nullptr) {
+    fmt::print("{}", text);
     return;
   }
-  fmt::print("batch {}: {} requests, current_pages_total {}, slot_count {}, staging_slots {} ({}), verdict {}\n", index,
-             batch.requests.size(), layout.current_pages_total, layout.slot_count, capacity.staging_slots,
-             model::to_string(capacity.source), verdict.describe());
-  for (std::size_t r = 0; r < writers.size(); ++r) {
-    fmt::print("  request {}: prefix {} + extend {} tokens, writers of its {} current pages: [{}]\n", r,
-               batch.requests[r].prefix_len, batch.requests[r].extend_len, writers[r].size(), fmt::join(writers[r], " "));
-  }
-  if (verdict.overflow) {
-    fmt::print("  rejected before any rank writes staging or waits: no bytes move\n");
-    return;
-  }
-  fmt::print("  bytes pulled per batch ({}, {} layers), from ranks 0..{}:\n", model::to_string(variant),
-             setting.layer_count(), setting.cp - 1);
-  for (std::int32_t rank = rank_first; rank < rank_end; ++rank) {
-    fmt::print("    rank {}: [{}]\n", rank, fmt::join(matrix[rank], " "));
-  }
+  json->stream() << batch_json(p, setting, capacity, variant, index, batch.requests.size());
+  held += text;
 }
 
 void run_plan(const PlanOptions& options) {
@@ -86,6 +142,9 @@ void run_plan(const PlanOptions& options) {
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}'", options.variant_name));
   // The trace is read twice: a pipe is read once, into a private spool file.
   const InputFile trace("trace", options.trace_path, /*spool=*/true);
+  std::unique_ptr<OutputFile> json;
+  if (options.json_path) json = std::make_unique<OutputFile>("--json", *options.json_path);
+  refuse_same_files({&trace}, {json.get()});
   // Pass 1 validates the whole trace, so a bad line late in the file leaves no partial output.
   std::int64_t batches = 0;
   {
@@ -103,9 +162,14 @@ void run_plan(const PlanOptions& options) {
   traces::TraceReader reader(trace.path());
   const model::Setting& setting = reader.header().setting;
   const model::StagingCapacity capacity = model::staging_capacity(setting);
+  std::string held;
   while (auto batch = reader.next()) {
     if (options.batch && reader.batch_index() != *options.batch) continue;
-    print_batch(options, setting, capacity, *variant, reader.batch_index(), *batch);
+    plan_batch(options, setting, capacity, *variant, reader.batch_index(), *batch, json.get(), held);
+  }
+  if (json) {
+    json->commit();
+    fmt::print("{}", held);
   }
 }
 
@@ -122,7 +186,9 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--rank", options->rank, "only this rank's bytes")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
   cmd->add_option("--variant", options->variant_name, fmt::format("exchange variant whose bytes are counted: {}", model::variant_names()))
       ->capture_default_str();
-  cmd->add_flag("--json", options->json, "one JSON object per batch, for scripts");
+  cmd->add_option("--json", options->json_path,
+                  "also write the plan as JSON Lines to this file, one object per batch (a regular file, replaced only when the run "
+                  "completes; stdout still carries the report)");
   cmd->callback([options] { run_plan(*options); });
 }
 

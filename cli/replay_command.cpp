@@ -2,6 +2,7 @@
 // byte against the model, with the protocol's invariants watched by the checkers.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -102,16 +103,35 @@ struct ProgressBar {
   void show(std::int64_t done) const {
     constexpr int width = 30;
     const int filled = total > 0 ? static_cast<int>(width * std::min(done, total) / total) : width;
-    fmt::print(stderr, "\r  {:<16} [{}{}] {}/{} batches", label, std::string(filled, '#'), std::string(width - filled, ' '), done, total);
+    fmt::print(stderr, "\r  {:<16} [{}{}] {}/{} layers", label, std::string(filled, '#'), std::string(width - filled, ' '), std::min(done, total), total);
   }
 };
+
+// The byte columns differ from rank to rank (a rank's peers hold different shares of the batch):
+// the most and the least any rank pulled, and the most any rank reduced. The others are equal on
+// every rank of a run that ended.
+struct ByteRange {
+  std::uint64_t peer_max = 0, peer_min = 0, reduced_max = 0;
+};
+ByteRange byte_range(const std::vector<harness::Totals>& ranks) {
+  ByteRange range;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    range.peer_max = std::max(range.peer_max, ranks[r].bytes_gathered_from_peers);
+    range.peer_min = r == 0 ? ranks[r].bytes_gathered_from_peers : std::min(range.peer_min, ranks[r].bytes_gathered_from_peers);
+    range.reduced_max = std::max(range.reduced_max, ranks[r].bytes_reduced);
+  }
+  return range;
+}
+
+constexpr const char* kRunRow = "{:<16} {:>7} {:>7} {:>14} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {}";
 
 void print_run(const harness::VariantRun& run) {
   const harness::RunReport& report = run.report;
   const harness::Totals& r0 = report.ranks.empty() ? harness::Totals{} : report.ranks[0];
-  fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {} ({:.2f} s)\n", model::to_string(run.variant), r0.batches,
-             r0.layers, r0.bytes_gathered_from_peers, r0.bytes_reduced, r0.barriers, r0.collectives, r0.overflows, report.mismatches(),
-             report.violation_count, report.passed() ? "pass" : "FAIL", run.seconds);
+  const ByteRange bytes = byte_range(report.ranks);
+  fmt::print(fmt::runtime(std::string(kRunRow) + " ({:.2f} s)\n"), model::to_string(run.variant), r0.batches, r0.layers, bytes.peer_max,
+             bytes.peer_min, bytes.reduced_max, r0.barriers, r0.collectives, r0.overflows, report.mismatches(), report.violation_count,
+             report.passed() ? "pass" : "FAIL", run.seconds);
   if (!report.passed()) {
     for (const std::string& line : harness::failure_lines(report, run.replay_line)) fmt::print("  {}\n", line);
   }
@@ -122,7 +142,7 @@ void run_backend(const CheckedReplay& c) {
   const harness::BatchSource source = harness::BatchSource::from_trace(c.trace->path(), c.request.request.batch);
   const harness::ScannedSource scanned = checked_source(c.request, source);
   ProgressBar bar;
-  bar.total = scanned.scan.shape.batches;
+  bar.total = scanned.scan.shape.batches * scanned.layers;  // moves per layer: a one-batch trace does not sit at 0/1
   harness::ProgressFunction progress;
   if (bar.tty) progress = [&bar](std::int64_t done) { bar.show(done); };
   // The one backend interface, built by the backend's registry entry.
@@ -137,8 +157,9 @@ void run_backend(const CheckedReplay& c) {
   }
   std::fflush(stdout);
   print_rejected("cpkv replay", scanned.scan.rejected);
-  fmt::print("{:<16} {:>7} {:>7} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {}\n", "variant", "batches", "layers", "peer_bytes/rank",
-             "reduced/rank", "barriers", "collectives", "overflow", "mismatch", "violation", "result");
+  fmt::print("bytes over ranks: the most and the least any rank pulled from its peers, the most any rank reduced\n");
+  fmt::print(fmt::runtime(std::string(kRunRow) + "\n"), "variant", "batches", "layers", "peer_bytes max", "peer_bytes min", "reduced max",
+             "barriers", "collectives", "overflow", "mismatch", "violation", "result");
   nlohmann::json json_runs = nlohmann::json::array();
   bool failed = false;
   const auto on_start = [&](model::Variant variant) {

@@ -64,7 +64,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
     launch.on_tick = [&] {
       std::int64_t done = boot->batches_done[0].load();
       for (std::int32_t r = 1; r < cp; ++r) done = std::min(done, boot->batches_done[r].load());
-      cuda.on_progress(done);
+      cuda.on_progress(done * options.layers);  // layers, counted per whole batch
     };
   }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {

@@ -37,9 +37,13 @@ struct CudaOptions {
   // simulator's default: a first NCCL init on a peer can take tens of seconds. `replay` passes
   // --wait-ms-max when it is given.
   std::int64_t wait_ms_max = 120000;
-  // Called on the launching thread with the batches every rank has finished (about every 100 ms);
-  // for a progress bar. May be empty.
-  std::function<void(std::int64_t batches_done)> on_progress;
+  // Called on the launching thread with the layers every rank has finished, counted per whole batch
+  // (batches done x layers per batch; about every 100 ms); for a progress bar. May be empty.
+  std::function<void(std::int64_t layers_done)> on_progress;
+  // A test's fault, no planted bug: this rank's compose launch spins kMutantWindowCycles after its
+  // first flag wait (the slow_reader knob, kernels/compose_kernels.cu), so a peer that passes a
+  // layer without that rank's arrival overwrites what it still reads. -1: none.
+  std::int32_t slow_reader_rank = -1;
   // The exchange: cpkv's own fused compose (null) or a loaded plugin (include/cpkv/exchange_abi.h).
   std::shared_ptr<const harness::ExchangePlugin> exchange;
   // A rotating slow rank: on layer l of batch b, rank (b + l) % cp spins this many cycles on its

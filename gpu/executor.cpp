@@ -62,7 +62,8 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   a.status = r.mem.barrier_status;
   a.barrier = compose_barrier(run);
   a.phase_lag = run.mutant.barrier_phase_lag();
-  a.reader_spin_cycles = run.mutant.slow_reader() ? kernels::kMutantWindowCycles : 0;
+  const bool slow = run.mutant.slow_reader() || r.ctx.cuda.slow_reader_rank == r.ctx.rank;
+  a.reader_spin_cycles = slow ? kernels::kMutantWindowCycles : 0;
   a.order_pre = run.b.pack.empty() ? 0 : 1;
   return a;
 }

@@ -25,14 +25,11 @@ printf '{"peer_gbps": 1' > bad_ceilings.json
 head -c 150 T.jsonl > truncated.jsonl
 : > empty.jsonl
 printf '{"timestamp": 0, "input_length": "many"}\n' > bad_log.jsonl
-# A stand-in python3 for the chart rows where matplotlib is missing: it "draws" by writing argv[3].
-if ! python3 -c 'import matplotlib' 2>/dev/null; then
-  printf '#!/bin/sh\nif [ "$1" = -c ]; then exit 0; fi\nprintf PNG > "$3"\n' > bin/python3
-  chmod +x bin/python3
-  stub_path="$work/bin:$PATH"
-else
-  stub_path="$PATH"
-fi
+# A stand-in interpreter for the chart rows (CPKV_PYTHON; the configured one may lack matplotlib):
+# it "draws" by writing argv[3].
+printf '#!/bin/sh\nif [ "$1" = -c ]; then exit 0; fi\nprintf PNG > "$3"\n' > bin/python3
+chmod +x bin/python3
+stub_python="$work/bin/python3"
 long_path="/nonexistent$(printf '/abcdefghi%.0s' $(seq 300))"
 protected=(T.jsonl L.jsonl J.json)
 sums() { sha256sum "${protected[@]}" 2>/dev/null; }
@@ -115,7 +112,7 @@ row "replay (model)" "--ceilings DIR" 2 "exit 2, directory" -- "$cpkv" replay T.
 row "replay (model)" "--ceilings truncated JSON" 2 "exit 2" -- "$cpkv" replay T.jsonl --backend model --ceilings bad_ceilings.json
 row "replay (model)" "--json hard link to the trace" 2 "exit 2, same file" -- "$cpkv" replay T.jsonl --backend model --json T_hardlink.json
 row "replay (model)" "--json J, write fails (ulimit -f 1: files past 1 KiB)" 1 "exit 1, J kept, nothing on stdout" -- bash -c 'ulimit -f 1; trap "" XFSZ; exec "$0" replay T.jsonl --backend model --json J.json' "$cpkv"
-row "replay (model)" "trace and --chart named x';touch PWNED;'" 0 "exit 0, no PWNED file" -- env PATH="$stub_path" bash -c 'cp T.jsonl "x'"'"';touch PWNED;'"'"'.jsonl" && exec "$0" replay "x'"'"';touch PWNED;'"'"'.jsonl" --backend model --chart "c'"'"';touch PWNED2;'"'"'.png"' "$cpkv"
+row "replay (model)" "trace and --chart named x';touch PWNED;'" 0 "exit 0, no PWNED file" -- env CPKV_PYTHON="$stub_python" bash -c 'cp T.jsonl "x'"'"';touch PWNED;'"'"'.jsonl" && exec "$0" replay "x'"'"';touch PWNED;'"'"'.jsonl" --backend model --chart "c'"'"';touch PWNED2;'"'"'.png"' "$cpkv"
 row "replay (model)" "--chart /dev/null" 2 "exit 2" -- "$cpkv" replay T.jsonl --backend model --chart /dev/null
 row "replay (model)" "trace through a pipe" 0 "exit 0" -- bash -c 'cat T.jsonl | "$0" replay /dev/stdin --backend model' "$cpkv"
 row "replay (model)" "stdin redirected from T, --json T" 2 "exit 2, same file" -- bash -c '"$0" replay /dev/stdin --backend model --json T.jsonl < T.jsonl' "$cpkv"

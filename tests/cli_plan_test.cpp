@@ -33,6 +33,15 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path.string();
 }
 
+// `cpkv plan TRACE --json FILE ARGS`: the JSON Lines of FILE (the run must succeed).
+std::vector<nlohmann::json> plan_json(const std::string& trace, const std::string& args = "") {
+  const fs::path json = temp_dir("cli_plan") / "plan.json";
+  fs::remove(json);
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --json '{}' {}", trace, json.string(), args));
+  EXPECT_EQ(run.status, 0) << run.err;
+  return json_lines(slurp(json));
+}
+
 // Hand calculation for traces/samples/tiny.jsonl (cp 2, P 4, kv_fp8 656 B + indexer_k 132 B,
 // layers "FS", caps 16 tokens / 2 requests):
 //   staging_slots = ceil(16 / 4) + 2 = 6.
@@ -47,9 +56,7 @@ std::string write_temp(const std::string& name, const std::string& text) {
 //   batch 1: prefix page [7] (rank 1) + 1 current page (C = 1 -> writer 0): [5776, 5776].
 //   batch 2: ceil(16/4) + ceil(13/4) = 8 current pages > 6 staging slots -> overflow.
 TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
-  const CliRun run = run_cpkv(fmt::format("plan '{}' --json", sample("tiny.jsonl")));
-  ASSERT_EQ(run.status, 0) << run.err;
-  const auto batches = json_lines(run.out);
+  const auto batches = plan_json(sample("tiny.jsonl"));
   ASSERT_EQ(batches.size(), 3u);
 
   const auto& b0 = batches[0];
@@ -63,6 +70,11 @@ TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
   for (const auto& rank : b0["ranks"]) {
     EXPECT_EQ(rank["bytes_pulled_from"], nlohmann::json::parse("[17328, 23104]")) << rank.dump();
   }
+  // A rank's own entry is local (its own memory), the other one pulled (issue 25 item 4).
+  EXPECT_EQ(b0["ranks"][0]["local_bytes"], 17328);
+  EXPECT_EQ(b0["ranks"][0]["peer_bytes"], 23104);
+  EXPECT_EQ(b0["ranks"][1]["local_bytes"], 23104);
+  EXPECT_EQ(b0["ranks"][1]["peer_bytes"], 17328);
 
   const auto& b1 = batches[1];
   EXPECT_EQ(b1["current_pages_total"], 1);
@@ -76,12 +88,11 @@ TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
   EXPECT_EQ(b2["verdict_detail"], "overflow: 8 current pages > 6 staging slots");
   EXPECT_EQ(b2["writers"], nlohmann::json::parse("[[0,1,1,0],[0,1,1,0]]"));
   EXPECT_TRUE(b2["ranks"][0]["bytes_pulled_from"].is_null()) << "a rejected batch moves no bytes";
+  EXPECT_TRUE(b2["ranks"][0]["peer_bytes"].is_null()) << "a rejected batch moves no bytes";
 }
 
 TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
-  const CliRun run = run_cpkv(fmt::format("plan '{}' --json --batch 1 --rank 0", sample("tiny.jsonl")));
-  ASSERT_EQ(run.status, 0) << run.err;
-  const auto batches = json_lines(run.out);
+  const auto batches = plan_json(sample("tiny.jsonl"), "--batch 1 --rank 0");
   ASSERT_EQ(batches.size(), 1u);
   EXPECT_EQ(batches[0]["batch"], 1);
   ASSERT_EQ(batches[0]["ranks"].size(), 1u);
@@ -96,10 +107,57 @@ TEST(CliPlan, TextOutputNamesTheVerdictAndWriters) {
   EXPECT_NE(run.out.find("[0 1 1]"), std::string::npos) << run.out;
 }
 
-TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
-  const CliRun run = run_cpkv(fmt::format("plan '{}' --json", sample("seeds_batch.jsonl")));
+// The hand calculation above, as text: every rank of tiny batch 0 reads [17328 23104] by holder
+// (staging_direct), which is 17328 local and 23104 pulled for rank 0 but 23104 local and 17328
+// pulled for rank 1. The old text called the whole row "pulled from ranks 0..1" and printed it
+// twice (issue 25 item 4).
+TEST(CliPlan, TextSaysWhichBytesAreLocalAndWhichArePulled) {
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --batch 0", sample("tiny.jsonl")));
   ASSERT_EQ(run.status, 0) << run.err;
-  const auto batches = json_lines(run.out);
+  EXPECT_EQ(run.out.find("pulled per batch"), std::string::npos) << "the row is not all pulled: " << run.out;
+  EXPECT_NE(run.out.find("every rank reads [17328 23104] from ranks 0..1"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 0: local 17328, pulled from peers 23104\n"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 1: local 23104, pulled from peers 17328\n"), std::string::npos) << run.out;
+  // Rows that differ (v2's all-reduce share goes to one neighbour) are printed per rank, every peer named.
+  const CliRun v2 = run_cpkv(fmt::format("plan '{}' --batch 0 --variant v2", sample("tiny.jsonl")));
+  ASSERT_EQ(v2.status, 0) << v2.err;
+  const auto rows = plan_json(sample("tiny.jsonl"), "--batch 0 --variant v2");
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_NE(rows[0]["ranks"][0]["bytes_pulled_from"], rows[0]["ranks"][1]["bytes_pulled_from"]) << "this case needs rows that differ";
+  EXPECT_EQ(v2.out.find("every rank reads"), std::string::npos) << v2.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& row = rows[0]["ranks"][rank]["bytes_pulled_from"];
+    const std::string line = fmt::format("rank {}: local {}, pulled from peers {} ({} from rank {})\n", rank, row[rank].get<std::uint64_t>(),
+                                         row[1 - rank].get<std::uint64_t>(), row[1 - rank].get<std::uint64_t>(), 1 - rank);
+    EXPECT_NE(v2.out.find(line), std::string::npos) << line << v2.out;
+  }
+}
+
+// plan --json was a flag writing to stdout while every other --json takes a file (issue 25 item
+// 5): it takes FILE under the README's output rules, and stdout keeps the report.
+TEST(CliPlan, JsonIsAnOutputFileLikeEveryOtherOutput) {
+  const fs::path dir = temp_dir("cli_plan_json");
+  const fs::path json = dir / "plan.json";
+  fs::remove(json);
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --json '{}'", sample("tiny.jsonl"), json.string()));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(json_lines(slurp(json)).size(), 3u) << "one JSON object per batch";
+  EXPECT_NE(run.out.find("batch 2: 2 requests"), std::string::npos) << "stdout carries the report: " << run.out;
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --json", sample("tiny.jsonl"))), "--json");
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --json /dev/stdout", sample("tiny.jsonl"))), "--json");
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --json -", sample("tiny.jsonl"))), "--json");
+  const std::string trace = write_temp("plan_self", slurp(sample("tiny.jsonl")));
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --json '{}'", trace, trace)), "same file");
+  EXPECT_EQ(slurp(trace), slurp(sample("tiny.jsonl"))) << "the trace is untouched";
+  fs::remove(trace);
+  // A bad option after the output leaves the old file as it was.
+  std::ofstream(json) << "old\n";
+  expect_bad_input(run_cpkv(fmt::format("plan '{}' --json '{}' --rank 5", sample("tiny.jsonl"), json.string())), "--rank");
+  EXPECT_EQ(slurp(json), "old\n");
+}
+
+TEST(CliPlan, SeedsShapedSamplePlansWithoutOverflow) {
+  const auto batches = plan_json(sample("seeds_batch.jsonl"));
   ASSERT_GE(batches.size(), 1u);
   EXPECT_EQ(batches[0]["requests"], 12);
   EXPECT_EQ(batches[0]["verdict"], "ok");
@@ -178,6 +236,42 @@ TEST(CliReplay, FailingSwarmRunPrintsAReplayLineWithSwarm) {
 
 TEST(CliReplay, SwarmWithAScheduleIsBadInput) {
   expect_bad_input(run_cpkv(fmt::format("replay '{}' --backend sim --schedule random --swarm", sample("tiny.jsonl"))), "--swarm");
+}
+
+// The progress bar counted batches, so a one-batch trace sat at 0/1 until it ended (issue 25 item
+// 4). On a terminal (script(1) gives cpkv one) a scheduled replay of tiny batch 0 over its 2 layers
+// shows 1 of 2 layers before the end.
+TEST(CliReplay, TheProgressBarMovesPerLayer) {
+  if (std::system("command -v script > /dev/null 2>&1") != 0) GTEST_SKIP() << "script(1) is not installed: no terminal to give cpkv";
+  const std::string command = fmt::format("exec '{}' replay '{}' --batch 0 --variant staging_direct --schedule round-robin", cpkv_binary().string(),
+                                          sample("tiny.jsonl"));
+  // Bounded: timeout(1) ends script(1) and the run if either hangs.
+  const CliRun run = spawn({"/bin/sh", "-c", "exec timeout 20 script -qefc \"$0\" /dev/null < /dev/null", command}, temp_dir("cli_progress"));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("] 1/2 layers"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("] 2/2 layers"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("batches\r"), std::string::npos) << run.out;
+}
+
+// The byte column was rank 0's figure under the header "peer_bytes/rank" (issue 25 item 4). From
+// the hand calculation of tiny batch 0 above (staging_direct, both layers): rank 0 pulls 23104 B
+// (rank 1's share), rank 1 pulls 17328 B (rank 0's): the most is 23104, the least 17328.
+TEST(CliReplay, PeerBytesAreTheMostAndTheLeastOverRanks) {
+  const CliRun run = run_cpkv(fmt::format("replay '{}' --backend sim --ranks-as threads --variant staging_direct --batch 0 --layers all",
+                                          sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("peer_bytes max peer_bytes min"), std::string::npos) << run.out;
+  const std::size_t row = run.out.find("\nstaging_direct ");
+  ASSERT_NE(row, std::string::npos) << run.out;
+  std::istringstream fields(run.out.substr(row + 1));
+  std::string variant;
+  std::int64_t batches = 0, layers = 0;
+  std::uint64_t peer_max = 0, peer_min = 0;
+  fields >> variant >> batches >> layers >> peer_max >> peer_min;
+  EXPECT_EQ(batches, 1);
+  EXPECT_EQ(layers, 2);
+  EXPECT_EQ(peer_max, 23104u) << run.out;
+  EXPECT_EQ(peer_min, 17328u) << run.out;
 }
 
 }  // namespace

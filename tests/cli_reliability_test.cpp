@@ -152,17 +152,22 @@ TEST_F(CliReliability, ImportNeverReplacesItsInput) {
 
 // --- 2. shell injection -----------------------------------------------------------------------
 
+// A stand-in interpreter (a shell script) in the test's folder: `body` after the #! line.
+fs::path stand_in(const fs::path& dir, const std::string& name, const std::string& body) {
+  fs::create_directories(dir / "bin");
+  std::ofstream(dir / "bin" / name) << "#!/bin/sh\n" << body;
+  fs::permissions(dir / "bin" / name, fs::perms::owner_all);
+  return dir / "bin" / name;
+}
+
 TEST_F(CliReliability, ChartFileNamesAreNeverRunAsShellCode) {
-  // Where matplotlib is missing, a stand-in python3 early in PATH "draws" by writing its third
-  // argument, so the chart path is exercised either way.
-  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0;
+  // Where the configured interpreter lacks matplotlib, a stand-in (CPKV_PYTHON) "draws" by writing
+  // its third argument, so the chart path is exercised either way.
+  const bool have_matplotlib = std::system(fmt::format("'{}' -c 'import matplotlib' > /dev/null 2>&1", CPKV_CHART_PYTHON).c_str()) == 0;
   RunSetup setup;
   setup.cwd = dir_;
   if (!have_matplotlib) {
-    fs::create_directories(dir_ / "bin");
-    std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n";
-    fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
-    setup.env.push_back(fmt::format("PATH={}:{}", (dir_ / "bin").string(), std::getenv("PATH")));
+    setup.env.push_back("CPKV_PYTHON=" + stand_in(dir_, "python3", "if [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n").string());
   }
   const std::string evil = "x';touch PWNED;'.jsonl";
   fs::copy_file(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl", dir_ / evil);
@@ -551,15 +556,14 @@ TEST_F(CliReliability, AnUnknownRcParamsKeyIsRefusedListingTheKnownOnes) {
 // Interrupting `--chart` left python3 running with ppid 1 (it recreated the hidden PNG after cpkv
 // had exited), and the run limit killed only the direct child (issue 22, item 14). A stand-in
 // python3 that starts a child of its own and waits: SIGTERM to cpkv must end both, and leave no
-// stderr capture file in TMPDIR.
+// stderr capture file in TMPDIR, nor the chart's own CSV and script (issue 25 item 6: they were
+// left in a cpkv-chart-* folder).
 TEST_F(CliReliability, AnInterruptedChartLeavesNoHelperProcessBehind) {
-  fs::create_directories(dir_ / "bin");
-  std::ofstream(dir_ / "bin" / "python3") << "#!/bin/sh\nif [ \"$1\" = -c ]; then exit 0; fi\nsleep 300 &\necho $! > \"$CPKV_TEST_DIR/grandchild.tmp\"\n"
-                                             "echo $$ > \"$CPKV_TEST_DIR/child\"\nmv \"$CPKV_TEST_DIR/grandchild.tmp\" \"$CPKV_TEST_DIR/grandchild\"\nwait\n";
-  fs::permissions(dir_ / "bin" / "python3", fs::perms::owner_all);
+  stand_in(dir_, "python3", "if [ \"$1\" = -c ]; then exit 0; fi\nsleep 300 &\necho $! > \"$CPKV_TEST_DIR/grandchild.tmp\"\n"
+                            "echo $$ > \"$CPKV_TEST_DIR/child\"\nmv \"$CPKV_TEST_DIR/grandchild.tmp\" \"$CPKV_TEST_DIR/grandchild\"\nwait\n");
   // Every wait bounded: the helper's start (10 s), cpkv's exit, the helpers' end (5 s each).
   const std::string script = fmt::format(
-      "export PATH='{0}/bin':\"$PATH\" CPKV_TEST_DIR='{0}'; cd '{1}'\n"
+      "export CPKV_PYTHON='{0}/bin/python3' CPKV_TEST_DIR='{0}'; cd '{1}'\n"
       "\"$1\" replay traces/samples/tiny.jsonl --backend model --chart '{0}/c.png' > /dev/null 2>&1 & p=$!\n"
       "for i in $(seq 500); do [ -s '{0}/grandchild' ] && break; sleep 0.02; done\n"
       "kill -TERM $p; wait $p; echo \"exit $?\"\n"
@@ -570,8 +574,53 @@ TEST_F(CliReliability, AnInterruptedChartLeavesNoHelperProcessBehind) {
   const CliRun run = bash(script);
   EXPECT_NE(run.out.find("exit 143"), std::string::npos) << run.out << run.err;
   EXPECT_EQ(run.out.find("left"), std::string::npos) << run.out;
-  // The helper's stderr capture is removed; the chart's own folder (cli/model_replay.cpp) is not yet.
-  for (const std::string& name : files_in(dir_ / "tmp")) EXPECT_NE(name.rfind("cpkv-child-", 0), 0u) << name;
+  // The helper's stderr capture is removed, and so are the chart's CSV and script.
+  for (const std::string& name : files_in(dir_ / "tmp")) {
+    EXPECT_NE(name.rfind("cpkv-child-", 0), 0u) << name;
+    EXPECT_NE(name.rfind("cpkv-chart-", 0), 0u) << name;
+  }
+}
+
+// --chart ran the first python3 on PATH, so under a pyenv shim without matplotlib the interpreter
+// configure found (with it) was never used (issue 25 item 6). A python3 first on PATH that marks
+// that it ran must not run: the configured interpreter does (it draws, or is named as lacking
+// matplotlib in a one-line refusal).
+TEST_F(CliReliability, TheChartRunsTheConfiguredInterpreterNotTheFirstOnPath) {
+  stand_in(dir_, "python3", "touch \"$CPKV_TEST_DIR/path-python3-ran\"\nexit 0\n");
+  RunSetup setup;
+  setup.env = {fmt::format("PATH={}:{}", (dir_ / "bin").string(), std::getenv("PATH")), "CPKV_TEST_DIR=" + dir_.string(), "CPKV_PYTHON="};
+  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--chart", (dir_ / "c.png").string()}, setup);
+  EXPECT_FALSE(fs::exists(dir_ / "path-python3-ran")) << "the first python3 on PATH ran";
+  const bool have_matplotlib = std::system(fmt::format("'{}' -c 'import matplotlib' > /dev/null 2>&1", CPKV_CHART_PYTHON).c_str()) == 0;
+  if (have_matplotlib) {
+    EXPECT_EQ(run.status, 0) << run.err;
+    EXPECT_TRUE(fs::exists(dir_ / "c.png"));
+  } else {
+    expect_bad_input(run, CPKV_CHART_PYTHON);
+    EXPECT_NE(run.err.find("cannot import matplotlib"), std::string::npos) << run.err;
+  }
+}
+
+// CPKV_PYTHON overrides the configured interpreter. One without matplotlib, or one that does not
+// exist, is named in one line (exit 2, nothing run); one that draws makes the chart and leaves
+// nothing in TMPDIR.
+TEST_F(CliReliability, CpkvPythonPicksTheChartInterpreterAndALackIsNamed) {
+  const fs::path lacking = stand_in(dir_, "lacking", "echo \"ModuleNotFoundError: No module named 'matplotlib'\" >&2\nexit 1\n");
+  const fs::path drawer = stand_in(dir_, "drawer", "if [ \"$1\" = -c ]; then exit 0; fi\nprintf 'PNG' > \"$3\"\n");
+  const std::vector<std::string> args = {"replay", "traces/samples/tiny.jsonl", "--backend", "model", "--chart", (dir_ / "c.png").string()};
+  RunSetup setup;
+  setup.env = {"CPKV_PYTHON=" + lacking.string()};
+  CliRun run = cpkv(args, setup);
+  expect_bad_input(run, lacking.string() + " (from CPKV_PYTHON) cannot import matplotlib");
+  EXPECT_NE(run.err.find("No module named 'matplotlib'"), std::string::npos) << run.err;
+  setup.env = {"CPKV_PYTHON=" + (dir_ / "bin" / "missing").string()};
+  expect_bad_input(cpkv(args, setup), (dir_ / "bin" / "missing").string() + " (from CPKV_PYTHON) cannot be started");
+  EXPECT_FALSE(fs::exists(dir_ / "c.png"));
+  setup.env = {"CPKV_PYTHON=" + drawer.string()};
+  run = cpkv(args, setup);
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(slurp(dir_ / "c.png"), "PNG");
+  EXPECT_TRUE(files_in(dir_ / "tmp").empty()) << fmt::format("{}", fmt::join(files_in(dir_ / "tmp"), " "));
 }
 
 // Root replacing a user's --json file left it root-owned (issue 22, item 16); the owner and group

@@ -3,11 +3,14 @@
 // cases, and the counting barrier under a rotating slow producer. Without a GPU every test skips
 // with the reason (ctest reports them as skipped, not passed).
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <rapidcheck/detail/Configuration.h>
 
+#include "cpkv/model/plan.hpp"
 #include "cpkv/properties/properties.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cuda_backend.hpp"
@@ -152,6 +155,60 @@ TEST(GpuBarrier, FourRanksOversubscribedStayPhaseSafe) {
   EXPECT_EQ(r.phase_errors, 0u);
   EXPECT_EQ(r.timeouts, 0u);
   EXPECT_TRUE(r.drained);
+}
+
+// A batch in which rank `idle` writes no current page (so no peer's gather waits on its flag),
+// found with the model's own layout: one request of 1..2cp current pages after 0 or 1 cached pages,
+// under each split policy. Empty when no such shape exists.
+std::optional<harness::BatchSource> batch_without_pages_of(std::int32_t cp, std::int32_t idle) {
+  for (model::SplitPolicy split : {model::SplitPolicy::zigzag, model::SplitPolicy::contiguous, model::SplitPolicy::round_robin}) {
+    model::Setting s = small_setting(cp);
+    s.split = split;
+    for (std::int64_t cached = 0; cached <= 1; ++cached) {
+      for (std::int64_t tokens = 1; tokens <= 2 * cp * s.page_size; tokens += s.page_size / 2) {
+        model::Batch batch;
+        batch.requests.push_back({cached * s.page_size, tokens, cached ? std::vector<std::int64_t>{5} : std::vector<std::int64_t>{}});
+        const model::BatchLayout layout = model::layout_batch(s, batch);
+        bool written_by_idle = false;
+        for (const model::CurrentPage& page : layout.current) written_by_idle = written_by_idle || page.writer == idle;
+        if (!written_by_idle && !layout.current.empty()) return harness::BatchSource::from_batches(s, {batch, batch});
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Issue 25 item 10. The compose launch ends with a wait for every peer's flag: the launch is then a
+// whole barrier (PROTOCOL.md section 5: a rank passes layer L only once every peer arrived, that is,
+// is done reading the half layer L + 2 reuses). That closing wait is the only one on a peer nobody
+// reads from: an idle rank (no current pages). Rotated over the ranks: the idle rank is also the
+// slow reader (it spins after its first flag wait), so a peer that passed without its arrival runs
+// two layers ahead and refills the staging half the slow rank is still copying (a wrong byte).
+// Oversubscribed (every rank on one GPU) and, with two GPUs, one rank per GPU at cp 2.
+TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
+  CPKV_REQUIRE_GPU();
+  for (std::int32_t cp : {2, 4}) {
+    for (std::int32_t idle = 0; idle < cp; ++idle) {
+      const std::optional<harness::BatchSource> source = batch_without_pages_of(cp, idle);
+      ASSERT_TRUE(source.has_value()) << "no batch leaves rank " << idle << " of " << cp << " without current pages";
+      cuda::CudaOptions slow;
+      slow.slow_reader_rank = idle;
+      auto backend = cuda::make_cuda_backend(slow);
+      for (model::Variant variant : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
+        harness::RunOptions options;
+        options.variant = variant;
+        options.layers = 4;  // layer 2 reuses layer 0's half while the slow rank may still read it
+        options.seed = 11;
+        const harness::RunReport report = backend->run(*source, options);
+        const std::string where = fmt::format("cp {} idle slow rank {} {}", cp, idle, model::to_string(variant));
+        EXPECT_TRUE(report.failure.empty()) << where << ": " << report.failure;
+        for (const harness::Totals& rank : report.ranks) EXPECT_EQ(rank.mismatches, 0) << where << ": " << rank.first_mismatch;
+        EXPECT_EQ(report.violation_count, 0) << where << ": " << (report.violations.empty() ? "" : harness::describe(report.violations[0]));
+        ASSERT_EQ(report.ranks.size(), static_cast<std::size_t>(cp)) << where;
+        EXPECT_EQ(report.ranks[idle].layers, 8) << where << ": both batches ran every layer";
+      }
+    }
+  }
 }
 
 }  // namespace

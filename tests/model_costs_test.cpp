@@ -288,10 +288,11 @@ TEST(CostModel, DenseZeroCoversEveryKindOnASharedLayer) {
   EXPECT_NEAR(us, (11 + 31.52) + (13 + 3.936) + (7 + 9.184), 1e-9);
 }
 
-// The chart needs python3 + matplotlib; without them the command says so in one line and exits 2.
+// The chart needs the configured interpreter with matplotlib; without it the command says so in
+// one line and exits 2.
 TEST(ModelReplayCli, ChartIsDrawnOrRefusedInOneLine) {
   const std::string png = (temp_dir() / "tiny.png").string();
-  const bool have_matplotlib = std::system("python3 -c 'import matplotlib' > /dev/null 2>&1") == 0;
+  const bool have_matplotlib = std::system(fmt::format("'{}' -c 'import matplotlib' > /dev/null 2>&1", CPKV_CHART_PYTHON).c_str()) == 0;
   const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --chart '{}'", png));
   if (have_matplotlib) {
     EXPECT_EQ(run.status, 0) << run.err;

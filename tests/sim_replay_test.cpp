@@ -8,6 +8,8 @@
 // One seed (kSeed) drives every random choice here: content, schedules and injected delays.
 #include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -197,6 +199,30 @@ TEST(SimReplay, SameSeedGivesTheSameEventLogAndAnotherSeedAnotherOne) {
   // Both interleavings run the same steps, only in another order.
   EXPECT_EQ(first.event_log.size(), other.event_log.size());
   EXPECT_NE(first.event_log, other.event_log);
+}
+
+// The replay progress bar's count: layers every rank has ended, over batches. A one-batch trace sat
+// at 0/1 for the whole run while it counted batches (issue 25 item 4). Tiny batch 0 over 2 layers,
+// then the whole trace (its batch 2 is rejected: it counts as its layers once every rank passed it):
+// the count rises one layer at a time to batches x layers.
+TEST(SimReplay, ProgressIsCountedPerLayer) {
+  const harness::RunOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
+  for (const auto& [only_batch, total] : {std::pair<std::optional<std::int64_t>, std::int64_t>{0, 2}, {std::nullopt, 6}}) {
+    std::vector<std::int64_t> seen;
+    RunLimits limits;
+    limits.on_progress = [&seen](std::int64_t layers_done) { seen.push_back(layers_done); };
+    const BatchSource source = only_batch ? BatchSource::from_trace(sample(kTiny.name), *only_batch) : BatchSource::from_trace(sample(kTiny.name));
+    ASSERT_TRUE(run_scheduled(source, options, random_schedule(), limits).passed());
+    ASSERT_FALSE(seen.empty());
+    EXPECT_EQ(seen.back(), total);
+    EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+    std::vector<std::int64_t> one_layer_steps;
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] - (i == 0 ? 0 : seen[i - 1]) == 1) one_layer_steps.push_back(seen[i]);
+    }
+    EXPECT_GE(one_layer_steps.size(), 2u) << "the count moves by single layers within a batch";
+    EXPECT_NE(std::find(seen.begin(), seen.end(), 1), seen.end()) << "one layer of the first batch is shown before the batch ends";
+  }
 }
 
 // Section 4: a batch with more current pages than staging slots (tiny batch 2: 8 > 6) fails fast on

@@ -21,7 +21,7 @@ Property tests
     draw what the C++ generators draw.
 
 Replay and plan
-    ``plan(path)`` and ``replay(path, backend="sim")`` return what ``cpkv plan --json`` and
+    ``plan(path)`` and ``replay(path, backend="sim")`` return what ``cpkv plan --json FILE`` and
     ``cpkv replay --json`` write; ``replay_batches`` replays batches held in memory.
 
 Bad input raises ``InputError`` or ``TraceError`` (both ValueErrors) with the command's one line.

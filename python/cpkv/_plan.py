@@ -1,4 +1,4 @@
-"""cpkv.plan: the batch-logical plan of every batch, as `cpkv plan --json` prints it.
+"""cpkv.plan: the batch-logical plan of every batch, as `cpkv plan --json FILE` writes it.
 
 Every number comes from the C++ model (layout_batch, staging_capacity, overflow_verdict,
 batch_bytes_pulled); this module only arranges them in the command's JSON shape, and the
@@ -13,11 +13,20 @@ from . import _cpkv
 from ._errors import InputError
 
 
+def _rank_bytes(rank: int, row: Optional[List[int]]) -> Dict[str, Any]:
+    """One rank's entry: its row by holder; its own entry is local, the others are pulled."""
+    if row is None:
+        return {"rank": rank, "bytes_pulled_from": None, "local_bytes": None, "peer_bytes": None}
+    return {"rank": rank, "bytes_pulled_from": row, "local_bytes": row[rank], "peer_bytes": sum(row) - row[rank]}
+
+
 def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, rank: Optional[int] = None,
                variant: str = "staging_direct") -> Dict[str, Any]:
     """The plan of one batch as a dict: current_pages_total, slot_count, staging slots and source, the
     overflow verdict, the writers of each request's current pages, and per rank (or only `rank`) the
-    bytes pulled from each peer over all layers (None for a rejected batch, which moves nothing).
+    bytes it reads from each rank over all layers (`bytes_pulled_from`, its own entry local),
+    `local_bytes` (that entry) and `peer_bytes` (the rest); None for a rejected batch, which moves
+    nothing.
     """
     if variant not in _cpkv.VARIANTS:
         raise InputError("variant", f"unknown variant '{variant}'")
@@ -43,13 +52,13 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
         "writers": writers,
         "variant": variant,
         "layers": setting.layer_count,
-        "ranks": [{"rank": r, "bytes_pulled_from": None if matrix is None else matrix[r]} for r in ranks],
+        "ranks": [_rank_bytes(r, None if matrix is None else matrix[r]) for r in ranks],
     }
 
 
 def plan(path: str, *, batch: Optional[int] = None, rank: Optional[int] = None, variant: str = "staging_direct") -> List[Dict[str, Any]]:
     """The plan of every batch of a trace (or only `batch`), one dict per batch, equal to the objects
-    `cpkv plan PATH --json [--batch B] [--rank R] [--variant V]` prints.
+    `cpkv plan PATH --json FILE [--batch B] [--rank R] [--variant V]` writes to FILE (one a line).
 
     The whole trace is validated first, so a bad line anywhere raises cpkv.TraceError before any
     result; an impossible batch, rank or variant raises cpkv.InputError with the command's reason.

@@ -15,19 +15,20 @@ import cpkv
 from conftest import SAMPLES
 
 
-def cli_plan(cli, path, *args):
-    out = subprocess.run([cli, "plan", str(path), "--json", *args], check=True, capture_output=True, text=True).stdout
-    return [json.loads(line) for line in out.splitlines()]
+def cli_plan(cli, tmp_path, path, *args):
+    out = tmp_path / "plan.json"
+    subprocess.run([cli, "plan", str(path), "--json", str(out), *args], check=True, capture_output=True, text=True)
+    return [json.loads(line) for line in out.read_text().splitlines()]
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("variant", ["staging_direct", "legacy_span_ar", "v2"])
-def test_plan_equals_the_cli_json_on_every_sample(cli, sample, variant):
-    assert cpkv.plan(str(sample), variant=variant) == cli_plan(cli, sample, "--variant", variant)
+def test_plan_equals_the_cli_json_on_every_sample(cli, tmp_path, sample, variant):
+    assert cpkv.plan(str(sample), variant=variant) == cli_plan(cli, tmp_path, sample, "--variant", variant)
 
 
-def test_plan_with_batch_and_rank_equals_the_cli_json(cli, tiny):
-    assert cpkv.plan(tiny, batch=2, rank=1) == cli_plan(cli, tiny, "--batch", "2", "--rank", "1")
+def test_plan_with_batch_and_rank_equals_the_cli_json(cli, tmp_path, tiny):
+    assert cpkv.plan(tiny, batch=2, rank=1) == cli_plan(cli, tmp_path, tiny, "--batch", "2", "--rank", "1")
     assert cpkv.plan(tiny, batch=2)[0]["verdict"] == "overflow"
 
 

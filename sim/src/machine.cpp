@@ -451,7 +451,7 @@ void RankMachine::run_step(const Step& s) {
     case Op::layer_end: return run_layer_end(s.layer);
     case Op::batch_arrive: return run_batch_arrive();
     case Op::batch_wait: return run_batch_wait();
-    case Op::batch_end: return;
+    case Op::batch_end: return end_batch();
   }
 }
 
@@ -717,9 +717,15 @@ void RankMachine::run_layer_end(std::int32_t layer) {
   CPKV_ASSERT(oracle_.has_value());
   world_->reading_layer(rank_).store(-1, std::memory_order_release);
   ++totals_.layers;
+  world_->position(rank_).layers_done.fetch_add(1, std::memory_order_relaxed);
   if (!options_.check_bytes) return;
   const LayerCheck check = checker_.on_layer_end(layer, dense_half(layer), layout_, *oracle_, options_.seed, options_.expected_from);
   totals_.add_mismatches(check.mismatching_kinds, check.first_mismatch);
+}
+
+void RankMachine::end_batch() {
+  ++batches_ended_;
+  world_->position(rank_).layers_done.store(batches_ended_ * options_.layers, std::memory_order_relaxed);
 }
 
 void RankMachine::run_batch_arrive() {

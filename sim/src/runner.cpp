@@ -40,10 +40,10 @@ using Clock = std::chrono::steady_clock;
 
 void publish_totals(const World& world, const RankMachine& machine) { world.totals(machine.rank()) = machine.totals(); }
 
-// Batches every rank has finished (each rank publishes its totals after every batch).
-std::int64_t batches_done(const World& world) {
+// Layers every rank has ended, over batches (RankPosition::layers_done): the progress bar's count.
+std::int64_t layers_done(const World& world) {
   std::int64_t done = INT64_MAX;
-  for (std::int32_t r = 0; r < world.geometry().cp; ++r) done = std::min(done, world.totals(r).batches);
+  for (std::int32_t r = 0; r < world.geometry().cp; ++r) done = std::min(done, world.position(r).layers_done.load(std::memory_order_relaxed));
   return done;
 }
 
@@ -132,7 +132,7 @@ class Scheduler {
 // Steps the machines until all finished; false (and a report) on deadlock or the step limit.
 // steps: the steps taken so far in the run, over every rank (the report sums the ranks' own at the end).
 bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler, const World& world, const RunLimits& limits,
-                        std::uint64_t& steps, RunReport& report, bool record_events) {
+                        std::uint64_t& steps, RunReport& report, bool record_events, std::int64_t& progress_shown) {
   std::vector<std::size_t> runnable;
   while (true) {
     runnable.clear();
@@ -164,6 +164,10 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
     }
     chosen.step();
     ++steps;
+    if (limits.on_progress) {
+      const std::int64_t done = layers_done(world);  // cp relaxed loads: nothing beside a step
+      if (done != progress_shown) limits.on_progress(progress_shown = done);
+    }
   }
 }
 
@@ -181,15 +185,15 @@ RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& op
   Scheduler scheduler(schedule);
   for (RankMachine& m : machines) m.begin_run();
   std::uint64_t steps = 0;
-  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
+  std::int64_t progress_shown = 0;  // what on_progress was last told: it hears each change, once
+  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events, progress_shown);
   BatchCursor cursor(source);
   while (ok) {
     std::optional<model::Batch> batch = cursor.next();
     if (!batch) break;
     for (RankMachine& m : machines) m.begin_batch(*batch, cursor.index());
-    ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events);
+    ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events, progress_shown);
     ++report.batches;
-    if (limits.on_progress) limits.on_progress(report.batches);
   }
   if (ok) on_quiescence(world);
   check_unchanged(source);  // results of a file replaced under its name describe another file
@@ -310,7 +314,7 @@ void run_rank_threads(const World& world, const BatchSource& source, const harne
   }
   // Meanwhile report progress.
   for (std::int64_t tick = 0; finished.load() < cp; ++tick) {
-    if (limits.on_progress && tick % 50 == 0) limits.on_progress(batches_done(world));
+    if (limits.on_progress && tick % 50 == 0) limits.on_progress(layers_done(world));
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   for (std::thread& t : threads) t.join();
@@ -332,7 +336,7 @@ void run_rank_processes(const World& world, const BatchSource& source, const har
   launch.stuck_ms_max = limits.stuck_ms_max > 0 ? limits.stuck_ms_max : 2 * limits.wait_ms_max;
   launch.positions = [&] { return describe_positions(world); };
   launch.on_tick = [&] {
-    if (limits.on_progress) limits.on_progress(batches_done(world));
+    if (limits.on_progress) limits.on_progress(layers_done(world));
   };
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
     return free_rank(world, source, options, faults, limits, r, &progress);

@@ -89,8 +89,10 @@ struct CheckedRequest {
   std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: none given)
 };
 
-// A progress callback: batches every rank has finished.
-using ProgressFunction = std::function<void(std::int64_t batches_done)>;
+// A progress callback: layers every rank has ended, summed over batches (of batches x layers run
+// per batch; a rejected batch counts as its layers once every rank passed it). The simulator counts
+// each layer; the GPU backend counts whole batches (batches done x layers).
+using ProgressFunction = std::function<void(std::int64_t layers_done)>;
 
 struct BackendEntry {
   std::string name;                           // --backend NAME

@@ -145,6 +145,7 @@ class RankMachine {
   void run_unpack(std::int32_t layer, const PageStep& op);
   void run_layer_end(std::int32_t layer);
   void run_batch_arrive();
+  void end_batch();
   void run_batch_wait();
 
   template <typename Body>
@@ -191,6 +192,7 @@ class RankMachine {
   std::uint64_t barriers_arrived_ = 0;
   std::uint64_t collectives_arrived_ = 0;
   std::uint64_t batches_arrived_ = 0;
+  std::int64_t batches_ended_ = 0;
   std::vector<bool> pool_populated_;  // own local pages already written (content never changes)
   harness::Totals totals_;  // steps: the steps taken so far
 };

@@ -96,9 +96,10 @@ struct RunLimits {
   // for a rank stuck outside a wait.
   std::int64_t stuck_ms_max = 0;
   std::uint64_t steps_max = 200'000'000;    // scheduled: total steps
-  // Called on the launching thread with the batches every rank has finished (about every 100 ms
-  // while ranks run free, after every batch when scheduled); for a progress bar. May be empty.
-  std::function<void(std::int64_t batches_done)> on_progress;
+  // Called on the launching thread with the layers every rank has ended, over batches (a rejected
+  // batch counts as its layers once passed): about every 100 ms while ranks run free, at each
+  // change when scheduled; for a progress bar. May be empty.
+  std::function<void(std::int64_t layers_done)> on_progress;
 };
 
 harness::RunReport run_scheduled(const harness::BatchSource& source, const harness::RunOptions& options, const Schedule& schedule,

@@ -52,6 +52,10 @@ struct alignas(64) RankPosition {
   std::atomic<std::int64_t> phase{0};       // protocol barrier arrivals so far
   std::atomic<std::int32_t> state{0};       // RankState
   std::atomic<std::int32_t> pid{0};
+  // Layers this rank has ended, over batches: each layer's end adds one, each batch's end sets it
+  // to (batches ended) x (layers per batch), so a rejected batch counts as its layers passed. For
+  // the progress bar (sim/runner.cpp layers_done).
+  std::atomic<std::int64_t> layers_done{0};
 };
 
 enum class RankState : std::int32_t { idle = 0, running = 1, finished = 2, failed = 3, raised_overflow = 4 };
