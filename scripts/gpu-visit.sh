@@ -2,6 +2,8 @@
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
 # Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|plugin|perf|lean|quick|probe|benches]
+# (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
+#  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
@@ -155,6 +157,36 @@ if [[ "$what" == check ]]; then
   timeout 200 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 2 --layers 4 --reps 60 \
     --json "$OUT/bench-seeds_batch-cp2.json" --markdown "$OUT/bench-seeds_batch-cp2.md"
   echo "bench seeds_batch: exit $?"
+fi
+if [[ "$what" == round ]]; then
+  # This round's GPU checks after the merges: every gpu test (cpkv's own exchange, the plugin's, the
+  # conformance harness's syncs, capture and --time, the closing-wait test of issue 25 item 10) and
+  # the GPU mutants. `round2` follows on the same machine.
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-tests.log" | tail -30
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; tail -14 "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == round2 ]]; then
+  # The closing-wait test against the shortened wait (docs/patches/closing-wait-skips-last-peer.patch):
+  # it must pass on the tree and fail with the patch. Then the conformance harness's --time on CUDA,
+  # its overhead benchmark, and the bench at cp 1 (one GPU: its markdown from the timing table).
+  T=GpuBarrier.TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom
+  timeout 200 "$build/tests/cpkv.tests.gpu" --gtest_filter=$T > "$OUT/closing-wait-tree.txt" 2>&1
+  echo "closing-wait test on the tree: exit $?"; tail -4 "$OUT/closing-wait-tree.txt"
+  (cd "$root" && patch -p1 < docs/patches/closing-wait-skips-last-peer.patch) && cmake --build "$build" -j "$(nproc)" --target cpkv.tests.gpu > "$OUT/patched-build.log" 2>&1
+  timeout 200 "$build/tests/cpkv.tests.gpu" --gtest_filter=$T > "$OUT/closing-wait-patched.txt" 2>&1
+  echo "closing-wait test with the last peer skipped: exit $? (must fail)"; grep -E "Failure|FAILED|cp [0-9]" "$OUT/closing-wait-patched.txt" | head -8
+  (cd "$root" && patch -R -p1 < docs/patches/closing-wait-skips-last-peer.patch) && cmake --build "$build" -j "$(nproc)" --target cpkv.tests.gpu > /dev/null 2>&1
+  export PYTHONPATH="$build/python"
+  timeout 120 python3 -m cpkv.conformance "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --device cuda --window 10 \
+    > "$OUT/conformance-cuda-checked.txt" 2>&1; echo "conformance cuda (checked): exit $?"; tail -12 "$OUT/conformance-cuda-checked.txt"
+  timeout 120 python3 -m cpkv.conformance "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --device cuda --window 10 --time \
+    > "$OUT/conformance-cuda-time.txt" 2>&1; echo "conformance cuda --time: exit $?"; tail -8 "$OUT/conformance-cuda-time.txt"
+  timeout 180 python3 "$root/bench/conformance_overhead.py" --device cuda --rounds 100 > "$OUT/conformance-overhead-cuda.txt" 2>&1
+  echo "conformance overhead (cuda, oversubscribed: not a timing of record): exit $?"; tail -6 "$OUT/conformance-overhead-cuda.txt"
+  timeout 120 "$cpkv" bench "$root/traces/samples/tiny.jsonl" --backend cuda --cp 1 --layers 2 --reps 5 --json "$OUT/bench-tiny-cp1.json" --markdown "$OUT/bench-tiny-cp1.md" > "$OUT/bench-tiny-cp1.txt" 2>&1
+  echo "bench tiny cp 1: exit $?"; cat "$OUT/bench-tiny-cp1.md" 2>/dev/null | head -20
 fi
 if [[ "$what" == plugin ]]; then
   # Issue 24: the exchange plugin ABI on the GPU. The plugin's gpu test, the plain example on every
