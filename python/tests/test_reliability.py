@@ -300,7 +300,7 @@ def test_a_file_without_newlines_is_refused_at_the_line_cap_with_bounded_memory(
     assert int(status) == 2 and len(message) == 1, run.stdout
     assert f"{nul}:1: json: the line is longer than 256 MiB" in message[0]
     assert int(rss_kib) < 700 * 1024, f"{rss_kib} KiB"  # the cap and a string's growth, not the file
-    assert float(seconds) < 5
+    assert float(seconds) < 10  # 2.8 s on the loaded 2-core VM; the bound is memory, time only a sanity check
     with pytest.raises(cpkv.TraceError, match=":1: json: the line is longer than 256 MiB"):
         cpkv.read_trace(nul)
 
