@@ -8,6 +8,7 @@
 
 #include "bindings.hpp"
 #include "cpkv/harness/spool.hpp"
+#include "cpkv/traces/trace.hpp"
 
 namespace cpkv::python {
 
@@ -30,11 +31,16 @@ py::str path_text(const std::string& bytes) {
 SpooledInput::SpooledInput(std::string path) : path_(std::move(path)), read_path_(path_) {
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) return;  // files and errors: the reader's
-  py::gil_scoped_release release;  // a pipe may wait for its writer: other Python threads run meanwhile
-  read_path_ = harness::spool_input("trace", path_, [] {
-    const py::gil_scoped_acquire acquire;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C while waiting: the partial copy is removed
-  });
+  try {
+    py::gil_scoped_release release;  // a pipe may wait for its writer: other Python threads run meanwhile
+    read_path_ = harness::spool_input("file", path_, [] {
+      const py::gil_scoped_acquire acquire;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C while waiting: the partial copy is removed
+    });
+  } catch (const harness::SpoolRefused& e) {  // a pipe with no writer, silent, too large: the trace's fault, as the CLI says
+    const std::string line = e.what();
+    throw traces::TraceError(path_, 0, "file", line.substr(line.find(": ") + 2));
+  }
   spooled_ = true;
 }
 

@@ -331,3 +331,4 @@ def test_a_trace_at_the_pool_limit_is_refused_up_front_naming_what_it_needs(tmp_
         assert run.stdout == ""
         assert run.stderr.count("\n") == 1, run.stderr
         assert "would map" in run.stderr and "/dev/shm has" in run.stderr and "GiB one process can map" in run.stderr, run.stderr
+
