@@ -2,22 +2,20 @@
 #include "cpkv/traces/trace.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "commands.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/spool.hpp"
 #include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::cli {
@@ -25,19 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A spooled trace larger than this is refused: traces worth piping are far smaller (the largest
-// bundled import is a few MB), and a runaway producer must not fill $TMPDIR.
-constexpr std::int64_t kSpoolBytesMax = std::int64_t{4} << 30;
-// A pipe that sends nothing for this long is reported instead of waited on forever.
-constexpr int kSpoolIdleMsMax = 600'000;
-// A named pipe no process has opened for writing yet is waited for this long: a producer started
-// beside cpkv opens it within moments; a pipe no one will ever write must not hold a run for 600 s.
-constexpr int kFifoWriterMsMax = 5'000;
-constexpr int kFifoWriterPollMs = 10;
 // Extensions longer than this are not kept on a temporary file's name (NAME_MAX is 255).
 constexpr std::size_t kExtensionCharsMax = 16;
 // Names of temporary files, each followed by "-<creator pid>-" (harness/temp_files.hpp).
-constexpr std::string_view kSpoolPrefix = "cpkv-spool";
 constexpr std::string_view kOutputPrefix = ".cpkv";  // hidden, beside the output it will replace
 
 // The spool files alive in this process and the names the user gave them, for messages.
@@ -58,85 +46,19 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-// Writes one chunk of a spool; a full $TMPDIR is the disk's fault (exit 1).
-void write_chunk(int out_fd, const char* data, std::size_t bytes, const std::string& option, const std::string& path) {
-  const int error = harness::write_all(out_fd, std::string_view(data, bytes));
-  if (error != 0) throw std::runtime_error(fmt::format("{}: cannot copy {} to a temporary file: {}", option, path, errno_text(error)));
-}
-
-// Copies everything readable from the non-blocking `fd` into `out_fd`; each wait is bounded. A read
-// of 0 means no writer holds the pipe: the end, once data came; before, a named pipe's writer may
-// not have opened it yet, and is waited for kFifoWriterMsMax (it blocked for 600 s: issue 22, item
-// 18), while a pipe handed to cpkv (/dev/stdin, <(...)) has had its writer all along: empty.
-void copy_all(int fd, int out_fd, const std::string& option, const std::string& path, bool named_pipe) {
-  std::int64_t total = 0;
-  std::vector<char> buffer(1 << 16);
-  const auto writer_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kFifoWriterMsMax);
-  for (;;) {
-    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {  // a writer, no data yet
-      pollfd p{fd, POLLIN, 0};
-      const int ready = ::poll(&p, 1, kSpoolIdleMsMax);
-      if (ready == 0) throw OptionError(fmt::format("{}: {} sent no data for {} s", option, path, kSpoolIdleMsMax / 1000));
-      continue;
-    }
-    if (n < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
-    if (n == 0 && total == 0 && named_pipe) {
-      if (std::chrono::steady_clock::now() > writer_deadline) {
-        throw OptionError(fmt::format("{}: no process wrote to the named pipe {} within {} s", option, path, kFifoWriterMsMax / 1000));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(kFifoWriterPollMs));
-      continue;
-    }
-    if (n == 0) return;
-    total += n;
-    if (total > kSpoolBytesMax) throw OptionError(fmt::format("{}: {} is larger than {} GiB through a pipe; give a regular file", option, path, kSpoolBytesMax >> 30));
-    write_chunk(out_fd, buffer.data(), static_cast<std::size_t>(n), option, path);
-  }
-}
-
-// A pipe with a name in a folder (mkfifo), not one cpkv was handed open (/dev/stdin, /dev/fd/N).
-bool is_named_pipe(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) return false;
-  for (const char* handed : {"/dev/stdin", "/dev/fd/", "/proc/self/fd/", "/proc/"}) {
-    if (path.rfind(handed, 0) == 0) return false;
-  }
-  return true;
-}
-
 // Removes a temporary file (a spool file, an output's temporary) and forgets it (the interrupt
 // watcher removes the ones it still tracks).
-void remove_tracked(const std::string& name) {
-  ::unlink(name.c_str());
-  harness::untrack_file(name);
-}
+void remove_tracked(const std::string& name) { harness::remove_tracked_file(name); }
 
-// A private copy of a non-seekable input in $TMPDIR; returns its path. Tracked from its creation,
-// so that SIGINT or SIGTERM (whose watcher ends the process without unwinding) removes it too.
+// A private copy of a non-seekable input in $TMPDIR (harness/spool.hpp); returns its path. Tracked
+// from its creation, so that SIGINT or SIGTERM (whose watcher ends the process without unwinding)
+// removes it too. A refusal of the input is bad input (exit 2).
 std::string spool(const std::string& option, const std::string& path) {
-  const std::string folder = harness::temp_folder();
-  // The creator's pid in the name: a spool left by a cpkv that was SIGKILLed (up to 4 GiB) is
-  // swept by the next one, as stale regions are.
-  harness::sweep_dead_temporaries(folder, kSpoolPrefix);
-  std::string name = fmt::format("{}/{}XXXXXX.jsonl", folder, harness::temp_stem(kSpoolPrefix));
-  const int out_fd = harness::create_tracked_file(name, 6);
-  if (out_fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a spool file for {} in {}: {}", option, path, folder, errno_text(errno)));
-  // Non-blocking open: a named pipe with no writer yet must not block the open (copy_all waits for
-  // one, bounded).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   try {
-    if (fd < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", option, path, errno_text(errno)));
-    copy_all(fd, out_fd, option, path, is_named_pipe(path));
-    if (::close(out_fd) != 0) throw std::runtime_error(fmt::format("{}: cannot write the spool file {}: {}", option, name, errno_text(errno)));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    remove_tracked(name);
-    throw;
+    return harness::spool_input(option, path);
+  } catch (const harness::SpoolRefused& e) {
+    throw OptionError(e.what());
   }
-  ::close(fd);
-  return name;
 }
 
 bool is_terminal(const std::string& path) {

@@ -26,8 +26,9 @@
 
 #include "commands.hpp"
 #include "files.hpp"
-#include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/model_replay.hpp"
+#include "cpkv/harness/spool.hpp"
 #include "cpkv/harness/temp_files.hpp"
 #include "cpkv/model/costs.hpp"
 #include "options.hpp"
@@ -46,28 +47,45 @@ constexpr std::chrono::milliseconds kChartProbeLimit{30'000};
 // Drawing a few thousand batches takes seconds; two minutes means the plotting process is stuck.
 constexpr std::chrono::milliseconds kChartDrawLimit{120'000};
 
-// The number at `key`: finite and positive, or (zero_allowed) finite and >= 0.
-double ceiling_number(const nlohmann::json& j, const char* key, const std::string& file, bool zero_allowed) {
+// The number at `key`: finite, at most `high`, and at least option_limits::positive_min (or, with
+// zero_allowed, 0: "not measured"). Bandwidths and latencies get the ranges of their CLI options
+// (cli/options.hpp): a file's barrier_us of 1e308 was accepted though --barrier-us caps at 1e6
+// (issue 22, item 19). Sizes and counts (bytes, pages) have no option; their cap is the largest
+// double, as before.
+double ceiling_number(const nlohmann::json& j, const char* key, const std::string& file, double high, bool zero_allowed) {
   const auto it = j.find(key);
-  const bool ok = it != j.end() && it->is_number() && std::isfinite(it->get<double>()) && (zero_allowed ? it->get<double>() >= 0 : it->get<double>() > 0);
-  if (!ok) throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be {}", file, key, zero_allowed ? "a number >= 0" : "a positive number"));
-  return it->get<double>();
+  const double value = it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
+  const bool ok = std::isfinite(value) && value <= high && (value >= option_limits::positive_min || (zero_allowed && value == 0));
+  if (!ok) {
+    throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a {} in [{}, {}]{}", file, key, zero_allowed ? "number" : "positive number",
+                                  option_limits::positive_min, high, zero_allowed ? " or 0" : ""));
+  }
+  return value;
 }
-double positive(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, false); }
-double non_negative(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, true); }
+double gbps(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, option_limits::bandwidth_gbps_max, false); }
+double micros(const nlohmann::json& j, const char* key, const std::string& file) { return ceiling_number(j, key, file, option_limits::latency_us_max, false); }
+double positive(const nlohmann::json& j, const char* key, const std::string& file) {
+  return ceiling_number(j, key, file, std::numeric_limits<double>::max(), false);
+}
+double non_negative_gbps(const nlohmann::json& j, const char* key, const std::string& file) {
+  return ceiling_number(j, key, file, option_limits::bandwidth_gbps_max, true);
+}
+double non_negative_micros(const nlohmann::json& j, const char* key, const std::string& file) {
+  return ceiling_number(j, key, file, option_limits::latency_us_max, true);
+}
 
 // {"peer_gbps":..,"local_gbps":..,"barrier_us":..[,"allreduce_busbw_gbps":..,"allreduce_latency_us":..,
 // "launch_us":..,"gather_fixed_us":..]}: absent optional keys stay nominal and say so.
 model::CostParameters flat_ceilings(const nlohmann::json& j, const std::string& file) {
   model::CostParameters c;
-  c.peer_gbps = positive(j, "peer_gbps", file);
-  c.local_gbps = positive(j, "local_gbps", file);
-  c.barrier_us = positive(j, "barrier_us", file);
+  c.peer_gbps = gbps(j, "peer_gbps", file);
+  c.local_gbps = gbps(j, "local_gbps", file);
+  c.barrier_us = micros(j, "barrier_us", file);
   c.source = file;
   std::vector<std::string> nominal;
   const auto optional_key = [&](const char* key, double& field) {
     if (j.contains(key)) {
-      field = positive(j, key, file);
+      field = std::string_view(key).ends_with("_us") ? micros(j, key, file) : gbps(j, key, file);
     } else {
       nominal.push_back(key);
     }
@@ -84,14 +102,14 @@ model::CostParameters flat_ceilings(const nlohmann::json& j, const std::string& 
 model::CostParameters bench_ceilings(const nlohmann::json& m, const std::string& file) {
   const std::string where = file + " ceilings";
   model::MeasuredCeilings measured;
-  measured.ce_peer_gbps = positive(m, "ce_peer_gbps", where);
-  measured.local_copy_gbps = positive(m, "local_copy_gbps", where);
-  measured.barrier_us = positive(m, "barrier_us", where);
-  measured.barrier_us_graph = positive(m, "barrier_us_graph", where);
-  measured.barrier_us_launch_free = positive(m, "barrier_us_launch_free", where);
+  measured.ce_peer_gbps = gbps(m, "ce_peer_gbps", where);
+  measured.local_copy_gbps = gbps(m, "local_copy_gbps", where);
+  measured.barrier_us = micros(m, "barrier_us", where);
+  measured.barrier_us_graph = micros(m, "barrier_us_graph", where);
+  measured.barrier_us_launch_free = micros(m, "barrier_us_launch_free", where);
   // 0: not measured (a run without NCCL, cp 1), as the bench itself reads it.
-  measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? non_negative(m, "allreduce_busbw_gbps", where) : 0.0;
-  measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? non_negative(m, "allreduce_latency_us", where) : 0.0;
+  measured.allreduce_busbw_gbps = m.contains("allreduce_busbw_gbps") ? non_negative_gbps(m, "allreduce_busbw_gbps", where) : 0.0;
+  measured.allreduce_latency_us = m.contains("allreduce_latency_us") ? non_negative_micros(m, "allreduce_latency_us", where) : 0.0;
   if (m.contains("allreduce_curve")) {
     if (!m["allreduce_curve"].is_array()) throw OptionError(fmt::format("--ceilings: {}: \"allreduce_curve\" must be an array", where));
     for (const nlohmann::json& point : m["allreduce_curve"]) {
@@ -99,7 +117,7 @@ model::CostParameters bench_ceilings(const nlohmann::json& m, const std::string&
       if (!measured.allreduce_curve.empty() && bytes <= measured.allreduce_curve.back().first) {
         throw OptionError(fmt::format("--ceilings: {} allreduce_curve: \"bytes\" must increase from point to point", where));
       }
-      measured.allreduce_curve.emplace_back(bytes, positive(point, "us", where + " allreduce_curve"));
+      measured.allreduce_curve.emplace_back(bytes, micros(point, "us", where + " allreduce_curve"));
     }
   }
   if (m.contains("gather")) {
@@ -107,7 +125,7 @@ model::CostParameters bench_ceilings(const nlohmann::json& m, const std::string&
     for (const nlohmann::json& g : m["gather"]) {
       const double page_bytes = positive(g, "page_bytes", where + " gather");
       const double pages = positive(g, "pages", where + " gather");
-      measured.gather.push_back({static_cast<std::uint64_t>(page_bytes), static_cast<std::int64_t>(pages), positive(g, "gbps", where + " gather")});
+      measured.gather.push_back({static_cast<std::uint64_t>(page_bytes), static_cast<std::int64_t>(pages), gbps(g, "gbps", where + " gather")});
     }
   }
   model::CostParameters c = model::derive_ceilings(measured);
@@ -187,37 +205,35 @@ void check_chart_tools() {
 
 namespace {
 
-// The chart's two input files (the CSV and the script), made in $TMPDIR by mkstemps and tracked by
-// the interrupt watcher, so an interruption removes them as it kills the plotting process; removed
-// here on every other way out.
-class ChartFiles {
+// One of the chart's inputs: a tracked temporary file in $TMPDIR, "cpkv-chart-<pid>-XXXXXX<ext>",
+// removed by the destructor or, on interruption, by the watcher once it has killed python3's group.
+// The private folder they lay in before was left behind by every SIGINT or SIGTERM (issue 22, item 14).
+class ChartInput {
  public:
-  ChartFiles() = default;
-  ChartFiles(const ChartFiles&) = delete;
-  ChartFiles& operator=(const ChartFiles&) = delete;
-  ~ChartFiles() {
-    for (const std::string& path : paths_) {
-      ::unlink(path.c_str());
-      harness::untrack_file(path);
+  ChartInput(std::string_view extension, std::string_view content) {
+    const std::string folder = harness::temp_folder();
+    harness::sweep_dead_temporaries(folder, kChartPrefix);  // the inputs of a chart whose cpkv was SIGKILLed
+    path_ = fmt::format("{}/{}XXXXXX{}", folder, harness::temp_stem(kChartPrefix), extension);
+    const int fd = harness::create_tracked_file(path_, static_cast<int>(extension.size()));
+    if (fd < 0) throw std::runtime_error(fmt::format("--chart: cannot create a temporary file in {}: {}", folder, std::strerror(errno)));
+    int error = harness::write_all(fd, content);
+    if (::close(fd) != 0 && error == 0) error = errno;
+    if (error != 0) {
+      harness::remove_tracked_file(path_);
+      throw std::runtime_error(fmt::format("--chart: cannot write {}: {}", path_, std::strerror(error)));
     }
   }
-  // A new file "cpkv-chart-<pid>-XXXXXX<suffix>" holding `content`; returns its path.
-  const std::string& add(const std::string& suffix, const std::string& content) {
-    std::string path = fmt::format("{}/{}XXXXXX{}", harness::temp_folder(), harness::temp_stem("cpkv-chart"), suffix);
-    const int fd = harness::create_tracked_file(path, static_cast<int>(suffix.size()));
-    if (fd < 0) throw std::runtime_error(fmt::format("--chart: cannot create a temporary file in {}: {}", harness::temp_folder(), std::strerror(errno)));
-    paths_.push_back(path);
-    const int error = harness::write_all(fd, content);
-    const int closed = ::close(fd) == 0 ? 0 : errno;
-    if (error != 0 || closed != 0) throw std::runtime_error(fmt::format("--chart: cannot write {}: {}", path, std::strerror(error != 0 ? error : closed)));
-    return paths_.back();
-  }
+  ~ChartInput() { harness::remove_tracked_file(path_); }
+  ChartInput(const ChartInput&) = delete;
+  ChartInput& operator=(const ChartInput&) = delete;
+  const std::string& path() const { return path_; }
 
  private:
-  std::vector<std::string> paths_;
+  static constexpr std::string_view kChartPrefix = "cpkv-chart";
+  std::string path_;
 };
 
-constexpr const char* kChartScript =
+constexpr std::string_view kChartScript =
     "import csv, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
     "rows = list(csv.reader(open(sys.argv[1])))\nnames, data = rows[0], rows[1:]\n"
     "fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)\nx = [int(r[0]) for r in data]\n"
@@ -239,11 +255,10 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
     for (double t : ms[b]) csv += fmt::format(",{:.6f}", t);
     csv += '\n';
   }
-  ChartFiles files;
-  const std::string csv_path = files.add(".csv", csv);
-  const std::string script_path = files.add(".py", kChartScript);
+  const ChartInput times(".csv", csv);
+  const ChartInput script(".py", kChartScript);
   const ChartPython python = chart_python();
-  const ChildOutcome drawn = run_child({python.program, script_path, csv_path, png.temporary(), title}, kChartDrawLimit);
+  const ChildOutcome drawn = run_child({python.program, script.path(), times.path(), png.temporary(), title}, kChartDrawLimit);
   if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: {} failed to draw {} ({})", python.program, png.path(), drawn.describe()));
   png.commit();
 }

@@ -48,6 +48,7 @@ constexpr int kSignalsMax = 65;  // above SIGRTMAX: an index per signal number
 bool g_inherited_ignore[kSignalsMax] = {};
 
 std::atomic<int> g_signal{0};
+std::atomic<int> g_stop{0};
 std::atomic<int> g_pipe_write{-1};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler stores into it");
 
@@ -233,6 +234,18 @@ void set_activity(const std::string& what) {
 }
 
 int interrupted() { return g_signal.load(); }
+
+void request_stop(int signal_number) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);  // no rank forked between the flag and the kills
+  g_stop.store(signal_number);
+  for (int pid : r.ranks) ::kill(pid, SIGKILL);  // reaped by the launcher, which now ends its watch
+  for (int group : r.groups) ::kill(-group, SIGKILL);
+}
+
+void clear_stop() { g_stop.store(0); }
+
+int stop_requested() { return g_stop.load(std::memory_order_relaxed); }
 
 void track_region(const std::string& name) {
   const std::lock_guard<std::mutex> lock(registry().mutex);

@@ -486,7 +486,7 @@ void Watcher::ended(std::int32_t r, int raw) {
     while ((sig == SIGINT || sig == SIGTERM || sig == SIGHUP) && interrupted() == 0 && Clock::now() < settle) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (interrupted() == 0) fail(fmt::format("rank {} (pid {}) died from signal {}", r, w.pid, sig), r);
+    if (interrupted() == 0 && stop_requested() == 0) fail(fmt::format("rank {} (pid {}) died from signal {}", r, w.pid, sig), r);
     return;
   }
   const int status = WEXITSTATUS(raw);
@@ -536,6 +536,9 @@ LaunchResult Watcher::watch() {
       parked = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(2 * kKillReapMsMax));
       fail(fmt::format("interrupted by {}, and the process did not end", detail::signal_name(interrupted())), -1);
+    }
+    if (stop_requested() != 0 && result_.failure.empty()) {  // request_stop has SIGKILLed the ranks: reap them
+      fail(fmt::format("stopped: interrupted by {}", detail::signal_name(stop_requested())), -1);
     }
     if (ms_between(last_loop, now) > kParentPauseMs) {  // the parent itself was stopped: restart the clocks
       for (RankWatch& w : ranks_) w.last_progress = now;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
@@ -106,6 +107,7 @@ ModelTotals read_all(const BatchSource& source, const model::CostModel& cost_mod
   BatchCursor cursor(source);
   auto read_start = Clock::now();
   while (const std::optional<model::Batch> batch = cursor.next()) {
+    if (stop_requested() != 0) break;  // a front end's stop (interrupt.hpp): it discards these totals
     t.read_seconds += std::chrono::duration<double>(Clock::now() - read_start).count();
     const auto model_start = Clock::now();
     for (std::int64_t k = 0; k < o.repeat; ++k) cost_model.evaluate(*batch, costs);

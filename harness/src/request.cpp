@@ -197,6 +197,7 @@ std::string run_header(std::string_view front_end, const CheckedRequest& checked
 void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
                   const std::function<void(model::Variant)>& on_variant_start, const std::function<void(const VariantRun&)>& on_variant_end) {
   for (model::Variant variant : checked.variants) {
+    if (stop_requested() != 0) return;  // a front end's stop (interrupt.hpp): no further variant
     if (on_variant_start) on_variant_start(variant);
     RunOptions options;
     options.variant = variant;

@@ -1,11 +1,15 @@
 #include "cpkv/harness/shared_region.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -42,6 +46,58 @@ int creator_pid(const std::string& name) {
 }  // namespace
 
 namespace {
+// Reservations of concurrent cpkv runs take turns (issue 22, item 17): two replays whose
+// posix_fallocate calls interleaved each got part of /dev/shm and both failed, though either alone
+// fit. An advisory lock (flock) on one file in /dev/shm makes each reservation whole before the
+// next begins. It is held only while reserving, and waited for at most kReserveLockMsMax; after
+// that (or when the file cannot be opened: another user's, mode 0600) the reservation goes ahead
+// unlocked, so a lock never stops a run.
+constexpr const char* kReserveLockPath = "/dev/shm/cpkv-reserve.lock";
+constexpr int kReserveLockMsMax = 10'000;  // a reservation of many GiB takes about a second
+
+class ReserveLock {
+ public:
+  ReserveLock() : fd_(::open(kReserveLockPath, O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) return;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kReserveLockMsMax);
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if ((errno != EWOULDBLOCK && errno != EINTR) || std::chrono::steady_clock::now() > deadline) {
+        release();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ~ReserveLock() { release(); }
+  ReserveLock(const ReserveLock&) = delete;
+  ReserveLock& operator=(const ReserveLock&) = delete;
+
+ private:
+  void release() {
+    if (fd_ >= 0) ::close(fd_);  // closing the one descriptor drops the lock
+    fd_ = -1;
+  }
+  int fd_;
+};
+
+// "; other cpkv runs hold N (pids ...)" for the live regions of other processes, else empty: says
+// why a /dev/shm that fit the run a moment ago does not now.
+std::string held_by_others() {
+  std::uint64_t bytes = 0;
+  std::string pids;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const int pid = creator_pid(entry.path().filename().string());
+    if (pid <= 0 || pid == ::getpid() || (::kill(pid, 0) != 0 && errno != EPERM)) continue;
+    struct stat st {};
+    if (::stat(entry.path().c_str(), &st) != 0) continue;
+    bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+    const std::string text = std::to_string(pid);
+    if (pids.find(text) == std::string::npos) pids += (pids.empty() ? "" : ", ") + text;
+  }
+  return pids.empty() ? std::string() : fmt::format("; another cpkv run holds {} of it (pid {}): try again when it ends", size_text(bytes), pids);
+}
+
 // Reserves every page of the object now, so a full tmpfs is an error here and not a SIGBUS in
 // whichever rank first touches a page past the limit.
 void reserve_pages(bip::shared_memory_object& object, const std::string& name, std::size_t bytes,
@@ -49,12 +105,13 @@ void reserve_pages(bip::shared_memory_object& object, const std::string& name, s
   const int fd = object.get_mapping_handle().handle;
   std::uint64_t reserved = 0;
   for (const SharedRegion::ByteRange& range : ranges) reserved += range.bytes;
+  const ReserveLock lock;
   for (const SharedRegion::ByteRange& range : ranges) {
     const int error = ::posix_fallocate(fd, static_cast<off_t>(range.offset), static_cast<off_t>(range.bytes));
     if (error == 0) continue;
     if (error == ENOSPC || error == EFBIG) {
-      throw SharedMemoryFull(fmt::format("shared memory region {} needs {} ({} bytes of {}), /dev/shm has {} free", name, size_text(reserved),
-                                         reserved, bytes, size_text(shm_free_bytes())));
+      throw SharedMemoryFull(fmt::format("shared memory region {} needs {} ({} bytes of {}), /dev/shm has {} free{}", name, size_text(reserved),
+                                         reserved, bytes, size_text(shm_free_bytes()), held_by_others()));
     }
     throw std::runtime_error(fmt::format("cannot reserve {} bytes for shared memory region {}: {}", range.bytes, name, std::strerror(error)));
   }

@@ -1,5 +1,6 @@
 """Type stubs of the extension module cpkv._cpkv (python/src/*_bindings.cpp)."""
 
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -7,6 +8,7 @@ import numpy.typing as npt
 
 Kind = Union[int, str]
 IntArray = npt.NDArray[np.int64]
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]  # bytes and surrogateescape names reach the OS unchanged
 
 VARIANTS: Tuple[str, ...]
 SPLIT_POLICIES: Tuple[str, ...]
@@ -278,7 +280,7 @@ class TraceHeader:
     def to_json(self) -> str: ...
 
 class TraceReader(Iterator[Batch]):
-    def __init__(self, path: str) -> None: ...
+    def __init__(self, path: PathArg) -> None: ...
     @property
     def header(self) -> TraceHeader: ...
     @property
@@ -290,13 +292,14 @@ class TraceReader(Iterator[Batch]):
     def __iter__(self) -> "TraceReader": ...
     def __next__(self) -> Batch: ...
 
-def read_trace(path: str) -> TraceReader: ...
+def read_trace(path: PathArg) -> TraceReader: ...
 
 class TraceWriter:
-    def __init__(self, path: str, setting: Setting, source: Optional[Dict[str, Any]] = None) -> None: ...
+    def __init__(self, path: PathArg, setting: Setting, source: Optional[Dict[str, Any]] = None) -> None: ...
     def add_batch(self, batch: Optional[BatchLike] = None, *, prefix_lens: Sequence[int] = ..., extend_lens: Sequence[int] = ...,
                   prefix_pages: Sequence[Sequence[int]] = ...) -> None: ...
     def close(self) -> None: ...
+    def abandon(self) -> None: ...
     @property
     def path(self) -> str: ...
     @property
@@ -306,13 +309,15 @@ class TraceWriter:
 
 MUTANTS: Dict[str, Tuple[int, Tuple[str, ...]]]  # name -> (invariant, backends holding it), from harness/mutants.hpp
 
-def replay(path: str, backend: str = "sim", variant: str = "all", ranks_as: Optional[str] = None, schedule: Optional[str] = None,
+def replay(path: PathArg, backend: str = "sim", variant: str = "all", ranks_as: Optional[str] = None, schedule: Optional[str] = None,
            seed: int = 1, layers: Union[int, str] = 4, batch: Optional[int] = None, mutant: str = "none",
            wait_ms_max: Optional[int] = None, stuck_ms_max: Optional[int] = None, swarm: bool = False,
            ipc_missing_rank: int = -1) -> Dict[str, Any]: ...
 def replay_batches(setting: Setting, batches: Sequence[BatchLike], variant: str = "all", ranks_as: str = "threads",
                    schedule: Optional[str] = None, seed: int = 1, layers: Union[int, str] = 4, mutant: str = "none",
                    wait_ms_max: Optional[int] = None, ipc_missing_rank: int = -1) -> Dict[str, Any]: ...
+
+# _SpooledInput(path) (private, for cpkv.plan): a context manager whose .path (bytes) is a pipe's spooled copy or the file itself.
 
 # The C++ side of cpkv.conformance (ByteOracle, EventChecker, populate_pool, explain_row, swarm_knobs, ...):
 # a submodule used only by that package.

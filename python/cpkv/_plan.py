@@ -7,10 +7,11 @@ test suite checks the two agree on every sample trace.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import os as _os
+from typing import Any, Dict, List, Optional, Union
 
 from . import _cpkv
-from ._errors import InputError
+from ._errors import InputError, TraceError
 
 
 def _rank_bytes(rank: int, row: Optional[List[int]]) -> Dict[str, Any]:
@@ -56,7 +57,7 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
     }
 
 
-def plan(path: str, *, batch: Optional[int] = None, rank: Optional[int] = None, variant: str = "staging_direct") -> List[Dict[str, Any]]:
+def plan(path: Union[str, bytes, "_os.PathLike[str]"], *, batch: Optional[int] = None, rank: Optional[int] = None, variant: str = "staging_direct") -> List[Dict[str, Any]]:
     """The plan of every batch of a trace (or only `batch`), one dict per batch, equal to the objects
     `cpkv plan PATH --json FILE [--batch B] [--rank R] [--variant V]` writes to FILE (one a line).
 
@@ -68,13 +69,23 @@ def plan(path: str, *, batch: Optional[int] = None, rank: Optional[int] = None, 
     for name, value in (("batch", batch), ("rank", rank)):
         if value is not None and value < 0:
             raise InputError(name, f"{value} is negative")
-    reader = _cpkv.read_trace(path)
+    with _cpkv._SpooledInput(path) as spooled:  # a pipe is copied once: it is read twice below
+        try:
+            return _plan_file(spooled.path, _os.fsdecode(path), batch, rank, variant)
+        except TraceError as error:
+            if error.file != _os.fsdecode(spooled.path):
+                raise
+            raise TraceError(_os.fsdecode(path), error.line, error.field, error.reason) from None
+
+
+def _plan_file(read_path: bytes, name: str, batch: Optional[int], rank: Optional[int], variant: str) -> List[Dict[str, Any]]:
+    reader = _cpkv.read_trace(read_path)
     batches = sum(1 for _ in reader)
     if rank is not None and rank >= reader.setting.cp:
         raise InputError("rank", f"{rank} is not a rank of the trace's cp = {reader.setting.cp} group")
     if batch is not None and batch >= batches:
-        raise InputError("batch", f"{batch} is not in {path} ({batches} batches)")
-    reader = _cpkv.read_trace(path)  # the second pass streams again: one batch in memory at a time
+        raise InputError("batch", f"{batch} is not in {name} ({batches} batches)")
+    reader = _cpkv.read_trace(read_path)  # the second pass streams again: one batch in memory at a time
     out = []
     for index, each in enumerate(reader):
         if batch is None or index == batch:

@@ -119,9 +119,21 @@ def _settings(draw: st.DrawFn, cp_max: int, page_size_log2_max: int, layers_max:
     return _cpkv.Setting(cp=cp, page_size=page_size, kinds=kinds, layer_pattern=pattern, pool_pages=pool_pages, split=split)
 
 
+def _distinct(ids: List[int], pool_pages: int) -> List[int]:
+    # make_page_tables_distinct: a request names each pool page at most once (the trace reader and
+    # cpkv.validate refuse a repeat); a repeated id moves to the next id not yet used, mod the pool.
+    used = set()
+    for k, page in enumerate(ids):
+        while page in used:
+            page = (page + 1) % pool_pages
+        used.add(page)
+        ids[k] = page
+    return ids
+
+
 def _draw_batch(draw: st.DrawFn, setting: _cpkv.Setting, requests_max: int, tokens_max: int) -> _cpkv.Batch:
     # gen_batch: extends are one token, page-exact or a partial last page (1..4 pages); prefixes are
-    # 0..4 whole pages with scattered (possibly shared) ids; requests stop at the token budget.
+    # 0..4 whole pages with scattered ids (shared across requests, distinct within one); requests stop at the token budget.
     P = setting.page_size
     count = draw(st.integers(1, requests_max))
     requests = []
@@ -139,7 +151,9 @@ def _draw_batch(draw: st.DrawFn, setting: _cpkv.Setting, requests_max: int, toke
         prefix_len = prefix_pages * P
         if r > 0 and tokens + extend_len + prefix_len > tokens_max:
             break
-        ids = [draw(st.integers(0, setting.pool_pages - 1)) for _ in range(prefix_pages)]
+        prefix_pages = min(prefix_pages, setting.pool_pages)
+        prefix_len = prefix_pages * P
+        ids = _distinct([draw(st.integers(0, setting.pool_pages - 1)) for _ in range(prefix_pages)], setting.pool_pages)
         tokens += extend_len + prefix_len
         requests.append(_cpkv.Request(prefix_len=prefix_len, extend_len=extend_len, prefix_pages=ids))
     return _cpkv.Batch(requests)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,7 +41,8 @@ class InputError : public std::invalid_argument {
   std::string where_;
 };
 
-// Throws InputError when the setting or the batch is not valid (model::validate).
+// Throws InputError when the setting or the batch is not valid: model::validate, and for a batch
+// traces::check_batch, the trace reader's own check (a page twice in one request is refused).
 void require_valid(const model::Setting& setting);
 void require_valid(const model::Setting& setting, const model::Batch& batch, const std::string& where = {});
 
@@ -68,7 +70,38 @@ py::array_t<T> to_numpy(std::vector<T>&& values) {
   return to_numpy(std::move(values), {size});
 }
 
+// Runs `work` (C++ only: it must not touch Python) on a thread of its own while the calling thread
+// checks Python's signals; Ctrl-C (or a Python handler's exception) stops the run through
+// harness::request_stop, waits for it to unwind and raises; SIGTERM with its default action does the
+// same and then ends the process by SIGTERM. Exceptions of `work` are rethrown here.
+void run_interruptible(const std::function<void()>& work);
+
+// A path argument given as str, bytes or os.PathLike, as the bytes the OS sees (os.fsencode:
+// surrogateescape); TypeError naming `parameter` for anything else.
+std::string path_argument(const py::handle& path, const char* parameter);
+// A file name's bytes as Python spells them (os.fsdecode: bytes that are not UTF-8 as surrogates).
+py::str path_text(const std::string& bytes);
+
+// A trace that can be read more than once: a pipe is spooled (harness/spool.hpp) and the copy
+// removed on destruction; a file is read in place. Waiting for a pipe's writer releases the GIL and
+// answers Ctrl-C.
+class SpooledInput {
+ public:
+  explicit SpooledInput(std::string path);
+  ~SpooledInput();
+  SpooledInput(const SpooledInput&) = delete;
+  SpooledInput& operator=(const SpooledInput&) = delete;
+  const std::string& read_path() const { return read_path_; }
+  void remove();
+
+ private:
+  std::string path_;
+  std::string read_path_;
+  bool spooled_ = false;
+};
+
 void bind_errors(py::module_& m);
+void bind_files(py::module_& m);
 void bind_model(py::module_& m);
 void bind_content(py::module_& m);
 void bind_traces(py::module_& m);

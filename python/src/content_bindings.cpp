@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/model/expected.hpp"
 
@@ -89,6 +90,14 @@ void bind_keys(py::module_& m) {
   m.def("current_rows", [](const model::Setting& s, std::uint64_t seed, std::int32_t layer, const py::object& kind, std::int32_t request, std::int64_t token_first, std::int64_t token_count) {
     const std::uint32_t k = require_active_kind(s, kind, layer);
     if (request < 0 || token_first < 0 || token_count < 0) throw InputError("token_count", "request, token_first and token_count must be non-negative");
+    // Bounded by the model's limits before anything is allocated: 2**40 tokens allocated until memory ran out (issue 22, item 11).
+    if (request >= model::limits::batch_requests_max) {
+      throw InputError("request", fmt::format("{} is not a request of a batch (at most {} requests)", request, model::limits::batch_requests_max));
+    }
+    if (token_count > model::limits::request_tokens_max || token_first > model::limits::request_tokens_max - token_count) {
+      throw InputError("token_count", fmt::format("tokens [{}, {} + {}) reach past the {} tokens a request may have", token_first, token_first,
+                                                  token_count, model::limits::request_tokens_max));
+    }
     std::vector<std::uint8_t> rows;
     for (std::int64_t t = token_first; t < token_first + token_count; ++t) {
       const auto row = row_bytes_of_key(model::current_row_key(seed, layer, k, request, t), s.kinds[k].row_bytes);

@@ -38,7 +38,7 @@ void require_valid(const model::Setting& setting) {
 }
 
 void require_valid(const model::Setting& setting, const model::Batch& batch, const std::string& where) {
-  if (const auto problem = model::validate(setting, batch)) throw InputError(problem->field, problem->reason, where);
+  if (const auto problem = traces::check_batch(setting, batch)) throw InputError(problem->field, problem->reason, where);  // the reader's own check
 }
 
 std::int32_t require_rank(std::int32_t rank, std::int32_t cp) {
@@ -67,6 +67,9 @@ std::uint32_t require_kind(const model::Setting& setting, const py::object& kind
     }
     throw InputError("kind", fmt::format("'{}' is not a buffer kind of the setting", name));
   }
+  if (!PyLong_Check(kind.ptr()) || PyBool_Check(kind.ptr())) {
+    throw py::type_error(fmt::format("kind: expected an int (an index) or a str (a name), not {}", Py_TYPE(kind.ptr())->tp_name));
+  }
   const auto index = kind.cast<std::int64_t>();
   if (index < 0 || index >= static_cast<std::int64_t>(setting.kinds.size())) {
     throw InputError("kind", fmt::format("{} is not a buffer kind index of the setting's {} kinds", index, setting.kinds.size()));
@@ -79,9 +82,10 @@ void bind_errors(py::module_& m) {
     try {
       if (thrown) std::rethrow_exception(thrown);
     } catch (const traces::TraceError& e) {
-      raise_python("TraceError", py::make_tuple(e.file(), e.line(), e.field(), e.reason(), std::string(e.what())));
+      // The file name and the line as Python spells file names: a name that is not UTF-8 could not be raised at all.
+      raise_python("TraceError", py::make_tuple(path_text(e.file()), e.line(), path_text(e.field()), path_text(e.reason()), path_text(e.what())));
     } catch (const InputError& e) {
-      raise_python("InputError", py::make_tuple(e.field(), e.reason(), e.where()));
+      raise_python("InputError", py::make_tuple(path_text(e.field()), path_text(e.reason()), path_text(e.where())));
     }
   });
   m.attr("LIMITS") = py::dict(py::arg("cp_max") = model::limits::cp_max, py::arg("page_size_max") = model::limits::page_size_max,
@@ -101,6 +105,7 @@ PYBIND11_MODULE(_cpkv, m) {
   cpkv::python::bind_errors(m);
   cpkv::python::bind_model(m);
   cpkv::python::bind_content(m);
+  cpkv::python::bind_files(m);
   cpkv::python::bind_traces(m);
   cpkv::python::bind_sim(m);
   cpkv::python::bind_conformance(m);

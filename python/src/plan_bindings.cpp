@@ -36,9 +36,37 @@ model::BatchLayout checked_layout(const model::Setting& setting, const model::Ba
   return model::layout_batch(setting, batch);
 }
 
+// The batch a layout was built from: its requests' prefix page tables and current page counts
+// (issue 22, item 10: a batch of the same request count but other pages or lengths was accepted and
+// planned against the wrong slots).
 void require_same_batch(const model::BatchLayout& layout, const model::Batch& batch) {
-  if (batch.requests.size() != layout.request_first_slot.size()) {
-    throw InputError("batch", fmt::format("{} requests, but the layout was built from {}", batch.requests.size(), layout.request_first_slot.size()));
+  const std::size_t requests = layout.request_first_slot.size();
+  if (batch.requests.size() != requests) {
+    throw InputError("batch", fmt::format("{} requests, but the layout was built from {}", batch.requests.size(), requests));
+  }
+  for (std::size_t r = 0; r < requests; ++r) {
+    const model::Request& request = batch.requests[r];
+    const auto field = [r](std::string_view name) { return fmt::format("requests[{}].{}", r, name); };
+    const std::int64_t prefix_slots = layout.request_first_current_slot[r] - layout.request_first_slot[r];
+    if (prefix_slots != static_cast<std::int64_t>(request.prefix_pages.size())) {
+      throw InputError(field("prefix_pages"), fmt::format("{} pages, but the layout holds {} for this request", request.prefix_pages.size(), prefix_slots),
+                       "batch");
+    }
+    for (std::int64_t k = 0; k < prefix_slots; ++k) {
+      const model::Slot& slot = layout.slots[static_cast<std::size_t>(layout.request_first_slot[r] + k)];
+      if (slot.page_or_index != request.prefix_pages[static_cast<std::size_t>(k)]) {
+        throw InputError(fmt::format("requests[{}].prefix_pages[{}]", r, k),
+                         fmt::format("page {}, but the layout's slot holds page {}", request.prefix_pages[static_cast<std::size_t>(k)], slot.page_or_index), "batch");
+      }
+    }
+    const std::int64_t first = layout.request_first_current_index[r];
+    const std::int64_t end = r + 1 < requests ? layout.request_first_current_index[r + 1] : layout.current_pages_total;
+    std::int64_t rows = 0;
+    for (std::int64_t i = first; i < end; ++i) rows += layout.current[static_cast<std::size_t>(i)].rows_valid;
+    if (rows != request.extend_len) {
+      throw InputError(field("extend_len"), fmt::format("{}, but the layout's current pages hold {} tokens for this request", request.extend_len, rows),
+                       "batch");
+    }
   }
 }
 

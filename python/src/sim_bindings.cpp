@@ -14,6 +14,7 @@
 #include "cpkv/harness/request.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/sim/backend.hpp"
+#include "cpkv/traces/trace.hpp"
 
 namespace cpkv::python {
 namespace {
@@ -45,6 +46,9 @@ std::optional<std::int32_t> checked_layers(const py::object& layers) {
     if (layers.cast<std::string>() == "all") return std::nullopt;
     throw InputError("layers", fmt::format("'{}' is not a number or 'all'", layers.cast<std::string>()));
   }
+  if (!PyLong_Check(layers.ptr()) || PyBool_Check(layers.ptr())) {  // 2.5 and None were pybind11's RuntimeError (issue 22, item 24)
+    throw py::type_error(fmt::format("layers: expected an int or 'all', not {}", Py_TYPE(layers.ptr())->tp_name));
+  }
   const auto value = layers.cast<std::int64_t>();
   if (value < 1 || value > model::limits::layer_count_max) {
     throw InputError("layers", fmt::format("{} is not 'all' or a number in 1..{}", value, model::limits::layer_count_max));
@@ -58,12 +62,11 @@ py::dict run_source(const harness::BatchSource& source, const py::object& trace_
   const harness::ScannedSource scanned = as_input_error([&] { return harness::check_source(checked, source); });
   const std::unique_ptr<harness::Backend> backend = as_input_error([&] { return checked.backend->make(checked, {}); });
   nlohmann::json runs = nlohmann::json::array();
-  {
-    py::gil_scoped_release release;  // ranks may be threads or forked processes: none touches Python
+  run_interruptible([&] {  // ranks may be threads or forked processes: none touches Python
     harness::run_variants(checked, source, scanned, *backend, {}, [&](const harness::VariantRun& run) {
       runs.push_back(harness::run_json(run.report, run.seconds));
     });
-  }
+  });
   py::dict out = to_python(harness::replay_json(checked, scanned, backend->name(), runs));
   out["trace"] = trace_label;
   return out;
@@ -103,13 +106,12 @@ harness::CheckedRequest checked_request(std::string backend, std::string label, 
 }
 
 // backend="model": what `cpkv replay --backend model --json F` writes, with the nominal ceilings.
-py::dict run_model(const std::string& path, std::optional<std::int64_t> batch) {
+py::dict run_model(const std::string& read_path, const std::string& label, std::optional<std::int64_t> batch) {
   harness::ModelReplayOutput out;
-  {
-    py::gil_scoped_release release;
-    out = harness::model_replay(harness::BatchSource::from_trace(path, batch), path, model::CostParameters{}, {});
-  }
-  return to_python(out.json);
+  run_interruptible([&] { out = harness::model_replay(harness::BatchSource::from_trace(read_path, batch), label, model::CostParameters{}, {}); });
+  py::dict json = to_python(out.json);
+  json["trace"] = path_text(label);  // as the simulator's dict names it
+  return json;
 }
 
 }  // namespace
@@ -126,14 +128,21 @@ void bind_sim(py::module_& m) {
     mutants[py::str(std::string(row.name))] = py::make_tuple(row.invariant, py::tuple(held));
   }
   m.attr("MUTANTS") = mutants;
-  m.def("replay", [](const std::string& path, std::string backend, std::string variant, std::optional<std::string> ranks_as,
+  m.def("replay", [](const py::object& path_object, std::string backend, std::string variant, std::optional<std::string> ranks_as,
                      std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::optional<std::int64_t> batch, std::string mutant,
                      std::optional<std::int64_t> wait_ms_max, std::optional<std::int64_t> stuck_ms_max, bool swarm, std::int32_t ipc_missing_rank) {
     const PyRequest p{std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), std::move(mutant),
                       wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank};
+    const std::string path = path_argument(path_object, "path");
     const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
-    if (!checked.backend->moves_content) return run_model(path, batch);
-    return run_source(harness::BatchSource::from_trace(path, batch), py::str(path), checked);
+    const SpooledInput input(path);  // a pipe is read more than once: the scan, then every rank and variant
+    try {
+      if (!checked.backend->moves_content) return run_model(input.read_path(), path, batch);
+      return run_source(harness::BatchSource::from_trace(input.read_path(), batch), path_text(path), checked);
+    } catch (const traces::TraceError& e) {
+      if (e.file() != input.read_path()) throw;
+      throw traces::TraceError(path, e.line(), e.field(), e.reason());  // the name the caller gave, not the spool's
+    }
   }, py::arg("path"), py::arg("backend") = "sim", py::arg("variant") = "all", py::arg("ranks_as") = py::none(), py::arg("schedule") = py::none(),
         py::arg("seed") = 1, py::arg("layers") = 4, py::arg("batch") = py::none(), py::arg("mutant") = "none", py::arg("wait_ms_max") = py::none(),
         py::arg("stuck_ms_max") = py::none(), py::arg("swarm") = false, py::arg("ipc_missing_rank") = -1,

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/model/assert.hpp"
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/traces/trace.hpp"
 #include "fault_injector.hpp"
@@ -157,6 +158,10 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.failure = fmt::format("step limit {} reached", limits.steps_max);
       return false;
     }
+    if (steps % 256 == 0 && harness::stop_requested() != 0) {  // a front end's stop (harness/interrupt.hpp)
+      report.failure = fmt::format("stopped: interrupted (signal {})", harness::stop_requested());
+      return false;
+    }
     RankMachine& chosen = machines[runnable[scheduler.pick(runnable.size())]];
     if (record_events) {
       const Step& s = *chosen.next_step();
@@ -239,6 +244,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
   FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
   const auto run_program = [&]() -> int {
     while (!machine.finished()) {
+      if (harness::stop_requested() != 0) return kRankLeftForAStoppedPeer;  // a front end's stop: the run is abandoned
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
@@ -250,7 +256,9 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
       }
       while (!machine.runnable()) {
         if (++spins > 64) injector.between_polls();
-        if (peers_stopped != nullptr && spins % 64 == 0 && peers_stopped->load(std::memory_order_relaxed)) return kRankLeftForAStoppedPeer;
+        if (spins % 64 == 0 && ((peers_stopped != nullptr && peers_stopped->load(std::memory_order_relaxed)) || harness::stop_requested() != 0)) {
+          return kRankLeftForAStoppedPeer;
+        }
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
           Violation v;
           v.invariant = 8;

@@ -189,7 +189,25 @@ std::uint64_t World::reserved_bytes(const WorldGeometry& g) {
   return sum_bytes(reserved_ranges(g, carve_world(g, carve)));
 }
 
-void World::check_space(const WorldGeometry& g) { check_needed(reserved_bytes(g)); }
+// A region is mapped whole, its pools sparse (only the pages a batch touches are reserved). Linux
+// on x86-64 and aarch64 gives a process 128 TiB of address space (47-bit), so no mapping above
+// half of it can be made: a trace at the pool limit (2^31 - 1 pages, P 256, three kinds: 2 PiB)
+// failed in mmap after the run's header, exit 1 (issue 22, item 13). It is refused here, before
+// any output, as a run this machine cannot hold.
+constexpr std::uint64_t kMappingBytesMax = std::uint64_t{1} << 46;
+
+void World::check_space(const WorldGeometry& g) {
+  const Offsets off = carve_world(g, carve_for(g));
+  if (off.total > kMappingBytesMax) {
+    const std::uint64_t needed = sum_bytes(reserved_ranges(g, off));
+    throw SharedMemoryFull(fmt::format("the simulated group would map {} GiB of shared memory ({} bytes: the pool slabs of {} pages a rank are mapped whole), "
+                                       "more than the {} GiB one process can map, to reserve {} of it; /dev/shm has {} free "
+                                       "(lower pool_pages, page_size or the buffer kinds)",
+                                       off.total >> 30, off.total, g.pool_pages_per_rank, kMappingBytesMax >> 30, harness::size_text(needed),
+                                       harness::size_text(shm_free_bytes())));
+  }
+  check_needed(sum_bytes(reserved_ranges(g, off)));
+}
 
 World::World(const WorldGeometry& g, std::uint64_t seed)
     : geometry_(g),

@@ -161,4 +161,32 @@ std::string join_path(std::string_view path, std::string_view key) {
 
 std::string index_path(std::string_view path, std::size_t index) { return fmt::format("{}[{}]", path, index); }
 
+LineRead read_line(std::istream& in, std::string& text) {
+  text.clear();
+  char chunk[1 << 16];
+  bool any = false;
+  while (true) {
+    in.getline(chunk, sizeof chunk);  // NUL bytes are kept: the count, not strlen, says what was read
+    if (in.bad()) return LineRead::end;  // the caller names the read error
+    const auto got = static_cast<std::size_t>(in.gcount());
+    const bool chunk_full = in.fail() && !in.eof() && !in.bad() && got == sizeof chunk - 1;  // no newline yet
+    if (chunk_full) {
+      if (text.size() + got > kLineBytesMax) return LineRead::too_long;
+      text.append(chunk, got);
+      in.clear();
+      any = true;
+      continue;
+    }
+    const bool newline = !in.fail() && !in.eof();  // the delimiter was extracted and counted
+    const std::size_t kept = newline && got > 0 ? got - 1 : got;
+    if (text.size() + kept > kLineBytesMax) return LineRead::too_long;
+    text.append(chunk, kept);
+    if (newline || kept > 0 || any) {
+      if (!newline) in.clear(in.rdstate() & ~std::ios::failbit);  // a last line without '\n' reads as a line
+      return LineRead::line;
+    }
+    return LineRead::end;
+  }
+}
+
 }  // namespace cpkv::traces::detail

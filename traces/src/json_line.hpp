@@ -7,11 +7,17 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <istream>
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+namespace cpkv::traces {
+class TraceError;
+}
 
 namespace cpkv::traces::detail {
 
@@ -36,5 +42,19 @@ std::string clip(std::string_view text, std::size_t max_bytes);
 // `caps.staging_mib`, `requests` + 3 is `requests[3]`; the key is clipped for the error line.
 std::string join_path(std::string_view path, std::string_view key);
 std::string index_path(std::string_view path, std::size_t index);
+
+// The longest line either reader takes (traces/README.md states it): a line holding one request
+// at model::limits::request_tokens_max with page_size 1 (2^24 page ids of up to 10 digits, 185 MB)
+// fits. A longer line is refused once this many bytes are read, so a file of no newlines (1 GiB of
+// NUL bytes took 2.1 GB and 5.8 s: issue 22, item 11) costs at most this much memory.
+inline constexpr std::size_t kLineBytesMax = std::size_t{256} << 20;
+
+// The result of read_line.
+enum class LineRead { line, end, too_long };
+// Reads the next line of `in` into `text` (without its '\n'; the last line may lack one), in
+// chunks, never holding more than kLineBytesMax bytes of it: too_long once the line has more.
+LineRead read_line(std::istream& in, std::string& text);
+// The refusal of a line longer than kLineBytesMax, at `line` of `file`.
+TraceError line_too_long(const std::string& file, std::int64_t line);
 
 }  // namespace cpkv::traces::detail

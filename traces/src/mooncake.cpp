@@ -48,8 +48,11 @@ MooncakeReader::MooncakeReader(std::unique_ptr<std::istream> in, std::string nam
 
 std::optional<MooncakeRequest> MooncakeReader::next() {
   std::string text;
-  while (std::getline(*in_, text)) {
+  while (true) {
+    const detail::LineRead read = detail::read_line(*in_, text);
+    if (read == detail::LineRead::end) break;
     ++line_;
+    if (read == detail::LineRead::too_long) throw detail::line_too_long(name_, line_);  // never skipped: the rest of the line is not read
     try {
       MooncakeRequest request = parse(text);
       last_timestamp_ms_ = request.timestamp_ms;

@@ -321,6 +321,12 @@ std::optional<model::Problem> detail::RepeatedPages::find(const model::Batch& ba
   return repeated_prefix_page(batch, sorted_);
 }
 
+std::optional<model::Problem> check_batch(const model::Setting& setting, const model::Batch& batch) {
+  if (std::optional<model::Problem> problem = model::validate(setting, batch)) return problem;
+  std::vector<std::int64_t> sorted;  // the sort alone: a bitset over a pool of 2^31 pages per call would cost 256 MiB
+  return repeated_prefix_page(batch, sorted);
+}
+
 namespace {
 
 void check_batch_number(const LineChecker& checker, std::int64_t index, std::int64_t expected_index) {
@@ -537,9 +543,16 @@ TraceReader::TraceReader(std::unique_ptr<std::istream> in, std::string name) : i
 
 TraceReader::~TraceReader() = default;
 
+TraceError detail::line_too_long(const std::string& file, std::int64_t line) {
+  return TraceError(file, line, "json", fmt::format("the line is longer than {} MiB, the longest line a trace may have (traces/README.md)",
+                                                    detail::kLineBytesMax >> 20));
+}
+
 void TraceReader::read_header() {
   std::string text;
-  if (!std::getline(*in_, text)) {
+  const detail::LineRead read = detail::read_line(*in_, text);
+  if (read == detail::LineRead::too_long) throw detail::line_too_long(name_, 1);
+  if (read == detail::LineRead::end) {
     if (in_->bad()) throw TraceError(name_, 1, "file", "read error");
     throw TraceError(name_, 1, "header", "the file is empty (expected the trace header on line 1)");
   }
@@ -556,7 +569,9 @@ std::optional<model::Batch> TraceReader::next() {
 }
 
 bool TraceReader::next(model::Batch& batch) {
-  if (!std::getline(*in_, text_)) {
+  const detail::LineRead read = detail::read_line(*in_, text_);
+  if (read == detail::LineRead::too_long) throw detail::line_too_long(name_, line_ + 1);
+  if (read == detail::LineRead::end) {
     if (in_->bad()) throw TraceError(name_, line_ + 1, "file", "read error");
     return false;
   }

@@ -38,6 +38,16 @@ void set_activity(const std::string& what);
 // The signal that interrupted this process, or 0.
 int interrupted();
 
+// A stop asked by a front end that owns the process and keeps running it (Python's replay() on
+// Ctrl-C or SIGTERM, issue 22 item 8): every tracked rank process and helper group is SIGKILLed at
+// once, and the launcher, rank threads, the scheduled runner and the variant loop end at their next
+// check (each within a poll or a step), unwinding normally so that every region and temporary file
+// is removed by its owner. The process is not ended. clear_stop() before the next run.
+void request_stop(int signal_number);
+void clear_stop();
+// The signal given to request_stop, or 0.
+int stop_requested();
+
 // Shared-memory names (shm_open names) and rank pids the watcher cleans up on interruption.
 // Tracking a name before creating it closes the window where a signal would leak it.
 void track_region(const std::string& name);

@@ -120,6 +120,12 @@ std::optional<BatchLine> read_batch_line_fast(const std::string& text);
 BatchLine read_batch_line_dom(const std::string& text, const std::string& file, std::int64_t line, std::int64_t expected_index);
 }  // namespace detail
 
+// Everything the reader checks of a batch once its line has the right shape: model::validate, then
+// no request naming one prefix page twice. The one batch check of the front ends that take batches
+// from memory (Python's validate(), replay_batches(), TraceWriter), so that none passes a batch the
+// reader refuses (issue 22, item 10).
+std::optional<model::Problem> check_batch(const model::Setting& setting, const model::Batch& batch);
+
 nlohmann::json header_to_json(const TraceHeader& header);
 nlohmann::json batch_to_json(const model::Batch& batch, std::int64_t batch_index);
 // The same line as batch_to_json(batch, batch_index).dump(), byte for byte, written straight into
