@@ -1,6 +1,9 @@
 // The cpkv subcommands. Each registers itself on the app and runs when selected.
 #pragma once
 
+#include <optional>
+#include <string>
+
 #include <stdexcept>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +31,6 @@ void register_soak(CLI::App& app);
 void register_import(CLI::App& app);
 void register_bench(CLI::App& app);  // only in builds with the CUDA backend
 // `cpkv mutants --backend cuda`: the GPU planted bugs and the verify self-test (CUDA builds only).
-void run_gpu_mutants();
+void run_gpu_mutants(const std::optional<std::string>& exchange);
 
 }  // namespace cpkv::cli

@@ -3,6 +3,8 @@
 // Each bug must be reported with the rank, layer, slot and byte of the first wrong byte (or, for a
 // barrier, a violation); the correct protocol must pass the same runs.
 #include <cstdio>
+#include <memory>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,10 +15,41 @@
 
 namespace cpkv::cli {
 
-void run_gpu_mutants() {
+namespace {
+
+// The plugin and the planted bugs that reach it: the ones it holds itself, then the harness's that
+// corrupt an input it reads (the request's own check says which).
+std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& path, std::vector<harness::Mutant>& mutants) {
+  try {
+    auto plugin = harness::load_exchange_plugin(path);
+    for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
+    for (harness::Mutant m : harness::kHarnessMutants) {
+      const std::uint32_t needs = m == harness::Mutant::stale_page_inverse ? CPKV_USES_INVERSE : m == harness::Mutant::reused_plan ? CPKV_USES_PLAN : CPKV_USES_ROWS;
+      if ((plugin->uses & needs) != 0) mutants.push_back(m);
+    }
+    if (!plugin->implements(model::Variant::staging_direct)) {
+      throw harness::RequestError("exchange", fmt::format("{}: exchange plugin '{}' does not implement staging_direct, the planted-bug workload's variant", path, plugin->name));
+    }
+    return plugin;
+  } catch (const harness::RequestError& e) {
+    throw OptionError(e.cli_message());
+  }
+}
+
+}  // namespace
+
+void run_gpu_mutants(const std::optional<std::string>& exchange) {
+  std::vector<harness::Mutant> mutants(harness::kGpuMutants.begin(), harness::kGpuMutants.end());
+  cuda::CudaOptions cuda_options;
+  if (exchange) {
+    mutants.clear();
+    cuda_options.exchange = load_plugin(*exchange, mutants);
+  }
   const int gpus = cuda::gpu_count();
   if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
-  fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k\n", gpus, cuda::kGpuMutantLayers);
+  fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k{}\n", gpus, cuda::kGpuMutantLayers,
+             exchange ? fmt::format(" | exchange plugin '{}' ({}): two batches, so a first batch's plan or inverse is stale in the second",
+                                    cuda_options.exchange->name, *exchange) : "");
   bool ok = true;
   const cuda::VerifySelfTest self = cuda::verify_self_test();
   const bool located = self.failure.empty() && self.wrong_bytes_clean == 0 && self.wrong_bytes_corrupted == 1 && self.slot == self.planted_slot &&
@@ -28,9 +61,9 @@ void run_gpu_mutants() {
              located ? "passes" : "FAILS", self.wrong_bytes_clean, self.planted_slot, self.planted_row, self.planted_byte, self.planted_expected,
              self.planted_actual, self.wrong_bytes_corrupted, self.slot, self.row, self.byte, self.expected, self.actual, self.failure);
   fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "mutant", "cp", "gpus", "caught", "first finding");
-  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+  auto backend = cuda::make_cuda_backend(cuda_options);
   for (const std::int32_t cp : {2, 4, 8}) {
-    const harness::BatchSource source = cuda::gpu_mutant_source(cp);
+    const harness::BatchSource source = exchange ? cuda::gpu_plugin_mutant_source(cp) : cuda::gpu_mutant_source(cp);
     harness::RunOptions options;
     options.variant = model::Variant::staging_direct;
     options.layers = cuda::kGpuMutantLayers;
@@ -38,7 +71,7 @@ void run_gpu_mutants() {
     const harness::RunReport clean = backend->run(source, options);
     ok = ok && clean.passed();
     fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "none", cp, std::min(gpus, cp), clean.passed() ? "passes" : "FAILS", cuda::first_finding(clean));
-    for (harness::Mutant mutant : harness::kGpuMutants) {
+    for (harness::Mutant mutant : mutants) {
       options.mutant = mutant;
       const harness::RunReport report = backend->run(source, options);
       const bool caught = !report.passed();

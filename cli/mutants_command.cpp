@@ -22,6 +22,7 @@ struct MutantsOptions {
   std::optional<int> cases;
   bool every_property = false;
   std::string backend = "sim";
+  std::optional<std::string> exchange;  // cuda: an exchange plugin (include/cpkv/exchange_abi.h)
 };
 
 // RapidCheck reads RC_PARAMS on first use and ends the process (status 1, several lines) when it
@@ -74,9 +75,10 @@ std::vector<std::string> print_coverage(const properties::MutantRow& row, const 
 
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
+  if (o.exchange && o.backend != "cuda") throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on cuda)", o.backend));
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
-    run_gpu_mutants();
+    run_gpu_mutants(o.exchange);
     return;
 #else
     throw OptionError("--backend cuda: not available in this build (needs nvcc and NCCL at configure time)");
@@ -122,6 +124,9 @@ void register_mutants(CLI::App& app) {
       ->check(whole_in<int>(1, static_cast<int>(option_limits::repetitions_max)));
   cmd->add_flag("--every-property", o->every_property, "after the first catch, run the other scheduled properties too (slower)");
   cmd->add_option("--backend", o->backend, "sim (the property suite) or cuda (the GPU planted bugs on 2+ GPUs and the verify self-test)")->capture_default_str();
+  cmd->add_option("--exchange", o->exchange,
+                  "cuda: the planted bugs against this exchange plugin instead of cpkv's own: the ones it holds itself and the harness's "
+                  "that reach what it reads (stale_page_inverse, reused_plan, unzeroed_rows)");
   cmd->callback([o] { run_mutants(*o); });
 }
 

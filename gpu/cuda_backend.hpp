@@ -107,6 +107,9 @@ model::Setting gpu_small_setting(std::int32_t cp);
 // prefix, partial last pages (zero tails) and a page for every rank to write.
 harness::BatchSource gpu_mutant_source(std::int32_t cp);
 inline constexpr std::int32_t kGpuMutantLayers = 4;
+// The workload of a plugin's planted bugs: gpu_mutant_source(cp)'s batch, then a second of another
+// shape (the harness's stale plan and page inverse only show in a batch after the first).
+harness::BatchSource gpu_plugin_mutant_source(std::int32_t cp);
 // The report's first finding in one line (the first wrong byte, located, or the first violation, or
 // the failure); empty when the run was clean.
 std::string first_finding(const harness::RunReport& report);

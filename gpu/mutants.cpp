@@ -36,6 +36,14 @@ harness::BatchSource gpu_mutant_source(std::int32_t cp) {
   return harness::BatchSource::from_batches(s, {b});
 }
 
+harness::BatchSource gpu_plugin_mutant_source(std::int32_t cp) {
+  const harness::BatchSource first = gpu_mutant_source(cp);
+  model::Batch second;
+  second.requests.push_back({0, 16 * cp + 3, {}});      // current pages first: every slot's source moves
+  second.requests.push_back({48, 20, {1, 5, 30}});      // 3 prefix pages, 2 current pages (the last 4 rows)
+  return harness::BatchSource::from_batches(first.setting, {first.batches.front(), second});
+}
+
 std::string first_finding(const harness::RunReport& report) {
   for (const harness::Totals& t : report.ranks) {
     if (t.mismatches > 0) return t.first_mismatch;
