@@ -134,7 +134,16 @@ model::CostParameters bench_ceilings(const nlohmann::json& m, const std::string&
 }
 }  // namespace
 
-model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile* file) {
+namespace {
+// A whole number the file gives for `key` (cp, page_size), or none.
+std::optional<std::int64_t> shape_number(const nlohmann::json& j, const char* key, const std::string& file) {
+  if (!j.contains(key)) return std::nullopt;
+  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 1) throw OptionError(fmt::format("--ceilings: {}: \"{}\" must be a whole number >= 1", file, key));
+  return j[key].get<std::int64_t>();
+}
+}  // namespace
+
+model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile* file, CeilingsShape* shape) {
   model::CostParameters c;
   if (o.ceilings_path) {
     std::ifstream in(file->path());
@@ -146,6 +155,7 @@ model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile
       throw OptionError(fmt::format("--ceilings: cannot read {}: {}", *o.ceilings_path, e.what()));
     }
     if (j.is_discarded() || !j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
+    if (shape != nullptr) *shape = {shape_number(j, "cp", *o.ceilings_path), shape_number(j, "page_size", *o.ceilings_path)};
     if (j.contains("ceilings") && j["ceilings"].is_object()) {
       c = bench_ceilings(j["ceilings"], *o.ceilings_path);  // a cpkv bench JSON: what it measured, derived as the bench derives it
     } else {
@@ -266,7 +276,8 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
 }  // namespace
 
 bool ModelReplayOptions::given() const {
-  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || dense_slots || chart_path || repeat != 1 || exact_model;
+  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || dense_slots || chart_path || per_batch_path ||
+         staging_mib || ceilings_any || repeat != 1 || exact_model;
 }
 
 void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
@@ -286,22 +297,81 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   cmd->add_option("--dense-slots", o.dense_slots, "model: slots of the dense buffer the dense all-reduce variants zero every layer (default: each batch's own)")
       ->check(whole_in<std::int64_t>(1, std::numeric_limits<std::int32_t>::max()))->group(group);
   cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib; a regular file)")->group(group);
+  cmd->add_option("--per-batch", o.per_batch_path,
+                  "model: write one record per batch (counts, verdict, and per variant its modelled time, bytes and time components): CSV when "
+                  "the name ends .csv, else JSON Lines (a regular file)")->group(group);
+  cmd->add_option("--staging-mib", o.staging_mib, "model: staging size in MiB for the overflow verdict (overrides the trace's caps and staging size)")
+      ->check(whole_in<std::int64_t>(1, std::int64_t{1} << 30))->group(group);
+  cmd->add_flag("--ceilings-any", o.ceilings_any, "model: use a --ceilings file measured at another cp or page size than the trace's")->group(group);
   cmd->add_option("--repeat", o.repeat, "model: evaluate every batch N times (timing only; the summary counts each batch once)")
       ->check(whole_in<std::int64_t>(1, option_limits::repetitions_max))->capture_default_str()->group(group);
   cmd->add_flag("--exact-model", o.exact_model, "model: also build every rank's plan with the model and check the bytes agree (slow)")->group(group);
 }
 
+namespace {
+
+// --ceilings measured at another setting than the trace's: refused unless --ceilings-any.
+void check_ceilings_shape(const ModelReplayRun& run, const ModelReplayOptions& o, const model::Setting& setting) {
+  const CeilingsShape& shape = run.ceilings_shape;
+  const bool other_cp = shape.cp && *shape.cp != setting.cp;
+  const bool other_page = shape.page_size && *shape.page_size != setting.page_size;
+  if (o.ceilings_any || (!other_cp && !other_page)) return;
+  const std::string page = shape.page_size ? std::to_string(*shape.page_size) : "not recorded";
+  throw OptionError(fmt::format("--ceilings: {} was measured at cp {}, page size {}; the trace {} is cp {}, page size {} "
+                                "(--ceilings-any uses it anyway)", *o.ceilings_path, shape.cp ? std::to_string(*shape.cp) : "not recorded", page,
+                                run.trace_name, setting.cp, setting.page_size));
+}
+
+// The columns of a --per-batch record: the batch's, then per variant (model_replay.cpp variant_record).
+constexpr const char* kBatchColumns[] = {"batch", "requests", "extend_tokens", "prefix_tokens", "current_pages", "slots", "staging_slots", "verdict"};
+constexpr const char* kVariantColumns[] = {"ms", "copies_ms", "barrier_ms", "allreduce_ms", "peer_bytes_max", "local_copy_bytes_max", "allreduce_bytes"};
+
+std::string csv_cell(const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); }
+
+// --per-batch: CSV when the name ends .csv (a rejected variant's cells empty), else JSON Lines.
+void write_per_batch(OutputFile& file, const std::vector<nlohmann::json>& records) {
+  std::ostream& out = file.stream();
+  if (!file.path().ends_with(".csv")) {
+    for (const nlohmann::json& record : records) out << record.dump() << '\n';
+    return file.commit();
+  }
+  std::vector<std::string> header(std::begin(kBatchColumns), std::end(kBatchColumns));
+  for (model::Variant v : model::kAllVariants) {
+    for (const char* column : kVariantColumns) header.push_back(fmt::format("{}_{}", model::to_string(v), column));
+  }
+  out << fmt::format("{}\n", fmt::join(header, ","));
+  for (const nlohmann::json& record : records) {
+    std::vector<std::string> cells;
+    for (const char* column : kBatchColumns) cells.push_back(csv_cell(record[column]));
+    for (model::Variant v : model::kAllVariants) {
+      const nlohmann::json& costs = record["variants"][std::string(model::to_string(v))];
+      for (const char* column : kVariantColumns) cells.push_back(costs.is_null() ? "" : csv_cell(costs[column]));
+    }
+    out << fmt::format("{}\n", fmt::join(cells, ","));
+  }
+  file.commit();
+}
+
+}  // namespace
+
 // The summary is composed in memory and printed only after every output file is written: a failed
 // write leaves nothing on stdout but the error.
 void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
   const harness::BatchSource source = harness::BatchSource::from_trace(run.trace_path, run.batch);
+  check_ceilings_shape(run, o, source.setting);
   harness::ModelReplayOptions options;
   options.dense_slots = o.dense_slots.value_or(0);
   options.repeat = o.repeat;
   options.exact_model = o.exact_model;
+  options.staging_mib = o.staging_mib;
+  options.per_batch = run.per_batch != nullptr;
   harness::ModelReplayOutput out = harness::model_replay(source, run.trace_name, run.ceilings, options);
   if (run.batch && out.json["batches"].get<std::int64_t>() == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
   if (run.json) run.json->write(out.json.dump(2) + "\n");
+  if (run.per_batch) {
+    write_per_batch(*run.per_batch, out.per_batch);
+    out.text += fmt::format("  per batch: {}\n", run.per_batch->path());
+  }
   if (run.chart) {
     const model::Setting& setting = source.setting;
     write_chart(*run.chart, fmt::format("{}: modelled exchange time per batch (cp {}, {} layers; ceilings: {})", run.trace_name, setting.cp,

@@ -23,6 +23,9 @@ struct ModelReplayOptions {
   std::optional<double> gather_fixed_us;
   std::optional<std::int64_t> dense_slots;
   std::optional<std::string> chart_path;
+  std::optional<std::string> per_batch_path;
+  std::optional<std::int64_t> staging_mib;
+  bool ceilings_any = false;
   std::int64_t repeat = 1;
   bool exact_model = false;
   bool given() const;  // any of these set (they mean something only with --backend model)
@@ -34,9 +37,17 @@ class OutputFile;
 // Adds the options above to the replay subcommand.
 void add_model_replay_options(CLI::App* replay, ModelReplayOptions& options);
 
+// The setting a --ceilings file was measured at, where it says (a cpkv bench JSON's "cp" and
+// "page_size"; a flat file's, when it has them).
+struct CeilingsShape {
+  std::optional<std::int64_t> cp;
+  std::optional<std::int64_t> page_size;
+};
+
 // The ceilings of the modelled time: the --ceilings file (already checked as an input) and the
-// command-line values. Throws OptionError (exit 2) for a bad file or value.
-model::CostParameters load_ceilings(const ModelReplayOptions& options, const InputFile* ceilings_file);
+// command-line values. Throws OptionError (exit 2) for a bad file or value. `shape`, when given,
+// gets the file's setting.
+model::CostParameters load_ceilings(const ModelReplayOptions& options, const InputFile* ceilings_file, CeilingsShape* shape = nullptr);
 
 // --chart needs python3 with matplotlib: refused before any work when it is missing.
 void check_chart_tools();
@@ -49,6 +60,8 @@ struct ModelReplayRun {
   model::CostParameters ceilings;
   OutputFile* json = nullptr;           // --json, checked
   OutputFile* chart = nullptr;          // --chart, checked
+  OutputFile* per_batch = nullptr;      // --per-batch, checked
+  CeilingsShape ceilings_shape;         // --ceilings: the file's cp and page size
 };
 
 void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& options);

@@ -48,9 +48,11 @@ struct CheckedReplay {
   std::unique_ptr<InputFile> schedule_file;
   std::unique_ptr<InputFile> ceilings_file;
   std::optional<model::CostParameters> ceilings;  // --backend model
+  CeilingsShape ceilings_shape;
   std::unique_ptr<OutputFile> json;
   std::unique_ptr<OutputFile> event_log;
   std::unique_ptr<OutputFile> chart;
+  std::unique_ptr<OutputFile> per_batch;
 };
 
 std::optional<std::int32_t> parse_layers(const std::string& text) {
@@ -71,20 +73,22 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   const harness::Registry& registry = backends();
   const harness::BackendEntry* entry = registry.find(o.request.backend);
   if (entry && entry->moves_content && o.model.given()) {
-    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --repeat and --exact-model need --backend model");
+    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --repeat and --exact-model need --backend model");
   }
   if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
   }
   c.request = checked_request(o.request);
   if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
-  if (!c.request.backend->moves_content) c.ceilings = load_ceilings(o.model, c.ceilings_file.get());
+  if (!c.request.backend->moves_content) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
   // Every rank reopens the trace: a pipe is read once, into a private spool file.
   c.trace = std::make_unique<InputFile>("trace", o.trace_path, /*spool=*/true);
   if (o.json_path) c.json = std::make_unique<OutputFile>("--json", *o.json_path);
   if (o.event_log_path) c.event_log = std::make_unique<OutputFile>("--event-log", *o.event_log_path);
   if (o.model.chart_path) c.chart = std::make_unique<OutputFile>("--chart", *o.model.chart_path);
-  refuse_same_files({c.trace.get(), c.schedule_file.get(), c.ceilings_file.get()}, {c.json.get(), c.event_log.get(), c.chart.get()});
+  if (o.model.per_batch_path) c.per_batch = std::make_unique<OutputFile>("--per-batch", *o.model.per_batch_path);
+  refuse_same_files({c.trace.get(), c.schedule_file.get(), c.ceilings_file.get()},
+                    {c.json.get(), c.event_log.get(), c.chart.get(), c.per_batch.get()});
   if (c.chart) check_chart_tools();
 }
 
@@ -181,7 +185,7 @@ void run_replay(ReplayOptions& o) {
   CheckedReplay c;
   check_replay(o, c);
   if (!c.request.backend->moves_content) {
-    ModelReplayRun run{o.trace_path, c.trace->path(), o.request.batch, *c.ceilings, c.json.get(), c.chart.get()};
+    ModelReplayRun run{o.trace_path, c.trace->path(), o.request.batch, *c.ceilings, c.json.get(), c.chart.get(), c.per_batch.get(), c.ceilings_shape};
     return run_model_replay(run, o.model);
   }
   run_backend(c);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -66,42 +67,131 @@ void check_against_model(const model::Setting& setting, const model::Batch& batc
   }
 }
 
+// One variant's cost of one batch, from model/costs.hpp's functions, with the parts they compute
+// apart: all layers, the slowest rank's time (barriers and collectives hold every layer to it).
+struct VariantCost {
+  double us = 0, barrier_us = 0, allreduce_us = 0;
+  std::vector<std::uint64_t> pulled;  // [rank]: bytes pulled from peers (LayerBytes::pulled_from_peers)
+  std::uint64_t local_copy_bytes = 0; // the most any rank copies locally
+  std::uint64_t allreduce_bytes = 0;  // summed by one rank's all-reduces (the same on every rank)
+};
+
+// The model's time of a variant layer by layer class, as model::CostModel::evaluate sums it, for
+// the batches and parts CostModel does not give: an overflowing batch's variants without staging,
+// and the per-batch components (layer_copy_us less the barrier, the barrier, allreduces_us).
+class VariantCoster {
+ public:
+  VariantCoster(const model::Setting& setting, const model::CostParameters& ceilings, std::int64_t dense_slots)
+      : setting_(setting), ceilings_(ceilings), dense_slots_(dense_slots) {
+    for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
+      LayerClass& c = setting.layer_is_full(layer) ? classes_[0] : classes_[1];
+      if (c.count++ == 0) c.layer = layer;
+    }
+  }
+  VariantCost operator()(const BatchCounts& counts, model::Variant variant) const {
+    VariantCost cost;
+    cost.pulled.assign(setting_.cp, 0);
+    for (const LayerClass& c : classes_) {
+      if (c.count == 0) continue;
+      const std::uint64_t page_bytes = setting_.row_bytes_on_layer(c.layer) * static_cast<std::uint32_t>(setting_.page_size);
+      double slowest_us = 0, barrier_us = 0;
+      std::uint64_t local = 0;
+      for (std::int32_t rank = 0; rank < setting_.cp; ++rank) {
+        const model::LayerBytes bytes = model::layer_bytes_from_counts(setting_, counts, variant, rank, c.layer);
+        cost.pulled[rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(c.count);
+        slowest_us = std::max(slowest_us, model::layer_copy_us(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
+        barrier_us = bytes.barriers * ceilings_.barrier_us;
+        local = std::max(local, bytes.local_copy_bytes);
+        if (rank == 0) cost.allreduce_bytes += bytes.allreduce_bytes * static_cast<std::uint64_t>(c.count);
+      }
+      const double allreduce_us = model::allreduces_us(setting_, counts, variant, c.layer, ceilings_);
+      cost.local_copy_bytes += local * static_cast<std::uint64_t>(c.count);
+      cost.barrier_us += barrier_us * c.count;
+      cost.allreduce_us += allreduce_us * c.count;
+      cost.us += (slowest_us + allreduce_us) * c.count;
+    }
+    return cost;
+  }
+
+ private:
+  struct LayerClass {
+    std::int32_t layer = -1, count = 0;
+  };
+  model::Setting setting_;
+  model::CostParameters ceilings_;
+  std::int64_t dense_slots_ = 0;
+  std::array<LayerClass, 2> classes_{};  // full layers, shared layers: bytes depend on the layer only through its class
+};
+
 // What one pass over the trace gathers.
 struct ModelTotals {
   std::int64_t batches = 0, requests = 0, prefix_tokens = 0, extend_tokens = 0;
   std::vector<std::int64_t> current_pages;
   std::vector<RejectedBatch> rejected;
-  std::vector<std::int64_t> batch_index;                                     // batches that moved bytes
+  std::array<std::int64_t, kVariantCount> rejected_per_variant{};
+  std::vector<std::int64_t> batch_index;
   std::array<std::vector<double>, kVariantCount> pulled_per_rank_per_layer;  // samples: (batch, rank)
-  std::vector<std::array<double, kVariantCount>> batch_ms;
+  std::vector<std::array<double, kVariantCount>> batch_ms;                    // NaN: rejected for the variant
+  std::vector<nlohmann::json> per_batch;
   std::array<double, kVariantCount> total_ms{};
   double model_seconds = 0, read_seconds = 0;
   std::int64_t evaluations = 0;
 };
 
-void add_batch(const model::Setting& setting, const BatchCosts& costs, std::int64_t index, ModelTotals& t) {
+nlohmann::json batch_record(const BatchCosts& costs, std::int64_t index) {
+  const BatchCounts& c = costs.counts;
+  return {{"batch", index}, {"requests", c.requests}, {"extend_tokens", c.extend_tokens}, {"prefix_tokens", c.prefix_tokens},
+          {"current_pages", c.current_pages_total}, {"slots", c.slot_count}, {"staging_slots", costs.verdict.staging_slots},
+          {"verdict", costs.verdict.overflow ? "overflow" : "ok"}, {"variants", nlohmann::json::object()}};
+}
+
+nlohmann::json variant_record(const VariantCost& cost) {
+  return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - cost.barrier_us - cost.allreduce_us) / 1000.0},
+          {"barrier_ms", cost.barrier_us / 1000.0}, {"allreduce_ms", cost.allreduce_us / 1000.0},
+          {"peer_bytes_max", *std::max_element(cost.pulled.begin(), cost.pulled.end())}, {"local_copy_bytes_max", cost.local_copy_bytes},
+          {"allreduce_bytes", cost.allreduce_bytes}};
+}
+
+void add_batch(const model::Setting& setting, const BatchCosts& costs, const VariantCoster& coster, bool per_batch, std::int64_t index,
+               ModelTotals& t) {
   ++t.batches;
   t.requests += costs.counts.requests;
   t.prefix_tokens += costs.counts.prefix_tokens;
   t.extend_tokens += costs.counts.extend_tokens;
   t.current_pages.push_back(costs.counts.current_pages_total);
-  if (costs.verdict.overflow) {
-    t.rejected.push_back({index, costs.verdict});
-    return;
-  }
+  const bool overflow = costs.verdict.overflow;
+  if (overflow) t.rejected.push_back({index, costs.verdict});
+  nlohmann::json record = per_batch ? batch_record(costs, index) : nlohmann::json();
   const double layers = setting.layer_count();
   std::array<double, kVariantCount> ms{};
   for (std::size_t v = 0; v < kVariantCount; ++v) {
-    for (std::uint64_t bytes : costs.pulled_from_peers_all_layers[v]) t.pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
-    ms[v] = costs.modelled_us[v] / 1000.0;
+    const model::Variant variant = model::kAllVariants[v];
+    if (overflow && uses_staging(variant)) {  // rejected before any rank writes staging (PROTOCOL.md section 4)
+      ++t.rejected_per_variant[v];
+      ms[v] = std::nan("");
+      if (per_batch) record["variants"][std::string(model::to_string(variant))] = nullptr;
+      continue;
+    }
+    // CostModel's numbers when it gave them; the coster's (the same functions) otherwise.
+    VariantCost cost;
+    if (overflow || per_batch) {
+      cost = coster(costs.counts, variant);
+    } else {
+      cost.pulled = costs.pulled_from_peers_all_layers[v];
+      cost.us = costs.modelled_us[v];
+    }
+    for (std::uint64_t bytes : cost.pulled) t.pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
+    ms[v] = cost.us / 1000.0;
     t.total_ms[v] += ms[v];
+    if (per_batch) record["variants"][std::string(model::to_string(variant))] = variant_record(cost);
   }
   t.batch_index.push_back(index);
   t.batch_ms.push_back(ms);
+  if (per_batch) t.per_batch.push_back(std::move(record));
 }
 
-ModelTotals read_all(const BatchSource& source, const model::CostModel& cost_model, const ModelReplayOptions& o) {
-  const model::Setting& setting = source.setting;
+ModelTotals read_all(const BatchSource& source, const model::Setting& setting, const model::CostModel& cost_model,
+                     const VariantCoster& coster, const ModelReplayOptions& o) {
   ModelTotals t;
   BatchCosts costs;
   BatchCursor cursor(source);
@@ -114,7 +204,7 @@ ModelTotals read_all(const BatchSource& source, const model::CostModel& cost_mod
     t.model_seconds += std::chrono::duration<double>(Clock::now() - model_start).count();
     t.evaluations += o.repeat;
     if (o.exact_model) check_against_model(setting, *batch, costs.counts, cursor.index());
-    add_batch(setting, costs, cursor.index(), t);
+    add_batch(setting, costs, coster, o.per_batch, cursor.index(), t);
     read_start = Clock::now();
   }
   return t;
@@ -127,13 +217,54 @@ nlohmann::json ceilings_json(const model::CostParameters& ceilings) {
           {"allreduce_curve", ceilings.allreduce_curve}, {"source", ceilings.source}};
 }
 
+// "staging_publish 1, staging_direct 1" (the variants an overflow rejects, and how often).
+std::string rejected_by_variant(const ModelTotals& t) {
+  std::vector<std::string> parts;
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    if (uses_staging(model::kAllVariants[v])) parts.push_back(fmt::format("{} {}", model::to_string(model::kAllVariants[v]), t.rejected_per_variant[v]));
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+// The per-variant table of the summary, and its JSON.
+nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<std::string> out) {
+  fmt::format_to(out, "  {:<16} {:>8} {:>8} {:>62}   {:>12}  {}\n", "variant", "counted", "rejected", "MB pulled from peers per rank per layer",
+                 "modelled ms", "per batch (ms)");
+  nlohmann::json variants = nlohmann::json::array();
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    std::vector<double> per_batch;
+    per_batch.reserve(t.batch_ms.size());
+    for (const auto& ms : t.batch_ms) {
+      if (!std::isnan(ms[v])) per_batch.push_back(ms[v]);
+    }
+    const auto counted = static_cast<std::int64_t>(per_batch.size());
+    std::vector<double> pulled = t.pulled_per_rank_per_layer[v];
+    nlohmann::json bytes_p = percentiles(pulled);
+    nlohmann::json ms_p = percentiles(per_batch);
+    fmt::format_to(out, "  {:<16} {:>8} {:>8} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), counted, t.rejected_per_variant[v],
+                   brief(bytes_p, 1e-6, 2), t.total_ms[v], brief(ms_p, 1.0, 3));
+    variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
+                        {"uses_staging", uses_staging(model::kAllVariants[v])},
+                        {"batches_counted", counted},
+                        {"batches_rejected", t.rejected_per_variant[v]},
+                        {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
+                        {"modelled_ms_total", t.total_ms[v]},
+                        {"modelled_ms_per_batch", ms_p}});
+  }
+  return variants;
+}
+
 }  // namespace
+
+bool uses_staging(model::Variant variant) { return model::info(variant).peer_pages == model::PeerPages::staging; }
 
 ModelReplayOutput model_replay(const BatchSource& source, const std::string& label, const model::CostParameters& ceilings,
                                const ModelReplayOptions& o) {
-  const model::Setting& setting = source.setting;
+  model::Setting setting = source.setting;
+  if (o.staging_mib) setting.caps.staging_mib_override = *o.staging_mib;
   const model::CostModel cost_model(setting, ceilings, o.dense_slots);
-  ModelTotals t = read_all(source, cost_model, o);
+  const VariantCoster coster(setting, ceilings, o.dense_slots);
+  ModelTotals t = read_all(source, setting, cost_model, coster, o);
   const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
   const double hit_rate = t.prefix_tokens + t.extend_tokens == 0 ? 0.0 : static_cast<double>(t.prefix_tokens) / static_cast<double>(t.prefix_tokens + t.extend_tokens);
   const double batches_per_second = t.model_seconds > 0 ? static_cast<double>(t.evaluations) / t.model_seconds : 0.0;
@@ -144,31 +275,20 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
                  setting.page_size, setting.layer_count(), full_layers, cost_model.staging_slots(), model::to_string(model::staging_capacity(setting).source));
   fmt::format_to(out, "  batches {}, requests {}, extend tokens {}, prefix tokens {}, prefix hit rate {:.4f} (prefix / (prefix + extend) tokens)\n",
                  t.batches, t.requests, t.extend_tokens, t.prefix_tokens, hit_rate);
-  fmt::format_to(out, "  overflow batches {} (rejected before any rank moves a byte; left out of the bytes and times below)\n", t.rejected.size());
+  fmt::format_to(out, "  overflow batches {}: rejected before any rank moves a byte by the variants that use staging ({}); the others run them and are counted\n",
+                 t.rejected.size(), rejected_by_variant(t));
   fmt::format_to(out, "  current_pages_total: {}\n", brief(pages_p));
   fmt::format_to(out, "  ceilings: peer {:.4g} GB/s, local {:.4g} GB/s, barrier {:.4g} us, all-reduce {:.4g} GB/s bus + {:.4g} us per call, launch {:.4g} us, gather fixed {:.4g} us [{}]\n",
                  ceilings.peer_gbps, ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us,
                  ceilings.launch_us, ceilings.gather_fixed_us, ceilings.source);
-  fmt::format_to(out, "  {:<16} {:>62}   {:>12}  {}\n", "variant", "MB pulled from peers per rank per layer", "modelled ms", "per batch (ms)");
-  nlohmann::json variants = nlohmann::json::array();
-  for (std::size_t v = 0; v < kVariantCount; ++v) {
-    std::vector<double> per_batch;
-    per_batch.reserve(t.batch_ms.size());
-    for (const auto& ms : t.batch_ms) per_batch.push_back(ms[v]);
-    nlohmann::json bytes_p = percentiles(t.pulled_per_rank_per_layer[v]);
-    nlohmann::json ms_p = percentiles(per_batch);
-    fmt::format_to(out, "  {:<16} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), brief(bytes_p, 1e-6, 2), t.total_ms[v], brief(ms_p, 1.0, 3));
-    variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
-                        {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
-                        {"modelled_ms_total", t.total_ms[v]},
-                        {"modelled_ms_per_batch", ms_p}});
-  }
+  nlohmann::json variants = variants_table(t, out);
   fmt::format_to(out, "  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
                  t.evaluations, t.model_seconds, batches_per_second, t.read_seconds);
   ModelReplayOutput result;
   result.json = {
         {"trace", traces::escape_bytes(label)}, {"backend", "model"}, {"cp", setting.cp}, {"page_size", setting.page_size}, {"layers", setting.layer_count()},
-        {"staging_slots", cost_model.staging_slots()}, {"batches", t.batches}, {"requests", t.requests}, {"extend_tokens", t.extend_tokens},
+        {"staging_slots", cost_model.staging_slots()}, {"staging_source", model::to_string(model::staging_capacity(setting).source)},
+        {"batches", t.batches}, {"requests", t.requests}, {"extend_tokens", t.extend_tokens},
         {"prefix_tokens", t.prefix_tokens}, {"prefix_hit_rate", hit_rate}, {"overflow_batches", t.rejected.size()},
         {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
         {"ceilings", ceilings_json(ceilings)},
@@ -179,6 +299,7 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
   result.rejected = std::move(t.rejected);
   result.batch_index = std::move(t.batch_index);
   result.batch_ms = std::move(t.batch_ms);
+  result.per_batch = std::move(t.per_batch);
   return result;
 }
 

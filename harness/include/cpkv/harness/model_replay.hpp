@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,14 +22,21 @@ struct ModelReplayOptions {
   std::int64_t dense_slots = 0;  // slots the dense all-reduce variants zero every layer (0: each batch's own)
   std::int64_t repeat = 1;       // evaluate every batch this many times (timing only)
   bool exact_model = false;      // also build every rank's plan with the model and check the bytes agree
+  std::optional<std::int64_t> staging_mib;  // staging size for the verdict, MiB (overrides the trace's caps)
+  bool per_batch = false;        // fill ModelReplayOutput::per_batch (one record per batch, with components)
 };
+
+// Whether an overflow rejects the variant: it reads peers' current pages from staging
+// (kVariantTable's peer_pages). The others run an overflowing batch and are counted.
+bool uses_staging(model::Variant variant);
 
 struct ModelReplayOutput {
   std::string text;                      // the summary the CLI prints
   nlohmann::json json;                   // what `--json` writes and Python returns
   std::vector<RejectedBatch> rejected;   // batches the overflow verdict rejects
-  std::vector<std::int64_t> batch_index; // batches that moved bytes, and their modelled ms per variant
+  std::vector<std::int64_t> batch_index; // every batch, and its modelled ms per variant (NaN: rejected for it)
   std::vector<std::array<double, model::kVariantCount>> batch_ms;
+  std::vector<nlohmann::json> per_batch; // with options.per_batch: one record per batch (docs/model_replay.md)
 };
 
 // `label` names the source in the summary (the trace as the user gave it). An --exact-model
