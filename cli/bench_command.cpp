@@ -225,6 +225,7 @@ void run_bench(const BenchOptions& o) {
   out["trace"] = o.trace_path;
   out["rejected_batches"] = rejected_json(s.rejected);
   out["cp"] = s.source.setting.cp;
+  out["page_size"] = s.source.setting.page_size;  // the model replay checks a ceilings file against the trace by both
   out["layers_timed"] = s.layers;
   out["layers_model"] = s.source.setting.layer_count();
   out["reps"] = o.reps;
