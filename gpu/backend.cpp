@@ -62,9 +62,9 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   launch.label = "cuda rank";
   if (cuda.on_progress) {
     launch.on_tick = [&] {
-      std::int64_t done = boot->batches_done[0].load();
-      for (std::int32_t r = 1; r < cp; ++r) done = std::min(done, boot->batches_done[r].load());
-      cuda.on_progress(done * options.layers);  // layers, counted per whole batch
+      std::int64_t done = boot->layers_done[0].load();
+      for (std::int32_t r = 1; r < cp; ++r) done = std::min(done, boot->layers_done[r].load());
+      cuda.on_progress(done);  // layers every rank has finished
     };
   }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {

@@ -71,6 +71,7 @@ struct Bootstrap {
   ncclUniqueId nccl_id;
   std::int64_t wait_ms_max = 120000;                 // every host wait (CudaOptions::wait_ms_max; the barrier stress tool keeps this default)
   std::atomic<std::int64_t> batches_done[kRanksMax];  // for the progress callback
+  std::atomic<std::int64_t> layers_done[kRanksMax];   // likewise, per layer (a rejected batch counts its layers once past it)
   harness::Totals totals[kRanksMax];
   std::atomic<std::int64_t> violation_count;
   std::atomic<std::int64_t> violations_by_invariant[harness::kInvariants + 1];  // every violation, kept or not

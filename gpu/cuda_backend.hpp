@@ -37,8 +37,8 @@ struct CudaOptions {
   // simulator's default: a first NCCL init on a peer can take tens of seconds. `replay` passes
   // --wait-ms-max when it is given.
   std::int64_t wait_ms_max = 120000;
-  // Called on the launching thread with the layers every rank has finished, counted per whole batch
-  // (batches done x layers per batch; about every 100 ms); for a progress bar. May be empty.
+  // Called on the launching thread with the layers every rank has finished (a rejected batch counts
+  // its layers once a rank is past it; about every 100 ms); for a progress bar. May be empty.
   std::function<void(std::int64_t layers_done)> on_progress;
   // A test's fault, no planted bug: this rank's compose launch spins kMutantWindowCycles after its
   // first flag wait (the slow_reader knob, kernels/compose_kernels.cu), so a peer that passes a

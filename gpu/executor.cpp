@@ -263,6 +263,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   ++totals.batches;
   if (b.overflow) {
     ++totals.overflows;
+    r.ctx.boot->layers_done[r.ctx.rank].fetch_add(layers);
     r.barrier();
     r.barrier();
     return;
@@ -281,6 +282,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
     r.ctx.progress.at(batch_index, l);
     run_layer(run, l);
     ++totals.layers;
+    r.ctx.boot->layers_done[r.ctx.rank].fetch_add(1);
   }
   BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
   bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / layers);

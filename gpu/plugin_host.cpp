@@ -386,6 +386,7 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
       if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
     }
     ++totals.layers;
+    r.ctx.boot->layers_done[r.ctx.rank].fetch_add(1);
   }
 }
 
@@ -415,6 +416,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
   if (begun == CPKV_OVERFLOW) {
     ++totals.overflows;
+    r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
     run_layers(h, hb, hd, pb, dev, verify, index);
   }
