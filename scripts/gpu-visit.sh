@@ -4,6 +4,7 @@
 # Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|plugin|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
+# (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
@@ -166,6 +167,18 @@ if [[ "$what" == round ]]; then
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; tail -14 "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == final ]]; then
+  # The last changes of the round: the plugin's gpu tests, `cpkv mutants --backend cuda --exchange`
+  # with the plain plugin, cpkv's own exchange under --swarm's slow rank, and the GPU mutants.
+  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -6
+  timeout 240 "$cpkv" mutants --backend cuda --exchange "$build/examples/libcpkv_exchange_plain.so" > "$OUT/gpu-mutants-plain.txt" 2>&1
+  echo "mutants --backend cuda --exchange plain: exit $?"; cat "$OUT/gpu-mutants-plain.txt"
+  timeout 240 "$cpkv" replay "$root/traces/samples/seeds_batch.jsonl" --backend cuda --layers 3 --swarm --seed 3 > "$OUT/builtin-swarm.txt" 2>&1
+  echo "cpkv's own exchange, every variant, --swarm --seed 3: exit $?"; tail -10 "$OUT/builtin-swarm.txt"
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
+  echo "mutants --backend cuda: exit $?"; tail -5 "$OUT/gpu-mutants.txt"
 fi
 if [[ "$what" == round2 ]]; then
   # The closing-wait test against the shortened wait (docs/patches/closing-wait-skips-last-peer.patch):
