@@ -30,8 +30,8 @@ struct ShardFile {
   nlohmann::json json;
 };
 
-ShardFile read_shard_file(const std::string& path) {
-  const InputFile input("FILE", path);
+ShardFile read_shard_file(const InputFile& input) {
+  const std::string& path = input.name();
   std::ifstream in(input.path(), std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
@@ -117,8 +117,13 @@ void refuse_missing(const std::map<std::size_t, MergedRow>& rows, std::size_t n)
 
 void run_merge(const MergeOptions& o) {
   std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
+  std::vector<std::unique_ptr<InputFile>> inputs;
+  for (const std::string& path : o.paths) inputs.push_back(std::make_unique<InputFile>("FILE", path));
+  std::vector<const InputFile*> checked;
+  for (const auto& input : inputs) checked.push_back(input.get());
+  refuse_same_files(checked, {junit.get()});
   std::vector<ShardFile> files;
-  for (const std::string& path : o.paths) files.push_back(read_shard_file(path));
+  for (const auto& input : inputs) files.push_back(read_shard_file(*input));
   std::map<std::size_t, MergedRow> merged;
   for (const ShardFile& file : files) {
     refuse_other_run(files.front(), file);

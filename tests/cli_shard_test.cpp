@@ -92,7 +92,7 @@ TEST(CliShard, UnionOfThreeShardsIsTheUnshardedRun) {
 
 TEST(CliShard, MergeRefusesOtherRunsOverlapsAndMissingShards) {
   const ShardRuns runs;
-  // One row per shard at N = 15 rows... the suite may grow: N = 5 keeps every shard small.
+  // Shards of N = 5 and 4: three rows each at most, so the runs are short.
   ASSERT_EQ(runs.mutants("--shard 2/5", "a.json").status, 0);
   ASSERT_EQ(runs.mutants("--shard 3/5", "b.json").status, 0);
   ASSERT_EQ(runs.mutants("--shard 3/4", "c.json").status, 0);
@@ -106,6 +106,7 @@ TEST(CliShard, MergeRefusesOtherRunsOverlapsAndMissingShards) {
   expect_bad_input(run_cpkv(fmt::format("merge '{}' '{}'", a, c)), "N 4, but");
   expect_bad_input(run_cpkv(fmt::format("merge '{}'", write_temp("cpkv_cli_shard", "not.json", "{"))), "not JSON");
   expect_bad_input(run_cpkv(fmt::format("merge '{}'", runs.file("absent.json"))), "absent.json");
+  expect_bad_input(run_cpkv(fmt::format("merge '{}' --junit '{}'", a, a)), "--junit");  // an output over an input
   fs::remove_all(runs.dir);
 }
 
