@@ -118,6 +118,13 @@ TEST(CliShard, ShardOutOfRangeIsRefusedBeforeAnyWork) {
   expect_bad_input(run_cpkv("mutants --shard 3"), "--shard");
   expect_bad_input(run_cpkv("mutants --shard 1/2/3"), "--shard");
   expect_bad_input(run_cpkv("mutants --backend cuda --shard 1/2"), "--shard");
+  // The outputs follow cli/files.hpp's rules, checked before any work.
+  expect_bad_input(run_cpkv("mutants --shard 1/2 --json /nonexistent-folder/s.json"), "--json");
+  expect_bad_input(run_cpkv("mutants --shard 1/2 --json /tmp"), "--json");
+  const std::string same = (temp_dir("cpkv_cli_shard") / "same.json").string();
+  expect_bad_input(run_cpkv(fmt::format("mutants --shard 1/2 --json '{}' --junit '{}'", same, same)), "--junit");
+  expect_bad_input(run_cpkv("merge"), "FILE");
+  fs::remove_all(temp_dir("cpkv_cli_shard"));
 }
 
 }  // namespace

@@ -161,7 +161,8 @@ std::vector<harness::Mutant> suite_rows() {
 
 std::vector<std::size_t> shard_rows(std::size_t k, std::size_t n) {
   std::vector<std::size_t> rows;
-  for (std::size_t i = 0; n > 0 && i < suite_rows().size(); ++i) {
+  const std::size_t count = suite_rows().size();
+  for (std::size_t i = 0; n > 0 && i < count; ++i) {
     if (i % n == k - 1) rows.push_back(i);
   }
   return rows;
