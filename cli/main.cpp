@@ -141,6 +141,7 @@ int main(int argc, char** argv) {
   cpkv::cli::register_mutants(app);
   cpkv::cli::register_explore(app);
   cpkv::cli::register_soak(app);
+  cpkv::cli::register_merge(app);
   cpkv::cli::register_import(app);
 #if CPKV_HAVE_CUDA_BACKEND
   cpkv::cli::register_bench(app);

@@ -2,13 +2,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 
 #include <rapidcheck/detail/Configuration.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "mutants_report.hpp"
 #include "options.hpp"
 #include "rc_params.hpp"
 #include "cpkv/model/content.hpp"
@@ -23,6 +27,9 @@ struct MutantsOptions {
   bool every_property = false;
   std::string backend = "sim";
   std::optional<std::string> exchange;  // cuda: an exchange plugin (include/cpkv/exchange_abi.h)
+  std::optional<std::string> shard;     // sim: K/N (mutants_report.hpp)
+  std::optional<std::string> json_path;
+  std::optional<std::string> junit_path;
 };
 
 // RapidCheck reads RC_PARAMS on first use and ends the process (status 1, several lines) when it
@@ -38,44 +45,49 @@ void check_rc_params() {
   }
 }
 
-// The invariant column: the one that fired in the catching property ("-" when not caught).
-std::string invariant_cell(const properties::MutantRow& row) {
-  return row.caught && row.invariant > 0 ? std::to_string(row.invariant) : "-";
-}
-
-void print_row(const properties::MutantRow& row) {
-  const bool none = row.mutant == harness::Mutant::none;
-  const std::string name = none ? "none (correct protocol)" : std::string(harness::to_string(row.mutant));
-  const std::string verdict = none ? (row.caught ? "FAILED" : "passes") : (row.caught ? "yes" : "NO");
-  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9.2f}\n", name, verdict, row.caught ? row.caught_by : "-", invariant_cell(row),
-             row.caught ? std::to_string(row.counterexample_size) : "-", row.seconds);
-  if (!row.also_caught_by.empty()) fmt::print("    also caught by: {}\n", fmt::join(row.also_caught_by, ", "));
-  // A failure that came through no invariant check (an exception in the body) records no case:
-  // say so, with RapidCheck's first line, rather than print an empty or another row's line.
-  const std::string why = row.message.substr(0, row.message.find('\n'));
-  if (row.caught) fmt::print("    replay: {}\n", row.replay.empty() ? "none (no counterexample was recorded: " + why + ")" : row.replay);
-}
-
 // The coverage of the correct protocol's runs (every property, every case) and the targets missed.
-std::vector<std::string> print_coverage(const properties::MutantRow& row, const rc::detail::TestParams& params) {
-  fmt::print("\n{}", properties::coverage_table(row.coverage));
+struct CoverageReport {
+  std::string text;  // the table and a line per target missed, as printed
   std::vector<std::string> misses;
+};
+
+CoverageReport coverage_report(const properties::MutantRow& row, const rc::detail::TestParams& params) {
+  CoverageReport report;
+  report.text = fmt::format("\n{}", properties::coverage_table(row.coverage));
   for (const auto& [name, coverage] : row.coverage) {
     for (const properties::Property& property : properties::all_properties()) {
       if (property.name != name) continue;
       properties::PropertyOutcome outcome;
       outcome.coverage = coverage;
-      for (const std::string& miss : properties::coverage_misses(property, outcome, params)) misses.push_back(miss);
+      for (const std::string& miss : properties::coverage_misses(property, outcome, params)) report.misses.push_back(miss);
     }
   }
-  for (const std::string& miss : misses) fmt::print("COVERAGE TARGET MISSED: {}\n", miss);
-  fmt::print("\n");
-  return misses;
+  for (const std::string& miss : report.misses) report.text += fmt::format("COVERAGE TARGET MISSED: {}\n", miss);
+  report.text += "\n";
+  return report;
+}
+
+// The --json file: what was asked, the shard, its rows and (in the shard holding none) the coverage.
+std::string mutants_json(const MutantsRun& run, const std::vector<std::size_t>& indices, const std::vector<properties::MutantRow>& rows,
+                         const std::optional<CoverageReport>& coverage) {
+  nlohmann::json out = {{"cpkv_mutants", 1},
+                        {"seed", run.seed},
+                        {"cases", run.cases},
+                        {"every_property", run.every_property},
+                        {"suite_rows", properties::suite_rows().size()},
+                        {"shard", run.shard ? nlohmann::json{{"k", run.shard->k}, {"n", run.shard->n}} : nlohmann::json{{"k", 1}, {"n", 1}}}};
+  out["rows"] = nlohmann::json::array();
+  for (std::size_t i = 0; i < rows.size(); ++i) out["rows"].push_back(mutant_row_json(indices[i], rows[i]));
+  out["coverage"] = coverage ? nlohmann::json{{"table", coverage->text}, {"missed", coverage->misses}} : nlohmann::json(nullptr);
+  return out.dump(2) + "\n";
 }
 
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
   if (o.exchange && o.backend != "cuda") throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on cuda)", o.backend));
+  if (o.backend == "cuda" && (o.shard || o.json_path || o.junit_path)) {
+    throw OptionError(fmt::format("{}: --backend cuda does not take it (the simulator's suite does)", o.shard ? "--shard" : o.json_path ? "--json" : "--junit"));
+  }
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
     run_gpu_mutants(o.exchange);
@@ -88,28 +100,31 @@ void run_mutants(const MutantsOptions& o) {
   rc::detail::TestParams params = properties::suite_params();
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
-  fmt::print("cpkv mutants: property suite against every planted bug | seed {} | {} cases per property\n", params.seed, params.maxSuccess);
-  fmt::print("{:<26} {:<8} {:<28} {:>9} {:>9} {:>9}\n", "mutant", "caught", "first by property", "invariant", "cex size", "s to catch");
+  const MutantsRun run{params.seed, params.maxSuccess, o.every_property, o.shard ? std::optional<Shard>(parse_shard(*o.shard)) : std::nullopt};
+  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
+  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
+  refuse_same_files({}, {json.get(), junit.get()});
+  const std::vector<harness::Mutant> all = properties::suite_rows();
+  std::vector<std::size_t> indices = run.shard ? properties::shard_rows(run.shard->k, run.shard->n) : properties::shard_rows(1, 1);
+  std::vector<harness::Mutant> mutants;
+  for (std::size_t i : indices) mutants.push_back(all[i]);
+  print_mutants_header(run);
   std::fflush(stdout);
-  std::int32_t caught = 0;
-  std::int32_t planted = 0;
-  bool clean_passes = true;
-  bool coverage_met = true;
-  properties::mutation_table(params, o.every_property, [&](const properties::MutantRow& row) {
-    print_row(row);
+  MutantsTally tally;
+  std::optional<CoverageReport> coverage;
+  const std::vector<properties::MutantRow> rows = properties::mutation_table(params, o.every_property, [&](const properties::MutantRow& row) {
+    print_mutant_row(row);
+    tally.add(row);
     if (row.mutant == harness::Mutant::none) {
-      clean_passes = !row.caught;
-      coverage_met = print_coverage(row, params).empty();
-    } else {
-      ++planted;
-      caught += row.caught ? 1 : 0;
+      coverage = coverage_report(row, params);
+      tally.coverage_met = coverage->misses.empty();
+      fmt::print("{}", coverage->text);
     }
     std::fflush(stdout);
-  });
-  fmt::print("caught {} of {} planted bugs ({:.0f}%); correct protocol {}; coverage targets {}\n", caught, planted,
-             planted ? 100.0 * caught / planted : 0.0, clean_passes ? "passes every property" : "FAILS a property",
-             coverage_met ? "met" : "MISSED");
-  exit_status() = caught == planted && clean_passes && coverage_met ? kExitOk : kExitFailure;
+  }, mutants);
+  exit_status() = print_mutants_summary(tally);
+  if (json) json->write(mutants_json(run, indices, rows, coverage));
+  if (junit) junit->write(mutants_junit(run, rows, tally));
 }
 
 }  // namespace
@@ -127,6 +142,11 @@ void register_mutants(CLI::App& app) {
   cmd->add_option("--exchange", o->exchange,
                   "cuda: the planted bugs against this exchange plugin instead of cpkv's own: the ones it holds itself and the harness's "
                   "that reach what it reads (stale_page_inverse, reused_plan, unzeroed_rows)");
+  cmd->add_option("--shard", o->shard,
+                  "K/N: run only shard K (1-based) of N: the rows i (0 none, then the planted bugs in table order) with i % N == K - 1; "
+                  "the exit status judges only these rows (the correct protocol and coverage in shard 1)");
+  cmd->add_option("--json", o->json_path, "write the rows, what was asked and the shard to this JSON file (cpkv merge folds shards)");
+  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per row");
   cmd->callback([o] { run_mutants(*o); });
 }
 

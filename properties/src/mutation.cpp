@@ -153,11 +153,29 @@ void hunt(MutantRow& row, const rc::detail::TestParams& params, bool every_prope
 
 }  // namespace
 
+std::vector<harness::Mutant> suite_rows() {
+  std::vector<harness::Mutant> mutants = {harness::Mutant::none};
+  mutants.insert(mutants.end(), harness::kSimulatorMutants.begin(), harness::kSimulatorMutants.end());
+  return mutants;
+}
+
+std::vector<std::size_t> shard_rows(std::size_t k, std::size_t n) {
+  std::vector<std::size_t> rows;
+  const std::size_t count = suite_rows().size();
+  for (std::size_t i = 0; n > 0 && i < count; ++i) {
+    if (i % n == k - 1) rows.push_back(i);
+  }
+  return rows;
+}
+
 std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
                                       const std::function<void(const MutantRow&)>& on_row) {
+  return mutation_table(params, every_property, on_row, suite_rows());
+}
+
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
+                                      const std::function<void(const MutantRow&)>& on_row, const std::vector<harness::Mutant>& mutants) {
   std::vector<MutantRow> rows;
-  std::vector<harness::Mutant> mutants = {harness::Mutant::none};
-  mutants.insert(mutants.end(), harness::kAllMutants.begin(), harness::kAllMutants.end());
   rc::detail::TestParams quick = params;
   quick.maxSuccess = std::min(kQuickCases, params.maxSuccess);
   for (harness::Mutant mutant : mutants) {

@@ -56,7 +56,16 @@ struct MutantRow {
 // property to fail is the row's, with the invariant that fired in it. New mutants need only their
 // entry in kAllMutants. `every_property`: keep running the scheduled properties after the first
 // catch, in full, to show every invariant that sees the bug (slower).
+// `mutants`: the rows to hunt, in order (default: suite_rows(), every one).
 std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
                                       const std::function<void(const MutantRow&)>& on_row);
+std::vector<MutantRow> mutation_table(const rc::detail::TestParams& params, bool every_property,
+                                      const std::function<void(const MutantRow&)>& on_row, const std::vector<harness::Mutant>& mutants);
+
+// The suite's rows: `none` (row 0), then every planted bug the simulator holds in kMutantTable's
+// order (rows 1..). A shard K/N of the suite (K 1-based, 1 <= K <= N) holds the rows i with
+// i % N == K - 1, so shard 1 holds `none`.
+std::vector<harness::Mutant> suite_rows();
+std::vector<std::size_t> shard_rows(std::size_t k, std::size_t n);
 
 }  // namespace cpkv::properties

@@ -1,0 +1,165 @@
+// cpkv merge: folds the --json files of `cpkv mutants --shard K/N` runs into the one table
+// `cpkv mutants` prints, refusing files of different runs and overlapping or missing rows.
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "files.hpp"
+#include "mutants_report.hpp"
+
+namespace cpkv::cli {
+namespace {
+
+struct MergeOptions {
+  std::vector<std::string> paths;
+  std::optional<std::string> junit_path;
+};
+
+// One shard file, read and checked on its own.
+struct ShardFile {
+  std::string name;
+  MutantsRun run;
+  std::size_t suite_rows = 0;
+  nlohmann::json json;
+};
+
+ShardFile read_shard_file(const InputFile& input) {
+  const std::string& path = input.name();
+  std::ifstream in(input.path(), std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  ShardFile file{path, {}, 0, nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false)};
+  if (file.json.is_discarded()) throw OptionError(fmt::format("{}: not JSON (a `cpkv mutants --json` file is)", path));
+  try {
+    if (file.json.value("cpkv_mutants", 0) != 1) throw std::runtime_error("no \"cpkv_mutants\": 1 (not a `cpkv mutants --json` file)");
+    file.run.seed = file.json.at("seed").get<std::uint64_t>();
+    file.run.cases = file.json.at("cases").get<int>();
+    file.run.every_property = file.json.at("every_property").get<bool>();
+    file.suite_rows = file.json.at("suite_rows").get<std::size_t>();
+    file.run.shard = Shard{file.json.at("shard").at("k").get<std::size_t>(), file.json.at("shard").at("n").get<std::size_t>()};
+    if (!file.json.at("rows").is_array()) throw std::runtime_error("\"rows\" is no array");
+  } catch (const nlohmann::json::exception& e) {
+    throw OptionError(fmt::format("{}: {}", path, e.what()));
+  } catch (const std::runtime_error& e) {
+    throw OptionError(fmt::format("{}: {}", path, e.what()));
+  }
+  const std::size_t rows = properties::suite_rows().size();
+  if (file.suite_rows != rows) throw OptionError(fmt::format("{}: {} suite rows, but this cpkv has {} (another build's file)", path, file.suite_rows, rows));
+  const Shard& s = *file.run.shard;
+  if (s.n < 1 || s.k < 1 || s.k > s.n) throw OptionError(fmt::format("{}: shard {}/{} is no shard (K is 1..N)", path, s.k, s.n));
+  return file;
+}
+
+// Refuses a file of another run than the first: another seed, case count, --every-property or N.
+void refuse_other_run(const ShardFile& first, const ShardFile& file) {
+  const MutantsRun& a = first.run;
+  const MutantsRun& b = file.run;
+  const auto refuse = [&](const std::string& what, const std::string& theirs, const std::string& ours) {
+    throw OptionError(fmt::format("{}: {} {}, but {} has {} {} (shards of one run only)", file.name, what, theirs, first.name, what, ours));
+  };
+  if (a.seed != b.seed) refuse("seed", std::to_string(b.seed), std::to_string(a.seed));
+  if (a.cases != b.cases) refuse("cases", std::to_string(b.cases), std::to_string(a.cases));
+  if (a.every_property != b.every_property) refuse("every_property", b.every_property ? "on" : "off", a.every_property ? "on" : "off");
+  if (a.shard->n != b.shard->n) refuse("N", std::to_string(b.shard->n), std::to_string(a.shard->n));
+}
+
+// A merged row: its file, the row and, for `none`, that file's coverage.
+struct MergedRow {
+  std::string file;
+  properties::MutantRow row;
+  nlohmann::json coverage;
+};
+
+// Adds one file's rows to `rows`, refusing a row that is not its shard's or that another file holds.
+void take_rows(const ShardFile& file, std::map<std::size_t, MergedRow>& rows) {
+  const std::vector<harness::Mutant> all = properties::suite_rows();
+  const Shard& shard = *file.run.shard;
+  for (const nlohmann::json& entry : file.json.at("rows")) {
+    properties::MutantRow row;
+    std::size_t index = 0;
+    try {
+      row = mutant_row_from_json(entry);
+      index = entry.at("row").get<std::size_t>();
+    } catch (const std::exception& e) {
+      throw OptionError(fmt::format("{}: {}", file.name, e.what()));
+    }
+    if (index >= all.size() || all[index] != row.mutant) {
+      throw OptionError(fmt::format("{}: row {} is {}, which this cpkv's suite does not hold there", file.name, index, harness::to_string(row.mutant)));
+    }
+    if (index % shard.n != shard.k - 1) throw OptionError(fmt::format("{}: row {} is not shard {}/{}'s", file.name, index, shard.k, shard.n));
+    const auto [at, added] = rows.emplace(index, MergedRow{file.name, row, nullptr});
+    if (!added) throw OptionError(fmt::format("{}: row {} ({}) is also in {} (overlapping shards)", file.name, index, harness::to_string(row.mutant), at->second.file));
+    if (row.mutant == harness::Mutant::none) at->second.coverage = file.json.value("coverage", nlohmann::json(nullptr));
+  }
+}
+
+void refuse_missing(const std::map<std::size_t, MergedRow>& rows, std::size_t n) {
+  const std::vector<harness::Mutant> all = properties::suite_rows();
+  std::vector<std::string> missing;
+  std::vector<std::size_t> shards;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (rows.count(i) != 0) continue;
+    missing.push_back(fmt::format("{} ({})", i, harness::to_string(all[i])));
+    if (shards.empty() || shards.back() != i % n + 1) shards.push_back(i % n + 1);
+  }
+  if (missing.empty()) return;
+  std::sort(shards.begin(), shards.end());
+  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  throw OptionError(fmt::format("rows {} are in no file: shard {} of {} missing", fmt::join(missing, ", "), fmt::join(shards, ", "), n));
+}
+
+void run_merge(const MergeOptions& o) {
+  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
+  std::vector<std::unique_ptr<InputFile>> inputs;
+  for (const std::string& path : o.paths) inputs.push_back(std::make_unique<InputFile>("FILE", path));
+  std::vector<const InputFile*> checked;
+  for (const auto& input : inputs) checked.push_back(input.get());
+  refuse_same_files(checked, {junit.get()});
+  std::vector<ShardFile> files;
+  for (const auto& input : inputs) files.push_back(read_shard_file(*input));
+  std::map<std::size_t, MergedRow> merged;
+  for (const ShardFile& file : files) {
+    refuse_other_run(files.front(), file);
+    take_rows(file, merged);
+  }
+  refuse_missing(merged, files.front().run.shard->n);
+  MutantsRun run = files.front().run;
+  run.shard.reset();  // the merged table is the whole suite's
+  print_mutants_header(run);
+  MutantsTally tally;
+  std::vector<properties::MutantRow> rows;
+  for (const auto& [index, entry] : merged) {
+    print_mutant_row(entry.row);
+    tally.add(entry.row);
+    rows.push_back(entry.row);
+    if (entry.row.mutant != harness::Mutant::none) continue;
+    // The coverage is judged where `none` ran; a file without it cannot say the targets were met.
+    const bool has = entry.coverage.is_object() && entry.coverage.contains("table") && entry.coverage.contains("missed");
+    if (!has) throw OptionError(fmt::format("{}: the row none has no \"coverage\" (table and missed)", entry.file));
+    fmt::print("{}", entry.coverage.at("table").get<std::string>());
+    tally.coverage_met = entry.coverage.at("missed").empty();
+  }
+  exit_status() = print_mutants_summary(tally);
+  if (junit) junit->write(mutants_junit(run, rows, tally));
+}
+
+}  // namespace
+
+void register_merge(CLI::App& app) {
+  auto o = std::make_shared<MergeOptions>();
+  CLI::App* cmd = app.add_subcommand("merge",
+                                     "Fold the --json files of `cpkv mutants --shard K/N` runs (every K of one N, one seed) into the table "
+                                     "`cpkv mutants` prints; exit 1 if a merged row failed.");
+  cmd->add_option("FILE", o->paths, "the shard files (cpkv mutants --json)")->required();
+  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report of the merged rows: one testcase per row");
+  cmd->callback([o] { run_merge(*o); });
+}
+
+}  // namespace cpkv::cli
