@@ -14,14 +14,10 @@
 #include "cpkv/properties/properties.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cuda_backend.hpp"
+#include "gpu_require.hpp"
 
 namespace cpkv {
 namespace {
-
-#define CPKV_REQUIRE_GPU()                                                                      \
-  do {                                                                                          \
-    if (cuda::gpu_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU test not run here"; \
-  } while (0)
 
 std::string sample(const std::string& name) { return std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name; }
 

@@ -8,14 +8,10 @@
 
 #include "cli_run.hpp"
 #include "cuda_backend.hpp"
+#include "gpu_require.hpp"
 
 namespace cpkv {
 namespace {
-
-#define CPKV_REQUIRE_GPU()                                                                      \
-  do {                                                                                          \
-    if (cuda::gpu_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU test not run here"; \
-  } while (0)
 
 test::CliRun replay(const std::string& trace, const std::string& args) {
   return test::run_cpkv(fmt::format("replay traces/samples/{} --backend cuda --exchange {} {}", trace, CPKV_PLAIN_PLUGIN, args));
