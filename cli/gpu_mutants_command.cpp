@@ -24,8 +24,7 @@ std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& pa
     auto plugin = harness::load_exchange_plugin(path);
     for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
     for (harness::Mutant m : harness::kHarnessMutants) {
-      const std::uint32_t needs = m == harness::Mutant::stale_page_inverse ? CPKV_USES_INVERSE : m == harness::Mutant::reused_plan ? CPKV_USES_PLAN : CPKV_USES_ROWS;
-      if ((plugin->uses & needs) != 0) mutants.push_back(m);
+      if ((plugin->uses & harness::input_corrupted_by(m)) != 0) mutants.push_back(m);
     }
     if (!plugin->implements(model::Variant::staging_direct)) {
       throw harness::RequestError("exchange", fmt::format("{}: exchange plugin '{}' does not implement staging_direct, the planted-bug workload's variant", path, plugin->name));

@@ -140,8 +140,9 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
   auto* own = static_cast<std::uint8_t*>(buffer);
   const auto range = symmetric_range(h, own, bytes);
   if (!range) return fail(c, fmt::format("all_reduce_sum: {} bytes at {} are not inside the dense buffers or a symmetric allocation", bytes, buffer));
-  const std::uint64_t scratch = static_cast<std::uint64_t>(std::max(h.r.ctx.shape.slot_count_max, h.r.ctx.shape.current_pages_max)) * h.r.page_bytes(0);
-  if (!h.r.use_nccl && bytes > scratch) return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, scratch));
+  if (!h.r.use_nccl && bytes > h.r.mem.scratch_bytes) {
+    return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, h.r.mem.scratch_bytes));
+  }
   h.r.all_reduce(own, range->first, range->second, bytes);
   return CPKV_OK;
 }
@@ -408,7 +409,11 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   const std::vector<kernels::VerifyResult> verify_init(static_cast<std::size_t>(r.ctx.options.layers) * setting.kinds.size(), kernels::VerifyResult{0, ~0ULL});
   CPKV_CUDA_CHECK(cudaMemcpyAsync(verify, verify_init.data(), verify_init.size() * sizeof(kernels::VerifyResult), cudaMemcpyHostToDevice, r.stream));
   CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.barrier_status, 0, sizeof(kernels::BarrierStatus), r.stream));
-  for (std::size_t k = 0; k < h.rows_buffer.size(); ++k) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
+  // The producer writes every row of this rank's pages (tails zeroed), so only the planted bug that
+  // keeps the tails needs the poison under them.
+  if (r.ctx.options.mutant == harness::Mutant::unzeroed_rows) {
+    for (std::size_t k = 0; k < h.rows_buffer.size(); ++k) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
+  }
   populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
   h.ctx.batch = &pb.c;
   const cpkv_status begun = h.plugin.table->begin_batch != nullptr ? h.plugin.table->begin_batch(&h.ctx) : CPKV_OK;

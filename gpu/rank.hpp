@@ -36,6 +36,7 @@ struct RankMemory {
   std::uint64_t* pad = nullptr;
   std::vector<std::uint8_t*> peer_pool, peer_staging, peer_dense, peer_compact;
   std::uint8_t* scratch = nullptr;  // the IPC all-reduce's receive buffer
+  std::uint64_t scratch_bytes = 0;  // its size: the most an IPC all-reduce sums at once
   std::vector<std::uint64_t*> peer_pad;
   std::uint64_t** pad_table = nullptr;  // device array of every rank's pad
   kernels::BarrierStatus* barrier_status = nullptr;

@@ -66,7 +66,8 @@ void allocate_memory(Rank& r) {
   std::uint64_t page_bytes_max = 0;
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) page_bytes_max = std::max(page_bytes_max, r.page_bytes(k));
   const std::int64_t pages_max = std::max(r.ctx.shape.slot_count_max, r.ctx.shape.current_pages_max);
-  CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, std::max<std::uint64_t>(256, pages_max * page_bytes_max)));
+  mem.scratch_bytes = std::max<std::uint64_t>(256, pages_max * page_bytes_max);
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, mem.scratch_bytes));
   if (r.ctx.cuda.measure_ceilings) {
     CPKV_CUDA_CHECK(cudaMalloc(&mem.bench_buffer, kBenchBufferBytes));
     CPKV_CUDA_CHECK(cudaMemset(mem.bench_buffer, 1, kBenchBufferBytes));

@@ -119,8 +119,7 @@ void check_numbers(const ReplayRequest& r) {
 // that reaches what it reads. Without a plugin the harness's own planted bugs have nothing to reach.
 void check_exchange(CheckedRequest& c) {
   const ReplayRequest& r = c.request;
-  const std::uint32_t needs = c.mutant == Mutant::stale_page_inverse ? CPKV_USES_INVERSE : c.mutant == Mutant::reused_plan ? CPKV_USES_PLAN
-                              : c.mutant == Mutant::unzeroed_rows ? CPKV_USES_ROWS : 0u;
+  const std::uint32_t needs = input_corrupted_by(c.mutant);
   if (!r.exchange) {
     if (needs != 0) throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin: give --exchange", r.mutant));
     return;

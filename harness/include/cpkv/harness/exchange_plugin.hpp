@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cpkv/exchange_abi.h"
+#include "cpkv/harness/mutants.hpp"
 #include "cpkv/model/variants.hpp"
 
 namespace cpkv::harness {
@@ -26,6 +27,18 @@ struct ExchangePlugin {
   bool implements(model::Variant v) const;
   bool holds(const std::string& mutant) const;
 };
+
+// The CPKV_USES_* input a planted bug of the harness (kHarnessHolds) corrupts, so it reaches only a
+// plugin that reads it; 0 for every other planted bug. The one place this mapping is written.
+constexpr std::uint32_t input_corrupted_by(Mutant mutant) {
+  return mutant == Mutant::stale_page_inverse ? CPKV_USES_INVERSE
+         : mutant == Mutant::reused_plan      ? CPKV_USES_PLAN
+         : mutant == Mutant::unzeroed_rows    ? CPKV_USES_ROWS
+                                              : 0u;
+}
+static_assert(input_corrupted_by(Mutant::stale_page_inverse) != 0 && input_corrupted_by(Mutant::reused_plan) != 0 &&
+                  input_corrupted_by(Mutant::unzeroed_rows) != 0 && kHarnessMutants.size() == 3,
+              "every planted bug of the harness names the input it corrupts");
 
 // The plugin at `path`, checked; throws RequestError("exchange", "PATH: reason") naming the first
 // thing wrong. The library stays loaded for the life of the process (rank processes fork from it).
