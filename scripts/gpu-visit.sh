@@ -15,6 +15,7 @@
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
 # (foreign: verify and the conformance harness on CUDA ranks; conformance: the harness part alone)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
+# (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 what="${1:-all}"
@@ -226,6 +227,32 @@ if [[ "$what" == plugin ]]; then
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; tail -12 "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == ab21 ]]; then
+  # Issue 21's A/B on one GPU: the bench at cp 1 (no oversubscription, so a timing of record for the
+  # per-layer launch and host structure the refactor touched; peer links need two GPUs) of the tree
+  # against the pre-refactor tree a6aacb7, shipped untracked as ab-old/ (git archive a6aacb7), built
+  # the same way; old and new interleaved twice per trace, compared by bench/bench_ab.py.
+  old="$root/ab-old"
+  [[ -d "$old" ]] || { echo "ab21: $old is missing (git archive a6aacb7 | tar -x -C ab-old)"; exit 2; }
+  cmake -S "$old" -B "$root/build-old" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure-old.log" 2>&1 \
+    && cmake --build "$root/build-old" -j "$(nproc)" --target cpkv > "$OUT/build-old.log" 2>&1 \
+    || { grep -E "error|Error" "$OUT/build-old.log" "$OUT/configure-old.log" | head -20; exit 1; }
+  echo "old build: $(( $(date +%s) - start )) s"
+  for name in seeds_batch mooncake_slice; do
+    for i in 1 2; do
+      for side in old new; do
+        bin="$cpkv"; [[ $side == old ]] && bin="$root/build-old/cli/cpkv"
+        timeout 150 "$bin" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 1 --layers 4 --reps 60 \
+          --json "$OUT/ab21-$name-$side-$i.json" > "$OUT/ab21-$name-$side-$i.txt" 2>&1
+        echo "bench $name $side $i: exit $?"
+      done
+    done
+    python3 "$root/bench/bench_ab.py" --label-a a6aacb7 --label-b tree --a "$OUT"/ab21-$name-old-*.json --b "$OUT"/ab21-$name-new-*.json \
+      > "$OUT/ab21-$name.md"; cat "$OUT/ab21-$name.md"
+    python3 "$root/bench/bench_ab.py" --key with_fill_us_per_layer_median --label-a a6aacb7 --label-b tree \
+      --a "$OUT"/ab21-$name-old-*.json --b "$OUT"/ab21-$name-new-*.json > "$OUT/ab21-$name-with-fill.md"; tail -10 "$OUT/ab21-$name-with-fill.md"
+  done
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
