@@ -22,6 +22,8 @@ std::int64_t g_last_size = 0;
 std::string g_last_replay;
 std::string g_last_write_error;  // why the last counterexample could not be written, or empty
 std::int32_t g_last_invariant = 0;
+std::string g_folder;       // --out DIR, or empty: the private per-run folder
+std::string g_stem_prefix;  // prefixed to every counterexample's name
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
@@ -32,6 +34,11 @@ void reset_last_counterexample() {
   g_last_write_error.clear();
   g_last_invariant = 0;
 }
+void set_counterexample_folder(const std::string& dir, const std::string& stem_prefix) {
+  g_folder = dir;
+  g_stem_prefix = stem_prefix;
+}
+std::string counterexample_folder() { return g_folder.empty() ? harness::private_folder("cpkv-counterexamples") : g_folder; }
 std::int64_t last_counterexample_size() { return g_last_size; }
 std::string last_counterexample_replay() {
   if (!g_last_write_error.empty()) throw std::runtime_error(g_last_write_error);
@@ -162,7 +169,7 @@ std::int64_t case_size(const Case& c) {
   // $TMPDIR) leaves no replay line rather than another case's; the failure still counts and says why.
   std::string replay;
   try {
-    g_last_replay = write_replay(c, mutant, harness::private_folder("cpkv-counterexamples"), fmt::format("{}-{}", property, harness::to_string(mutant)),
+    g_last_replay = write_replay(c, mutant, counterexample_folder(), fmt::format("{}{}-{}", g_stem_prefix, property, harness::to_string(mutant)),
                                  free_running);
     g_last_write_error.clear();
     replay = g_last_replay;
