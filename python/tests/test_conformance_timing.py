@@ -115,3 +115,20 @@ def test_the_builtin_figure_is_read_from_a_real_cpkv_bench_json():
     assert figure["batches"] == 1
     assert figure["median"] == pytest.approx(row["ms_per_batch_compose"] / bench["layers_model"])
     assert _timing.builtin_from_bench(bench, [10 ** 6]).startswith("n/a: `cpkv bench` timed no staging_direct row")
+
+
+@pytest.mark.parametrize("impl, expected", [
+    ("WritesPastDense", "wrote outside its buffers: dense buffer of kv_fp8 row "),
+    ("WritesIntoPeerPool", "batch 0: wrote outside its buffers: rank 0's pool slab of kv_fp8 changed on layer 1"),
+])
+def test_a_write_outside_the_buffers_is_one_located_line_though_every_dense_byte_is_right(impl, expected):
+    """Issue 23's bad input: an implementation that writes outside its buffers. The pool is read-only
+    to the exchange (section 1) and the dense buffer has dense_rows() rows; the bytes it was asked
+    for are right, so only the guards can see it."""
+    reader = cpkv.read_trace(TINY)
+    outcome = conformance.run(f"{os.path.join(HERE, 'conformance_impls.py')}:{impl}", reader.setting, list(reader)[:2], seed=3,
+                              window_s=WINDOW_S)
+    assert outcome.mismatches == [], outcome.mismatches
+    assert "contract" in outcome.checks_fired(), outcome.checks_fired()
+    assert any(expected in line for line in outcome.findings), outcome.findings
+    assert outcome.leftovers == []

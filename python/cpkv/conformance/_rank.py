@@ -25,6 +25,7 @@ import torch.distributed as dist
 from .. import _cpkv
 from . import _adversity as adv
 from . import _check
+from . import _guards
 from . import _probes
 from . import _shm
 from . import _timing
@@ -205,6 +206,7 @@ def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions
                   dense_rows_max=max(_cpkv.layout_batch(spec.setting, b).slot_count for b in spec.batches) * spec.setting.page_size)
     ctx._publish(adv.STAGE_SETUP, arrivals=0)  # a new case's barrier phases start again (before the pools' barriers)
     _map_pools(ctx, spec)
+    ctx._pool_guard = None if spec.timing or spec.capture_only else _guards.PoolGuard(ctx)
     return ctx
 
 
@@ -249,6 +251,8 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
     ctx._begin_batch(index, batch)
     ctx.events.log = []
     timer = _probes.LayerTimer(ctx.device)
+    if not spec.timing:
+        _guards.poison_tails(ctx)
     for layer in range(spec.layers):
         ctx._begin_layer(layer)
         ctx._adversity.enter_layer(index, layer)
@@ -271,6 +275,8 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
         if not spec.timing:
             check_one_layer(ctx, oracle, index, layer, out, outcome)
     impl.end_batch(ctx)
+    if ctx._pool_guard is not None:
+        outcome.contract = outcome.contract or ctx._pool_guard.check(ctx, index)
     return outcome
 
 
@@ -287,6 +293,9 @@ def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: 
     ctx._publish(adv.STAGE_CHECK)
     try:
         found = _check.check_layer(ctx, oracle, layer, out)
+        past = _guards.tail_written(ctx, layer)
+        if past:
+            raise ContractError(past)
     except ContractError as error:
         outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
         found = []
