@@ -1,5 +1,5 @@
 """python3 -m cpkv.conformance TRACE --impl module:Class --ranks N [--device cpu|cuda] [--seed S] [--swarm]
-[--layers L] [--mutant NAME] [--time] [--json F]
+[--layers L] [--mutant NAME] [--time [--cpkv-bin PATH]] [--json F]
 
 Runs an implementation over a trace under the conformance harness and prints a table like
 `cpkv replay`'s, with a one-line reproducer on failure. Exit 0: every check passed; 1: a check
