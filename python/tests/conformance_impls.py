@@ -61,3 +61,38 @@ class WritesIntoPeerPool(StagingDirect):
         if ctx.rank == 1 and ctx.batch_index == 0 and layer == 0:
             ctx.pool["kv_fp8"][0][1][-1] = 0x22
         return out
+
+
+class _OnlyDlpack:
+    """A foreign array that speaks DLPack and nothing else (no __array_interface__, not a tensor)."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+
+    def __dlpack__(self, stream=None):
+        return self._tensor.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._tensor.__dlpack_device__()
+
+
+class _OnlyCudaArrayInterface:
+    """A foreign CUDA array that exposes only __cuda_array_interface__ (as CuPy or Numba arrays do)."""
+
+    def __init__(self, tensor):
+        self._tensor = tensor
+        self.__cuda_array_interface__ = tensor.__cuda_array_interface__
+
+
+class DlpackOutputs(StagingDirect):
+    """A correct exchange that hands back its dense buffers as DLPack-only objects."""
+
+    def compose_layer(self, ctx, layer):
+        return {k: _OnlyDlpack(v) for k, v in super().compose_layer(ctx, layer).items()}
+
+
+class CudaArrayInterfaceOutputs(StagingDirect):
+    """A correct exchange that hands back its CUDA dense buffers through __cuda_array_interface__ only."""
+
+    def compose_layer(self, ctx, layer):
+        return {k: _OnlyCudaArrayInterface(v) for k, v in super().compose_layer(ctx, layer).items()}

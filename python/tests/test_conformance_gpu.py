@@ -142,3 +142,12 @@ def test_time_mode_on_cuda_times_the_link_limit_and_says_whether_it_is_of_record
     else:
         assert "not measured: 2 ranks on 1 GPU(s) share a GPU" in builtin, builtin
         assert "timings not of record: ranks share a GPU" in done.stdout, done.stdout
+
+
+def test_cuda_outputs_that_expose_only_the_cuda_array_interface_are_checked_on_the_device():
+    """Issue 23 item 5: __cuda_array_interface__ tensors accepted wherever a buffer is."""
+    reader = cpkv.read_trace(TINY)
+    impls = os.path.join(os.path.dirname(os.path.abspath(__file__)), "conformance_impls.py")
+    outcome = conformance.run(f"{impls}:CudaArrayInterfaceOutputs", reader.setting, list(reader)[:2], seed=3, device="cuda",
+                              window_s=WINDOW_S)
+    assert outcome.passed, "\n".join(outcome.mismatches + outcome.findings + [outcome.failure or ""])

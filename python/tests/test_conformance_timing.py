@@ -132,3 +132,11 @@ def test_a_write_outside_the_buffers_is_one_located_line_though_every_dense_byte
     assert "contract" in outcome.checks_fired(), outcome.checks_fired()
     assert any(expected in line for line in outcome.findings), outcome.findings
     assert outcome.leftovers == []
+
+
+def test_outputs_that_speak_only_dlpack_are_checked_like_tensors():
+    """Issue 23 item 5: DLPack tensors accepted wherever a buffer is (an output of compose_layer)."""
+    reader = cpkv.read_trace(TINY)
+    outcome = conformance.run(f"{os.path.join(HERE, 'conformance_impls.py')}:DlpackOutputs", reader.setting, list(reader)[:2], seed=3,
+                              window_s=WINDOW_S)
+    assert outcome.passed, "\n".join(outcome.mismatches + outcome.findings + [outcome.failure or ""])
