@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|plugin|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -14,6 +14,8 @@
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
 # (foreign: verify and the conformance harness on CUDA ranks; conformance: the harness part alone)
+# (conformance2: the harness's gpu test and CLI for the capture probe, its controls and --time's figures (link limit;
+#  the built-in figure at cp 1, one rank per GPU); the Python extension built first, the CLI beside the tests)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 # (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
 set -uo pipefail
@@ -53,7 +55,10 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 "${py_args[@]}" > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 grep "cpkv:" "$OUT/configure.log"
-cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+# conformance2 needs only the Python extension first; the CLI (--time's built-in figure) builds beside its tests.
+targets=()
+[[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
 if [[ "$what" == foreign ]]; then
@@ -77,6 +82,26 @@ if [[ "$what" == foreign || "$what" == conformance ]]; then
     echo "conformance cuda $args: exit $?" | tee -a "$OUT/conformance-cuda.txt"
   done
   tail -40 "$OUT/conformance-cuda.txt"
+fi
+if [[ "$what" == conformance2 ]]; then
+  # Issue 23's capture probe in hook-free ranks with its controls, and --time's link limit and
+  # built-in figure: the harness's gpu test, then the CLI on the controls (cp 1) and the references.
+  nice cmake --build "$build" -j "$(nproc)" --target cpkv > "$OUT/build-cli.log" 2>&1 &
+  cli_build=$!
+  (cd "$build" && ctest -R cpkv.python.conformance_gpu --output-on-failure --timeout 200) > "$OUT/gpu-tests.log" 2>&1
+  echo "conformance gpu test: exit $?"; grep -E "passed|failed|skipped|Error|assert" "$OUT/gpu-tests.log" | tail -20
+  export PYTHONPATH="$build/python"
+  sed 's/"cp":2/"cp":1/' "$root/traces/samples/tiny.jsonl" > "$OUT/tiny-cp1.jsonl"
+  c2() { echo "== $*" >> "$OUT/conformance2.txt"; timeout 120 python3 -m cpkv.conformance "$@" --device cuda --window 10 >> "$OUT/conformance2.txt" 2>&1
+         echo "conformance2 $*: exit $?" | tee -a "$OUT/conformance2.txt"; }
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:PrecomputedGather --ranks 1
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:SyncEachLayer --ranks 1
+  c2 "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2
+  c2 "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --time --json "$OUT/conformance2-time.json"
+  wait "$cli_build"; echo "cli build (for the built-in figure): exit $?"
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:PrecomputedGather --ranks 1 --time
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 1 --time
+  grep -E "^==|graph|capturable|link limit|built-in|not of record|compose per layer|conformance2 .*exit" "$OUT/conformance2.txt"
 fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.
