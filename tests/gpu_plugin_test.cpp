@@ -23,10 +23,11 @@ struct PluginCase {
   const char* label;     // the test's name
   const char* exchange;  // what --exchange names
 };
+void PrintTo(const PluginCase& c, std::ostream* os) { *os << c.label << " (--exchange " << c.exchange << ")"; }
 const PluginCase kPlugins[] = {{"plain", CPKV_PLAIN_PLUGIN}, {"fused_so", CPKV_FUSED_PLUGIN}, {"builtin", "builtin"}};
 
 class GpuPlugin : public testing::TestWithParam<PluginCase> {
- protected:
+ public:
   // The plugin as the harness sees it (the built-in one once the cuda backend registered it).
   std::shared_ptr<const harness::ExchangePlugin> plugin() const {
     harness::Registry registry;
