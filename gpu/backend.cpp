@@ -98,7 +98,15 @@ class CudaBackend final : public harness::Backend {
 
 }  // namespace
 
-std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) { return std::make_unique<CudaBackend>(options); }
+std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
+  if (!options.exchange) {
+    if (const std::optional<std::string> named = exchange_from_environment()) {
+      harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
+      options.exchange = harness::find_exchange(*named);
+    }
+  }
+  return std::make_unique<CudaBackend>(options);
+}
 
 BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda) {
   BenchResult result;

@@ -75,8 +75,9 @@ int gpu_count();
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
 // The one-line switch of cpkv's own exchange to the plugin path: CPKV_EXCHANGE=builtin (or a
-// plugin's path) makes `replay --backend cuda` and `mutants --backend cuda` run it as if
-// --exchange had named it (an explicit --exchange wins). Unset or empty: the in-process executor.
+// plugin's path) makes `replay --backend cuda`, `mutants --backend cuda` and every
+// make_cuda_backend whose CudaOptions::exchange is null (the gpu tests) run it as if --exchange had
+// named it (an explicit exchange wins). Unset or empty: the in-process executor. run_bench ignores it.
 inline constexpr const char* kExchangeEnvironment = "CPKV_EXCHANGE";
 std::optional<std::string> exchange_from_environment();
 

@@ -251,6 +251,11 @@ if [[ "$what" == fused ]]; then
   timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 "$cpkv" replay "$root/traces/samples/tiny.jsonl" \
     --backend cuda --variant all --exchange "$fused" --layers 2 > "$OUT/fused-memcheck.txt" 2>&1
   echo "fused .so under compute-sanitizer memcheck (every variant, tiny): exit $?"; tail -8 "$OUT/fused-memcheck.txt"
+  if [[ "${FUSED_ALL:-0}" == 1 ]]; then
+    # cpkv's own gpu backend tests through the built-in plugin (the one-line switch; longer).
+    (cd "$build" && CPKV_EXCHANGE=builtin ctest -R "GpuBackend|GpuMutants" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-backend-tests.log" 2>&1
+    echo "CPKV_EXCHANGE=builtin gpu backend tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-backend-tests.log" | tail -20
+  fi
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
