@@ -4,11 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <string>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "cpkv/harness/shared_region.hpp"
+#include "fused/fused_exchange.hpp"
 #include "rank.hpp"
 
 namespace cpkv::cuda {
@@ -95,7 +98,15 @@ class CudaBackend final : public harness::Backend {
 
 }  // namespace
 
-std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) { return std::make_unique<CudaBackend>(options); }
+std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
+  if (!options.exchange) {
+    if (const std::optional<std::string> named = exchange_from_environment()) {
+      harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
+      options.exchange = harness::find_exchange(*named);
+    }
+  }
+  return std::make_unique<CudaBackend>(options);
+}
 
 BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda) {
   BenchResult result;
@@ -112,7 +123,33 @@ std::int64_t slow_rank_cycles_of(std::uint64_t seed) {
   return static_cast<std::int64_t>((z ^ (z >> 31)) % 8 + 1) << 20;
 }
 
+std::optional<std::string> exchange_from_environment() {
+  const char* named = std::getenv(kExchangeEnvironment);
+  if (named == nullptr || named[0] == '\0') return std::nullopt;
+  return std::string(named);
+}
+
+namespace {
+
+// CPKV_EXCHANGE without --exchange: the request takes it as if --exchange had named it (so the
+// replay line carries it), and its variants must be ones the plugin implements.
+void take_exchange_from_environment(harness::CheckedRequest& c) {
+  const std::optional<std::string> named = exchange_from_environment();
+  if (c.exchange || !named) return;
+  c.exchange = harness::find_exchange(*named);
+  c.request.exchange = *named;
+  for (model::Variant v : c.variants) {
+    if (!c.exchange->implements(v)) {
+      throw harness::RequestError("exchange", fmt::format("{}={}: exchange plugin '{}' does not implement {}", kExchangeEnvironment, *named, c.exchange->name,
+                                                          model::to_string(v)));
+    }
+  }
+}
+
+}  // namespace
+
 void register_backend(harness::Registry& registry) {
+  harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
   harness::BackendEntry cuda;
   cuda.name = "cuda";
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
@@ -120,6 +157,7 @@ void register_backend(harness::Registry& registry) {
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
+  cuda.check = take_exchange_from_environment;
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;

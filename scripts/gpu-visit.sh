@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
+# (fused: issue 24 item 2, cpkv's own fused compose as a plugin: its tests, every variant on every trace through
+#  --exchange builtin and the .so, the GPU mutants through CPKV_EXCHANGE=builtin, memcheck over the .so)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
@@ -197,7 +199,7 @@ fi
 if [[ "$what" == final ]]; then
   # The last changes of the round: the plugin's gpu tests, `cpkv mutants --backend cuda --exchange`
   # with the plain plugin, cpkv's own exchange under --swarm's slow rank, and the GPU mutants.
-  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
   echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -6
   timeout 240 "$cpkv" mutants --backend cuda --exchange "$build/examples/libcpkv_exchange_plain.so" > "$OUT/gpu-mutants-plain.txt" 2>&1
   echo "mutants --backend cuda --exchange plain: exit $?"; cat "$OUT/gpu-mutants-plain.txt"
@@ -233,7 +235,7 @@ if [[ "$what" == plugin ]]; then
   # the plain example under compute-sanitizer memcheck, then every gpu test and the GPU mutants
   # (cpkv's own exchange, unchanged by the ABI's host side).
   plain="$build/examples/libcpkv_exchange_plain.so"
-  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
   echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -10
   for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2" \
               "mooncake_slice.jsonl --layers 2 --mutant reused_plan" "mooncake_slice.jsonl --layers 2 --mutant stale_page_inverse" \
@@ -278,6 +280,34 @@ if [[ "$what" == ab21 ]]; then
     python3 "$root/bench/bench_ab.py" --key with_fill_us_per_layer_median --label-a a6aacb7 --label-b tree \
       --a "$OUT"/ab21-$name-old-*.json --b "$OUT"/ab21-$name-new-*.json > "$OUT/ab21-$name-with-fill.md"; tail -10 "$OUT/ab21-$name-with-fill.md"
   done
+fi
+if [[ "$what" == fused ]]; then
+  # Issue 24 item 2: cpkv's own fused compose as the first plugin (gpu/fused/), on one H200 with the
+  # ranks oversubscribed (cp 2, 4, 8). The plugin gpu tests (the plain example, the fused .so and the
+  # built-in on every bundled trace in every variant, also under --swarm; the harness's planted bugs;
+  # `cpkv mutants --exchange` over the fused .so), then the CLI runs as a record: every variant on
+  # every bundled trace through --exchange builtin and through the .so, the GPU mutants through the
+  # built-in table (CPKV_EXCHANGE=builtin, the one-line switch), memcheck over the .so's tiny replay.
+  fused="$build/gpu/libcpkv_exchange_fused.so"
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin|FusedPlugin" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-plugin-tests.log" 2>&1
+  echo "fused plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-plugin-tests.log" | tail -20
+  for exchange in builtin "$fused"; do
+    for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2"; do
+      echo "== cpkv replay $args --variant all --exchange $exchange" >> "$OUT/fused-replays.txt"
+      timeout 240 "$cpkv" replay "$root/traces/samples/"$args --variant all --backend cuda --exchange "$exchange" >> "$OUT/fused-replays.txt" 2>&1
+      echo "fused replay $args ($exchange): exit $?" | tee -a "$OUT/fused-replays.txt"
+    done
+  done
+  CPKV_EXCHANGE=builtin timeout 240 "$cpkv" mutants --backend cuda > "$OUT/fused-mutants-builtin.txt" 2>&1
+  echo "CPKV_EXCHANGE=builtin mutants --backend cuda: exit $?"; tail -22 "$OUT/fused-mutants-builtin.txt"
+  timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 "$cpkv" replay "$root/traces/samples/tiny.jsonl" \
+    --backend cuda --variant all --exchange "$fused" --layers 2 > "$OUT/fused-memcheck.txt" 2>&1
+  echo "fused .so under compute-sanitizer memcheck (every variant, tiny): exit $?"; tail -8 "$OUT/fused-memcheck.txt"
+  if [[ "${FUSED_ALL:-0}" == 1 ]]; then
+    # cpkv's own gpu backend tests through the built-in plugin (the one-line switch; longer).
+    (cd "$build" && CPKV_EXCHANGE=builtin ctest -R "GpuBackend|GpuMutants" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-backend-tests.log" 2>&1
+    echo "CPKV_EXCHANGE=builtin gpu backend tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-backend-tests.log" | tail -20
+  fi
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
