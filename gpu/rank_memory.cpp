@@ -51,26 +51,22 @@ bool share_pools(Rank& r) {
   const std::int32_t rank = r.ctx.rank;
   const std::int64_t ms = r.ctx.boot->wait_ms_max;
   const std::vector<int> ends = share.channels->own_ends(rank);
-  std::vector<int> own = export_fds(mem.own_pool);
   bool capable = true;
   mem.peer_pools.assign(r.cp(), VmmPool{});
   try {
     for (std::int32_t p = 0; p < r.cp(); ++p) {
       if (p == rank) continue;
       const harness::Waiting waiting(r.ctx.progress, p);
-      if (rank < p) send_fds(ends[p], own, ms);
-      std::vector<int> theirs = receive_fds(ends[p], share.runs[p].size(), ms);
-      if (rank > p) send_fds(ends[p], own, ms);
-      const bool mapped = import_pool(rank % r.ctx.gpus, share.reserved, share.runs[p], theirs, mem.peer_pools[p]);
+      if (rank < p) send_pool(ends[p], mem.own_pool, ms);
+      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.reserved, share.runs[p], ms, mem.peer_pools[p]);
+      if (rank > p) send_pool(ends[p], mem.own_pool, ms);
       mem.peer_pool[p] = mapped ? reinterpret_cast<std::uint8_t*>(mem.peer_pools[p].base) : nullptr;
       capable = capable && mapped;
     }
   } catch (...) {
-    for (int fd : own) ::close(fd);
     for (int fd : ends) if (fd >= 0) ::close(fd);
     throw;
   }
-  for (int fd : own) ::close(fd);
   for (int fd : ends) if (fd >= 0) ::close(fd);
   return capable;
 }

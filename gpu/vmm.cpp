@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 
@@ -113,15 +114,16 @@ void probe_one(int d, DeviceProbe& out) {
   out.granularity[d] = granularity;
 }
 
-std::int64_t remaining_ms(std::chrono::steady_clock::time_point deadline) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-}
+struct Deadline {
+  std::chrono::steady_clock::time_point at;
+  std::int64_t ms;  // the bound it was set from, for the message
+};
 
-// Waits until `socket` is ready for `events`, or throws when `deadline` passes.
-void wait_ready(int socket, short events, std::chrono::steady_clock::time_point deadline, std::int64_t ms, const char* what) {
+// Waits until `socket` is ready for `events`, or throws when the deadline passes.
+void wait_ready(int socket, short events, const Deadline& deadline, const char* what) {
   while (true) {
-    const std::int64_t left = remaining_ms(deadline);
-    if (left <= 0) throw std::runtime_error(fmt::format("waited {} ms to {} pool handles over the rank socket", ms, what));
+    const std::int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.at - std::chrono::steady_clock::now()).count();
+    if (left <= 0) throw std::runtime_error(fmt::format("waited {} ms to {} pool handles over the rank socket", deadline.ms, what));
     pollfd p{socket, events, 0};
     const int n = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left, 1000)));
     if (n > 0) return;
@@ -189,63 +191,104 @@ std::vector<int> FdChannels::own_ends(std::int32_t rank) {
   return own;
 }
 
-void send_fds(int socket, const std::vector<int>& fds, std::int64_t ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  for (std::size_t first = 0; first < fds.size() || first == 0; first += kFdsPerMessage) {
-    FdHeader header{first, static_cast<std::uint32_t>(std::min(kFdsPerMessage, fds.size() - first))};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerMessage)] = {};
-    iovec iov{&header, sizeof(header)};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (header.count > 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * header.count);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * header.count);
-      std::memcpy(CMSG_DATA(c), fds.data() + first, sizeof(int) * header.count);
-    }
-    wait_ready(socket, POLLOUT, deadline, ms, "send");
-    if (::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(header))) {
-      throw std::runtime_error(fmt::format("sending pool handles {}..{} over the rank socket: {}", first, first + header.count, std::strerror(errno)));
-    }
-    if (fds.empty()) break;
+namespace {
+
+// One message: the header (the first descriptor's index, the count) and up to kFdsPerMessage descriptors.
+void send_message(int socket, std::uint64_t first, const int* fds, std::size_t count, const Deadline& deadline) {
+  FdHeader header{first, static_cast<std::uint32_t>(count)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerMessage)] = {};
+  iovec iov{&header, sizeof(header)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (count > 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * count);
+    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * count);
+  }
+  wait_ready(socket, POLLOUT, deadline, "send");
+  if (::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(header))) {
+    throw std::runtime_error(fmt::format("sending pool handles {}..{} over the rank socket: {}", first, first + count, std::strerror(errno)));
   }
 }
 
-std::vector<int> receive_fds(int socket, std::size_t count, std::int64_t ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+// One message's descriptors, which must start at `first`; throws (closing what came) otherwise.
+std::vector<int> receive_message(int socket, std::uint64_t first, std::size_t count, const Deadline& deadline) {
+  FdHeader header;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerMessage)] = {};
+  iovec iov{&header, sizeof(header)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  wait_ready(socket, POLLIN, deadline, "receive");
+  const ssize_t n = ::recvmsg(socket, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  const int error = errno;
   std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const int* data = reinterpret_cast<const int*>(CMSG_DATA(c));
+    fds.insert(fds.end(), data, data + (c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+  }
   const auto fail = [&](const std::string& why) {
     for (int fd : fds) ::close(fd);
-    return std::runtime_error(fmt::format("receiving pool handle {} of {} over the rank socket: {}", fds.size(), count, why));
+    return std::runtime_error(fmt::format("receiving pool handle {} of {} over the rank socket: {}", first, count, why));
   };
-  do {
-    FdHeader header;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerMessage)] = {};
-    iovec iov{&header, sizeof(header)};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    wait_ready(socket, POLLIN, deadline, ms, "receive");
-    const ssize_t n = ::recvmsg(socket, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    std::size_t got = 0;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      got = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      const int* data = reinterpret_cast<const int*>(CMSG_DATA(c));
-      fds.insert(fds.end(), data, data + got);
-    }
-    if (n != static_cast<ssize_t>(sizeof(header))) throw fail(n == 0 ? "the peer closed it" : n < 0 ? std::strerror(errno) : "a short message");
-    if ((msg.msg_flags & MSG_CTRUNC) != 0) throw fail("the control message was truncated (descriptor limit?)");
-    if (header.first + got != fds.size() || got != header.count) throw fail(fmt::format("message of {} from {} out of order", header.count, header.first));
-  } while (fds.size() < count);
-  if (fds.size() != count) throw fail(fmt::format("{} came", fds.size()));
+  if (n != static_cast<ssize_t>(sizeof(header))) throw fail(n == 0 ? "the peer closed it" : n < 0 ? std::strerror(error) : "a short message");
+  if ((msg.msg_flags & MSG_CTRUNC) != 0) throw fail("the control message was truncated (the descriptor limit?)");
+  if (header.first != first || header.count != fds.size()) throw fail(fmt::format("a message of {} from {} came", fds.size(), header.first));
   return fds;
+}
+
+}  // namespace
+
+void send_fds(int socket, const std::vector<int>& fds, std::int64_t ms) {
+  const Deadline deadline{std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), ms};
+  std::size_t first = 0;
+  do {
+    const std::size_t count = std::min(kFdsPerMessage, fds.size() - first);
+    send_message(socket, first, fds.data() + first, count, deadline);
+    first += count;
+  } while (first < fds.size());
+}
+
+void receive_fds(int socket, std::size_t count, std::int64_t ms, const std::function<void(std::size_t first, std::vector<int>& fds)>& consume) {
+  const Deadline deadline{std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), ms};
+  std::size_t first = 0;
+  do {
+    std::vector<int> fds = receive_message(socket, first, count, deadline);
+    if (first + fds.size() > count) {
+      for (int fd : fds) ::close(fd);
+      throw std::runtime_error(fmt::format("receiving pool handles over the rank socket: {} came, {} expected", first + fds.size(), count));
+    }
+    try {
+      consume(first, fds);
+    } catch (...) {
+      for (int fd : fds) if (fd >= 0) ::close(fd);
+      throw;
+    }
+    first += fds.size();
+    if (fds.empty() && first < count) throw std::runtime_error(fmt::format("receiving pool handles over the rank socket: an empty message at {} of {}", first, count));
+  } while (first < count);
+}
+
+std::vector<int> receive_fds(int socket, std::size_t count, std::int64_t ms) {
+  std::vector<int> all;
+  try {
+    receive_fds(socket, count, ms, [&](std::size_t, std::vector<int>& fds) {
+      all.insert(all.end(), fds.begin(), fds.end());
+      fds.clear();
+    });
+  } catch (...) {
+    for (int fd : all) ::close(fd);
+    throw;
+  }
+  return all;
 }
 
 VmmPool create_pool(int device, std::uint64_t reserved, const std::vector<ByteRun>& runs) {
@@ -269,48 +312,56 @@ VmmPool create_pool(int device, std::uint64_t reserved, const std::vector<ByteRu
   return pool;
 }
 
-std::vector<int> export_fds(const VmmPool& pool) {
-  std::vector<int> fds;
-  for (std::uint64_t handle : pool.handles) {
-    int fd = -1;
-    const CUresult result = driver().export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-    if (result != CUDA_SUCCESS) {
-      for (int f : fds) ::close(f);
-      check(result, "cuMemExportToShareableHandle");
+void send_pool(int socket, const VmmPool& pool, std::int64_t ms) {
+  const Deadline deadline{std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), ms};
+  std::size_t first = 0;
+  do {  // exported a message at a time: never more than kFdsPerMessage descriptors open
+    std::vector<int> fds;
+    const std::size_t count = std::min(kFdsPerMessage, pool.handles.size() - first);
+    try {
+      for (std::size_t i = first; i < first + count; ++i) {
+        int fd = -1;
+        check(driver().export_handle(&fd, pool.handles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "cuMemExportToShareableHandle");
+        fds.push_back(fd);
+      }
+      send_message(socket, first, fds.data(), count, deadline);
+    } catch (...) {
+      for (int fd : fds) ::close(fd);
+      throw;
     }
-    fds.push_back(fd);
-  }
-  return fds;
+    for (int fd : fds) ::close(fd);
+    first += count;
+  } while (first < pool.handles.size());
 }
 
-bool import_pool(int device, std::uint64_t reserved, const std::vector<ByteRun>& runs, std::vector<int>& fds, VmmPool& out) {
+bool receive_pool(int socket, int device, std::uint64_t reserved, const std::vector<ByteRun>& runs, std::int64_t ms, VmmPool& out) {
   const Driver& drv = driver();
-  if (fds.size() != runs.size()) throw std::logic_error(fmt::format("{} pool handles for {} runs", fds.size(), runs.size()));
   out = VmmPool{};
-  out.reserved = reserved;
   CUdeviceptr base = 0;
+  check(drv.reserve(&base, reserved, 0, 0, 0), "cuMemAddressReserve of a peer's pool");
+  out.base = base;
+  out.reserved = reserved;
+  const CUmemAccessDesc access = access_for(device);
   bool granted = true;
   try {
-    check(drv.reserve(&base, reserved, 0, 0, 0), "cuMemAddressReserve of a peer's pool");
-    out.base = base;
-    const CUmemAccessDesc access = access_for(device);
-    for (std::size_t i = 0; i < runs.size() && granted; ++i) {
-      CUmemGenericAllocationHandle handle = 0;
-      check(drv.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-            "cuMemImportFromShareableHandle");
-      ::close(std::exchange(fds[i], -1));
-      const CUresult mapped = drv.map(base + runs[i].offset, runs[i].bytes, 0, handle, 0);
-      check(drv.release(handle), "cuMemRelease of an imported chunk");  // the mapping holds it from here
-      check(mapped, "cuMemMap of a peer's chunk");
-      out.runs.push_back(runs[i]);
-      granted = drv.set_access(base + runs[i].offset, runs[i].bytes, &access, 1) == CUDA_SUCCESS;
-    }
+    receive_fds(socket, runs.size(), ms, [&](std::size_t first, std::vector<int>& fds) {
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        const ByteRun& run = runs[first + i];
+        CUmemGenericAllocationHandle handle = 0;
+        const CUresult imported = drv.import_handle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fds[i])), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        ::close(std::exchange(fds[i], -1));
+        check(imported, "cuMemImportFromShareableHandle");
+        const CUresult mapped = drv.map(base + run.offset, run.bytes, 0, handle, 0);
+        check(drv.release(handle), "cuMemRelease of an imported chunk");  // the mapping holds it from here
+        check(mapped, "cuMemMap of a peer's chunk");
+        out.runs.push_back(run);
+        granted = granted && drv.set_access(base + run.offset, run.bytes, &access, 1) == CUDA_SUCCESS;
+      }
+    });
   } catch (...) {
-    for (int& fd : fds) if (fd >= 0) ::close(std::exchange(fd, -1));
     release_pool(out);
     throw;
   }
-  for (int& fd : fds) if (fd >= 0) ::close(std::exchange(fd, -1));
   if (!granted) release_pool(out);
   return granted;
 }

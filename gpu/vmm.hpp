@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,10 +47,13 @@ class FdChannels {
   std::vector<int> ends_;  // [2 * (i * cp + j)], i < j: end 0 for rank i, end 1 for rank j
 };
 
-// Sends `fds` to the peer on `socket` (messages of up to 64, each with its first index), within `ms` milliseconds.
+// Sends `fds` to the peer on `socket` (messages of up to 64, each naming its first index), within `ms` milliseconds.
 void send_fds(int socket, const std::vector<int>& fds, std::int64_t ms);
-// Receives exactly `count` descriptors sent by send_fds; throws (after closing what came) on a
-// timeout, a short or out-of-order message, or a truncated control message.
+// Receives the `count` descriptors send_fds (or send_pool) sends, handing each message's to
+// `consume` (with the index of its first; what it leaves open in the vector is closed here on a
+// throw). Throws on a timeout, a closed peer, a message out of order, or a truncated control message.
+void receive_fds(int socket, std::size_t count, std::int64_t ms, const std::function<void(std::size_t first, std::vector<int>& fds)>& consume);
+// All `count` at once (the caller closes them).
 std::vector<int> receive_fds(int socket, std::size_t count, std::int64_t ms);
 
 // How a group's pools are held, decided in the parent before the ranks fork: the mode, the
@@ -72,12 +76,14 @@ struct VmmPool {
 };
 // Reserves `reserved` bytes on `device`, creates and maps every run (read-write for `device`).
 VmmPool create_pool(int device, std::uint64_t reserved, const std::vector<ByteRun>& runs);
-// The runs' handles as file descriptors (the caller closes them).
-std::vector<int> export_fds(const VmmPool& pool);
-// A peer's pool in this process: a reservation of `reserved` bytes and every run imported from
-// `fds` (closed here) and mapped at its offset. Returns false (nothing left mapped) when `device`
-// cannot be granted access (no peer access between the GPUs); throws on any other failure.
-bool import_pool(int device, std::uint64_t reserved, const std::vector<ByteRun>& runs, std::vector<int>& fds, VmmPool& out);
+// The pool's handles to the peer on `socket` as file descriptors, exported a message at a time
+// (never more than 64 open), within `ms` milliseconds.
+void send_pool(int socket, const VmmPool& pool, std::int64_t ms);
+// A peer's pool in this process: a reservation of `reserved` bytes and every run imported from the
+// descriptors arriving on `socket` (each closed once imported) and mapped at its offset. Returns
+// false (nothing left mapped) when `device` cannot be granted access (no peer access between the
+// GPUs); throws on any other failure.
+bool receive_pool(int socket, int device, std::uint64_t reserved, const std::vector<ByteRun>& runs, std::int64_t ms, VmmPool& out);
 // Unmaps every run, releases the own handles, frees the reservation.
 void release_pool(VmmPool& pool);
 
