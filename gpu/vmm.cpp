@@ -266,14 +266,15 @@ void receive_fds(int socket, std::size_t count, std::int64_t ms, const std::func
       for (int fd : fds) ::close(fd);
       throw std::runtime_error(fmt::format("receiving pool handles over the rank socket: {} came, {} expected", first + fds.size(), count));
     }
+    const std::size_t got = fds.size();  // consume may take them out of the vector
     try {
       consume(first, fds);
     } catch (...) {
       for (int fd : fds) if (fd >= 0) ::close(fd);
       throw;
     }
-    first += fds.size();
-    if (fds.empty() && first < count) throw std::runtime_error(fmt::format("receiving pool handles over the rank socket: an empty message at {} of {}", first, count));
+    first += got;
+    if (got == 0 && first < count) throw std::runtime_error(fmt::format("receiving pool handles over the rank socket: an empty message at {} of {}", first, count));
   } while (first < count);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -103,7 +104,7 @@ TEST(PoolBacking, BadGeometryIsRefusedNamingIt) {
 
 // The production pool: cp 2, page 64, kv_fp8 (41,984 B a page) + indexer_k (8,448 B), 61 layers,
 // 65,536 pages: 32,768 a rank, slabs of 1,375,731,712 B (656 chunks of 2 MiB) and 276,824,064 B
-// (132 chunks), so 61 x 32,768 x 50,432 = 100,806,623,232 B of pool a rank.
+// (132 chunks), so 61 x 32,768 x 50,432 = 100,805,902,336 B of pool a rank.
 model::Setting production_setting() {
   model::Setting s = small_setting();
   s.page_size = 64;
@@ -124,7 +125,7 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
   const std::vector<cuda::GpuNeed> one_gpu = cuda::gpu_needs(s, 61, shape, 1, {free}, dense);
   ASSERT_EQ(one_gpu.size(), 1u);
   EXPECT_EQ(one_gpu[0].ranks, (std::vector<std::int32_t>{0, 1}));
-  EXPECT_EQ(one_gpu[0].need.pool_backed, 2 * 100806623232ULL);
+  EXPECT_EQ(one_gpu[0].need.pool_backed, 2 * 100805902336ULL);
   EXPECT_EQ(one_gpu[0].need.overhead, 2 * cuda::kRankOverheadBytes);
   const std::string refused = cuda::refusal(one_gpu, cuda::PoolMemory::dense);
   EXPECT_NE(refused.find("cuda: the run does not fit: GPU 0 (ranks 0 1) needs 189."), std::string::npos) << refused;
@@ -133,7 +134,7 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
   cuda::NeedInputs sparse{cuda::PoolMemory::sparse, 2 << 20, false, 0};
   const std::vector<cuda::GpuNeed> fits = cuda::gpu_needs(s, 61, shape, 1, {free}, sparse);
   EXPECT_EQ(fits[0].need.pool_backed, 2 * 61 * 3 * (2ULL << 20));
-  EXPECT_EQ(fits[0].need.pool_reserved, 2 * 100806623232ULL);
+  EXPECT_EQ(fits[0].need.pool_reserved, 2 * 100805902336ULL);
   EXPECT_TRUE(cuda::refusal(fits, cuda::PoolMemory::sparse).empty());
   const std::string line = cuda::need_line(fits, cuda::PoolMemory::sparse);
   EXPECT_NE(line.find("gpu memory (sparse pool): GPU 0 (ranks 0 1) needs "), std::string::npos) << line;
@@ -176,7 +177,8 @@ TEST(RankSocket, DescriptorsCrossToASiblingProcessInOrder) {
         const char byte = static_cast<char>(i);
         if (::write(got[i], &byte, 1) != 1) status = 3;
       }
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank 1: %s\n", e.what());
       status = 4;
     }
     ::_exit(status);
