@@ -56,7 +56,7 @@ TEST(GpuVmm, TheProductionPoolReplaysAtCpTwoOnOneGpuByteExact) {
 
 TEST(GpuVmm, TheProductionPoolAtCpFourOnOneGpuIsByteExact) {
   CPKV_REQUIRE_GPU();
-  const test::CliRun run = cpkv_on_one_gpu({"replay", production_trace(4), "--backend", "cuda", "--variant", "staging_direct,allreduce_compact", "--layers", "all"});
+  const test::CliRun run = cpkv_on_one_gpu({"replay", production_trace(4), "--backend", "cuda", "--variant", "staging_direct,v2", "--layers", "all"});
   EXPECT_EQ(run.status, 0) << run.out << run.err;
   EXPECT_NE(run.out.find("GPU 0 (ranks 0 1 2 3) needs "), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("FAIL"), std::string::npos) << run.out;
