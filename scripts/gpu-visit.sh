@@ -249,7 +249,7 @@ if [[ "$what" == vmm ]]; then
   done
   nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
   unset CUDA_VISIBLE_DEVICES
-  (cd "$build" && ctest -R "GpuVmm|PoolBacking|PoolNeed|RankSocket|GpuBackend" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
+  (cd "$build" && ctest -R "GpuVmm|PoolBacking|PoolNeed|RankSocket|GpuBackend|GpuPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
   echo "vmm + backend tests: exit $?"; grep -E "Passed|Failed|Not Run|tests passed|\*\*\*" "$OUT/gpu-vmm-tests.log" | tail -30
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
