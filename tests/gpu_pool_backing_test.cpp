@@ -18,6 +18,9 @@
 #include <gtest/gtest.h>
 
 #include "cpkv/harness/source.hpp"
+#include "cpkv/model/staging.hpp"
+#include "cuda_backend.hpp"
+#include "device_plan.hpp"
 #include "pool_backing.hpp"
 #include "vmm.hpp"
 
@@ -153,6 +156,27 @@ TEST(PoolNeed, TwoGpusCarryOneRankEachAndTheBenchBuffersCount) {
   const std::string refused = cuda::refusal(needs, cuda::PoolMemory::sparse);
   EXPECT_NE(refused.find("GPU 0 (ranks 0)"), std::string::npos) << refused;  // 1 GiB free is less than the context allowance alone
   EXPECT_NE(refused.find("1.00 GiB free"), std::string::npos) << refused;
+}
+
+// The cheap guard that no plan reads a pool page with no memory behind it: every pool entry of the
+// GPU planted-bug workload's plan (prefix pages 3, 10 and 21 at cp 2) is a referenced page, and the
+// same plan checked against a set that lacks page 10 (rank 0's local page 5) stops the process.
+TEST(PoolBackingDeathTest, APlanReadingAnUnreferencedPoolPageIsStopped) {
+  const harness::BatchSource source = cuda::gpu_mutant_source(2);
+  const harness::SourceShape shape = harness::measure(source);
+  ASSERT_EQ(shape.pool_pages_touched, (std::vector<std::int64_t>{3, 10, 21}));
+  const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
+  std::vector<bool> populated(source.setting.pool_pages_per_rank(), false);
+  const cuda::BatchPlan b = cuda::build_batch_plan(source.setting, source.batches.front(), model::Variant::staging_direct, 0, staging_slots, populated);
+  std::vector<std::vector<bool>> referenced(2, std::vector<bool>(source.setting.pool_pages_per_rank(), false));
+  for (std::int64_t g : shape.pool_pages_touched) referenced[g % 2][g / 2] = true;
+  cuda::TableBounds bounds{2, source.setting.pool_pages_per_rank(), staging_slots, &referenced};
+  std::int64_t pool_reads = 0;
+  for (const kernels::GatherEntry& e : b.compose) pool_reads += e.table_index >= 0 && e.table_index < 2 ? 1 : 0;
+  EXPECT_EQ(pool_reads, 3) << "one pool read per prefix page";
+  cuda::check_entries(b.compose, bounds);  // passes
+  referenced[0][5] = false;
+  EXPECT_DEATH(cuda::check_entries(b.compose, bounds), "pool_referenced");
 }
 
 // Descriptors cross a rank socket between two processes, as between two ranks: 150 pipe write ends
