@@ -41,19 +41,58 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
   }
 }
 
+// Before anything is allocated: what every GPU needs beside what it has free (printed), refused in
+// one line when it does not fit; then every rank's backed runs and, for a sparse pool, the socket
+// pairs its descriptors cross (made here, before the ranks fork). The free figures come from a
+// probe child before any rank starts, so they are not lowered by this run's own ranks.
+PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, const harness::SourceShape& shape,
+                     const DeviceProbe& devices) {
+  PoolShare share;
+  share.memory = pool_memory_from(std::getenv("CPKV_POOL_MEMORY"));
+  const std::int32_t cp = source.setting.cp;
+  const std::int32_t used = std::min(devices.count, cp);
+  share.granularity = 1;
+  for (std::int32_t d = 0; d < used; ++d) {
+    if (share.memory == PoolMemory::sparse && devices.vmm[d] == 0) {
+      throw DeviceRefusal(fmt::format("cuda: GPU {} does not support virtual memory management with POSIX file descriptors, which a sparse pool needs "
+                                      "(CPKV_POOL_MEMORY=dense allocates every slab whole)", d));
+    }
+    share.granularity = std::max<std::uint64_t>(share.granularity, devices.granularity[d]);
+  }
+  const NeedInputs in{share.memory, share.granularity, cuda.measure_ceilings, kBenchBufferBytes};
+  const std::vector<GpuNeed> needs = gpu_needs(source.setting, options.layers, shape, devices.count,
+                                               std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
+  static std::string last_line;  // once per run of one size, not once per variant
+  if (const std::string line = need_line(needs, share.memory); line != last_line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+    last_line = line;
+  }
+  if (const std::string refused = refusal(needs, share.memory); !refused.empty()) throw DeviceRefusal(refused);
+  if (share.memory == PoolMemory::dense) return share;
+  const BufferLayout layout = buffer_layout(source.setting, options.layers, shape);
+  share.reserved = round_up(layout.pool_bytes, share.granularity);
+  for (std::int32_t r = 0; r < cp; ++r) share.runs.push_back(backed_runs(layout, local_pages(shape.pool_pages_touched, cp, r), share.granularity));
+  share.channels = std::make_unique<FdChannels>(cp);
+  return share;
+}
+
 harness::RunReport run_group(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, BenchResult* bench) {
   harness::RunReport report;
   report.variant = options.variant;
   report.mode = "cuda";
   const std::int32_t cp = source.setting.cp;
   if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the cuda backend's cap of {} ranks (one node's GPUs)", cp, kRanksMax));
-  const int gpus = gpu_count();
+  const DeviceProbe devices = probe_devices();
+  if (devices.error[0] != '\0') throw std::runtime_error(fmt::format("cuda: probing the devices: {}", devices.error));
+  const int gpus = devices.count;
   if (gpus == 0) {
     report.failure = "no CUDA device";
     return report;
   }
   const harness::SourceShape shape = harness::measure(source);
   report.batches = shape.batches;
+  PoolShare pools = plan_pools(source, options, cuda, shape, devices);
   harness::SharedRegion region = harness::SharedRegion::create(sizeof(Bootstrap));
   auto* boot = new (region.base()) Bootstrap();
   boot->wait_ms_max = cuda.wait_ms_max;
@@ -71,7 +110,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
     };
   }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
-    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress});
+    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
   report.failure = launched.failure;
   report.deadlock = launched.deadlock;

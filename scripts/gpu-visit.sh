@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -20,6 +20,7 @@
 #  the built-in figure at cp 1, one rank per GPU); the Python extension built first, the CLI beside the tests)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
 # (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
+# (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 what="${1:-all}"
@@ -308,6 +309,30 @@ if [[ "$what" == fused ]]; then
     (cd "$build" && CPKV_EXCHANGE=builtin ctest -R "GpuBackend|GpuMutants" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-backend-tests.log" 2>&1
     echo "CPKV_EXCHANGE=builtin gpu backend tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-backend-tests.log" | tail -20
   fi
+fi
+if [[ "$what" == vmm ]]; then
+  # Issue 26 item 4, one H200: the production pool (65,536 pages, 61 layers; batches 1784-1785 of the
+  # Mooncake sample) at cp 2 and 4 on GPU 0 alone. Before: the whole pool per rank (the cudaMalloc
+  # path, CPKV_POOL_MEMORY=dense) is refused up front with its need beside the free memory (it died
+  # in cudaMalloc before); after: the sparse pool, every variant byte-exact. Then the gpu_vmm tests.
+  export CUDA_VISIBLE_DEVICES=0
+  for cp in 2 4; do
+    "$cpkv" import mooncake "$root/traces/data/mooncake/synthetic_trace.jsonl" -o "$OUT/mooncake-prod-cp$cp.jsonl" --cp $cp \
+      --skip-batches 1784 --max-batches 2 > "$OUT/import-cp$cp.log" 2>&1
+    echo "import cp $cp: exit $?"
+  done
+  CPKV_POOL_MEMORY=dense timeout 120 "$cpkv" replay "$OUT/mooncake-prod-cp2.jsonl" --backend cuda --variant all --layers all > "$OUT/vmm-before-dense-cp2.txt" 2>&1
+  echo "before (dense pool) cp 2: exit $? (2 expected: refused)"; cat "$OUT/vmm-before-dense-cp2.txt"
+  for cp in 2 4; do
+    t0=$(date +%s)
+    timeout 200 "$cpkv" replay "$OUT/mooncake-prod-cp$cp.jsonl" --backend cuda --variant all --layers all \
+      --json "$OUT/vmm-after-sparse-cp$cp.json" > "$OUT/vmm-after-sparse-cp$cp.txt" 2> "$OUT/vmm-after-sparse-cp$cp.err"
+    echo "after (sparse pool) cp $cp: exit $? in $(( $(date +%s) - t0 )) s"; cat "$OUT/vmm-after-sparse-cp$cp.txt"; tail -5 "$OUT/vmm-after-sparse-cp$cp.err"
+  done
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
+  unset CUDA_VISIBLE_DEVICES
+  (cd "$build" && ctest -R "GpuVmm|PoolBacking|PoolNeed|RankSocket|GpuBackend|GpuPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
+  echo "vmm + backend tests: exit $?"; grep -E "Passed|Failed|Not Run|tests passed|\*\*\*" "$OUT/gpu-vmm-tests.log" | tail -30
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
