@@ -141,6 +141,7 @@ void register_backend(harness::Registry& registry) {
     }
     return line;
   };
+  cuda.bench = bench_report;
   registry.add(std::move(cuda));
 }
 
