@@ -17,7 +17,8 @@ def load(path, key):
         rows = {(r["batch"], r["variant"]): r[key] for r in report["rows"] if r.get(key) is not None}
         return report, rows
     except (OSError, ValueError, KeyError, TypeError) as e:
-        sys.exit(f"bench_ab.py: {path}: not a cpkv bench report with '{key}' rows ({e})")
+        print(f"bench_ab.py: {path}: not a cpkv bench report with '{key}' rows ({e})", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(argv):
