@@ -54,6 +54,14 @@ harness::ScannedSource checked_source(const harness::CheckedRequest& request, co
   return as_option_error([&] { return harness::check_source(request, source); });
 }
 
+harness::CheckedBench checked_bench(const harness::BenchRequest& request) {
+  return as_option_error([&] { return harness::check_bench_request(request, backends()); });
+}
+
+harness::BenchReport benched(const harness::CheckedBench& bench, const harness::BatchSource& source, const harness::BenchPrint& print) {
+  return as_option_error([&] { return bench.checked.backend->bench(bench, source, print); });
+}
+
 std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::ProgressFunction& progress) {
   return as_option_error([&] { return request.backend->make(request, progress); });
 }

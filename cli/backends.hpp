@@ -16,6 +16,9 @@ std::string backends_help();
 
 harness::CheckedRequest checked_request(const harness::ReplayRequest& request);
 harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source);
+harness::CheckedBench checked_bench(const harness::BenchRequest& request);
+// The request's bench through its backend's entry (check_bench_request made sure it has one).
+harness::BenchReport benched(const harness::CheckedBench& bench, const harness::BatchSource& source, const harness::BenchPrint& print);
 std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::ProgressFunction& progress);
 
 }  // namespace cpkv::cli

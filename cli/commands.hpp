@@ -30,7 +30,7 @@ void register_explore(CLI::App& app);
 void register_soak(CLI::App& app);
 void register_merge(CLI::App& app);  // cpkv merge: shard files of cpkv mutants into one table
 void register_import(CLI::App& app);
-void register_bench(CLI::App& app);  // only in builds with the CUDA backend
+void register_bench(CLI::App& app);  // a backend that benches (harness::BackendEntry::bench): cuda where built
 // `cpkv mutants --backend cuda`: the GPU planted bugs and the verify self-test (CUDA builds only).
 void run_gpu_mutants(const std::optional<std::string>& exchange);
 

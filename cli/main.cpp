@@ -143,8 +143,6 @@ int main(int argc, char** argv) {
   cpkv::cli::register_soak(app);
   cpkv::cli::register_merge(app);
   cpkv::cli::register_import(app);
-#if CPKV_HAVE_CUDA_BACKEND
   cpkv::cli::register_bench(app);
-#endif
   return with_output_checked(run(app, argc, argv));
 }

@@ -218,6 +218,7 @@ void register_backend(harness::Registry& registry) {
     }
     return line;
   };
+  cuda.bench = bench_report;
   registry.add(std::move(cuda));
 }
 

@@ -56,6 +56,11 @@ void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* 
 // plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange.
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify);
 
+// plugin_bench.cpp: times an exchange plugin's compose_layer per layer of the batch just run (its
+// bytes checked first), `write_rows(l)` before each span and `compose_layer(l)` inside it.
+using PluginLayerCall = std::function<void(std::int32_t layer)>;
+void time_plugin_layers(Rank& r, std::int64_t batch_index, const PluginLayerCall& write_rows, const PluginLayerCall& compose_layer);
+
 // bench_bodies.cpp: times the batch just run (its bytes checked first) with every body of
 // kTimingTable; the isolated exchange's current pages are uploaded through `uploads`.
 void time_run(BatchRun& run, DeviceUploads& uploads, std::int64_t batch_index);

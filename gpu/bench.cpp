@@ -283,6 +283,7 @@ void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, Be
   const std::int32_t reps = r.ctx.cuda.timing_reps;
   // In kTimingTable's order: compose_only's fill is the one the with_fill replays before it left.
   for (const TimingRow& row : kTimingTable) {
+    if (row.exchange != TimedExchange::built_in) continue;  // a plugin's (gpu/plugin_bench.cpp)
     double (&t)[kTimingStats][kBenchBatchesMax] = out.timing[timing_index(row.timing)];
     const std::vector<double> us = graph_layer_us(r, cycle, reps, bodies[timing_index(row.timing)], t[kNodes][batch_index]);
     t[kMedian][batch_index] = us[us.size() / 2];

@@ -22,7 +22,12 @@ enum class Timing : int {
   fill_only,             // the producer launch alone (fill and zeroed tails)
   pre_only,              // the compose launch's pre-signal copies alone (publish, pack; 0: none)
   compose_no_barrier,    // the compose launch with its barrier taken out (timing only; 0: none)
+  plugin_compose,        // an exchange plugin's compose_layer alone (its rows written before the span)
 };
+// Which exchange a timing times: cpkv's own (the bodies of gpu/bench_bodies.cpp) or an exchange
+// plugin's (gpu/plugin_bench.cpp). A run's JSON rows hold the keys of its exchange's timings only,
+// and the markdown shows the columns its rows have.
+enum class TimedExchange : int { built_in, plugin };
 // What is kept of one timing, per batch: the median, min and max over replays of the batch's
 // captured layer loop (CUDA graph), per layer, and the launches (graph nodes) per layer.
 enum TimingStat : int { kMedian = 0, kMin = 1, kMax = 2, kNodes = 3, kTimingStats = 4 };
@@ -46,6 +51,7 @@ struct TimingRow {
   const char* legend;
   // A median of 0 means the variant has no such part: the JSON holds null, the table "-".
   bool zero_is_none;
+  TimedExchange exchange = TimedExchange::built_in;
 };
 
 inline constexpr TimingRow kTimingTable[] = {
@@ -59,6 +65,10 @@ inline constexpr TimingRow kTimingTable[] = {
     {Timing::pre_only, "pre_only", false, "pre_signal_alone_us_per_layer", nullptr, "us", "pre-signal copies alone",
      "the compose launch's publish (staging_publish) or pack (v2) launched by itself, no barrier", true},
     {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr, "us", nullptr, nullptr, false},
+    {Timing::plugin_compose, "plugin_compose", true, "plugin_compose_us_per_layer", nullptr, "us", "plugin compose",
+     "the exchange plugin's compose_layer alone, between CUDA events on the rank's stream, launched from the host (no graph; its rows "
+     "written and the bytes checked outside the span)",
+     false, TimedExchange::plugin},
 };
 inline constexpr int kTimings = static_cast<int>(std::size(kTimingTable));
 
@@ -69,7 +79,7 @@ constexpr bool timing_table_in_order() {
   return true;
 }
 static_assert(timing_table_in_order(), "kTimingTable's rows are in Timing's order (rows are indexed by it)");
-static_assert(kTimings == static_cast<int>(Timing::compose_no_barrier) + 1, "a row for every Timing");
+static_assert(kTimings == static_cast<int>(Timing::plugin_compose) + 1, "a row for every Timing");
 
 constexpr int timing_index(Timing t) { return static_cast<int>(t); }
 

@@ -68,6 +68,11 @@ struct BenchResult {
 // A functional run that also times every batch (and measures the ceilings if asked).
 BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda);
 
+// `cpkv bench` (the "cuda" entry's bench, gpu/bench_report.cpp): every variant of the request timed
+// with cpkv's own exchange or the request's plugin, beside the ceilings of the same run and the
+// cost model's prediction; the JSON rows and the markdown.
+harness::BenchReport bench_report(const harness::CheckedBench& c, const harness::BatchSource& source, const harness::BenchPrint& print);
+
 // GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
 // 0 where there is no driver or no device.
 int gpu_count();

@@ -391,6 +391,17 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
   }
 }
 
+// The bench: the plugin's compose_layer timed per layer after the bytes were checked (plugin_bench.cpp).
+void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t* const dev[4], std::int64_t index) {
+  const auto rows = [&](std::int32_t l) {
+    write_rows(h, pb, dev[0], reinterpret_cast<const std::int32_t*>(dev[1]), reinterpret_cast<const std::int32_t*>(dev[2]), dev[3], l);
+  };
+  const auto compose = [&](std::int32_t l) {
+    check_call(h, h.plugin.table->compose_layer(&h.ctx, l, h.r.stream), "compose_layer", index, l);
+  };
+  time_plugin_layers(h.r, index, rows, compose);
+}
+
 void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
   Rank& r = h.r;
   const model::Setting& setting = r.ctx.source.setting;
@@ -424,6 +435,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
     run_layers(h, hb, hd, pb, dev, verify, index);
+    if (r.ctx.cuda.timing_reps > 0) time_plugin_batch(h, pb, dev, index);
   }
   r.sync_stream();
   check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);

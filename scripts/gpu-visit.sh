@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
 # (fused: issue 24 item 2, cpkv's own fused compose as a plugin: its tests, every variant on every trace through
 #  --exchange builtin and the .so, the GPU mutants through CPKV_EXCHANGE=builtin, memcheck over the .so)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
+# (bench-plugin: `cpkv bench --exchange` with the plain plugin at cp 1 beside the built-in bench of the same visit, the A/B
+#  per layer (scripts/bench_ab.py), cp 2 time-sliced for the path's bytes only, and its gpu test; only its targets built)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
 # (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
@@ -58,9 +60,11 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 "${py_args[@]}" > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 grep "cpkv:" "$OUT/configure.log"
-# conformance2 needs only the Python extension first; the CLI (--time's built-in figure) builds beside its tests.
+# conformance2 needs only the Python extension first; the CLI (--time's built-in figure) builds beside its tests;
+# bench-plugin builds only its own targets.
 targets=()
 [[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
+[[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
@@ -333,6 +337,23 @@ if [[ "$what" == vmm ]]; then
   unset CUDA_VISIBLE_DEVICES
   (cd "$build" && ctest -R "GpuVmm|PoolBacking|PoolNeed|RankSocket|GpuBackend|GpuPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
   echo "vmm + backend tests: exit $?"; grep -E "Passed|Failed|Not Run|tests passed|\*\*\*" "$OUT/gpu-vmm-tests.log" | tail -30
+fi
+if [[ "$what" == bench-plugin ]]; then
+  # Timings at cp 1 only (one rank, one GPU: never a time-sliced timing), the built-in and the plain
+  # plugin on the same trace and variant in this one visit, then their ratio per layer; cp 2 on the
+  # one GPU with --time-sliced checks the plugin path's bytes (its timings are discarded).
+  plain="$build/examples/libcpkv_exchange_plain.so"
+  trace="$root/traces/samples/seeds_batch.jsonl"
+  common=(--cp 1 --layers 4 --reps 40 --variant staging_direct)
+  timeout 120 "$cpkv" bench "$trace" "${common[@]}" --json "$OUT/bench-ab-builtin.json" --markdown "$OUT/bench-ab-builtin.md" > "$OUT/bench-ab-builtin.txt" 2>&1
+  echo "bench built-in cp 1: exit $?"
+  timeout 120 "$cpkv" bench "$trace" "${common[@]}" --exchange "$plain" --json "$OUT/bench-ab-plain.json" --markdown "$OUT/bench-ab-plain.md" > "$OUT/bench-ab-plain.txt" 2>&1
+  echo "bench --exchange plain cp 1: exit $?"; cat "$OUT/bench-ab-plain.md"
+  python3 "$root/scripts/bench_ab.py" "$OUT/bench-ab-builtin.json" "$OUT/bench-ab-plain.json" | tee "$OUT/bench-ab.md"
+  timeout 120 "$cpkv" bench "$root/traces/samples/tiny.jsonl" --exchange "$plain" --cp 2 --time-sliced --reps 2 > "$OUT/bench-plugin-sliced.txt" 2>&1
+  echo "bench --exchange plain cp 2 time-sliced (bytes only): exit $?"; grep -E "TIME-SLICED|FAILED|\| (yes|NO) \|$" "$OUT/bench-plugin-sliced.txt" | cut -c1-60
+  (cd "$build" && ctest -R "^GpuBenchPlugin[.]" --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-bench-plugin-tests.log" 2>&1
+  echo "gpu bench plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-bench-plugin-tests.log" | tail -6
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1

@@ -14,7 +14,7 @@
 
 #include "bench_markdown.hpp"
 
-namespace cpkv::cli {
+namespace cpkv::cuda {
 namespace {
 
 nlohmann::json staging_direct_row() {
@@ -77,6 +77,25 @@ TEST(BenchMarkdown, TimingColumnsComeFromTheTimingTableAndDerivedFiguresFollow) 
   for (std::size_t i = 3; i <= 5; ++i) EXPECT_EQ(cells(lines[i]), cells(lines[2])) << lines[i];
 }
 
+// A plugin's run (`cpkv bench --exchange`): its rows hold the plugin_compose keys only, so the table
+// has the plugin's column and none of cpkv's own timings, and the figures cpkv derives from its own
+// exchange's parts (the isolated exchange, the barrier's shares) are "-".
+TEST(BenchMarkdown, APluginRunShowsThePluginComposeColumnAndNoneOfTheBuiltInTimings) {
+  nlohmann::json row = {{"batch", 0}, {"variant", "staging_direct"}, {"byte_exact", true}, {"plugin_compose_us_per_layer_median", 41.25},
+                        {"plugin_compose_us_per_layer_min", 40.0}, {"plugin_compose_us_per_layer_max", 44.5}, {"ms_per_batch_compose", 2.52},
+                        {"isolated_current_us", nullptr}, {"barrier_share_us", nullptr}, {"barrier_share_in_layer_us", nullptr},
+                        {"peer_bytes_per_rank_layer", 5.0e6}, {"achieved_peer_gbps", 121.2}, {"ratio_to_ideal", 2.5}, {"model_us_per_layer", 22.0},
+                        {"model_error", -0.4667}};
+  const std::vector<std::string> lines = lines_of(bench_markdown(nlohmann::json::array({row}), ceilings(), 61));
+  ASSERT_GE(lines.size(), 5u);
+  EXPECT_EQ(lines[0].rfind("plugin compose = the exchange plugin's compose_layer alone", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].find("with fill ="), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[2], "| batch | variant | plugin compose us | plugin compose min-max | ms/batch | isolated current us (barrier's share) | "
+                      "barrier in the layer us | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |");
+  EXPECT_EQ(lines[4], "| 0 | staging_direct | 41.2 | 40.0-44.5 | 2.52 | - | - | 5.00 | 121 | 2.50 | 22.0 | -47% | yes |");
+  EXPECT_EQ(cells(lines[4]), cells(lines[2]));
+}
+
 TEST(BenchMarkdown, CeilingsLineNamesEveryScalarWithItsUnitAndTheGatherSweepMarksWrongRates) {
   const std::string md = bench_markdown(nlohmann::json::array(), ceilings(), 4);
   EXPECT_NE(md.find("\nCeilings (same run, worst rank): copy-engine peer pull 400 GB/s, copy-engine push into the peer 300 GB/s, local copy 2000 GB/s, "
@@ -89,4 +108,4 @@ TEST(BenchMarkdown, CeilingsLineNamesEveryScalarWithItsUnitAndTheGatherSweepMark
 }
 
 }  // namespace
-}  // namespace cpkv::cli
+}  // namespace cpkv::cuda

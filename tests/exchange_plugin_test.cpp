@@ -4,6 +4,7 @@
 // rank starts (include/cpkv/exchange_abi.h promises this; no GPU is needed for any of it).
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -130,6 +131,75 @@ TEST_F(ExchangeRequest, TheReplayLineCarriesThePlugin) {
   const std::string line = harness::replay_line(c, model::Variant::staging_direct, 2);
   EXPECT_NE(line.find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos) << line;
   EXPECT_NE(line.find(" --mutant reused_plan"), std::string::npos) << line;
+}
+
+// `cpkv bench`'s request: the replay request's checks (the plugin loaded, its variants taken), then a
+// backend with a bench entry, then the bench's own numbers; the entry is what the front end calls.
+TEST_F(ExchangeRequest, ABenchNeedsABackendThatBenchesAndItsEntryGetsTheCheckedPlugin) {
+  harness::BenchRequest bench;
+  bench.replay = with("all", "none");
+  try {
+    harness::check_bench_request(bench, registry);
+    ADD_FAILURE() << "a backend with no bench entry was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.option(), "backend");
+    EXPECT_EQ(e.reason(), "'host': benchmarks run on none of this build's backends only");
+  }
+  harness::BackendEntry bencher;
+  bencher.name = "bencher";
+  bencher.options = harness::kTakesExchange;
+  bencher.mutants = harness::kGpuHolds;
+  bencher.make = [](const harness::CheckedRequest&, const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
+  std::vector<std::string> benched;
+  bencher.bench = [&](const harness::CheckedBench& c, const harness::BatchSource&, const harness::BenchPrint&) {
+    for (model::Variant v : c.checked.variants) benched.emplace_back(model::to_string(v));
+    benched.push_back(c.checked.exchange ? c.checked.exchange->name : "no plugin");
+    return harness::BenchReport{};
+  };
+  registry.add(std::move(bencher));
+  bench.replay.backend = "bencher";
+  const harness::CheckedBench c = harness::check_bench_request(bench, registry);
+  EXPECT_EQ(c.reps, 50);
+  c.checked.backend->bench(c, harness::BatchSource{}, harness::BenchPrint{});
+  EXPECT_EQ(benched, (std::vector<std::string>{"v2", "staging_direct", "stub"}));
+  bench.replay.backend = "host";
+  try {
+    harness::check_bench_request(bench, registry);
+    ADD_FAILURE() << "a backend with no bench entry was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.reason(), "'host': benchmarks run on bencher only");
+  }
+  bench.replay.backend = "bencher";
+  for (const auto& [reps, cp, option] : {std::tuple{0, 1, "reps"}, std::tuple{50, 0, "cp"}, std::tuple{50, model::limits::cp_max + 1, "cp"}}) {
+    bench.reps = reps;
+    bench.cp = cp;
+    try {
+      harness::check_bench_request(bench, registry);
+      ADD_FAILURE() << option << " out of range was accepted";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.option(), option) << e.what();
+    }
+  }
+}
+
+// The real binary's bench: every refusal of the request (a bad plugin, a backend that does not take
+// one, a variant the plugin lacks, a backend that does not bench) is one line and exit 2 before any
+// rank starts; a good plugin reaches the cuda entry, which on a machine with no GPU says so.
+TEST(ExchangePluginCli, BenchRefusesABadPluginOrBackendInOneLineBeforeAnyRankStarts) {
+  const std::string bench = "bench traces/samples/tiny.jsonl ";
+  const test::CliRun probe = test::run_cpkv(bench + "--exchange /nonexistent.so");
+  if (probe.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << probe.err;
+  test::expect_bad_input(probe, "--exchange: /nonexistent.so: cannot be read");
+  test::expect_bad_input(test::run_cpkv(bench + "--exchange " + CPKV_STUB_v2), "was built against cpkv exchange ABI version 2");
+  test::expect_bad_input(test::run_cpkv(bench + "--exchange " + CPKV_STUB_nosym), "exports no symbol cpkv_exchange_v1");
+  test::expect_bad_input(test::run_cpkv(bench + "--backend sim --exchange " + CPKV_STUB_ok), "--exchange: --backend sim does not take it");
+  test::expect_bad_input(test::run_cpkv(bench + "--variant fused_ar --exchange " + CPKV_STUB_ok),
+                         "--variant: exchange plugin 'stub' does not implement fused_ar (it implements: staging_direct, v2)");
+  test::expect_bad_input(test::run_cpkv(bench + "--backend sim"), "--backend: 'sim': benchmarks run on cuda only");
+  test::expect_bad_input(test::run_cpkv(bench + "--backend model"), "--backend: 'model': benchmarks run on cuda only");
+  const test::CliRun good = test::run_cpkv(bench + "--exchange " + CPKV_STUB_ok);
+  if (good.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run the bench";
+  test::expect_bad_input(good, "--backend: cuda: no CUDA device is visible on this machine");
 }
 
 // The real binary: a bad plugin is one line and exit 2 before anything runs (a machine with the

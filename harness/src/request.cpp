@@ -166,6 +166,28 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
   return c;
 }
 
+CheckedBench check_bench_request(const BenchRequest& request, const Registry& registry) {
+  CheckedBench c;
+  c.checked = check_request(request.replay, registry);
+  if (!c.checked.backend->bench) {
+    std::string benches;
+    for (const BackendEntry& e : registry.entries()) {
+      if (e.bench) benches += (benches.empty() ? "" : ", ") + e.name;
+    }
+    throw RequestError("backend", fmt::format("'{}': benchmarks run on {} only", c.checked.backend->name, benches.empty() ? "none of this build's backends" : benches));
+  }
+  if (request.reps < 1 || request.reps > request_limits::bench_reps_max) {
+    throw RequestError("reps", fmt::format("{} is not in 1..{}", request.reps, request_limits::bench_reps_max));
+  }
+  if (request.cp && (*request.cp < 1 || *request.cp > model::limits::cp_max)) {
+    throw RequestError("cp", fmt::format("{} is outside 1..{}", *request.cp, model::limits::cp_max));
+  }
+  c.reps = request.reps;
+  c.cp = request.cp;
+  c.time_sliced = request.time_sliced;
+  return c;
+}
+
 ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source) {
   const ReplayRequest& r = checked.request;
   if (source.setting.cp > checked.backend->ranks_max) {

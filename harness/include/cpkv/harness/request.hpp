@@ -78,6 +78,7 @@ inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a 
 }  // namespace request_limits
 
 struct BackendEntry;
+struct CheckedBench;
 
 // A request after check_request: the backend found, names parsed, every option in range.
 struct CheckedRequest {
@@ -87,6 +88,20 @@ struct CheckedRequest {
   Mutant mutant = Mutant::none;
   std::shared_ptr<const void> backend_state;  // what the entry's check parsed (the simulator's schedule)
   std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: none given)
+};
+
+// What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
+// whether every timed run was byte-exact.
+struct BenchReport {
+  nlohmann::json json;
+  std::string markdown;
+  bool exact = true;
+};
+// What the bench tells the terminal as it goes: the run header, the batches the overflow verdict
+// rejects (nothing of them is timed), a variant that failed its byte check.
+struct BenchPrint {
+  std::function<void(const std::string& line)> line;
+  std::function<void(const std::vector<RejectedBatch>& rejected)> rejected;
 };
 
 // A progress callback: layers every rank has ended, summed over batches (of batches x layers run
@@ -109,6 +124,9 @@ struct BackendEntry {
   std::function<std::unique_ptr<Backend>(const CheckedRequest&, const ProgressFunction&)> make;
   // The run header's extra line (the simulator's fault knobs), or empty.
   std::function<std::string(const CheckedRequest&)> knobs_line;
+  // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
+  // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
+  std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
 };
 
 class Registry {
@@ -129,6 +147,26 @@ void register_model_backend(Registry& registry);
 // Every option that needs no source, in one order (backend, variant, mutant, layers, then the
 // backend's own): throws RequestError naming the first bad one.
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
+
+// `cpkv bench`: a replay request (backend, variant, layers, exchange) and what only timing needs.
+// Checked by check_bench_request: the replay request as check_request checks it (an --exchange
+// plugin loaded and its variants taken), then a backend that benches, then the bench's own options.
+struct BenchRequest {
+  ReplayRequest replay;
+  std::int32_t reps = 50;                     // timed replays per batch and variant
+  std::optional<std::int32_t> cp;             // the trace's cp overridden
+  bool time_sliced = false;                   // more ranks than GPUs allowed (the path checked, its timings meaningless)
+};
+struct CheckedBench {
+  CheckedRequest checked;
+  std::int32_t reps = 0;
+  std::optional<std::int32_t> cp;
+  bool time_sliced = false;
+};
+namespace request_limits {
+inline constexpr std::int32_t bench_reps_max = 1'000'000;
+}  // namespace request_limits
+CheckedBench check_bench_request(const BenchRequest& request, const Registry& registry);
 
 // The variants a name or comma-separated list of names selects ("all": every variant in the
 // table's order); nullopt with the first unknown name in `unknown`.

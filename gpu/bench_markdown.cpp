@@ -7,45 +7,50 @@
 
 #include "bench_timings.hpp"
 
-namespace cpkv::cli {
+namespace cpkv::cuda {
 namespace {
 
 std::string one_decimal_or_dash(const nlohmann::json& value) { return value.is_null() ? "-" : fmt::format("{:.1f}", value.get<double>()); }
 
 // The header cells of one timing's columns: its median (with the spread where kept) and its launches.
-void timing_headers(const cuda::TimingRow& t, std::vector<std::string>& cells) {
+void timing_headers(const TimingRow& t, std::vector<std::string>& cells) {
   cells.push_back(fmt::format("{} {}", t.column, t.unit));
   if (t.spread) cells.push_back(fmt::format("{} min-max", t.column));
   if (t.json_nodes != nullptr) cells.push_back(fmt::format("launches/layer ({})", t.column));
 }
 
-void timing_cells(const cuda::TimingRow& t, const nlohmann::json& row, std::vector<std::string>& cells) {
+void timing_cells(const TimingRow& t, const nlohmann::json& row, std::vector<std::string>& cells) {
   const std::string stem = t.json_stem;
   cells.push_back(one_decimal_or_dash(row[stem + "_median"]));
   if (t.spread) cells.push_back(fmt::format("{:.1f}-{:.1f}", row[stem + "_min"].get<double>(), row[stem + "_max"].get<double>()));
   if (t.json_nodes != nullptr) cells.push_back(fmt::format("{:.0f}", row[t.json_nodes].get<double>()));
 }
 
-bool has_column(const cuda::TimingRow& t) { return t.column != nullptr && t.json_stem != nullptr; }
+// A timing with a column of its own, timed in this run: the rows hold its keys (a run of cpkv's
+// own exchange has none of a plugin's timings, and the other way round; no rows: cpkv's own columns).
+bool has_column(const TimingRow& t, const nlohmann::json& rows) {
+  if (t.column == nullptr || t.json_stem == nullptr) return false;
+  return rows.empty() ? t.exchange == TimedExchange::built_in : rows[0].contains(std::string(t.json_stem) + "_median");
+}
 
 std::string table_line(const std::vector<std::string>& cells) { return "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n"; }
 
-std::string legend(std::int32_t layer_count) {
+std::string legend(const nlohmann::json& rows, std::int32_t layer_count) {
   std::vector<std::string> parts;
-  for (const cuda::TimingRow& t : cuda::kTimingTable) {
-    if (has_column(t)) parts.push_back(fmt::format("{} = {}", t.column, t.legend));
+  for (const TimingRow& t : kTimingTable) {
+    if (has_column(t, rows)) parts.push_back(fmt::format("{} = {}", t.column, t.legend));
   }
   return fmt::format(
       "{}. Figures in {} per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
       "ms/batch = compose x {} layers; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked "
       "there).\n\n",
-      fmt::join(parts, "; "), cuda::kTimingTable[0].unit, layer_count);
+      fmt::join(parts, "; "), kTimingTable[0].unit, layer_count);
 }
 
 std::string rows_table(const nlohmann::json& rows) {
   std::vector<std::string> header = {"batch", "variant"};
-  for (const cuda::TimingRow& t : cuda::kTimingTable) {
-    if (has_column(t)) timing_headers(t, header);
+  for (const TimingRow& t : kTimingTable) {
+    if (has_column(t, rows)) timing_headers(t, header);
   }
   for (const char* derived : {"ms/batch", "isolated current us (barrier's share)", "barrier in the layer us", "peer MB/rank/layer", "GB/s",
                               "x ideal", "model us", "model error", "exact"}) {
@@ -54,8 +59,8 @@ std::string rows_table(const nlohmann::json& rows) {
   std::string md = table_line(header) + table_line(std::vector<std::string>(header.size(), "---"));
   for (const auto& r : rows) {
     std::vector<std::string> cells = {fmt::format("{}", r["batch"].get<int>()), r["variant"].get<std::string>()};
-    for (const cuda::TimingRow& t : cuda::kTimingTable) {
-      if (has_column(t)) timing_cells(t, r, cells);
+    for (const TimingRow& t : kTimingTable) {
+      if (has_column(t, rows)) timing_cells(t, r, cells);
     }
     std::string isolated = one_decimal_or_dash(r["isolated_current_us"]);
     if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
@@ -105,7 +110,7 @@ std::string gather_table(const model::MeasuredCeilings& ceilings) {
 }  // namespace
 
 std::string bench_markdown(const nlohmann::json& rows, const model::MeasuredCeilings& ceilings, std::int32_t layer_count) {
-  return legend(layer_count) + rows_table(rows) + ceilings_lines(ceilings) + gather_table(ceilings);
+  return legend(rows, layer_count) + rows_table(rows) + ceilings_lines(ceilings) + gather_table(ceilings);
 }
 
-}  // namespace cpkv::cli
+}  // namespace cpkv::cuda

@@ -11,9 +11,9 @@
 
 #include "cpkv/model/costs.hpp"
 
-namespace cpkv::cli {
+namespace cpkv::cuda {
 
 // `rows`: the "rows" array of `cpkv bench --json`; `layer_count`: the model's layers (ms per batch).
 std::string bench_markdown(const nlohmann::json& rows, const model::MeasuredCeilings& ceilings, std::int32_t layer_count);
 
-}  // namespace cpkv::cli
+}  // namespace cpkv::cuda
