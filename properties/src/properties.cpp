@@ -180,7 +180,7 @@ std::int64_t case_size(const Case& c) {
 std::unique_ptr<harness::Backend> scheduled_backend(const Case& c) {
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
-  return sim::make_scheduled_backend(sim::Schedule{sim::ScheduleKind::list, c.schedule, c.seed}, limits, false);
+  return sim::make_scheduled_backend(sim::Schedule{sim::ScheduleKind::list, c.schedule, c.seed}, limits);
 }
 
 void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, harness::Mutant mutant, bool require_no_violation) {
