@@ -37,7 +37,9 @@ std::vector<json> checked_events(const std::string& path) {
   const json doc = json::parse(in);  // throws on a file that is not whole JSON
   EXPECT_TRUE(doc.is_object()) << "the JSON object form";
   EXPECT_TRUE(doc.contains("traceEvents") && doc["traceEvents"].is_array());
-  if (doc.contains("displayTimeUnit")) EXPECT_TRUE(doc["displayTimeUnit"] == "ms" || doc["displayTimeUnit"] == "ns");
+  if (doc.contains("displayTimeUnit")) {
+    EXPECT_TRUE(doc["displayTimeUnit"] == "ms" || doc["displayTimeUnit"] == "ns");
+  }
   const std::set<std::string> phases = {"B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "V", "v", "R", "c", "(", ")"};
   std::vector<json> events;
   for (const json& e : doc["traceEvents"]) {
@@ -48,9 +50,15 @@ std::vector<json> checked_events(const std::string& path) {
     EXPECT_TRUE(e.contains("pid") && e["pid"].is_number_integer()) << where;
     EXPECT_TRUE(e.contains("tid") && e["tid"].is_number_integer()) << where;
     const std::string ph = e.value("ph", "");
-    if (ph == "X") EXPECT_TRUE(e.contains("dur") && e["dur"].is_number() && e["dur"].get<double>() >= 0) << where;
-    if (ph == "i") EXPECT_TRUE(e.contains("s") && (e["s"] == "g" || e["s"] == "p" || e["s"] == "t")) << where;
-    if (ph == "M" && (e["name"] == "process_name" || e["name"] == "thread_name")) EXPECT_TRUE(e["args"]["name"].is_string()) << where;
+    if (ph == "X") {
+      EXPECT_TRUE(e.contains("dur") && e["dur"].is_number() && e["dur"].get<double>() >= 0) << where;
+    }
+    if (ph == "i") {
+      EXPECT_TRUE(e.contains("s") && (e["s"] == "g" || e["s"] == "p" || e["s"] == "t")) << where;
+    }
+    if (ph == "M" && (e["name"] == "process_name" || e["name"] == "thread_name")) {
+      EXPECT_TRUE(e["args"]["name"].is_string()) << where;
+    }
     events.push_back(e);
   }
   return events;
@@ -113,8 +121,12 @@ TEST(SimTimeline, ScheduledRunHasOneTrackPerRankAndOneSpanPerStep) {
       if (i > 0) EXPECT_GE(s["ts"].get<std::int64_t>(), spans[i - 1]["ts"].get<std::int64_t>() + spans[i - 1]["dur"].get<std::int64_t>()) << s.dump();
       EXPECT_LE(s["ts"].get<std::int64_t>() + s["dur"].get<std::int64_t>(), static_cast<std::int64_t>(run.report.steps));
       EXPECT_TRUE(s["args"].contains("batch")) << s.dump();
-      if (s["args"]["layer"].get<std::int32_t>() >= 0) EXPECT_EQ(s["args"]["half"], s["args"]["layer"].get<std::int32_t>() % 2) << s.dump();
-      if (s["cat"] == "wait") EXPECT_TRUE(s["args"].contains("on") && s["args"].contains("phase")) << s.dump();
+      if (s["args"]["layer"].get<std::int32_t>() >= 0) {
+        EXPECT_EQ(s["args"]["half"], s["args"]["layer"].get<std::int32_t>() % 2) << s.dump();
+      }
+      if (s["cat"] == "wait") {
+        EXPECT_TRUE(s["args"].contains("on") && s["args"].contains("phase")) << s.dump();
+      }
     }
   }
   for (const char* c : {"zero", "fill", "gather", "signal", "wait"}) EXPECT_EQ(categories.count(c), 1u) << c;
