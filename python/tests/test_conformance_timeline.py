@@ -6,7 +6,6 @@ the rank whose bytes were wrong."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -19,27 +18,10 @@ import cpkv  # noqa: E402
 from cpkv import conformance  # noqa: E402
 
 from conftest import SOURCE_DIR  # noqa: E402
+from timeline_format import checked_events  # noqa: E402
 
 TINY = str(SOURCE_DIR / "traces" / "samples" / "tiny.jsonl")
 IMPL = "cpkv.conformance.reference:StagingDirect"
-
-
-def checked_events(path) -> list:
-    with open(path) as f:
-        doc = json.load(f)
-    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
-    assert doc.get("displayTimeUnit", "ms") in ("ms", "ns")
-    for e in doc["traceEvents"]:
-        assert isinstance(e["name"], str) and isinstance(e["ph"], str) and len(e["ph"]) == 1, e
-        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
-        if e["ph"] == "X":
-            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
-        if e["ph"] == "i":
-            assert e["s"] in ("g", "p", "t"), e
-        if e["ph"] == "M" and e["name"] in ("process_name", "thread_name"):
-            assert isinstance(e["args"]["name"], str), e
-    return doc["traceEvents"]
 
 
 def test_a_passing_run_has_a_track_per_rank_and_a_span_per_compose_layer(tmp_path):
