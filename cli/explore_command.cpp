@@ -1,13 +1,17 @@
 // cpkv explore: every interleaving of the rank step machines for small settings.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
 #include "options.hpp"
+#include "cpkv/harness/temp_files.hpp"
 #include "cpkv/properties/explorer.hpp"
+#include "cpkv/properties/properties.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
 
@@ -22,6 +26,28 @@ struct ExploreCliOptions {
   bool shapes = true;
   std::int32_t shape_layers = 3;
 };
+
+// A finding written as a counterexample (trace and schedule, and its timeline beside them as
+// STEM.timeline.json) in the run's private counterexample folder; prints the replay line and the
+// timeline's path.
+void print_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {
+  properties::Case c;
+  c.setting = options.setting;
+  c.batches = options.batches;
+  c.variant = options.variant;
+  c.layers = options.layers;
+  c.schedule = r.schedule;
+  c.ipc_missing_rank = options.ipc_missing_rank;
+  try {
+    const std::string dir = harness::private_folder("cpkv-counterexamples");
+    fmt::print("    replay: {}\n", properties::write_replay(c, options.mutant, dir, stem));
+    const std::string timeline = (std::filesystem::path(dir) / (stem + ".timeline.json")).string();
+    properties::write_timeline(c, options.mutant, timeline);
+    fmt::print("    timeline: {}\n", timeline);
+  } catch (const std::runtime_error& e) {
+    fmt::print("    counterexample not written: {}\n", e.what());
+  }
+}
 
 std::string outcome(const properties::ExploreResult& r) {
   if (r.found) return fmt::format("FOUND {} | schedule [{}]", r.finding, fmt::join(r.schedule, " "));
@@ -58,6 +84,7 @@ bool explore_shapes(const ExploreCliOptions& o) {
         if (!r.found) continue;
         found = true;
         fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}\n", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
+        print_counterexample(options, r, fmt::format("explore-{}-{}-cp{}", harness::to_string(mutant), shape.name, cp));
         break;
       }
     }
@@ -94,6 +121,7 @@ void run_explore(const ExploreCliOptions& o) {
     const bool expected = mutant == harness::Mutant::none ? (!r.found && r.complete) : r.found;
     all_as_expected = all_as_expected && expected;
     fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}\n", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
+    if (r.found) print_counterexample(options, r, fmt::format("explore-{}-cp{}-layers{}", harness::to_string(mutant), cp, layers));
     std::fflush(stdout);
   };
   for (std::int32_t cp = 1; cp <= o.cp_max; ++cp) {
