@@ -1,17 +1,17 @@
 // cpkv explore: every interleaving of the rank step machines for small settings.
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <stdexcept>
+#include <memory>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
+#include "explore_rows.hpp"
+#include "files.hpp"
 #include "options.hpp"
-#include "cpkv/harness/temp_files.hpp"
+#include "shard_rows.hpp"
 #include "cpkv/properties/explorer.hpp"
-#include "cpkv/properties/properties.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
 
@@ -25,29 +25,11 @@ struct ExploreCliOptions {
   double seconds_max = 60.0;
   bool shapes = true;
   std::int32_t shape_layers = 3;
+  std::optional<std::string> shard;  // K/N over the units (cli/explore_rows.hpp)
+  std::optional<std::string> json_path;
+  std::optional<std::string> junit_path;
+  std::optional<std::string> out;  // the counterexamples' folder (files.hpp use_out_folder)
 };
-
-// A finding written as a counterexample (trace and schedule, and its timeline beside them as
-// STEM.timeline.json) in the run's private counterexample folder; prints the replay line and the
-// timeline's path.
-void print_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {
-  properties::Case c;
-  c.setting = options.setting;
-  c.batches = options.batches;
-  c.variant = options.variant;
-  c.layers = options.layers;
-  c.schedule = r.schedule;
-  c.ipc_missing_rank = options.ipc_missing_rank;
-  try {
-    const std::string dir = harness::private_folder("cpkv-counterexamples");
-    fmt::print("    replay: {}\n", properties::write_replay(c, options.mutant, dir, stem));
-    const std::string timeline = (std::filesystem::path(dir) / (stem + ".timeline.json")).string();
-    properties::write_timeline(c, options.mutant, timeline);
-    fmt::print("    timeline: {}\n", timeline);
-  } catch (const std::runtime_error& e) {
-    fmt::print("    counterexample not written: {}\n", e.what());
-  }
-}
 
 std::string outcome(const properties::ExploreResult& r) {
   if (r.found) return fmt::format("FOUND {} | schedule [{}]", r.finding, fmt::join(r.schedule, " "));
@@ -56,26 +38,36 @@ std::string outcome(const properties::ExploreResult& r) {
 
 // Every shape proved for cp 1..min(3, cp_max), then every planted bug hunted over the shapes (cp 2,
 // then 3) until one shape finds it. True when every proof completed clean and every bug was found.
-bool explore_shapes(const ExploreCliOptions& o) {
+bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
   const std::int32_t layers = std::min(o.shape_layers, o.layers_max);
   const std::int32_t cp_top = std::min(3, o.cp_max);
   fmt::print("\nshapes ({} layers, pattern FSFS, page 2, kv_fp8 + indexer_k)\n", layers);
-  fmt::print("{:<21} {:>3} {:>10} {:>12} {:>9}  {}\n", "shape", "cp", "states", "transitions", "seconds", "result");
+  const std::string shape_header = fmt::format("{:<21} {:>3} {:>10} {:>12} {:>9}  {}", "shape", "cp", "states", "transitions", "seconds", "result");
+  fmt::print("{}\n", shape_header);
   bool ok = true;
   for (std::int32_t cp = 1; cp <= cp_top; ++cp) {
     for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
+      if (!run.take()) continue;
       properties::ExploreOptions options = properties::options_for(shape, layers, harness::Mutant::none);
       options.seconds_max = o.seconds_max;
       const properties::ExploreResult r = properties::explore(options);
       ok = ok && !r.found && r.complete;
-      fmt::print("{:<21} {:>3} {:>10} {:>12} {:>9.2f}  {}\n", shape.name, cp, r.states, r.transitions, r.seconds, outcome(r));
+      const std::string line = fmt::format("{:<21} {:>3} {:>10} {:>12} {:>9.2f}  {}", shape.name, cp, r.states, r.transitions, r.seconds, outcome(r));
+      const std::string stem = fmt::format("explore-{}-cp{}-none", shape.name, cp);
+      const std::string replay = keep_explore_counterexample(options, r, stem);
+      fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
+      run.add(explore_row(shape_header, fmt::format("{} cp {}", shape.name, cp), r, !r.found && r.complete, line, replay));
       std::fflush(stdout);
     }
   }
   fmt::print("\nplanted bugs: the first shape (cp 2, then 3) in which exploration reaches a violation or deadlock\n");
-  fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9}  {}\n", "mutant", "shape", "cp", "states", "seconds", "finding");
+  const std::string hunt_header = fmt::format("{:<26} {:<21} {:>3} {:>10} {:>9}  {}", "mutant", "shape", "cp", "states", "seconds", "finding");
+  fmt::print("{}\n", hunt_header);
   for (harness::Mutant mutant : harness::kAllMutants) {
+    if (!run.take()) continue;
     bool found = false;
+    std::string line, replay, stem;
+    properties::ExploreResult hit;
     for (std::int32_t cp = 2; cp <= std::max(2, cp_top) && !found; ++cp) {
       for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
         properties::ExploreOptions options = properties::options_for(shape, layers, mutant);
@@ -83,12 +75,16 @@ bool explore_shapes(const ExploreCliOptions& o) {
         const properties::ExploreResult r = properties::explore(options);
         if (!r.found) continue;
         found = true;
-        fmt::print("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}\n", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
-        print_counterexample(options, r, fmt::format("explore-{}-{}-cp{}", harness::to_string(mutant), shape.name, cp));
+        hit = r;
+        line = fmt::format("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
+        stem = fmt::format("explore-{}-cp{}-{}", shape.name, cp, harness::to_string(mutant));
+        replay = keep_explore_counterexample(options, r, stem);
         break;
       }
     }
-    if (!found) fmt::print("{:<26} {:<21}\n", harness::to_string(mutant), "NOT FOUND in any shape");
+    if (!found) line = fmt::format("{:<26} {:<21}", harness::to_string(mutant), "NOT FOUND in any shape");
+    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
+    run.add(explore_row(hunt_header, std::string(harness::to_string(mutant)), hit, found, line, replay));
     ok = ok && found;
     std::fflush(stdout);
   }
@@ -98,12 +94,23 @@ bool explore_shapes(const ExploreCliOptions& o) {
 void run_explore(const ExploreCliOptions& o) {
   const auto variant = model::parse_variant(o.variant);
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
+  const std::int32_t cp_top = std::min(3, o.cp_max);
+  ShardedRun run = sharded_run("explore", o.shard, explore_units(o.cp_max, o.layers_max, o.shapes, cp_top),
+                               {{"cp_max", o.cp_max}, {"layers_max", o.layers_max}, {"variant", o.variant}, {"shapes", o.shapes},
+                                {"shape_layers", o.shape_layers}, {"seconds_max", o.seconds_max}});
+  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
+  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
+  refuse_same_files({}, {json.get(), junit.get()});
+  (void)use_out_folder(o.out);
   fmt::print("cpkv explore: every interleaving, visited-state set over program-counter vectors | variant {} | batch: (prefix 2 extend 3) "
              "(extend 2), page 2, kv_fp8 + indexer_k, layers FSFS\n",
              o.variant);
-  fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9}  {}\n", "cp", "layers", "mutant", "states", "transitions", "seconds", "result");
+  if (!run.header().empty()) fmt::print("{}\n", run.header().substr(3));
+  const std::string grid_header = fmt::format("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9}  {}", "cp", "layers", "mutant", "states", "transitions", "seconds", "result");
+  fmt::print("{}\n", grid_header);
   bool all_as_expected = true;
   const auto report = [&](std::int32_t cp, std::int32_t layers, harness::Mutant mutant) {
+    if (!run.take()) return;
     properties::ExploreOptions options;
     options.setting = properties::exploration_setting(cp);
     options.batches = {properties::exploration_batch()};
@@ -120,8 +127,11 @@ void run_explore(const ExploreCliOptions& o) {
     }
     const bool expected = mutant == harness::Mutant::none ? (!r.found && r.complete) : r.found;
     all_as_expected = all_as_expected && expected;
-    fmt::print("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}\n", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
-    if (r.found) print_counterexample(options, r, fmt::format("explore-{}-cp{}-layers{}", harness::to_string(mutant), cp, layers));
+    const std::string line = fmt::format("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
+    const std::string stem = fmt::format("explore-cp{}-layers{}-{}", cp, layers, harness::to_string(mutant));
+    const std::string replay = keep_explore_counterexample(options, r, stem);
+    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
+    run.add(explore_row(grid_header, fmt::format("cp {} layers {} {}", cp, layers, harness::to_string(mutant)), r, expected, line, replay));
     std::fflush(stdout);
   };
   for (std::int32_t cp = 1; cp <= o.cp_max; ++cp) {
@@ -130,8 +140,10 @@ void run_explore(const ExploreCliOptions& o) {
   for (harness::Mutant mutant : {harness::Mutant::single_half, harness::Mutant::no_barrier, harness::Mutant::arrive_before_fill}) {
     report(2, std::min(3, o.layers_max), mutant);
   }
-  if (o.shapes) all_as_expected = explore_shapes(o) && all_as_expected;
+  if (o.shapes) all_as_expected = explore_shapes(o, run) && all_as_expected;
   exit_status() = all_as_expected ? kExitOk : kExitFailure;
+  if (json) json->write(sharded_json(run));
+  if (junit) junit->write(sharded_junit(run));
 }
 
 }  // namespace
@@ -149,6 +161,10 @@ void register_explore(CLI::App& app) {
   cmd->add_option("--seconds-max", o->seconds_max, "time limit per exploration")->capture_default_str()->check(finite_in(0, option_limits::explore_seconds_max, /*low_open=*/true));
   cmd->add_option("--shape-layers", o->shape_layers, "layers of the shapes table")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_flag("!--no-shapes", o->shapes, "leave out the shapes table and the planted-bug hunt over the shapes");
+  cmd->add_option("--shard", o->shard, "K/N: run only the explorations i (0-based, in the order the tables print them) with i % N == K - 1");
+  cmd->add_option("--json", o->json_path, "write each exploration's row, what was asked and the shard to this JSON file (cpkv merge folds shards)");
+  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per exploration");
+  cmd->add_option("--out", o->out, "put counterexamples (trace and schedule) in this folder (made 0700 if new; default: a private folder per run in $TMPDIR)");
   cmd->callback([o] { run_explore(*o); });
 }
 

@@ -17,6 +17,7 @@
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/spool.hpp"
 #include "cpkv/harness/temp_files.hpp"
+#include "cpkv/properties/properties.hpp"
 
 namespace cpkv::cli {
 namespace {
@@ -280,6 +281,16 @@ std::string with_input_names(std::string text) {
     }
   }
   return text;
+}
+
+std::string use_out_folder(const std::optional<std::string>& dir) {
+  if (!dir) return "";
+  try {
+    properties::set_counterexample_folder(harness::owned_output_folder("--out", *dir));
+  } catch (const std::runtime_error& e) {
+    throw OptionError(e.what());
+  }
+  return *dir;
 }
 
 }  // namespace cpkv::cli

@@ -105,4 +105,10 @@ void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::v
 // For error messages: the spool files' paths replaced by the names the user gave.
 std::string with_input_names(std::string text);
 
+// `--out DIR` of soak, mutants and explore: the counterexamples' folder (harness::owned_output_folder:
+// made 0700 when new, else a real folder this user owns that others cannot write), set for the
+// property suite (properties::set_counterexample_folder). Without it they go to the private per-run
+// folder in $TMPDIR. A bad DIR is an OptionError (one line, exit 2). Returns DIR, or "" without it.
+std::string use_out_folder(const std::optional<std::string>& dir);
+
 }  // namespace cpkv::cli

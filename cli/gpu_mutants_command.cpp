@@ -21,7 +21,7 @@ namespace {
 // corrupt an input it reads (the request's own check says which).
 std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& path, std::vector<harness::Mutant>& mutants) {
   try {
-    auto plugin = harness::load_exchange_plugin(path);
+    auto plugin = harness::find_exchange(path);
     for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
     for (harness::Mutant m : harness::kHarnessMutants) {
       if ((plugin->uses & harness::input_corrupted_by(m)) != 0) mutants.push_back(m);
@@ -37,7 +37,8 @@ std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& pa
 
 }  // namespace
 
-void run_gpu_mutants(const std::optional<std::string>& exchange) {
+void run_gpu_mutants(const std::optional<std::string>& asked) {
+  const std::optional<std::string> exchange = asked ? asked : cuda::exchange_from_environment();
   std::vector<harness::Mutant> mutants(harness::kGpuMutants.begin(), harness::kGpuMutants.end());
   cuda::CudaOptions cuda_options;
   if (exchange) {

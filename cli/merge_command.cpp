@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "mutants_report.hpp"
+#include "shard_rows.hpp"
 
 namespace cpkv::cli {
 namespace {
@@ -30,13 +31,19 @@ struct ShardFile {
   nlohmann::json json;
 };
 
-ShardFile read_shard_file(const InputFile& input) {
-  const std::string& path = input.name();
+// A shard file's JSON, or one line naming it.
+nlohmann::json parse_file(const InputFile& input) {
   std::ifstream in(input.path(), std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  ShardFile file{path, {}, 0, nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false)};
-  if (file.json.is_discarded()) throw OptionError(fmt::format("{}: not JSON (a `cpkv mutants --json` file is)", path));
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) throw OptionError(fmt::format("{}: not JSON (a `cpkv mutants`, `soak` or `explore` --json file is)", input.name()));
+  return json;
+}
+
+ShardFile read_shard_file(const InputFile& input, nlohmann::json json) {
+  const std::string& path = input.name();
+  ShardFile file{path, {}, 0, std::move(json)};
   try {
     if (file.json.value("cpkv_mutants", 0) != 1) throw std::runtime_error("no \"cpkv_mutants\": 1 (not a `cpkv mutants --json` file)");
     file.run.seed = file.json.at("seed").get<std::uint64_t>();
@@ -115,6 +122,18 @@ void refuse_missing(const std::map<std::size_t, MergedRow>& rows, std::size_t n)
   throw OptionError(fmt::format("rows {} are in no file: shard {} of {} missing", fmt::join(missing, ", "), fmt::join(shards, ", "), n));
 }
 
+// The rows of `cpkv soak` or `cpkv explore` shards in the unsharded run's order, then a summary.
+void merge_soak_or_explore(const std::vector<std::string>& names, const std::vector<nlohmann::json>& parsed, OutputFile* junit) {
+  const ShardedRun merged = merge_sharded(names, parsed);
+  fmt::print("cpkv merge: cpkv {} | {} | {} files\n", merged.command, merged.asked.dump(), names.size());
+  print_sharded_rows(merged);
+  std::size_t failed = 0;
+  for (const nlohmann::json& row : merged.rows) failed += row.at("passed").get<bool>() ? 0 : 1;
+  fmt::print("merged: {} units, {} passed, {} failed\n", merged.rows.size(), merged.rows.size() - failed, failed);
+  exit_status() = failed == 0 ? kExitOk : kExitFailure;
+  if (junit != nullptr) junit->write(sharded_junit(merged));
+}
+
 void run_merge(const MergeOptions& o) {
   std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
   std::vector<std::unique_ptr<InputFile>> inputs;
@@ -122,8 +141,18 @@ void run_merge(const MergeOptions& o) {
   std::vector<const InputFile*> checked;
   for (const auto& input : inputs) checked.push_back(input.get());
   refuse_same_files(checked, {junit.get()});
+  std::vector<nlohmann::json> parsed;
+  std::vector<std::string> names;
+  for (const auto& input : inputs) {
+    parsed.push_back(parse_file(*input));
+    names.push_back(input->name());
+  }
+  if (parsed.front().is_object() && parsed.front().contains("cpkv_shards")) {  // cpkv soak or explore (cli/shard_rows.hpp)
+    merge_soak_or_explore(names, parsed, junit.get());
+    return;
+  }
   std::vector<ShardFile> files;
-  for (const auto& input : inputs) files.push_back(read_shard_file(*input));
+  for (std::size_t i = 0; i < inputs.size(); ++i) files.push_back(read_shard_file(*inputs[i], std::move(parsed[i])));
   std::map<std::size_t, MergedRow> merged;
   for (const ShardFile& file : files) {
     refuse_other_run(files.front(), file);
@@ -156,8 +185,9 @@ void register_merge(CLI::App& app) {
   auto o = std::make_shared<MergeOptions>();
   CLI::App* cmd = app.add_subcommand("merge",
                                      "Fold the --json files of `cpkv mutants --shard K/N` runs (every K of one N, one seed) into the table "
-                                     "`cpkv mutants` prints; exit 1 if a merged row failed.");
-  cmd->add_option("FILE", o->paths, "the shard files (cpkv mutants --json)")->required();
+                                     "`cpkv mutants` prints, or those of `cpkv soak` or `cpkv explore` shards into the unsharded run's rows; "
+                                     "exit 1 if a merged row failed.");
+  cmd->add_option("FILE", o->paths, "the shard files (cpkv mutants, soak or explore --json)")->required();
   cmd->add_option("--junit", o->junit_path, "write a JUnit XML report of the merged rows: one testcase per row");
   cmd->callback([o] { run_merge(*o); });
 }

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <limits>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "model_chart_script.hpp"
 #include "files.hpp"
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/model_replay.hpp"
@@ -243,18 +245,8 @@ class ChartInput {
   std::string path_;
 };
 
-constexpr std::string_view kChartScript =
-    "import csv, sys\nimport matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-    "rows = list(csv.reader(open(sys.argv[1])))\nnames, data = rows[0], rows[1:]\n"
-    "fig, ax = plt.subplots(figsize=(11, 5.5), dpi=110)\nx = [int(r[0]) for r in data]\n"
-    "for k in range(1, len(names)):\n"
-    "    ax.plot(x, [float(r[k]) for r in data], label=names[k], linewidth=0.9, marker='.' if len(x) < 60 else None)\n"
-    "ax.set_xlabel('batch'); ax.set_ylabel('modelled exchange time per batch (ms)')\n"
-    "ax.set_title(sys.argv[3], fontsize=9); ax.grid(alpha=0.3); ax.legend(fontsize=8, ncol=4)\n"
-    "fig.tight_layout(); fig.savefig(sys.argv[2])\n";
-
-// The per-batch modelled time per variant as a PNG, drawn by the chart's interpreter + matplotlib
-// from a CSV. The file names and the title reach it as arguments, never through a shell.
+// The chart (scripts/model_chart.py: the ECDF of modelled time per variant and the per-batch speed-up
+// over v2) as a PNG, drawn by the chart's interpreter + matplotlib from a CSV. The file names and the title reach it as arguments, never through a shell.
 void write_chart(OutputFile& png, const std::string& title, const std::vector<std::int64_t>& batch_index,
                  const std::vector<std::array<double, model::kVariantCount>>& ms) {
   std::string csv = "batch";
@@ -277,7 +269,7 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
 
 bool ModelReplayOptions::given() const {
   return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || dense_slots || chart_path || per_batch_path ||
-         staging_mib || ceilings_any || repeat != 1 || exact_model;
+         staging_mib || staging_sweep || ceilings_any || repeat != 1 || exact_model;
 }
 
 void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
@@ -302,6 +294,9 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
                   "the name ends .csv, else JSON Lines (a regular file)")->group(group);
   cmd->add_option("--staging-mib", o.staging_mib, "model: staging size in MiB for the overflow verdict (overrides the trace's caps and staging size)")
       ->check(whole_in<std::int64_t>(1, std::int64_t{1} << 30))->group(group);
+  cmd->add_option("--staging-sweep", o.staging_sweep,
+                  "model: A:B:STEP: count the overflow batches at each staging size A, A+STEP, ..., B MiB and name the smallest that admits "
+                  "every batch (in the summary and --json's staging_sweep)")->group(group);
   cmd->add_flag("--ceilings-any", o.ceilings_any, "model: use a --ceilings file measured at another cp or page size than the trace's")->group(group);
   cmd->add_option("--repeat", o.repeat, "model: evaluate every batch N times (timing only; the summary counts each batch once)")
       ->check(whole_in<std::int64_t>(1, option_limits::repetitions_max))->capture_default_str()->group(group);
@@ -324,7 +319,8 @@ void check_ceilings_shape(const ModelReplayRun& run, const ModelReplayOptions& o
 
 // The columns of a --per-batch record: the batch's, then per variant (model_replay.cpp variant_record).
 constexpr const char* kBatchColumns[] = {"batch", "requests", "extend_tokens", "prefix_tokens", "current_pages", "slots", "staging_slots", "verdict"};
-constexpr const char* kVariantColumns[] = {"ms", "copies_ms", "barrier_ms", "allreduce_ms", "peer_bytes_max", "local_copy_bytes_max", "allreduce_bytes"};
+constexpr const char* kVariantColumns[] = {"ms",       "copies_ms", "barrier_ms", "allreduce_ms", "zero_ms",        "fill_ms",
+                                           "launch_ms", "local_ms", "peer_ms",    "peer_bytes_max", "local_copy_bytes_max", "allreduce_bytes"};
 
 std::string csv_cell(const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); }
 
@@ -354,6 +350,22 @@ void write_per_batch(OutputFile& file, const std::vector<nlohmann::json>& record
 
 }  // namespace
 
+std::vector<std::int64_t> parse_staging_sweep(const std::string& text) {
+  const auto bad = [&](const std::string& why) { return OptionError(fmt::format("--staging-sweep: '{}' {}", text, why)); };
+  std::int64_t a = 0, b = 0, step = 0;
+  char c1 = 0, c2 = 0, rest = 0;
+  std::istringstream in(text);
+  if (!(in >> a >> c1 >> b >> c2 >> step) || c1 != ':' || c2 != ':' || (in >> rest)) throw bad("is not A:B:STEP (whole MiB: 64:1024:64)");
+  constexpr std::int64_t kMibMax = std::int64_t{1} << 30;  // --staging-mib's bound
+  if (a < 1 || b > kMibMax) throw bad(fmt::format("has a size outside 1..{} MiB", kMibMax));
+  if (b < a) throw bad("ends below its start (B < A)");
+  if (step < 1) throw bad("has a STEP below 1");
+  if ((b - a) / step >= 10000) throw bad("has more than 10000 sizes (a larger STEP)");
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t mib = a; mib <= b; mib += step) sizes.push_back(mib);
+  return sizes;
+}
+
 // The summary is composed in memory and printed only after every output file is written: a failed
 // write leaves nothing on stdout but the error.
 void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
@@ -364,6 +376,7 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
   options.repeat = o.repeat;
   options.exact_model = o.exact_model;
   options.staging_mib = o.staging_mib;
+  if (o.staging_sweep) options.staging_sweep = parse_staging_sweep(*o.staging_sweep);
   options.per_batch = run.per_batch != nullptr;
   harness::ModelReplayOutput out = harness::model_replay(source, run.trace_name, run.ceilings, options);
   if (run.batch && out.json["batches"].get<std::int64_t>() == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));

@@ -25,6 +25,7 @@ struct ModelReplayOptions {
   std::optional<std::string> chart_path;
   std::optional<std::string> per_batch_path;
   std::optional<std::int64_t> staging_mib;
+  std::optional<std::string> staging_sweep;  // A:B:STEP (MiB)
   bool ceilings_any = false;
   std::int64_t repeat = 1;
   bool exact_model = false;
@@ -65,5 +66,9 @@ struct ModelReplayRun {
 };
 
 void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& options);
+
+// --staging-sweep A:B:STEP: the sizes A, A+STEP, ... up to B (MiB). OptionError (exit 2) for
+// anything else: not three whole numbers, a size outside --staging-mib's range, B < A, STEP < 1.
+std::vector<std::int64_t> parse_staging_sweep(const std::string& text);
 
 }  // namespace cpkv::cli

@@ -30,20 +30,8 @@ struct MutantsOptions {
   std::optional<std::string> shard;     // sim: K/N (mutants_report.hpp)
   std::optional<std::string> json_path;
   std::optional<std::string> junit_path;
+  std::optional<std::string> out;  // sim: the counterexamples' folder (files.hpp use_out_folder)
 };
-
-// RapidCheck reads RC_PARAMS on first use and ends the process (status 1, several lines) when it
-// cannot parse it; read it here first, so a bad one is bad input like any option.
-void check_rc_params() {
-  const char* env = std::getenv("RC_PARAMS");
-  if (env == nullptr) return;
-  refuse_unknown_rc_params_keys(env);
-  try {
-    (void)rc::detail::configFromString(env);
-  } catch (const rc::detail::ConfigurationException& e) {
-    throw OptionError(fmt::format("RC_PARAMS: {}", e.what()));
-  }
-}
 
 // The coverage of the correct protocol's runs (every property, every case) and the targets missed.
 struct CoverageReport {
@@ -85,8 +73,9 @@ std::string mutants_json(const MutantsRun& run, const std::vector<std::size_t>& 
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
   if (o.exchange && o.backend != "cuda") throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on cuda)", o.backend));
-  if (o.backend == "cuda" && (o.shard || o.json_path || o.junit_path)) {
-    throw OptionError(fmt::format("{}: --backend cuda does not take it (the simulator's suite does)", o.shard ? "--shard" : o.json_path ? "--json" : "--junit"));
+  if (o.backend == "cuda" && (o.shard || o.json_path || o.junit_path || o.out)) {
+    throw OptionError(fmt::format("{}: --backend cuda does not take it (the simulator's suite does)",
+                                  o.shard ? "--shard" : o.json_path ? "--json" : o.junit_path ? "--junit" : "--out"));
   }
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
@@ -104,6 +93,7 @@ void run_mutants(const MutantsOptions& o) {
   std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
   std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
   refuse_same_files({}, {json.get(), junit.get()});
+  (void)use_out_folder(o.out);
   const std::vector<harness::Mutant> all = properties::suite_rows();
   std::vector<std::size_t> indices = run.shard ? properties::shard_rows(run.shard->k, run.shard->n) : properties::shard_rows(1, 1);
   std::vector<harness::Mutant> mutants;
@@ -147,58 +137,8 @@ void register_mutants(CLI::App& app) {
                   "the exit status judges only these rows (the correct protocol and coverage in shard 1)");
   cmd->add_option("--json", o->json_path, "write the rows, what was asked and the shard to this JSON file (cpkv merge folds shards)");
   cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per row");
+  cmd->add_option("--out", o->out, "put counterexamples in this folder (made 0700 if new; default: a private folder per run in $TMPDIR)");
   cmd->callback([o] { run_mutants(*o); });
-}
-
-}  // namespace cpkv::cli
-
-namespace cpkv::cli {
-namespace {
-
-struct SoakOptions {
-  double minutes = 1.0;
-  std::uint64_t seed = 0;  // 0: drawn from the clock and printed (the one non-replayable choice)
-  int cases = 100;
-};
-
-void run_soak(const SoakOptions& o) {
-  check_rc_params();
-  // The master seed is the one random choice of a soak; every property seed derives from it.
-  const std::uint64_t master = o.seed != 0 ? o.seed : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  fmt::print("cpkv soak: {} minutes | master seed {} | {} cases per property and seed\n", o.minutes, master, o.cases);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double, std::ratio<60>>(o.minutes);
-  std::uint64_t state = master;
-  std::int64_t rounds = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    state = model::mix64(state);
-    rc::detail::TestParams params = properties::suite_params();
-    params.seed = state;
-    params.maxSuccess = o.cases;
-    fmt::print("seed {} ...\n", params.seed);
-    std::fflush(stdout);
-    for (const properties::Property& property : properties::all_properties()) {
-      const properties::PropertyOutcome outcome = properties::check_property(property, harness::Mutant::none, params);
-      if (outcome.passed) continue;
-      fmt::print("FAILED {} with seed {}:\n{}\n  reproduce: RC_PARAMS=\"seed={}\" build/tests/cpkv.tests.properties\n", property.name, params.seed,
-                 outcome.message, params.seed);
-      exit_status() = kExitFailure;
-      return;
-    }
-    ++rounds;
-  }
-  fmt::print("soak passed: {} seeds x {} properties\n", rounds, properties::all_properties().size());
-}
-
-}  // namespace
-
-void register_soak(CLI::App& app) {
-  auto o = std::make_shared<SoakOptions>();
-  CLI::App* cmd = app.add_subcommand("soak", "Run the property suite with fresh seeds until the time is up, printing each seed before it starts.");
-  cmd->add_option("--minutes", o->minutes, "how long to run")->capture_default_str()->check(finite_in(0, option_limits::soak_minutes_max, /*low_open=*/true));
-  cmd->add_option("--seed", o->seed, "master seed (default: drawn and printed)")->check(seed_value());
-  cmd->add_option("--cases", o->cases, "cases per property and seed")->capture_default_str()
-      ->check(whole_in<int>(1, static_cast<int>(option_limits::repetitions_max)));
-  cmd->callback([o] { run_soak(*o); });
 }
 
 }  // namespace cpkv::cli

@@ -35,6 +35,8 @@ T field(const nlohmann::json& row, const char* name) {
   }
 }
 
+}  // namespace
+
 std::string xml_escaped(std::string_view text) {
   std::string out;
   for (char ch : text) {
@@ -49,15 +51,14 @@ std::string xml_escaped(std::string_view text) {
   return out;
 }
 
-}  // namespace
+Shard parse_shard(const std::string& text) { return parse_shard(text, properties::suite_rows().size(), "the suite's rows"); }
 
-Shard parse_shard(const std::string& text) {
-  const std::size_t rows = properties::suite_rows().size();
+Shard parse_shard(const std::string& text, std::size_t rows, std::string_view rows_what) {
   const std::size_t slash = text.find('/');
   const auto k = slash == std::string::npos ? std::nullopt : whole(std::string_view(text).substr(0, slash));
   const auto n = slash == std::string::npos ? std::nullopt : whole(std::string_view(text).substr(slash + 1));
   if (!k || !n) throw OptionError(fmt::format("--shard: '{}' is not K/N (whole numbers, K 1-based: 1/3, 2/3, 3/3)", text));
-  if (*n < 1 || *n > rows) throw OptionError(fmt::format("--shard {}: N is outside 1..{} (the suite's rows)", text, rows));
+  if (*n < 1 || *n > rows) throw OptionError(fmt::format("--shard {}: N is outside 1..{} ({})", text, rows, rows_what));
   if (*k < 1 || *k > *n) throw OptionError(fmt::format("--shard {}: K is outside 1..{} (K is 1-based)", text, *n));
   return Shard{*k, *n};
 }

@@ -21,6 +21,10 @@ struct Shard {
 };
 // Throws OptionError ("--shard ...: ...", exit 2) for anything but K/N in range.
 Shard parse_shard(const std::string& text);
+// The same for a run of `rows` units (`rows_what` names them in the error: "the seeds").
+Shard parse_shard(const std::string& text, std::size_t rows, std::string_view rows_what);
+// Text for an XML attribute or element: & < > " escaped, control characters but newline and tab blanked.
+std::string xml_escaped(std::string_view text);
 // "rows 0, 3, 6 (none, rank_local_overflow, ...)".
 std::string shard_rows_text(const Shard& shard);
 

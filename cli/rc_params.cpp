@@ -1,6 +1,7 @@
 #include "rc_params.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -30,6 +31,19 @@ void refuse_unknown_rc_params_keys(const std::string& text) {
   const std::set<std::string> known(listed.begin(), listed.end());
   for (const std::string& key : keys_of(text)) {
     if (known.count(key) == 0) throw OptionError(fmt::format("RC_PARAMS: unknown key '{}'; known: {}", key, fmt::join(known, ", ")));
+  }
+}
+
+// RapidCheck reads RC_PARAMS on first use and ends the process (status 1, several lines) when it
+// cannot parse it; read it here first, so a bad one is bad input like any option.
+void check_rc_params() {
+  const char* env = std::getenv("RC_PARAMS");
+  if (env == nullptr) return;
+  refuse_unknown_rc_params_keys(env);
+  try {
+    (void)rc::detail::configFromString(env);
+  } catch (const rc::detail::ConfigurationException& e) {
+    throw OptionError(fmt::format("RC_PARAMS: {}", e.what()));
   }
 }
 

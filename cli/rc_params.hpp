@@ -10,4 +10,8 @@ namespace cpkv::cli {
 // typo (`max_sucess=3`) ran the default 100 cases without a word (issue 22, item 21).
 void refuse_unknown_rc_params_keys(const std::string& text);
 
+// RapidCheck reads RC_PARAMS on first use and ends the process when it cannot parse it: reads it
+// first, so a bad one is bad input (OptionError, exit 2) like any option.
+void check_rc_params();
+
 }  // namespace cpkv::cli

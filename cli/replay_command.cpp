@@ -76,8 +76,9 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   const harness::Registry& registry = backends();
   const harness::BackendEntry* entry = registry.find(o.request.backend);
   if (entry && entry->moves_content && o.model.given()) {
-    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --repeat and --exact-model need --backend model");
+    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --staging-sweep, --repeat and --exact-model need --backend model");
   }
+  if (o.model.staging_sweep) (void)parse_staging_sweep(*o.model.staging_sweep);  // bad input before any output
   if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
   }

@@ -4,11 +4,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <new>
+#include <optional>
+#include <string>
 #include <stdexcept>
 
 #include <fmt/format.h>
 
 #include "cpkv/harness/shared_region.hpp"
+#include "fused/fused_exchange.hpp"
 #include "rank.hpp"
 
 namespace cpkv::cuda {
@@ -38,19 +41,58 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
   }
 }
 
+// Before anything is allocated: what every GPU needs beside what it has free (printed), refused in
+// one line when it does not fit; then every rank's backed runs and, for a sparse pool, the socket
+// pairs its descriptors cross (made here, before the ranks fork). The free figures come from a
+// probe child before any rank starts, so they are not lowered by this run's own ranks.
+PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, const harness::SourceShape& shape,
+                     const DeviceProbe& devices) {
+  PoolShare share;
+  share.memory = pool_memory_from(std::getenv("CPKV_POOL_MEMORY"));
+  const std::int32_t cp = source.setting.cp;
+  const std::int32_t used = std::min(devices.count, cp);
+  share.granularity = 1;
+  for (std::int32_t d = 0; d < used; ++d) {
+    if (share.memory == PoolMemory::sparse && devices.vmm[d] == 0) {
+      throw DeviceRefusal(fmt::format("cuda: GPU {} does not support virtual memory management with POSIX file descriptors, which a sparse pool needs "
+                                      "(CPKV_POOL_MEMORY=dense allocates every slab whole)", d));
+    }
+    share.granularity = std::max<std::uint64_t>(share.granularity, devices.granularity[d]);
+  }
+  const NeedInputs in{share.memory, share.granularity, cuda.measure_ceilings, kBenchBufferBytes};
+  const std::vector<GpuNeed> needs = gpu_needs(source.setting, options.layers, shape, devices.count,
+                                               std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
+  static std::string last_line;  // once per run of one size, not once per variant
+  if (const std::string line = need_line(needs, share.memory); line != last_line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+    last_line = line;
+  }
+  if (const std::string refused = refusal(needs, share.memory); !refused.empty()) throw DeviceRefusal(refused);
+  if (share.memory == PoolMemory::dense) return share;
+  const BufferLayout layout = buffer_layout(source.setting, options.layers, shape);
+  share.reserved = round_up(layout.pool_bytes, share.granularity);
+  for (std::int32_t r = 0; r < cp; ++r) share.runs.push_back(backed_runs(layout, local_pages(shape.pool_pages_touched, cp, r), share.granularity));
+  share.channels = std::make_unique<FdChannels>(cp);
+  return share;
+}
+
 harness::RunReport run_group(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, BenchResult* bench) {
   harness::RunReport report;
   report.variant = options.variant;
   report.mode = "cuda";
   const std::int32_t cp = source.setting.cp;
   if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the cuda backend's cap of {} ranks (one node's GPUs)", cp, kRanksMax));
-  const int gpus = gpu_count();
+  const DeviceProbe devices = probe_devices();
+  if (devices.error[0] != '\0') throw std::runtime_error(fmt::format("cuda: probing the devices: {}", devices.error));
+  const int gpus = devices.count;
   if (gpus == 0) {
     report.failure = "no CUDA device";
     return report;
   }
   const harness::SourceShape shape = harness::measure(source);
   report.batches = shape.batches;
+  PoolShare pools = plan_pools(source, options, cuda, shape, devices);
   harness::SharedRegion region = harness::SharedRegion::create(sizeof(Bootstrap));
   auto* boot = new (region.base()) Bootstrap();
   boot->wait_ms_max = cuda.wait_ms_max;
@@ -68,7 +110,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
     };
   }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
-    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress});
+    return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
   report.failure = launched.failure;
   report.deadlock = launched.deadlock;
@@ -95,7 +137,15 @@ class CudaBackend final : public harness::Backend {
 
 }  // namespace
 
-std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) { return std::make_unique<CudaBackend>(options); }
+std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
+  if (!options.exchange) {
+    if (const std::optional<std::string> named = exchange_from_environment()) {
+      harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
+      options.exchange = harness::find_exchange(*named);
+    }
+  }
+  return std::make_unique<CudaBackend>(options);
+}
 
 BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda) {
   BenchResult result;
@@ -112,7 +162,33 @@ std::int64_t slow_rank_cycles_of(std::uint64_t seed) {
   return static_cast<std::int64_t>((z ^ (z >> 31)) % 8 + 1) << 20;
 }
 
+std::optional<std::string> exchange_from_environment() {
+  const char* named = std::getenv(kExchangeEnvironment);
+  if (named == nullptr || named[0] == '\0') return std::nullopt;
+  return std::string(named);
+}
+
+namespace {
+
+// CPKV_EXCHANGE without --exchange: the request takes it as if --exchange had named it (so the
+// replay line carries it), and its variants must be ones the plugin implements.
+void take_exchange_from_environment(harness::CheckedRequest& c) {
+  const std::optional<std::string> named = exchange_from_environment();
+  if (c.exchange || !named) return;
+  c.exchange = harness::find_exchange(*named);
+  c.request.exchange = *named;
+  for (model::Variant v : c.variants) {
+    if (!c.exchange->implements(v)) {
+      throw harness::RequestError("exchange", fmt::format("{}={}: exchange plugin '{}' does not implement {}", kExchangeEnvironment, *named, c.exchange->name,
+                                                          model::to_string(v)));
+    }
+  }
+}
+
+}  // namespace
+
 void register_backend(harness::Registry& registry) {
+  harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
   harness::BackendEntry cuda;
   cuda.name = "cuda";
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
@@ -120,6 +196,7 @@ void register_backend(harness::Registry& registry) {
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
+  cuda.check = take_exchange_from_environment;
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;

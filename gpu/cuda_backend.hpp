@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,13 @@ BenchResult run_bench(const harness::BatchSource& source, const harness::RunOpti
 int gpu_count();
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
+
+// The one-line switch of cpkv's own exchange to the plugin path: CPKV_EXCHANGE=builtin (or a
+// plugin's path) makes `replay --backend cuda`, `mutants --backend cuda` and every
+// make_cuda_backend whose CudaOptions::exchange is null (the gpu tests) run it as if --exchange had
+// named it (an explicit exchange wins). Unset or empty: the in-process executor. run_bench ignores it.
+inline constexpr const char* kExchangeEnvironment = "CPKV_EXCHANGE";
+std::optional<std::string> exchange_from_environment();
 
 // Registers "cuda": one process per rank, rank r on GPU r % gpu_count; the planted bugs marked
 // kGpuHolds; wait_ms_max and stuck_ms_max (defaults: CudaOptions'). Refuses a machine with no GPU.

@@ -133,6 +133,7 @@ void check_entries(const Entries& entries, const TableBounds& bounds) {
     CPKV_ASSERT(own || e.table_index < 2 * bounds.cp);
     CPKV_ASSERT(e.src_page >= 0 && e.dst_page >= 0);
     if (e.table_index < bounds.cp) CPKV_ASSERT(e.src_page < bounds.pool_pages);
+    if (e.table_index < bounds.cp && bounds.pool_referenced != nullptr) CPKV_ASSERT((*bounds.pool_referenced)[e.table_index][e.src_page]);
     if (e.table_index >= bounds.cp && !own) CPKV_ASSERT(e.src_page < bounds.shared_pages);
   }
 }

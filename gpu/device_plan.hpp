@@ -46,6 +46,9 @@ struct TableBounds {
   std::int32_t cp = 1;
   std::int64_t pool_pages = 0;        // local pool pages per rank
   std::int64_t shared_pages = 0;      // staging slots or dense slots, whichever the variant reads
+  // [rank][local page]: pages some batch of the source references, the only ones with memory
+  // behind them in a sparse pool (pool_backing.hpp); null: not checked.
+  const std::vector<std::vector<bool>>* pool_referenced = nullptr;
 };
 // The host half of the paired assertion (the gather kernel asserts the same where it reads).
 void check_entries(const std::vector<kernels::GatherEntry>& entries, const TableBounds& bounds);

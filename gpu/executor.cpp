@@ -268,7 +268,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
     r.barrier();
     return;
   }
-  const TableBounds bounds{r.cp(), setting.pool_pages_per_rank(), model::info(r.variant).peer_pages == model::PeerPages::dense ? r.ctx.shape.slot_count_max : r.staging_slots};
+  const TableBounds bounds{r.cp(), setting.pool_pages_per_rank(), model::info(r.variant).peer_pages == model::PeerPages::dense ? r.ctx.shape.slot_count_max : r.staging_slots, &r.mem.pool_referenced};
   DeviceUploads uploads(r.stream);
   const DevicePlan d = upload_plan(b, bounds, uploads);
   const std::vector<kernels::VerifyResult> verify_init(static_cast<std::size_t>(layers) * setting.kinds.size(), kernels::VerifyResult{0, ~0ULL});

@@ -13,6 +13,7 @@
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
 #include "launchers.cuh"
+#include "vmm.hpp"
 
 namespace cpkv::cuda {
 
@@ -25,6 +26,7 @@ struct RankContext {
   std::int32_t rank;
   std::int32_t gpus;
   harness::RankProgress& progress;
+  PoolShare* pool_share;  // how the pool slabs are held and shared (the parent's, inherited at fork)
 };
 
 // Device memory of one rank and the peers' mappings of theirs.
@@ -47,6 +49,9 @@ struct RankMemory {
   std::uint64_t pool_bytes = 0, dense_bytes = 0, compact_bytes = 0;
   std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
   model::ArenaCarve carve;
+  VmmPool own_pool;                 // a sparse pool: the reservation and its backed chunks
+  std::vector<VmmPool> peer_pools;  // likewise, each peer's as mapped here (sparse only)
+  std::vector<std::vector<bool>> pool_referenced;  // [rank][local page]: some batch reads it (backed)
 
   // Kind k's part of parity half h of this rank's dense buffer and of its staging.
   std::uint8_t* dense_half(std::int32_t h, std::size_t k) const { return dense + dense_offset[h][k]; }

@@ -1,5 +1,7 @@
 // A GPU rank's set-up: allocation (sizes from the largest batch, fixed before the first batch),
 // IPC mapping of every peer, the capability agreed over the group (MIN), NCCL; and its tear-down.
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "rank.hpp"
@@ -8,32 +10,65 @@ namespace cpkv::cuda {
 
 namespace {
 
-std::uint64_t align_up(std::uint64_t v) { return (v + 255) / 256 * 256; }
-
-// Byte offsets of every (layer, kind) pool slab, (half, kind) dense buffer and kind's compact buffer.
+// Byte offsets of every (layer, kind) pool slab, (half, kind) dense buffer and kind's compact
+// buffer (pool_backing.cpp computes them, the memory check before any allocation uses the same).
 void carve_offsets(Rank& r) {
-  const model::Setting& setting = r.ctx.source.setting;
-  const std::size_t kinds = setting.kinds.size();
-  const std::int32_t layers = r.ctx.options.layers;
+  const BufferLayout layout = buffer_layout(r.ctx.source.setting, r.ctx.options.layers, r.ctx.shape);
   RankMemory& mem = r.mem;
-  mem.pool_offset.assign(layers, std::vector<std::uint64_t>(kinds));
-  for (std::int32_t l = 0; l < layers; ++l) {
-    for (std::size_t k = 0; k < kinds; ++k) {
-      mem.pool_offset[l][k] = mem.pool_bytes;
-      mem.pool_bytes = align_up(mem.pool_bytes + setting.pool_pages_per_rank() * r.page_bytes(k));
+  mem.pool_offset = layout.pool_offset;
+  mem.dense_offset = layout.dense_offset;
+  mem.compact_offset = layout.compact_offset;
+  mem.pool_bytes = layout.pool_bytes;
+  mem.dense_bytes = layout.dense_bytes;
+  mem.compact_bytes = layout.compact_bytes;
+  mem.scratch_bytes = layout.scratch_bytes;
+  const std::int32_t cp = r.cp();
+  mem.pool_referenced.assign(cp, std::vector<bool>(layout.pool_pages_per_rank, false));
+  for (std::int64_t g : r.ctx.shape.pool_pages_touched) mem.pool_referenced[g % cp][g / cp] = true;
+}
+
+// The pool slabs: the whole reservation, only the referenced pages' chunks backed (sparse), or one
+// cudaMalloc of every slab shared through CUDA IPC (dense, CPKV_POOL_MEMORY=dense).
+void allocate_pool(Rank& r) {
+  RankMemory& mem = r.mem;
+  const PoolShare& share = *r.ctx.pool_share;
+  if (share.memory == PoolMemory::dense) {
+    CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.pool_bytes, 256)));
+    CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->pool[r.ctx.rank], mem.pool));
+    return;
+  }
+  CPKV_ASSERT(share.reserved >= mem.pool_bytes);
+  mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.reserved, share.runs[r.ctx.rank]);
+  mem.pool = reinterpret_cast<std::uint8_t*>(mem.own_pool.base);
+}
+
+// Every peer's sparse pool mapped here: pair by pair in increasing peer order (the lower rank of a
+// pair sends first), so no two ranks wait on each other; each wait bounded by wait_ms_max. False
+// when a peer's chunks cannot be made accessible here (no peer access): the group falls back.
+bool share_pools(Rank& r) {
+  RankMemory& mem = r.mem;
+  PoolShare& share = *r.ctx.pool_share;
+  const std::int32_t rank = r.ctx.rank;
+  const std::int64_t ms = r.ctx.boot->wait_ms_max;
+  const std::vector<int> ends = share.channels->own_ends(rank);
+  bool capable = true;
+  mem.peer_pools.assign(r.cp(), VmmPool{});
+  try {
+    for (std::int32_t p = 0; p < r.cp(); ++p) {
+      if (p == rank) continue;
+      const harness::Waiting waiting(r.ctx.progress, p);
+      if (rank < p) send_pool(ends[p], mem.own_pool, ms);
+      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.reserved, share.runs[p], ms, mem.peer_pools[p]);
+      if (rank > p) send_pool(ends[p], mem.own_pool, ms);
+      mem.peer_pool[p] = mapped ? reinterpret_cast<std::uint8_t*>(mem.peer_pools[p].base) : nullptr;
+      capable = capable && mapped;
     }
+  } catch (...) {
+    for (int fd : ends) if (fd >= 0) ::close(fd);
+    throw;
   }
-  mem.dense_offset.assign(2, std::vector<std::uint64_t>(kinds));
-  for (int h = 0; h < 2; ++h) {
-    for (std::size_t k = 0; k < kinds; ++k) {
-      mem.dense_offset[h][k] = mem.dense_bytes;
-      mem.dense_bytes = align_up(mem.dense_bytes + r.ctx.shape.slot_count_max * r.page_bytes(k));
-    }
-  }
-  for (std::size_t k = 0; k < kinds; ++k) {
-    mem.compact_offset.push_back(mem.compact_bytes);
-    mem.compact_bytes = align_up(mem.compact_bytes + r.ctx.shape.current_pages_max * r.page_bytes(k));
-  }
+  for (int fd : ends) if (fd >= 0) ::close(fd);
+  return capable;
 }
 
 }  // namespace
@@ -47,7 +82,7 @@ void allocate_memory(Rank& r) {
   mem.carve = model::carve_arena(setting, r.staging_slots, 0);
   carve_offsets(r);
   const std::uint64_t staging_bytes = std::max<std::uint64_t>(mem.carve.staging_bytes, 256);
-  CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.pool_bytes, 256)));
+  allocate_pool(r);
   CPKV_CUDA_CHECK(cudaMalloc(&mem.staging, staging_bytes));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.dense, std::max<std::uint64_t>(mem.dense_bytes, 256)));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.compact, std::max<std::uint64_t>(mem.compact_bytes, 256)));
@@ -58,15 +93,10 @@ void allocate_memory(Rank& r) {
   CPKV_CUDA_CHECK(cudaMemset(mem.barrier_status, 0, sizeof(kernels::BarrierStatus)));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.barrier_state, sizeof(kernels::BarrierState)));
   CPKV_CUDA_CHECK(cudaMemset(mem.barrier_state, 0, sizeof(kernels::BarrierState)));
-  CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pool[rank], mem.pool));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->staging[rank], mem.staging));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->dense[rank], mem.dense));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pad[rank], mem.pad));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->compact[rank], mem.compact));
-  std::uint64_t page_bytes_max = 0;
-  for (std::size_t k = 0; k < setting.kinds.size(); ++k) page_bytes_max = std::max(page_bytes_max, r.page_bytes(k));
-  const std::int64_t pages_max = std::max(r.ctx.shape.slot_count_max, r.ctx.shape.current_pages_max);
-  mem.scratch_bytes = std::max<std::uint64_t>(256, pages_max * page_bytes_max);
   CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, mem.scratch_bytes));
   if (r.ctx.cuda.measure_ceilings) {
     CPKV_CUDA_CHECK(cudaMalloc(&mem.bench_buffer, kBenchBufferBytes));
@@ -94,6 +124,8 @@ void map_peers_and_agree(Rank& r) {
   mem.peer_pad.assign(cp, nullptr);
   mem.peer_compact.assign(cp, nullptr);
   std::int32_t capable = 1;
+  const bool sparse = r.ctx.pool_share->memory == PoolMemory::sparse;
+  if (sparse && !share_pools(r)) capable = 0;
   const auto open = [&](const cudaIpcMemHandle_t& handle) -> std::uint8_t* {
     void* ptr = nullptr;
     if (cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
@@ -117,7 +149,7 @@ void map_peers_and_agree(Rank& r) {
       CPKV_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, rank % gpus, p % gpus));
       if (!can) capable = 0;
     }
-    mem.peer_pool[p] = open(boot->pool[p]);
+    if (!sparse) mem.peer_pool[p] = open(boot->pool[p]);
     mem.peer_staging[p] = open(boot->staging[p]);
     mem.peer_dense[p] = open(boot->dense[p]);
     mem.peer_pad[p] = reinterpret_cast<std::uint64_t*>(open(boot->pad[p]));
@@ -158,6 +190,9 @@ void leave_group(Rank& r) {
     const harness::Quiet quiet(r.ctx.progress.record(), kHostWaitMsMax);
     CPKV_NCCL_CHECK(ncclCommDestroy(r.comm));
   }
+  CPKV_CUDA_CHECK(cudaDeviceSynchronize());
+  for (VmmPool& peer : r.mem.peer_pools) release_pool(peer);
+  release_pool(r.mem.own_pool);
 }
 
 void Rank::all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint64_t bytes) {

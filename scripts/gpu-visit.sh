@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|plugin|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
+# (fused: issue 24 item 2, cpkv's own fused compose as a plugin: its tests, every variant on every trace through
+#  --exchange builtin and the .so, the GPU mutants through CPKV_EXCHANGE=builtin, memcheck over the .so)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
@@ -14,7 +16,11 @@
 #  of every bundled trace at cp 2: the whole performance visit in one call)
 # (verify: the gpu tests and `cpkv mutants --backend cuda`)
 # (foreign: verify and the conformance harness on CUDA ranks; conformance: the harness part alone)
+# (conformance2: the harness's gpu test and CLI for the capture probe, its controls and --time's figures (link limit;
+#  the built-in figure at cp 1, one rank per GPU); the Python extension built first, the CLI beside the tests)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
+# (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
+# (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 what="${1:-all}"
@@ -52,7 +58,10 @@ fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 "${py_args[@]}" > "$OUT/configure.log" 2>&1 \
   || { tail -40 "$OUT/configure.log"; exit 1; }
 grep "cpkv:" "$OUT/configure.log"
-cmake --build "$build" -j "$(nproc)" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
+# conformance2 needs only the Python extension first; the CLI (--time's built-in figure) builds beside its tests.
+targets=()
+[[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 cpkv="$build/cli/cpkv"
 if [[ "$what" == foreign ]]; then
@@ -76,6 +85,26 @@ if [[ "$what" == foreign || "$what" == conformance ]]; then
     echo "conformance cuda $args: exit $?" | tee -a "$OUT/conformance-cuda.txt"
   done
   tail -40 "$OUT/conformance-cuda.txt"
+fi
+if [[ "$what" == conformance2 ]]; then
+  # Issue 23's capture probe in hook-free ranks with its controls, and --time's link limit and
+  # built-in figure: the harness's gpu test, then the CLI on the controls (cp 1) and the references.
+  nice cmake --build "$build" -j "$(nproc)" --target cpkv > "$OUT/build-cli.log" 2>&1 &
+  cli_build=$!
+  (cd "$build" && ctest -R cpkv.python.conformance_gpu --output-on-failure --timeout 200) > "$OUT/gpu-tests.log" 2>&1
+  echo "conformance gpu test: exit $?"; grep -E "passed|failed|skipped|Error|assert" "$OUT/gpu-tests.log" | tail -20
+  export PYTHONPATH="$build/python"
+  sed 's/"cp":2/"cp":1/' "$root/traces/samples/tiny.jsonl" > "$OUT/tiny-cp1.jsonl"
+  c2() { echo "== $*" >> "$OUT/conformance2.txt"; timeout 120 python3 -m cpkv.conformance "$@" --device cuda --window 10 >> "$OUT/conformance2.txt" 2>&1
+         echo "conformance2 $*: exit $?" | tee -a "$OUT/conformance2.txt"; }
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:PrecomputedGather --ranks 1
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:SyncEachLayer --ranks 1
+  c2 "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2
+  c2 "$root/traces/samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --time --json "$OUT/conformance2-time.json"
+  wait "$cli_build"; echo "cli build (for the built-in figure): exit $?"
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:PrecomputedGather --ranks 1 --time
+  c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 1 --time
+  grep -E "^==|graph|capturable|link limit|built-in|not of record|compose per layer|conformance2 .*exit" "$OUT/conformance2.txt"
 fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.
@@ -171,7 +200,7 @@ fi
 if [[ "$what" == final ]]; then
   # The last changes of the round: the plugin's gpu tests, `cpkv mutants --backend cuda --exchange`
   # with the plain plugin, cpkv's own exchange under --swarm's slow rank, and the GPU mutants.
-  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
   echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -6
   timeout 240 "$cpkv" mutants --backend cuda --exchange "$build/examples/libcpkv_exchange_plain.so" > "$OUT/gpu-mutants-plain.txt" 2>&1
   echo "mutants --backend cuda --exchange plain: exit $?"; cat "$OUT/gpu-mutants-plain.txt"
@@ -207,7 +236,7 @@ if [[ "$what" == plugin ]]; then
   # the plain example under compute-sanitizer memcheck, then every gpu test and the GPU mutants
   # (cpkv's own exchange, unchanged by the ABI's host side).
   plain="$build/examples/libcpkv_exchange_plain.so"
-  (cd "$build" && ctest -R "^GpuPlugin[.]" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-plugin-tests.log" 2>&1
   echo "gpu plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-plugin-tests.log" | tail -10
   for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2" \
               "mooncake_slice.jsonl --layers 2 --mutant reused_plan" "mooncake_slice.jsonl --layers 2 --mutant stale_page_inverse" \
@@ -226,6 +255,84 @@ if [[ "$what" == plugin ]]; then
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; tail -12 "$OUT/gpu-mutants.txt"
+fi
+if [[ "$what" == ab21 ]]; then
+  # Issue 21's A/B on one GPU: the bench at cp 1 (no oversubscription, so a timing of record for the
+  # per-layer launch and host structure the refactor touched; peer links need two GPUs) of the tree
+  # against the pre-refactor tree a6aacb7, shipped untracked as ab-old/ (git archive a6aacb7), built
+  # the same way; old and new interleaved twice per trace, compared by bench/bench_ab.py.
+  old="$root/ab-old"
+  [[ -d "$old" ]] || { echo "ab21: $old is missing (git archive a6aacb7 | tar -x -C ab-old)"; exit 2; }
+  cmake -S "$old" -B "$root/build-old" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/configure-old.log" 2>&1 \
+    && cmake --build "$root/build-old" -j "$(nproc)" --target cpkv > "$OUT/build-old.log" 2>&1 \
+    || { grep -E "error|Error" "$OUT/build-old.log" "$OUT/configure-old.log" | head -20; exit 1; }
+  echo "old build: $(( $(date +%s) - start )) s"
+  for name in seeds_batch mooncake_slice; do
+    for i in 1 2; do
+      for side in old new; do
+        bin="$cpkv"; [[ $side == old ]] && bin="$root/build-old/cli/cpkv"
+        timeout 150 "$bin" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 1 --layers 4 --reps 60 \
+          --json "$OUT/ab21-$name-$side-$i.json" > "$OUT/ab21-$name-$side-$i.txt" 2>&1
+        echo "bench $name $side $i: exit $?"
+      done
+    done
+    python3 "$root/bench/bench_ab.py" --label-a a6aacb7 --label-b tree --a "$OUT"/ab21-$name-old-*.json --b "$OUT"/ab21-$name-new-*.json \
+      > "$OUT/ab21-$name.md"; cat "$OUT/ab21-$name.md"
+    python3 "$root/bench/bench_ab.py" --key with_fill_us_per_layer_median --label-a a6aacb7 --label-b tree \
+      --a "$OUT"/ab21-$name-old-*.json --b "$OUT"/ab21-$name-new-*.json > "$OUT/ab21-$name-with-fill.md"; tail -10 "$OUT/ab21-$name-with-fill.md"
+  done
+fi
+if [[ "$what" == fused ]]; then
+  # Issue 24 item 2: cpkv's own fused compose as the first plugin (gpu/fused/), on one H200 with the
+  # ranks oversubscribed (cp 2, 4, 8). The plugin gpu tests (the plain example, the fused .so and the
+  # built-in on every bundled trace in every variant, also under --swarm; the harness's planted bugs;
+  # `cpkv mutants --exchange` over the fused .so), then the CLI runs as a record: every variant on
+  # every bundled trace through --exchange builtin and through the .so, the GPU mutants through the
+  # built-in table (CPKV_EXCHANGE=builtin, the one-line switch), memcheck over the .so's tiny replay.
+  fused="$build/gpu/libcpkv_exchange_fused.so"
+  (cd "$build" && ctest -R "GpuPlugin|GpuFusedPlugin|FusedPlugin" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-plugin-tests.log" 2>&1
+  echo "fused plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-plugin-tests.log" | tail -20
+  for exchange in builtin "$fused"; do
+    for args in "tiny.jsonl --layers 2" "tiny.jsonl --layers 2 --swarm --seed 5" "seeds_batch.jsonl --layers 3" "mooncake_slice.jsonl --layers 2"; do
+      echo "== cpkv replay $args --variant all --exchange $exchange" >> "$OUT/fused-replays.txt"
+      timeout 240 "$cpkv" replay "$root/traces/samples/"$args --variant all --backend cuda --exchange "$exchange" >> "$OUT/fused-replays.txt" 2>&1
+      echo "fused replay $args ($exchange): exit $?" | tee -a "$OUT/fused-replays.txt"
+    done
+  done
+  CPKV_EXCHANGE=builtin timeout 240 "$cpkv" mutants --backend cuda > "$OUT/fused-mutants-builtin.txt" 2>&1
+  echo "CPKV_EXCHANGE=builtin mutants --backend cuda: exit $?"; tail -22 "$OUT/fused-mutants-builtin.txt"
+  timeout 300 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 "$cpkv" replay "$root/traces/samples/tiny.jsonl" \
+    --backend cuda --variant all --exchange "$fused" --layers 2 > "$OUT/fused-memcheck.txt" 2>&1
+  echo "fused .so under compute-sanitizer memcheck (every variant, tiny): exit $?"; tail -8 "$OUT/fused-memcheck.txt"
+  if [[ "${FUSED_ALL:-0}" == 1 ]]; then
+    # cpkv's own gpu backend tests through the built-in plugin (the one-line switch; longer).
+    (cd "$build" && CPKV_EXCHANGE=builtin ctest -R "GpuBackend|GpuMutants" --output-on-failure --timeout 400 -j 1) > "$OUT/fused-backend-tests.log" 2>&1
+    echo "CPKV_EXCHANGE=builtin gpu backend tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/fused-backend-tests.log" | tail -20
+  fi
+fi
+if [[ "$what" == vmm ]]; then
+  # Issue 26 item 4, one H200: the production pool (65,536 pages, 61 layers; batches 1784-1785 of the
+  # Mooncake sample) at cp 2 and 4 on GPU 0 alone. Before: the whole pool per rank (the cudaMalloc
+  # path, CPKV_POOL_MEMORY=dense) is refused up front with its need beside the free memory (it died
+  # in cudaMalloc before); after: the sparse pool, every variant byte-exact. Then the gpu_vmm tests.
+  export CUDA_VISIBLE_DEVICES=0
+  for cp in 2 4; do
+    "$cpkv" import mooncake "$root/traces/data/mooncake/synthetic_trace.jsonl" -o "$OUT/mooncake-prod-cp$cp.jsonl" --cp $cp \
+      --skip-batches 1784 --max-batches 2 > "$OUT/import-cp$cp.log" 2>&1
+    echo "import cp $cp: exit $?"
+  done
+  CPKV_POOL_MEMORY=dense timeout 120 "$cpkv" replay "$OUT/mooncake-prod-cp2.jsonl" --backend cuda --variant all --layers all > "$OUT/vmm-before-dense-cp2.txt" 2>&1
+  echo "before (dense pool) cp 2: exit $? (2 expected: refused)"; cat "$OUT/vmm-before-dense-cp2.txt"
+  for cp in 2 4; do
+    t0=$(date +%s)
+    timeout 200 "$cpkv" replay "$OUT/mooncake-prod-cp$cp.jsonl" --backend cuda --variant all --layers all \
+      --json "$OUT/vmm-after-sparse-cp$cp.json" > "$OUT/vmm-after-sparse-cp$cp.txt" 2> "$OUT/vmm-after-sparse-cp$cp.err"
+    echo "after (sparse pool) cp $cp: exit $? in $(( $(date +%s) - t0 )) s"; cat "$OUT/vmm-after-sparse-cp$cp.txt"; tail -5 "$OUT/vmm-after-sparse-cp$cp.err"
+  done
+  nvidia-smi --query-gpu=index,memory.used,memory.total --format=csv || true
+  unset CUDA_VISIBLE_DEVICES
+  (cd "$build" && ctest -R "GpuVmm|PoolBacking|PoolNeed|RankSocket|GpuBackend|GpuPlugin" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
+  echo "vmm + backend tests: exit $?"; grep -E "Passed|Failed|Not Run|tests passed|\*\*\*" "$OUT/gpu-vmm-tests.log" | tail -30
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1

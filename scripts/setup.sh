@@ -8,6 +8,7 @@ BUILD_DIR="${BUILD_DIR:-$root/build}"
 packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev librapidcheck-dev libboost-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev libbenchmark-dev
           python3-dev pybind11-dev python3-pytest python3-numpy python3-hypothesis python3-torch  # the Python package (python/; torch: the conformance harness)
+          python3-matplotlib  # the model replay's --chart (scripts/model_chart.py)
           clang libclang-rt-14-dev)  # clang + libFuzzer: the fuzz targets (scripts/fuzz.sh)
 missing=()
 for p in "${packages[@]}"; do

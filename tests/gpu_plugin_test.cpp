@@ -1,10 +1,16 @@
-// An engine team's exchange as a plugin (include/cpkv/exchange_abi.h) under cpkv's harness on the
-// GPUs: examples/exchange_plain (staging_direct in three plain kernels) through the real binary.
-// It must pass every bundled trace (ranks oversubscribed where the GPUs are fewer), also under the
-// rotating slow rank; each planted bug of the harness (a stale page inverse, a plan reused across
-// batches, rows with unzeroed tails) must fail it with a located mismatch and a replay line that
-// reproduces it; a plugin that fails is named with its own text. Without a GPU every test skips.
+// Exchange plugins (include/cpkv/exchange_abi.h) under cpkv's harness on the GPUs, through the real
+// binary: examples/exchange_plain (staging_direct in three plain kernels) and cpkv's own fused
+// compose (gpu/fused/), as libcpkv_exchange_fused.so and as the built-in table (`--exchange builtin`).
+// Each must pass every bundled trace in every variant it implements (ranks oversubscribed where the
+// GPUs are fewer), also under the rotating slow rank; each planted bug of the harness that reaches
+// what it reads must fail it with a located mismatch and a replay line that reproduces it; the fused
+// plugin's own planted bugs (the GPU's four) must be caught by `cpkv mutants --backend cuda
+// --exchange`; a plugin that fails is named with its own text. Without a GPU every test skips.
+#include <fstream>
+#include <regex>
+
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli_run.hpp"
 #include "cuda_backend.hpp"
@@ -13,29 +19,65 @@
 namespace cpkv {
 namespace {
 
-test::CliRun replay(const std::string& trace, const std::string& args) {
-  return test::run_cpkv(fmt::format("replay traces/samples/{} --backend cuda --exchange {} {}", trace, CPKV_PLAIN_PLUGIN, args));
-}
+struct PluginCase {
+  const char* label;     // the test's name
+  const char* exchange;  // what --exchange names
+};
+void PrintTo(const PluginCase& c, std::ostream* os) { *os << c.label << " (--exchange " << c.exchange << ")"; }
+const PluginCase kPlugins[] = {{"plain", CPKV_PLAIN_PLUGIN}, {"fused_so", CPKV_FUSED_PLUGIN}, {"builtin", "builtin"}};
 
-TEST(GpuPlugin, ThePlainExamplePassesEveryBundledTrace) {
-  CPKV_REQUIRE_GPU();
-  for (const char* args : {"--layers 2", "--layers 2 --swarm --seed 5"}) {
-    const test::CliRun run = replay("tiny.jsonl", args);
-    EXPECT_EQ(run.status, 0) << args << "\n" << run.out << run.err;
-    EXPECT_NE(run.out.find("exchange: plugin 'plain'"), std::string::npos) << run.out;
+class GpuPlugin : public testing::TestWithParam<PluginCase> {
+ public:
+  // The plugin as the harness sees it (the built-in one once the cuda backend registered it).
+  std::shared_ptr<const harness::ExchangePlugin> plugin() const {
+    harness::Registry registry;
+    cuda::register_backend(registry);
+    return harness::find_exchange(GetParam().exchange);
   }
-  const test::CliRun seeds = replay("seeds_batch.jsonl", "--layers 3");  // cp 8
-  EXPECT_EQ(seeds.status, 0) << seeds.out << seeds.err;
-  const test::CliRun mooncake = replay("mooncake_slice.jsonl", "--layers 2");
-  EXPECT_EQ(mooncake.status, 0) << mooncake.out << mooncake.err;
+  test::CliRun replay(const std::string& trace, const std::string& args) const {
+    return test::run_cpkv(fmt::format("replay traces/samples/{} --backend cuda --exchange {} {}", trace, GetParam().exchange, args));
+  }
+};
+
+// One replay of every variant the plugin implements: exit 0, and its --json has one passing run per
+// variant, in the plugin's own list, with no mismatch.
+void expect_every_variant_passes(const GpuPlugin& t, const harness::ExchangePlugin& plugin, const std::string& trace, const std::string& args) {
+  const test::fs::path json = test::temp_dir("gpu_plugin") / fmt::format("{}_{}.json", plugin.name, trace);
+  const test::CliRun run = t.replay(trace, fmt::format("--variant all --json {} {}", json.string(), args));
+  EXPECT_EQ(run.status, 0) << trace << " " << args << "\n" << run.out << run.err;
+  EXPECT_NE(run.out.find(fmt::format("exchange: plugin '{}'", plugin.name)), std::string::npos) << run.out;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << "no --json written: " << json;
+  const nlohmann::json report = nlohmann::json::parse(in);
+  std::vector<std::string> ran, expected;
+  for (const nlohmann::json& r : report.at("runs")) {
+    ran.push_back(r.at("variant").get<std::string>());
+    EXPECT_TRUE(r.at("passed").get<bool>()) << trace << " " << r.at("variant") << ": " << r.at("failure");
+    EXPECT_EQ(r.at("mismatches").get<std::int64_t>(), 0) << trace << " " << r.at("variant");
+  }
+  for (model::Variant v : plugin.variants) expected.emplace_back(model::to_string(v));
+  EXPECT_EQ(ran, expected) << trace << ": every variant the plugin implements ran";
 }
 
-TEST(GpuPlugin, EveryHarnessPlantedBugFailsThePlainExampleAndItsReplayLineReproducesIt) {
+TEST_P(GpuPlugin, PassesEveryBundledTraceInEveryVariantItImplements) {
   CPKV_REQUIRE_GPU();
+  const auto p = plugin();
+  expect_every_variant_passes(*this, *p, "tiny.jsonl", "--layers 2");
+  expect_every_variant_passes(*this, *p, "tiny.jsonl", "--layers 2 --swarm --seed 5");
+  expect_every_variant_passes(*this, *p, "seeds_batch.jsonl", "--layers 3");  // cp 8
+  expect_every_variant_passes(*this, *p, "mooncake_slice.jsonl", "--layers 2");
+}
+
+TEST_P(GpuPlugin, EveryHarnessPlantedBugThatReachesItFailsItAndItsReplayLineReproducesIt) {
+  CPKV_REQUIRE_GPU();
+  const auto p = plugin();
+  int reaching = 0;
   for (harness::Mutant mutant : harness::kHarnessMutants) {
+    if ((p->uses & harness::input_corrupted_by(mutant)) == 0) continue;
+    ++reaching;
     const std::string name(harness::to_string(mutant));
     // mooncake_slice: many batches of different shapes, so a first batch's plan or inverse is stale later.
-    const test::CliRun run = replay("mooncake_slice.jsonl", "--layers 2 --mutant " + name);
+    const test::CliRun run = replay("mooncake_slice.jsonl", "--layers 2 --variant staging_direct --mutant " + name);
     EXPECT_EQ(run.status, 1) << name << "\n" << run.out << run.err;
     EXPECT_NE(run.out.find("mismatch: rank"), std::string::npos) << name << ": a located wrong byte\n" << run.out;
     const std::size_t at = run.out.find("replay: cpkv replay ");
@@ -46,9 +88,32 @@ TEST(GpuPlugin, EveryHarnessPlantedBugFailsThePlainExampleAndItsReplayLineReprod
     const test::CliRun again = test::run_cpkv(line);
     EXPECT_EQ(again.status, 1) << "the printed line reproduces the failure: " << line << "\n" << again.out << again.err;
   }
+  EXPECT_GT(reaching, 0) << p->name << " reads at least the rows, which unzeroed_rows corrupts";
 }
 
-TEST(GpuPlugin, APluginThatFailsIsNamedWithItsOwnTextAndNothingIsLeftRunning) {
+INSTANTIATE_TEST_SUITE_P(Plugins, GpuPlugin, testing::ValuesIn(kPlugins), [](const testing::TestParamInfo<PluginCase>& info) { return info.param.label; });
+
+// `cpkv mutants --backend cuda --exchange` over the fused plugin: the correct protocol passes at cp
+// 2, 4 and 8, and each planted bug it holds (the GPU's four) and the harness's that reach it
+// (unzeroed_rows) is caught at each cp.
+TEST(GpuFusedPlugin, CpkvMutantsCatchesTheGpuPlantedBugsAndTheHarnessOnesThatReachIt) {
+  CPKV_REQUIRE_GPU();
+  const test::CliRun run = test::run_cpkv(fmt::format("mutants --backend cuda --exchange {}", CPKV_FUSED_PLUGIN));
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("exchange plugin 'fused'"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("verify self-test: passes"), std::string::npos) << run.out;
+  std::vector<std::string> expected = {"none"};
+  for (harness::Mutant m : harness::kGpuMutants) expected.emplace_back(harness::to_string(m));
+  expected.emplace_back(harness::to_string(harness::Mutant::unzeroed_rows));
+  for (const std::string& name : expected) {
+    for (int cp : {2, 4, 8}) {
+      const std::regex row(fmt::format("(^|\n){} +{} +[0-9]+  {}", name, cp, name == "none" ? "passes" : "yes"));
+      EXPECT_TRUE(std::regex_search(run.out, row)) << name << " at cp " << cp << " is " << (name == "none" ? "clean" : "caught") << "\n" << run.out;
+    }
+  }
+}
+
+TEST(GpuPluginStub, APluginThatFailsIsNamedWithItsOwnTextAndNothingIsLeftRunning) {
   CPKV_REQUIRE_GPU();
   const test::CliRun run = test::run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend cuda --exchange {} --variant staging_direct", CPKV_STUB_PLUGIN));
   EXPECT_EQ(run.status, 1) << run.out << run.err;

@@ -18,6 +18,8 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/costs.hpp"
 #include "cpkv/model/plan.hpp"
+#include "cpkv/model/variants.hpp"
+#include "cpkv/traces/trace.hpp"
 
 namespace {
 
@@ -303,6 +305,52 @@ TEST(ModelReplayCli, ChartIsDrawnOrRefusedInOneLine) {
     EXPECT_NE(run.err.find("matplotlib"), std::string::npos) << run.err;
     EXPECT_TRUE(run.out.empty()) << "refused before any work: " << run.out;
   }
+}
+
+// Where the time goes (issue 26 item 2): CostModel's per-part times sum to the modelled time it
+// gave before the parts existed, for every variant and batch of every bundled trace (the Mooncake
+// import included), under the nominal ceilings and under ceilings that flip which post-signal
+// stream is the longer; each part is >= 0, and the parts a variant's table row says it has are
+// there: the dense zero for the variants that zero (PROTOCOL.md section 7), the pre-signal fill for
+// those with pre-signal pages (publish, pack), none of either otherwise, the barrier where the row
+// has one, and all-reduce time only where the row calls an all-reduce.
+TEST(ModelReplayCosts, ComponentsSumToTheModelledTimeOnEveryBundledTrace) {
+  cpkv::model::CostParameters slow_peer;
+  slow_peer.peer_gbps = 3;
+  slow_peer.local_gbps = 5000;
+  cpkv::model::CostParameters slow_local;
+  slow_local.peer_gbps = 5000;
+  slow_local.local_gbps = 3;
+  std::int64_t batches = 0;
+  for (const char* name : {"tiny.jsonl", "seeds_batch.jsonl", "mooncake_slice.jsonl"}) {
+    for (const cpkv::model::CostParameters& ceilings : {cpkv::model::CostParameters{}, slow_peer, slow_local}) {
+      cpkv::traces::TraceReader reader(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
+      const cpkv::model::CostModel model(reader.header().setting, ceilings);
+      cpkv::model::BatchCosts costs;
+      while (const std::optional<Batch> batch = reader.next()) {
+        ++batches;
+        model.evaluate(*batch, costs);
+        for (std::size_t v = 0; v < cpkv::model::kVariantCount; ++v) {
+          const cpkv::model::Variant variant = cpkv::model::kAllVariants[v];
+          const cpkv::model::TimeComponents& p = costs.components[v];
+          const std::string where = fmt::format("{} batch {} {} peer {} GB/s", name, reader.batch_index(), cpkv::model::to_string(variant), ceilings.peer_gbps);
+          EXPECT_NEAR(p.total_us(), costs.modelled_us[v], 1e-9 * std::max(1.0, costs.modelled_us[v])) << where;
+          for (double part : {p.zero_us, p.fill_us, p.launch_us, p.barrier_us, p.peer_us, p.local_us, p.allreduce_us}) EXPECT_GE(part, 0.0) << where;
+          if (costs.verdict.overflow) {
+            EXPECT_EQ(p.total_us(), 0.0) << where << ": a rejected batch moves nothing";
+            continue;
+          }
+          const cpkv::model::VariantInfo& row = cpkv::model::info(variant);
+          EXPECT_EQ(p.zero_us > 0, cpkv::model::zeroes_dense(variant)) << where;
+          EXPECT_EQ(p.barrier_us > 0, row.counts.barriers > 0) << where;
+          EXPECT_EQ(p.allreduce_us > 0, row.allreduce != cpkv::model::AllReduceFamily::none && reader.header().setting.cp > 1 && batch->requests.size() > 0) << where;
+          EXPECT_GT(p.launch_us, 0.0) << where;
+          EXPECT_GT(p.peer_us + p.local_us, 0.0) << where;
+        }
+      }
+    }
+  }
+  EXPECT_GT(batches, 0);
 }
 
 }  // namespace

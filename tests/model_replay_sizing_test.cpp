@@ -138,6 +138,11 @@ TEST(ModelReplaySizing, PerBatchCsvHasOneRowPerBatchWithComponents) {
       const double parts = std::stod(row[column(name + "_copies_ms")]) + std::stod(row[column(name + "_barrier_ms")]) +
                            std::stod(row[column(name + "_allreduce_ms")]);
       EXPECT_NEAR(parts, std::stod(ms), 1e-9) << name << " batch " << b;
+      double components = 0;  // zeroing, fill, launch, local copies, peer pulls, barrier, all-reduce
+      for (const char* part : {"_zero_ms", "_fill_ms", "_launch_ms", "_local_ms", "_peer_ms", "_barrier_ms", "_allreduce_ms"}) {
+        components += std::stod(row[column(name + part)]);
+      }
+      EXPECT_NEAR(components, std::stod(ms), 1e-9) << name << " batch " << b;
     }
     direct_ms.push_back(row[column("staging_direct_ms")].empty() ? 0.0 : std::stod(row[column("staging_direct_ms")]));
     if (b == 1) {
@@ -185,6 +190,61 @@ TEST(ModelReplaySizing, StagingMibOverridesTheCaps) {
   const CliRun zero = run_cpkv("replay traces/samples/tiny.jsonl --backend model --staging-mib 0");
   EXPECT_EQ(zero.status, 2);
   EXPECT_TRUE(one_line(zero.err)) << zero.err;
+}
+
+// --staging-sweep on the Mooncake slice (cp 8, P 64, kv_fp8 656 B + indexer_k 132 B): PROTOCOL.md
+// section 4's staging slots of S MiB are S x 2^20 / (2 x P x sum row_bytes) = S x 2^20 / 100864, and
+// a batch overflows when its current pages exceed them. Each size's count, the smallest size of the
+// sweep with none and the smallest whole MiB with none are worked out here from the per-batch pages;
+// the two sizes around the smallest are checked again with --staging-mib.
+TEST(ModelReplaySizing, StagingSweepCountsOverflowsPerSizeAndNamesTheSmallestThatAdmitsAll) {
+  const std::string trace = "traces/samples/mooncake_slice.jsonl";
+  const CliRun run = run_cpkv(fmt::format("replay {} --backend model --staging-sweep 1:40:3 --json '{}' --per-batch '{}'", trace, at("sweep.json"), at("sweep.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::vector<std::int64_t> pages;
+  for (const std::string& line : lines_of(slurp(at("sweep.jsonl")))) pages.push_back(nlohmann::json::parse(line)["current_pages"].get<std::int64_t>());
+  ASSERT_FALSE(pages.empty());
+  const std::int64_t most = *std::max_element(pages.begin(), pages.end());
+  const auto slots = [](std::int64_t mib) { return (mib << 20) / (2 * 64 * (656 + 132)); };
+  const auto overflows = [&](std::int64_t mib) { return std::count_if(pages.begin(), pages.end(), [&](std::int64_t p) { return p > slots(mib); }); };
+  const nlohmann::json sweep = nlohmann::json::parse(slurp(at("sweep.json")))["staging_sweep"];
+  ASSERT_EQ(sweep["sizes"].size(), 14u);  // 1, 4, ..., 40
+  nlohmann::json first_clean = nullptr;
+  for (std::size_t i = 0; i < 14; ++i) {
+    const std::int64_t mib = 1 + 3 * static_cast<std::int64_t>(i);
+    const nlohmann::json& size = sweep["sizes"][i];
+    EXPECT_EQ(size["mib"], mib);
+    EXPECT_EQ(size["staging_slots"], slots(mib)) << mib;
+    EXPECT_EQ(size["overflow_batches"], overflows(mib)) << mib;
+    if (overflows(mib) == 0 && first_clean.is_null()) first_clean = mib;
+  }
+  EXPECT_GT(overflows(1), 0) << "the sweep starts where some batch overflows";
+  EXPECT_EQ(sweep["smallest_admitting_mib_in_sweep"], first_clean);
+  std::int64_t smallest = 1;
+  while (slots(smallest) < most) ++smallest;
+  EXPECT_EQ(sweep["smallest_admitting_mib"], smallest);
+  EXPECT_EQ(sweep["current_pages_total_max"], most);
+  EXPECT_NE(run.out.find(fmt::format("{} MiB ({} slots) exactly", smallest, slots(smallest))), std::string::npos) << run.out;
+  for (const std::int64_t mib : {smallest - 1, smallest}) {
+    const CliRun at_size = run_cpkv(fmt::format("replay {} --backend model --staging-mib {} --json '{}'", trace, mib, at("one.json")));
+    ASSERT_EQ(at_size.status, 0) << at_size.err;
+    EXPECT_EQ(nlohmann::json::parse(slurp(at("one.json")))["overflow_batches"], overflows(mib)) << mib;
+  }
+  EXPECT_GT(overflows(smallest - 1), 0);
+}
+
+TEST(ModelReplaySizing, StagingSweepRefusesWhatIsNoSweepInOneLine) {
+  for (const char* bad : {"5:1:1", "1:5", "1:5:0", "a:b:c", "0:4:1", "1:4:1:2", "1:2000000000:1"}) {
+    const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --staging-sweep '{}' --json '{}'", bad, at("no.json")));
+    EXPECT_EQ(run.status, 2) << bad;
+    EXPECT_TRUE(one_line(run.err)) << run.err;
+    EXPECT_NE(run.err.find("--staging-sweep"), std::string::npos) << run.err;
+    EXPECT_TRUE(run.out.empty()) << run.out;
+    EXPECT_FALSE(fs::exists(at("no.json"))) << bad;
+  }
+  const CliRun sim = run_cpkv("replay traces/samples/tiny.jsonl --backend sim --staging-sweep 1:2:1");
+  EXPECT_EQ(sim.status, 2);
+  EXPECT_NE(sim.err.find("--staging-sweep"), std::string::npos) << sim.err;
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -63,7 +64,31 @@ std::vector<model::Variant> variants_of(const cpkv_exchange_v1_t& t, const std::
   return out;
 }
 
+// The tables compiled into this process, by the word --exchange names them with.
+std::vector<std::pair<std::string, std::shared_ptr<const ExchangePlugin>>>& builtin_tables() {
+  static std::vector<std::pair<std::string, std::shared_ptr<const ExchangePlugin>>> tables;
+  return tables;
+}
+
 }  // namespace
+
+void register_builtin_exchange(const std::string& spelling, const cpkv_exchange_v1_t* table) {
+  for (const auto& entry : builtin_tables()) {
+    if (entry.first == spelling) return;
+  }
+  builtin_tables().emplace_back(spelling, check_exchange_table(table, spelling, true));
+}
+
+std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling) {
+  for (const auto& [name, plugin] : builtin_tables()) {
+    if (name == spelling) return plugin;
+  }
+  if (spelling == kBuiltinExchange) {
+    refuse(spelling, "names cpkv's built-in exchange, which this build lacks (the cuda backend registers it where CUDA and NCCL were found); "
+                     "give a plugin's path (a file called builtin: ./builtin)");
+  }
+  return load_exchange_plugin(spelling);
+}
 
 bool ExchangePlugin::implements(model::Variant v) const { return std::find(variants.begin(), variants.end(), v) != variants.end(); }
 bool ExchangePlugin::holds(const std::string& mutant) const { return std::find(mutants.begin(), mutants.end(), mutant) != mutants.end(); }

@@ -74,6 +74,7 @@ struct VariantCost {
   std::vector<std::uint64_t> pulled;  // [rank]: bytes pulled from peers (LayerBytes::pulled_from_peers)
   std::uint64_t local_copy_bytes = 0; // the most any rank copies locally
   std::uint64_t allreduce_bytes = 0;  // summed by one rank's all-reduces (the same on every rank)
+  model::TimeComponents parts;        // `us` by part (model/costs.hpp): the slowest rank's per layer
 };
 
 // The model's time of a variant layer by layer class, as model::CostModel::evaluate sums it, for
@@ -95,11 +96,14 @@ class VariantCoster {
       if (c.count == 0) continue;
       const std::uint64_t page_bytes = setting_.row_bytes_on_layer(c.layer) * static_cast<std::uint32_t>(setting_.page_size);
       double slowest_us = 0, barrier_us = 0;
+      model::TimeComponents slowest;
       std::uint64_t local = 0;
       for (std::int32_t rank = 0; rank < setting_.cp; ++rank) {
         const model::LayerBytes bytes = model::layer_bytes_from_counts(setting_, counts, variant, rank, c.layer);
         cost.pulled[rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(c.count);
-        slowest_us = std::max(slowest_us, model::layer_copy_us(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
+        const double us = model::layer_copy_us(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        if (rank == 0 || us > slowest_us) slowest = model::layer_copy_components(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        slowest_us = std::max(slowest_us, us);
         barrier_us = bytes.barriers * ceilings_.barrier_us;
         local = std::max(local, bytes.local_copy_bytes);
         if (rank == 0) cost.allreduce_bytes += bytes.allreduce_bytes * static_cast<std::uint64_t>(c.count);
@@ -109,6 +113,8 @@ class VariantCoster {
       cost.barrier_us += barrier_us * c.count;
       cost.allreduce_us += allreduce_us * c.count;
       cost.us += (slowest_us + allreduce_us) * c.count;
+      slowest.allreduce_us = allreduce_us;
+      cost.parts.add(slowest, c.count);
     }
     return cost;
   }
@@ -134,6 +140,7 @@ struct ModelTotals {
   std::vector<std::array<double, kVariantCount>> batch_ms;                    // NaN: rejected for the variant
   std::vector<nlohmann::json> per_batch;
   std::array<double, kVariantCount> total_ms{};
+  std::array<model::TimeComponents, kVariantCount> parts_total{};  // over the batches each variant counts
   double model_seconds = 0, read_seconds = 0;
   std::int64_t evaluations = 0;
 };
@@ -146,8 +153,11 @@ nlohmann::json batch_record(const BatchCosts& costs, std::int64_t index) {
 }
 
 nlohmann::json variant_record(const VariantCost& cost) {
+  const model::TimeComponents& p = cost.parts;
   return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - cost.barrier_us - cost.allreduce_us) / 1000.0},
           {"barrier_ms", cost.barrier_us / 1000.0}, {"allreduce_ms", cost.allreduce_us / 1000.0},
+          {"zero_ms", p.zero_us / 1000.0}, {"fill_ms", p.fill_us / 1000.0}, {"launch_ms", p.launch_us / 1000.0},
+          {"local_ms", p.local_us / 1000.0}, {"peer_ms", p.peer_us / 1000.0},
           {"peer_bytes_max", *std::max_element(cost.pulled.begin(), cost.pulled.end())}, {"local_copy_bytes_max", cost.local_copy_bytes},
           {"allreduce_bytes", cost.allreduce_bytes}};
 }
@@ -179,7 +189,9 @@ void add_batch(const model::Setting& setting, const BatchCosts& costs, const Var
     } else {
       cost.pulled = costs.pulled_from_peers_all_layers[v];
       cost.us = costs.modelled_us[v];
+      cost.parts = costs.components[v];
     }
+    t.parts_total[v].add(cost.parts, 1.0);
     for (std::uint64_t bytes : cost.pulled) t.pulled_per_rank_per_layer[v].push_back(static_cast<double>(bytes) / layers);
     ms[v] = cost.us / 1000.0;
     t.total_ms[v] += ms[v];
@@ -226,6 +238,12 @@ std::string rejected_by_variant(const ModelTotals& t) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
+nlohmann::json components_json(const model::TimeComponents& p) {
+  return {{"zero_ms", p.zero_us / 1000.0},       {"fill_ms", p.fill_us / 1000.0}, {"launch_ms", p.launch_us / 1000.0},
+          {"barrier_ms", p.barrier_us / 1000.0}, {"peer_ms", p.peer_us / 1000.0}, {"local_ms", p.local_us / 1000.0},
+          {"allreduce_ms", p.allreduce_us / 1000.0}, {"total_ms", p.total_us() / 1000.0}};
+}
+
 // The per-variant table of the summary, and its JSON.
 nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<std::string> out) {
   fmt::format_to(out, "  {:<16} {:>8} {:>8} {:>62}   {:>12}  {}\n", "variant", "counted", "rejected", "MB pulled from peers per rank per layer",
@@ -249,9 +267,61 @@ nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<st
                         {"batches_rejected", t.rejected_per_variant[v]},
                         {"bytes_pulled_from_peers_per_rank_per_layer", bytes_p},
                         {"modelled_ms_total", t.total_ms[v]},
+                        {"components_ms_total", components_json(t.parts_total[v])},
                         {"modelled_ms_per_batch", ms_p}});
   }
   return variants;
+}
+
+// Where each variant's modelled time goes, over the batches it counts (model/costs.hpp TimeComponents).
+void components_table(const ModelTotals& t, std::back_insert_iterator<std::string> out) {
+  fmt::format_to(out, "  where the time goes (ms over the counted batches; peer / local: the longer of the overlapped post-signal streams carries it)\n");
+  fmt::format_to(out, "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "variant", "zero", "fill", "launch", "barrier", "peer", "local", "all-reduce");
+  for (std::size_t v = 0; v < kVariantCount; ++v) {
+    const model::TimeComponents& p = t.parts_total[v];
+    fmt::format_to(out, "  {:<16} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", model::to_string(model::kAllVariants[v]),
+                   p.zero_us / 1000.0, p.fill_us / 1000.0, p.launch_us / 1000.0, p.barrier_us / 1000.0, p.peer_us / 1000.0, p.local_us / 1000.0,
+                   p.allreduce_us / 1000.0);
+  }
+}
+
+// The staging slots `mib` MiB of staging gives the setting (model::staging_capacity's override).
+std::int64_t slots_at(const model::Setting& setting, std::int64_t mib) {
+  model::Setting s = setting;
+  s.caps.staging_mib_override = mib;
+  return model::staging_capacity(s).staging_slots;
+}
+
+// --staging-sweep: overflows per size, the smallest size of the sweep that admits every batch, and
+// the smallest whole MiB that does (staging slots grow with the size: a binary search).
+nlohmann::json staging_sweep(const model::Setting& setting, const std::vector<std::int64_t>& sizes, const std::vector<std::int64_t>& pages,
+                             std::back_insert_iterator<std::string> out) {
+  const std::int64_t most = pages.empty() ? 0 : *std::max_element(pages.begin(), pages.end());
+  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json in_sweep = nullptr;
+  fmt::format_to(out, "  staging sweep (MiB: staging slots, overflow batches of {}):", pages.size());
+  for (const std::int64_t mib : sizes) {
+    const std::int64_t slots = slots_at(setting, mib);
+    const auto overflows = std::count_if(pages.begin(), pages.end(), [&](std::int64_t p) { return model::overflow_verdict(p, slots).overflow; });
+    rows.push_back({{"mib", mib}, {"staging_slots", slots}, {"overflow_batches", overflows}});
+    if (overflows == 0 && in_sweep.is_null()) in_sweep = mib;
+    fmt::format_to(out, " {}: {}, {};", mib, slots, overflows);
+  }
+  std::int64_t low = 1, high = std::int64_t{1} << 40;  // a byte count that still fits the override's shift
+  if (model::overflow_verdict(most, slots_at(setting, high)).overflow) high = 0;  // nothing admits it
+  while (high > 0 && low < high) {
+    const std::int64_t mid = low + (high - low) / 2;
+    if (model::overflow_verdict(most, slots_at(setting, mid)).overflow) {
+      low = mid + 1;
+    } else {
+      high = mid;
+    }
+  }
+  const nlohmann::json smallest = high > 0 ? nlohmann::json(low) : nlohmann::json(nullptr);
+  fmt::format_to(out, "\n  smallest staging that admits every batch (current_pages_total up to {}): {} in the sweep, {} exactly\n", most,
+                 in_sweep.is_null() ? "none" : fmt::format("{} MiB", in_sweep.get<std::int64_t>()),
+                 smallest.is_null() ? "none" : fmt::format("{} MiB ({} slots)", low, slots_at(setting, low)));
+  return {{"sizes", rows}, {"smallest_admitting_mib_in_sweep", in_sweep}, {"smallest_admitting_mib", smallest}, {"current_pages_total_max", most}};
 }
 
 }  // namespace
@@ -268,6 +338,7 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
   const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
   const double hit_rate = t.prefix_tokens + t.extend_tokens == 0 ? 0.0 : static_cast<double>(t.prefix_tokens) / static_cast<double>(t.prefix_tokens + t.extend_tokens);
   const double batches_per_second = t.model_seconds > 0 ? static_cast<double>(t.evaluations) / t.model_seconds : 0.0;
+  const std::vector<std::int64_t> pages = t.current_pages;  // percentiles sorts its copy in place
   nlohmann::json pages_p = percentiles(t.current_pages);
   std::string text;
   auto out = std::back_inserter(text);
@@ -282,6 +353,8 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
                  ceilings.peer_gbps, ceilings.local_gbps, ceilings.barrier_us, ceilings.allreduce_busbw_gbps, ceilings.allreduce_latency_us,
                  ceilings.launch_us, ceilings.gather_fixed_us, ceilings.source);
   nlohmann::json variants = variants_table(t, out);
+  components_table(t, out);
+  const nlohmann::json sweep = o.staging_sweep.empty() ? nlohmann::json(nullptr) : staging_sweep(setting, o.staging_sweep, pages, out);
   fmt::format_to(out, "  model speed: {} batch evaluations in {:.4f} s = {:.0f} batches/s on one core (reading and checking the trace: {:.4f} s)\n",
                  t.evaluations, t.model_seconds, batches_per_second, t.read_seconds);
   ModelReplayOutput result;
@@ -293,6 +366,7 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
         {"rejected_batches", rejected_json(t.rejected)}, {"current_pages_total", pages_p},
         {"ceilings", ceilings_json(ceilings)},
         {"variants", variants},
+        {"staging_sweep", sweep},
         {"timing", {{"evaluations", t.evaluations}, {"model_seconds", t.model_seconds}, {"batches_per_second", batches_per_second},
                     {"read_seconds", t.read_seconds}}}};
   result.text = std::move(text);

@@ -125,7 +125,7 @@ void check_exchange(CheckedRequest& c) {
     if (needs != 0) throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin: give --exchange", r.mutant));
     return;
   }
-  c.exchange = load_exchange_plugin(*r.exchange);
+  c.exchange = find_exchange(*r.exchange);
   const ExchangePlugin& plugin = *c.exchange;
   std::string implemented;
   for (model::Variant v : plugin.variants) implemented += (implemented.empty() ? "" : ", ") + std::string(model::to_string(v));

@@ -61,6 +61,21 @@ std::string private_folder(const std::string& prefix) {
   return name;
 }
 
+std::string owned_output_folder(const std::string& option, const std::string& dir) {
+  const auto refuse = [&](const std::string& why) { return std::runtime_error(fmt::format("{} {}: {}", option, dir, why)); };
+  if (dir.empty()) throw refuse("an empty name is no folder");
+  if (::mkdir(dir.c_str(), 0700) == 0) return dir;
+  if (errno != EEXIST) throw refuse(fmt::format("cannot create it: {}", std::strerror(errno)));
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) throw refuse(std::strerror(errno));
+  if (S_ISLNK(st.st_mode)) throw refuse("a symbolic link (name the folder itself)");
+  if (!S_ISDIR(st.st_mode)) throw refuse("exists and is not a folder");
+  if (st.st_uid != ::geteuid()) throw refuse(fmt::format("owned by uid {}, not by this user", st.st_uid));
+  if ((st.st_mode & S_IWOTH) != 0) throw refuse("writable by others (anyone could plant links in it)");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw refuse(std::strerror(errno));
+  return dir;
+}
+
 int write_all(int fd, std::string_view content) {
   for (std::size_t done = 0; done < content.size();) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);

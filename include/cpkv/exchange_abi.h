@@ -131,7 +131,10 @@ struct cpkv_exchange_ctx {
   int64_t current_pages_max;          /* the largest batch's current pages */
   int64_t wait_ms_max;                /* the bound for the plugin's own host waits; device waits: a few seconds */
   /* The pool (§1), prefilled by cpkv at each page's storage owner: rank p's slab is pool[p]; layer l,
-   * kind k, local page q at pool[p] + pool_offset[l * kind_count + k] + q * page_size * row_bytes. */
+   * kind k, local page q at pool[p] + pool_offset[l * kind_count + k] + q * page_size * row_bytes.
+   * The slabs are reserved whole but only the pages some batch of the run references have memory
+   * behind them (2-MiB chunks; CPKV_POOL_MEMORY=dense allocates every page): read only the pages
+   * a batch's plan names. */
   void* const* pool;                  /* host [cp] of device pointers (own slab included) */
   const uint64_t* pool_offset;        /* host [layers * kind_count] */
   /* The dense buffers the plugin must produce (§3), per parity half and kind, slot_count_max slots

@@ -183,6 +183,33 @@ double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model:
   return us;
 }
 
+void TimeComponents::add(const TimeComponents& o, double times) {
+  zero_us += o.zero_us * times;
+  fill_us += o.fill_us * times;
+  launch_us += o.launch_us * times;
+  barrier_us += o.barrier_us * times;
+  peer_us += o.peer_us * times;
+  local_us += o.local_us * times;
+  allreduce_us += o.allreduce_us * times;
+}
+
+TimeComponents layer_copy_components(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
+  const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
+  const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;
+  const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
+  TimeComponents t;
+  if (s.zero > 0) t.zero_us = ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
+  t.launch_us = ceilings.gather_fixed_us;
+  if (s.pre > 0) t.fill_us = ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
+  t.barrier_us = bytes.barriers * ceilings.barrier_us;
+  const double peer = static_cast<double>(s.post_peer) * us_per_byte_peer;
+  const double local = static_cast<double>(s.post_local) * us_per_byte_local;
+  (peer >= local ? t.peer_us : t.local_us) = std::max(peer, local);  // the critical one of two overlapped streams
+  if (s.unpack > 0) t.local_us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;
+  return t;
+}
+
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
                      const CostParameters& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
   return layer_copy_us(setting, c, variant, bytes, ceilings, page_bytes, dense_slots) + allreduces_us(setting, c, variant, layer, ceilings);
@@ -206,6 +233,7 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
   for (std::size_t v = 0; v < kVariantCount; ++v) {
     out.pulled_from_peers_all_layers[v].assign(cp, 0);
     out.modelled_us[v] = 0.0;
+    out.components[v] = TimeComponents{};
   }
   // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
   if (out.verdict.overflow) return;
@@ -217,14 +245,19 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
     for (std::size_t v = 0; v < kVariantCount; ++v) {
       const model::Variant variant = model::kAllVariants[v];
       double slowest_us = 0.0;
+      TimeComponents slowest;
       for (std::int32_t rank = 0; rank < cp; ++rank) {
         const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        slowest_us = std::max(slowest_us, layer_copy_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_));
+        const double us = layer_copy_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        if (rank == 0 || us > slowest_us) slowest = layer_copy_components(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        slowest_us = std::max(slowest_us, us);
       }
       // Barriers and collectives hold every layer to its slowest rank; the all-reduces are the same
       // calls on every rank, so they are worked out once, not once per rank.
-      out.modelled_us[v] += (slowest_us + allreduces_us(setting_, out.counts, variant, layer, ceilings_)) * layer_count;
+      slowest.allreduce_us = allreduces_us(setting_, out.counts, variant, layer, ceilings_);
+      out.modelled_us[v] += (slowest_us + slowest.allreduce_us) * layer_count;
+      out.components[v].add(slowest, layer_count);
     }
   }
 }

@@ -36,6 +36,8 @@ struct LastCase {
   bool written = false;
 };
 std::optional<LastCase> g_last_case;
+std::string g_folder;       // --out DIR, or empty: the private per-run folder
+std::string g_stem_prefix;  // prefixed to every counterexample's name
 
 std::string variant_name(model::Variant v) { return std::string(model::to_string(v)); }
 }  // namespace
@@ -47,6 +49,11 @@ void reset_last_counterexample() {
   g_last_invariant = 0;
   g_last_case.reset();
 }
+void set_counterexample_folder(const std::string& dir, const std::string& stem_prefix) {
+  g_folder = dir;
+  g_stem_prefix = stem_prefix;
+}
+std::string counterexample_folder() { return g_folder.empty() ? harness::private_folder("cpkv-counterexamples") : g_folder; }
 std::int64_t last_counterexample_size() { return g_last_size; }
 std::string last_counterexample_replay() {
   if (!g_last_write_error.empty()) throw std::runtime_error(g_last_write_error);
@@ -207,8 +214,8 @@ std::int64_t case_size(const Case& c) {
   // $TMPDIR) leaves no replay line rather than another case's; the failure still counts and says why.
   std::string replay;
   try {
-    const std::string dir = harness::private_folder("cpkv-counterexamples");
-    const std::string stem = fmt::format("{}-{}", property, harness::to_string(mutant));
+    const std::string dir = counterexample_folder();
+    const std::string stem = fmt::format("{}{}-{}", g_stem_prefix, property, harness::to_string(mutant));
     g_last_replay = write_replay(c, mutant, dir, stem, free_running);
     g_last_case = LastCase{c, mutant, free_running, (std::filesystem::path(dir) / (stem + ".timeline.json")).string(), false};
     g_last_write_error.clear();

@@ -1,5 +1,5 @@
 """python3 -m cpkv.conformance TRACE --impl module:Class --ranks N [--device cpu|cuda] [--seed S] [--swarm]
-[--layers L] [--mutant NAME] [--time] [--json F]
+[--layers L] [--mutant NAME] [--time [--cpkv-bin PATH]] [--json F]
 
 Runs an implementation over a trace under the conformance harness and prints a table like
 `cpkv replay`'s, with a one-line reproducer on failure. Exit 0: every check passed; 1: a check
@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from typing import List, Optional
 
 from .. import _cpkv
@@ -25,6 +26,7 @@ from . import _report
 from . import _shm
 from . import _timeline
 from . import run_with_timeline
+from . import _timing
 from ._context import ContractError
 from ._launch import Outcome, launch
 from ._rank import Reporter, RunSpec, drive, load_impl
@@ -49,7 +51,10 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--ipc-fail-rank", type=int, default=-1, help="this rank's IPC capability probe fails")
     p.add_argument("--window", type=float, default=20.0, help="seconds before a wait or a silent rank is reported (default 20)")
     p.add_argument("--time", action="store_true",
-                   help="checks, delays and event hooks off; each layer's compose time measured (median and p90)")
+                   help="checks, delays and event hooks off; each layer's compose time measured (median and p90), beside the "
+                        "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
+    p.add_argument("--cpkv-bin", metavar="PATH", help="the `cpkv` binary --time runs for the built-in staging_direct "
+                   "(default $CPKV_BIN, else cpkv on PATH)")
     p.add_argument("--json", metavar="F", help="write the result as JSON to F (`cpkv replay --json`'s schema)")
     p.add_argument("--timeline", metavar="F", help="write a timeline to F (Chrome trace event format: Perfetto, chrome://tracing; docs/event-log.md)")
     return p.parse_args(argv)
@@ -114,14 +119,17 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
     reporter = Reporter(None)
     outcome = Outcome()
     started = time.monotonic()
+    # On CUDA the capture probe runs first, before this process switches the sync-counting hooks on.
+    probe = [replace(spec, capture_only=True, run=spec.run + "-capture")] if spec.device == "cuda" and not spec.timing else []
     try:
-        drive([spec], rank, reporter)
+        drive(probe + [spec], rank, reporter)
     except Exception as error:  # this rank's failure, one line; torchrun ends the others
         outcome.failure, outcome.failure_kind = f"rank {rank}: {type(error).__name__}: {error}", "raised"
     for message in reporter.messages:
         if message[0] in ("batch", "capture"):
             outcome.record(message)
-    _shm.remove_run(spec.run)
+    for case in probe + [spec]:
+        _shm.remove_run(case.run)
     outcome.seconds = time.monotonic() - started
     return outcome if rank == 0 or outcome.failure else None
 
@@ -156,6 +164,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         outcome = run_with_timeline(spec, a.timeline, launch) if a.timeline else launch(spec)
     if outcome is None:
         return 0
+    if a.time and a.device == "cuda":
+        timed = [a.batch] if a.batch is not None else [b["batch"] for b in outcome.batches]
+        outcome.builtin = _timing.builtin_staging_direct(a.trace, spec.layers, timed, setting.cp, _timing.find_cpkv(a.cpkv_bin))
     print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))

@@ -146,6 +146,7 @@ class Context:
         # implementation that asks for them in every layer makes no host copy (nor synchronization)
         # of the harness's for it, and a layer can be captured into a CUDA graph. Not to be modified.
         self._batch_cache: Dict[str, torch.Tensor] = {}
+        self._pool_guard = None  # the harness's copy of this rank's pool slabs (_guards.PoolGuard)
 
     # --- what the implementation may call -------------------------------------------------------
 
@@ -231,7 +232,10 @@ class Context:
         at the SAME address in every batch (as a caching allocator hands it out): an implementation
         may compose into it. Its contents are whatever the last batch left."""
         if kind not in self._dense_out:
-            self._dense_out[kind] = torch.zeros((self._dense_rows_max, self.row_bytes[kind]), dtype=torch.uint8, device=self.device)
+            # One guard page past the largest batch's rows; past this batch's rows it is poison, checked unwritten (_guards).
+            rows = self._dense_rows_max + self.setting.page_size
+            self._dense_out[kind] = torch.zeros((rows, self.row_bytes[kind]), dtype=torch.uint8, device=self.device)
+            self._dense_out[kind][self.dense_rows():] = _cpkv.conformance.POISON_BYTE
         return self._dense_out[kind][: self.dense_rows()]
 
     def kinds_on(self, layer: int) -> List[str]:

@@ -10,6 +10,7 @@ removed, so nothing is left running and nothing is left in /dev/shm.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import multiprocessing
 import os
@@ -49,6 +50,7 @@ class Outcome:
     leftovers: List[str] = field(default_factory=list)
     capture: List[List[str]] = field(default_factory=list)  # CUDA: per rank, per layer 'yes' or 'no: ...'
     capture_batch: Optional[int] = None                     # the batch whose layers were captured
+    builtin: Optional[object] = None  # --time on CUDA: cpkv's staging_direct from `cpkv bench` (a dict, ms) or why not (a line)
 
     def record(self, message: tuple) -> Optional[dict]:
         """Take a rank-0 report ('batch' or 'capture'); returns the batch record it added, if any."""
@@ -174,6 +176,8 @@ class Launcher:
         outcome = self.outcomes[case]
         if what == "capture":
             outcome.record(message)
+        elif what == "capturable":
+            outcome.capture_batch = message[2]  # to probe (probe_captures): the last batch every rank composed
         elif what == "batch":
             record = outcome.record(message)
             if record["raised"] and outcome.failure is None:
@@ -292,11 +296,28 @@ class Launcher:
 
 def launch_cases(specs: List[RunSpec]) -> List[Outcome]:
     """Every case, in as few launches as possible: a case that fails its ranks ends a launch and the
-    next launch starts at the case after it. All cases must have the same cp."""
+    next launch starts at the case after it. All cases must have the same cp. Then, on CUDA, the
+    graph-capture probe of every checked case that passed (probe_captures)."""
     outcomes: List[Outcome] = []
     while len(outcomes) < len(specs):
         outcomes += Launcher(specs[len(outcomes):]).run()
+    probe_captures(specs, outcomes)
     return outcomes
+
+
+def probe_captures(specs: List[RunSpec], outcomes: List[Outcome]) -> None:
+    """CUDA: each case whose ranks named a batch to capture ('capturable') gets the capture probe in
+    a launch of its own: fresh rank processes, whose sync-counting trace hooks were never switched on
+    (_probes.try_capture says why that matters). Their answers land in the case's outcome."""
+    pending = [(s, o) for s, o in zip(specs, outcomes) if not s.capture_only and o.capture_batch is not None and not o.capture]
+    if not pending:
+        return
+    probes = [dataclasses.replace(s, capture_only=True, capture_from=o.capture_batch, delays=False) for s, o in pending]
+    for (spec, outcome), probed in zip(pending, launch_cases(probes)):
+        outcome.capture_batch, outcome.capture = probed.capture_batch, probed.capture
+        if not probed.capture:
+            outcome.capture = [[f"no: the capture probe's ranks failed: {probed.failure or 'no answer'}"] * spec.layers]
+        outcome.leftovers += probed.leftovers
 
 
 def launch(spec: RunSpec) -> Outcome:
@@ -365,6 +386,7 @@ class Session:
         elif spec.setting.cp != self.launcher.cp:
             raise ValueError(f"a session of cp {self.launcher.cp} cannot run a case of cp {spec.setting.cp}")
         outcome = self.launcher.run_one(spec)
+        outcome.capture_batch = None  # a session (a search) runs no capture probe: it would start new ranks per case
         if self.launcher.failed():
             self.close()
         return outcome

@@ -9,7 +9,8 @@ synchronizing calls). On PyTorch 2.11 / CUDA 13 (one H200, 2026-12-02) they fire
 copy, and never for a kernel launch; torch's sync debug mode, used before, missed the first and the
 third and warned twice for ``.item()``. The hooks are private API: where a torch lacks them the
 count is "n/a". Once switched on they stay on in the process (torch has no switch back), so a
-``--time`` run never switches them on.
+``--time`` run never switches them on, and the CUDA-graph capture probe runs in rank processes of
+its own that never switch them on (_rank.run_capture_case).
 """
 
 from __future__ import annotations
@@ -114,20 +115,33 @@ def _first_line(error: BaseException) -> str:
 
 
 def try_capture(ctx, impl, layer: int) -> str:
-    """'yes', or 'no: <the exception's first line>': compose_layer of `layer` captured into a CUDA
-    graph on a side stream (after the layer's checked run; the graph is not replayed)."""
+    """'yes', or 'no: <the first line of the first exception>': compose_layer of `layer` captured
+    into a CUDA graph on a side stream (after a warm-up run of the batch; the graph is not replayed).
+    The reason is compose_layer's own exception when it raised, else capture_end's. Only in a process
+    whose trace hooks were never switched on (run_capture_case): once on, torch calls them from every
+    allocation and synchronization, inside the capture too, and a hook that runs while the capture's
+    exception is pending fails ('cuda trace hook execution failed', seen on the H200) and can take
+    the implementation's reason with it."""
+    if _Hooks.available:
+        return "no: not probed (the sync-counting trace hooks are on in this process)"
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream(ctx.device)
     side.wait_stream(torch.cuda.current_stream(ctx.device))
-    try:
-        with torch.cuda.stream(side):
-            with torch.cuda.graph(graph, stream=side):
-                impl.compose_layer(ctx, layer)
-        verdict = "yes"
-    except Exception as error:  # whatever the capture raised is the answer, one line
-        verdict = f"no: {_first_line(error)}"
     torch.cuda.synchronize(ctx.device)
-    return verdict
+    reason: Optional[BaseException] = None
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            impl.compose_layer(ctx, layer)
+        except Exception as error:  # whatever the implementation raised first is the answer
+            reason = error
+        finally:
+            try:
+                graph.capture_end()  # ends the capture even when it was invalidated
+            except Exception as error:
+                reason = reason or error
+    torch.cuda.synchronize(ctx.device)
+    return "yes" if reason is None else f"no: {_first_line(reason)}"
 
 
 def capture_layers(ctx, impl, layers: int) -> List[str]:

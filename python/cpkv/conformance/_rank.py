@@ -25,9 +25,11 @@ import torch.distributed as dist
 from .. import _cpkv
 from . import _adversity as adv
 from . import _check
+from . import _guards
 from . import _probes
 from . import _shm
 from . import _timeline
+from . import _timing
 from ._context import Context, ContractError, StagingOverflow
 from ._probes import _first_line
 
@@ -54,6 +56,9 @@ class RunSpec:
     impl_kwargs: Dict[str, Any] = field(default_factory=dict)
     timing: bool = False           # --time: checks, delays and events off; each layer's compose time measured
     timeline: str = ""             # a file rank 0 appends each batch's timeline lines to (_timeline.py); "" none
+    link_limit: bool = True        # --time: each layer's link limit timed after it (_timing.link_limit_s)
+    capture_only: bool = False     # CUDA: only the graph-capture probe, from batch capture_from on (run_capture_case)
+    capture_from: int = 0
 
 
 class Reporter:
@@ -203,6 +208,7 @@ def setup_rank(spec: RunSpec, rank: int, device: torch.device, hgroup, positions
                   dense_rows_max=max(_cpkv.layout_batch(spec.setting, b).slot_count for b in spec.batches) * spec.setting.page_size)
     ctx._publish(adv.STAGE_SETUP, arrivals=0)  # a new case's barrier phases start again (before the pools' barriers)
     _map_pools(ctx, spec)
+    ctx._pool_guard = None if spec.timing or spec.capture_only else _guards.PoolGuard(ctx)
     return ctx
 
 
@@ -235,11 +241,12 @@ class BatchOutcome:
         self.host_syncs: List[Optional[int]] = []  # per layer: host synchronizations (CUDA; None elsewhere)
         self.compose_spans: List[tuple] = []  # per layer: (layer, begin ns, end ns) of compose_layer, CLOCK_MONOTONIC
         self.mismatch_at: Optional[tuple] = None  # (ns, layer) of the first mismatching layer's check
+        self.limit_s: List[float] = []  # --time, per layer: the same bytes copied plainly (_timing.link_limit_s)
 
     def summary(self, ctx: Context) -> dict:
         return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
-                "compose_s": self.compose_s, "host_syncs": self.host_syncs, "mismatch_kinds": self.mismatch_kinds,
+                "compose_s": self.compose_s, "limit_s": self.limit_s, "host_syncs": self.host_syncs, "mismatch_kinds": self.mismatch_kinds,
                 "arrivals": sum(1 for e in ctx.events.log if e[1] == "arrive"),
                 "compose_spans": self.compose_spans, "mismatch_at": self.mismatch_at}
 
@@ -249,6 +256,8 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
     ctx._begin_batch(index, batch)
     ctx.events.log = []
     timer = _probes.LayerTimer(ctx.device)
+    if not spec.timing:
+        _guards.poison_tails(ctx)
     for layer in range(spec.layers):
         ctx._begin_layer(layer)
         ctx._adversity.enter_layer(index, layer)
@@ -259,6 +268,8 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
                 out = impl.compose_layer(ctx, layer)
             outcome.compose_s.append(timer.stop())  # on CUDA: after the rank's stream is done
             outcome.compose_spans.append((layer, begin_ns, time.monotonic_ns()))
+            if spec.timing and spec.link_limit:
+                outcome.limit_s.append(_link_limit(ctx, layer, timer))
             outcome.host_syncs.append(syncs.count)
         except StagingOverflow:
             outcome.refused_at = layer
@@ -271,7 +282,17 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
         if not spec.timing:
             check_one_layer(ctx, oracle, index, layer, out, outcome)
     impl.end_batch(ctx)
+    if ctx._pool_guard is not None:
+        outcome.contract = outcome.contract or ctx._pool_guard.check(ctx, index)
     return outcome
+
+
+def _link_limit(ctx: Context, layer: int, timer) -> float:
+    """The layer's link limit, with every rank out of the layer before and none in the next during it."""
+    dist.barrier(group=ctx._hgroup)
+    seconds = _timing.link_limit_s(ctx, layer, timer)
+    dist.barrier(group=ctx._hgroup)
+    return seconds
 
 
 def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: BatchOutcome) -> None:
@@ -279,6 +300,9 @@ def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: 
     ctx._publish(adv.STAGE_CHECK)
     try:
         found = _check.check_layer(ctx, oracle, layer, out)
+        past = _guards.tail_written(ctx, layer)
+        if past:
+            raise ContractError(past)
     except ContractError as error:
         outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
         found = []
@@ -306,7 +330,7 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
                   "refused": [s["refused_at"] is not None for s in summaries],
                   "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
                   "events": sum(len(s["events"]) for s in summaries)}
-        for key in ("compose_s", "host_syncs", "mismatch_kinds", "arrivals"):
+        for key in ("compose_s", "limit_s", "host_syncs", "mismatch_kinds", "arrivals"):
             record[key] = [s[key] for s in summaries]  # one entry per rank
         reporter.send("batch", index, record)
         if spec.timeline:
@@ -316,17 +340,48 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
     return verdict
 
 
-def _capture_report(ctx: Context, impl, spec: RunSpec, composed, reporter: Reporter) -> None:
-    """CUDA, after the checked run: whether each layer of the last batch every rank composed can be
-    captured into a CUDA graph (events and delays off meanwhile); rank 0 reports every rank's answer."""
-    ctx._begin_batch(*composed)
+def _warm_up(ctx: Context, impl, spec: RunSpec) -> Optional[int]:
+    """The first batch from capture_from on that the implementation composes (every layer, eagerly,
+    unchecked): its index, or None when it refuses every one."""
+    for index in range(spec.capture_from, len(spec.batches)):
+        ctx._begin_batch(index, spec.batches[index])
+        try:
+            for layer in range(spec.layers):
+                ctx._begin_layer(layer)
+                impl.compose_layer(ctx, layer)
+        except StagingOverflow:
+            continue
+        impl.end_batch(ctx)
+        torch.cuda.synchronize(ctx.device)
+        return index
+    return None
+
+
+def run_capture_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
+    """CUDA: whether each layer of one batch can be captured into a CUDA graph, in rank processes
+    whose sync-counting trace hooks were never switched on (see _probes.try_capture): set up, run the
+    batch once (the warm-up a capture needs), then capture each layer (events and delays off); rank 0
+    reports every rank's answer. A warm-up that raises is that rank's answer for every layer."""
+    started = time.monotonic()
+    ctx = setup_rank(spec, rank, *groups)
+    impl = make_impl(spec)
+    impl.setup(ctx)
     ctx.events.enabled, ctx._adversity.enabled = False, False
-    verdicts = _probes.capture_layers(ctx, impl, spec.layers)
-    ctx.events.enabled, ctx._adversity.enabled = True, spec.delays
+    index: Optional[int] = None
+    try:
+        index = _warm_up(ctx, impl, spec)
+        verdicts = _probes.capture_layers(ctx, impl, spec.layers) if index is not None else []
+    except Exception as error:  # the warm-up itself failed: nothing was captured
+        verdicts = [f"no: the warm-up run raised {_first_line(error)} (at {_where_in_impl(error)})"] * spec.layers
     everyone: List[Any] = [None] * ctx.cp
-    dist.all_gather_object(everyone, verdicts, group=ctx._hgroup)
-    if ctx.rank == 0:
-        reporter.send("capture", composed[0], everyone)
+    dist.all_gather_object(everyone, (index, verdicts), group=ctx._hgroup)
+    if rank == 0:
+        reporter.send("capture", next((i for i, _ in everyone if i is not None), None), [v for _, v in everyone])
+    ctx._publish(adv.STAGE_TEARDOWN)
+    impl.teardown(ctx)
+    dist.barrier(group=ctx._hgroup)
+    ctx._publish(adv.STAGE_DONE)
+    reporter.send("done", rank, time.monotonic() - started)
 
 
 def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
@@ -344,8 +399,8 @@ def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
         composed = (index, batch) if everyone_composed else composed
         if stop:
             break
-    if ctx.device.type == "cuda" and not spec.timing and not stop and composed is not None:
-        _capture_report(ctx, impl, spec, composed, reporter)
+    if ctx.device.type == "cuda" and not spec.timing and not stop and composed is not None and rank == 0:
+        reporter.send("capturable", composed[0])  # the launcher probes it in fresh ranks (run_capture_case)
     ctx._publish(adv.STAGE_TEARDOWN)
     impl.teardown(ctx)
     dist.barrier(group=ctx._hgroup)  # every rank is out of the case before its memory goes
@@ -366,7 +421,7 @@ def drive(cases, rank: int, reporter: Reporter) -> None:
     for case, spec in enumerate(source):
         groups = groups or init_groups(spec, rank)
         reporter.case = case
-        run_case(spec, rank, groups, reporter)
+        (run_capture_case if spec.capture_only else run_case)(spec, rank, groups, reporter)
 
 
 def rank_main(rank: int, specs, queue, body=None) -> None:

@@ -4,8 +4,8 @@ The JSON has `cpkv replay --json`'s schema (harness/src/replay_report.cpp: repla
 rejected_json), every key with the same meaning; the implementation is the run's "variant". What
 the harness cannot observe of a foreign implementation (the bytes it copied from peers, its
 collectives, the simulator's scheduling steps) is null. What only the harness has is added beside
-(docs/conformance.md, "The JSON"): per run `compose_ms`, `host_syncs_per_layer`, `graph_capturable`
-and `builtin_staging_direct_ms`; at the top `conformance` (the impl, device, knobs, every check that
+(docs/conformance.md, "The JSON"): per run `compose_ms`, `host_syncs_per_layer`, `graph_capturable`,
+`link_limit_ms`, `builtin_staging_direct_ms` and `timings_of_record`; at the top `conformance` (the impl, device, knobs, every check that
 fired, the located lines, the per-batch records and the reproducer).
 """
 
@@ -16,15 +16,9 @@ from typing import Dict, List, Optional
 from .. import _cpkv
 from . import _adversity as adv
 from ._launch import Outcome
+from . import _timing
 from ._probes import percentile, summarize_capture
 from ._rank import RunSpec
-
-# Why the built-in figure is missing: the Python extension (python/src/) binds the model, the
-# simulator and the checkers, not cpkv's CUDA backend (gpu/), so it cannot run the built-in
-# staging_direct on the same batch; `cpkv bench TRACE --backend cuda` measures it.
-BUILTIN_NOT_AVAILABLE = ("n/a: the Python extension does not link cpkv's CUDA backend (gpu/); "
-                         "`cpkv bench TRACE --backend cuda` times the built-in staging_direct")
-
 
 def _per_rank(o: Outcome, key: str, rank: int) -> list:
     return [b[key][rank] for b in o.batches if key in b and rank < len(b[key])]
@@ -89,7 +83,8 @@ def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
             "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings,
             "compose_ms": compose_ms(o, spec.device), "host_syncs_per_layer": host_syncs(o) if cuda else "n/a",
             "graph_capturable": summarize_capture(o.capture) if cuda and o.capture else "n/a",
-            "builtin_staging_direct_ms": BUILTIN_NOT_AVAILABLE if cuda else "n/a"}
+            "link_limit_ms": _timing.limit_ms(o.batches) if spec.timing else None,
+            "builtin_staging_direct_ms": builtin_cell(spec, o), "timings_of_record": of_record(spec)}
 
 
 def replay_json(spec: RunSpec, o: Outcome, trace: str, mode: str, reproducer: str) -> dict:
@@ -101,6 +96,32 @@ def replay_json(spec: RunSpec, o: Outcome, trace: str, mode: str, reproducer: st
                             "checks_fired": o.checks_fired(), "mismatches": o.mismatches, "findings": o.findings,
                             "positions": o.positions, "leftovers": o.leftovers, "batches": o.batches,
                             "capture_batch": o.capture_batch, "reproducer": reproducer}}
+
+
+def of_record(spec: RunSpec) -> bool:
+    """Timings are of record only at one rank per GPU (ranks sharing a GPU time-slice it)."""
+    return spec.device == "cuda" and spec.timing and _timing.one_rank_per_gpu(spec.setting.cp)
+
+
+def builtin_cell(spec: RunSpec, o: Outcome):
+    if spec.device != "cuda" or not spec.timing:
+        return "n/a"
+    return o.builtin if o.builtin is not None else "n/a: not run (the API measures it only from the command line)"
+
+
+def timing_lines(spec: RunSpec, o: Outcome) -> List[str]:
+    """Under the compose line of --time: the link limit, the built-in staging_direct, the record."""
+    lines = []
+    limit = _timing.limit_ms(o.batches)
+    if limit:
+        lines.append(f"link limit per layer (the same bytes, one plain copy per source rank, same stream): median {limit['median']:.3f} ms, "
+                     f"p90 {limit['p90']:.3f} ms; compose / limit: median {limit['compose_over_limit_median']:.2f}")
+    builtin = builtin_cell(spec, o)
+    shown = f"median {builtin['median']:.3f} ms per layer over {builtin['batches']} batches (`cpkv bench`)" if isinstance(builtin, dict) else builtin
+    lines.append(f"cpkv staging_direct (built-in) on the same batches: {shown if spec.device == 'cuda' else 'n/a on cpu'}")
+    if spec.device == "cuda" and not of_record(spec):
+        lines.append("timings not of record: ranks share a GPU (time-sliced); one rank per GPU gives figures of record")
+    return lines
 
 
 def _capture_cell(o: Outcome, device: str) -> str:
@@ -135,5 +156,5 @@ def table(spec: RunSpec, o: Outcome) -> List[str]:
     if spec.timing and timed:
         lines.append(f"compose per layer ({timed['clock']}, the slowest rank of each layer): median {timed['median']:.3f} ms, "
                      f"p90 {timed['p90']:.3f} ms over {timed['layers']} layers")
-        lines.append(f"cpkv staging_direct (built-in) on the same batches: {BUILTIN_NOT_AVAILABLE if spec.device == 'cuda' else 'n/a on cpu'}")
+        lines += timing_lines(spec, o)
     return lines

@@ -44,6 +44,17 @@ static_assert(input_corrupted_by(Mutant::stale_page_inverse) != 0 && input_corru
 // thing wrong. The library stays loaded for the life of the process (rank processes fork from it).
 std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path);
 
+// What --exchange names: a built-in table registered under that word (kBuiltinExchange: cpkv's own
+// fused compose, which the cuda backend registers), else a plugin's path (load_exchange_plugin).
+// "builtin" in a build without the cuda backend is refused, naming why; a file called builtin is
+// ./builtin. Throws RequestError("exchange", ...) like load_exchange_plugin.
+inline constexpr const char* kBuiltinExchange = "builtin";
+std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling);
+// Registers a table compiled into this process under `spelling`, checked as a plugin's would be
+// (check_exchange_table, builtin = true). Called at backend registration; a second call with the
+// same spelling is ignored (registries are built more than once).
+void register_builtin_exchange(const std::string& spelling, const cpkv_exchange_v1_t* table);
+
 // The same checks of a table already in this process (a built-in plugin), with `label` in errors.
 std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v1_t* table, const std::string& label, bool builtin);
 

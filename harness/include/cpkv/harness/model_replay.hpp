@@ -24,6 +24,7 @@ struct ModelReplayOptions {
   bool exact_model = false;      // also build every rank's plan with the model and check the bytes agree
   std::optional<std::int64_t> staging_mib;  // staging size for the verdict, MiB (overrides the trace's caps)
   bool per_batch = false;        // fill ModelReplayOutput::per_batch (one record per batch, with components)
+  std::vector<std::int64_t> staging_sweep;  // staging sizes (MiB) to count overflows at; empty: no sweep
 };
 
 // Whether an overflow rejects the variant: it reads peers' current pages from staging

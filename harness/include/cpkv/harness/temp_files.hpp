@@ -28,6 +28,12 @@ std::string temp_folder();
 // std::runtime_error naming the folder and the reason.
 std::string private_folder(const std::string& prefix);
 
+// A folder the user named for the files a run keeps (`--out DIR`: counterexamples): made (mode
+// 0700) when it does not exist (its parent must), else it must be a real folder (no symbolic link)
+// owned by this user and not writable by others, so no one else can plant links in it. Returns the
+// path as given. Throws std::runtime_error naming `option`, the folder and the reason.
+std::string owned_output_folder(const std::string& option, const std::string& dir);
+
 // Creates `path` (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600), writes `content`, checks every write and
 // the close. Throws std::runtime_error "cannot write PATH: REASON" (an existing file or link is
 // EEXIST and is left as it was); a partial file is removed.

@@ -128,6 +128,29 @@ double layer_time_us(const model::Setting& setting, const BatchCounts& counts, m
 double layer_copy_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
                      const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots = 0);
 
+// Where layer_time_us goes, part by part (microseconds); the parts sum to it (the total is unchanged:
+// tests/model_costs_test.cpp checks every variant on the bundled traces):
+//   zero_us: the dense zero (its memset node: launch_us + the bytes at local_gbps);
+//   fill_us: the compose launch's entries before its signal, which fill the exchange's source
+//     (staging_publish's publish, v2's pack: gather_fixed_us + their bytes at local_gbps); the
+//     producer's own fill of the content is not modelled (the same for every variant);
+//   launch_us: the compose launch's fixed part (gather_fixed_us);
+//   barrier_us: the barrier's flag exchange;
+//   peer_us / local_us: the post entries run their peer pulls and own-memory copies at once, so
+//     the longer of the two is on the critical path and carries the time, the other 0 (overlapped);
+//     v2's unpack (a gather launch per compact all-reduce and its bytes) is local_us;
+//   allreduce_us: allreduces_us.
+struct TimeComponents {
+  double zero_us = 0, fill_us = 0, launch_us = 0, barrier_us = 0, peer_us = 0, local_us = 0, allreduce_us = 0;
+  double total_us() const { return zero_us + fill_us + launch_us + barrier_us + peer_us + local_us + allreduce_us; }
+  // this += times x other, part by part.
+  void add(const TimeComponents& other, double times);
+};
+// layer_copy_us's parts (allreduce_us 0): their sum is layer_copy_us.
+TimeComponents layer_copy_components(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
+                                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes,
+                                     std::int64_t dense_slots = 0);
+
 // The all-reduces of one layer, call by call with allreduce_call_us, per active kind (each kind is
 // its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
 // the dense buffer's slots for fused_ar and v2_fallback, v2's compact buffer of current pages.
@@ -142,6 +165,9 @@ struct BatchCosts {
   std::array<std::vector<std::uint64_t>, kVariantCount> pulled_from_peers_all_layers;
   // [variant]: modelled time of the batch, sum over layers of the slowest rank (microseconds).
   std::array<double, kVariantCount> modelled_us{};
+  // [variant]: modelled_us by part (TimeComponents): the slowest rank's copy parts per layer plus
+  // the all-reduces, over all layers; their sum is modelled_us.
+  std::array<TimeComponents, kVariantCount> components{};
 };
 
 class CostModel {

@@ -111,6 +111,11 @@ const std::vector<Property>& all_properties();
 // reset_last_counterexample: forgets it (check_property calls it first), so a property that failed
 // other than through its invariant check (an exception) reports no counterexample, not an older one.
 void reset_last_counterexample();
+// Where counterexamples go: `dir` (a `--out DIR` the CLI checked with harness::owned_output_folder),
+// their names prefixed by `stem_prefix` (a soak's seed, so shards sharing DIR never collide); an
+// empty `dir` restores the default, a private folder per run (harness::private_folder).
+void set_counterexample_folder(const std::string& dir, const std::string& stem_prefix = "");
+std::string counterexample_folder();
 std::int64_t last_counterexample_size();
 std::string last_counterexample_replay();
 // The shrunk counterexample's timeline, written beside its trace (STEM.timeline.json) when first

@@ -1,0 +1,61 @@
+#include "explore_rows.hpp"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/mutants.hpp"
+#include "cpkv/harness/run.hpp"
+#include "cpkv/properties/properties.hpp"
+
+namespace cpkv::cli {
+
+std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, std::int32_t cp_top) {
+  std::size_t units = static_cast<std::size_t>(cp_max) * static_cast<std::size_t>(layers_max) + 3;
+  if (!shapes) return units;
+  for (std::int32_t cp = 1; cp <= cp_top; ++cp) units += properties::exploration_shapes(cp).size();
+  return units + std::size(harness::kAllMutants);
+}
+
+std::string keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {
+  if (!r.found) return "";
+  properties::Case c;
+  c.setting = options.setting;
+  c.batches = options.batches;
+  c.variant = options.variant;
+  c.layers = options.layers;
+  c.schedule = r.schedule;
+  c.ipc_missing_rank = options.ipc_missing_rank;
+  c.seed = harness::RunOptions{}.seed;  // the explorer's content seed
+  try {
+    const std::string replay = properties::write_replay(c, options.mutant, properties::counterexample_folder(), stem);
+    properties::write_timeline(c, options.mutant, explore_timeline_path(stem));
+    return replay;
+  } catch (const std::runtime_error& e) {
+    return fmt::format("none (the counterexample was not written: {})", e.what());
+  }
+}
+
+std::string explore_timeline_path(const std::string& stem) {
+  return (std::filesystem::path(properties::counterexample_folder()) / (stem + ".timeline.json")).string();
+}
+
+std::string counterexample_lines(const std::string& replay, const std::string& stem) {
+  if (replay.empty()) return "";
+  std::string lines = fmt::format("    replay: {}\n", replay);
+  if (std::filesystem::exists(explore_timeline_path(stem))) lines += fmt::format("    timeline: {}\n", explore_timeline_path(stem));
+  return lines;
+}
+
+nlohmann::json explore_row(const std::string& section, const std::string& name, const properties::ExploreResult& r, bool passed,
+                           const std::string& text, const std::string& replay) {
+  nlohmann::json row = {{"section", section}, {"name", name},       {"passed", passed},     {"text", text},
+                        {"states", r.states}, {"transitions", r.transitions}, {"complete", r.complete}, {"found", r.found},
+                        {"finding", r.finding}, {"schedule", r.schedule}, {"seconds", r.seconds}};
+  row["replay"] = replay.empty() ? nlohmann::json(nullptr) : nlohmann::json(replay);
+  if (!passed) row["failure"] = r.found ? fmt::format("found {}", r.finding) : r.complete ? "proved: the planted bug was not found" : "incomplete (limit reached)";
+  return row;
+}
+
+}  // namespace cpkv::cli

@@ -1,0 +1,361 @@
+// cpkv's own fused compose exchange behind the exchange plugin ABI (fused_exchange.hpp). Per batch
+// (begin_batch): the setting and batch rebuilt from the context's host arrays, cpkv's batch plan
+// (gpu/device_plan.cpp: build_batch_plan, the same entries the in-process executor launches) with
+// its pointer tables over the context's pools, dense buffers and the plugin's own symmetric staging
+// and compact buffers. Per layer (compose_layer, enqueue only): the dense half zeroed where the
+// plan says, the fill copy of the rows cpkv handed over (ctx->rows) into staging or the dense
+// buffer, the fused compose launch with its counting barrier over ctx's flag pads, then the
+// all-reduces (ctx->all_reduce_sum) and the unpack. The four GPU planted bugs (ctx->mutant) switch
+// through cuda::GpuMutantPolicy, with its race-window spins.
+#include "fused_exchange.hpp"
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpkv/harness/mutants.hpp"
+#include "cpkv/model/staging.hpp"
+#include "cpkv/model/variants.hpp"
+#include "cpkv/traces/trace.hpp"
+#include "device_plan.hpp"
+#include "launchers.cuh"
+#include "mutant_policy.hpp"
+
+namespace cpkv::fused {
+
+namespace {
+
+// The names the table lists: every row of model::kVariantTable (the cuda backend runs each), and
+// the rows of harness::kMutantTable the GPU holds. NULL-terminated, built at compile time.
+constexpr std::array<const char*, model::kVariantCount + 1> variant_names() {
+  std::array<const char*, model::kVariantCount + 1> out{};
+  for (std::size_t i = 0; i < model::kVariantCount; ++i) out[i] = model::kVariantTable[i].name.data();
+  return out;
+}
+constexpr std::array<const char*, harness::kGpuMutants.size() + 1> gpu_mutant_names() {
+  std::array<const char*, harness::kGpuMutants.size() + 1> out{};
+  for (std::size_t i = 0; i < harness::kGpuMutants.size(); ++i) out[i] = harness::to_string(harness::kGpuMutants[i]).data();
+  return out;
+}
+constexpr std::array<const char*, model::kVariantCount + 1> kVariants = variant_names();
+constexpr std::array<const char*, harness::kGpuMutants.size() + 1> kMutants = gpu_mutant_names();
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// One batch in flight: cpkv's plan on host and device, the fill list, every layer's launches.
+struct FusedBatch {
+  cuda::BatchPlan plan;
+  std::unique_ptr<cuda::DeviceUploads> uploads;
+  cuda::DevicePlan device{};
+  const kernels::GatherEntry* fill = nullptr;  // own page j of ctx->rows -> its fill destination
+  std::int64_t fill_count = 0;
+  bool fill_by_row = false;                    // skip_zero: only the rows that hold a token
+  std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
+  std::vector<kernels::ComposeArgs> compose;               // [layer]
+};
+
+struct FusedState {
+  model::Setting setting;
+  model::Variant variant = model::Variant::staging_direct;  // the path the group agreed on
+  cuda::GpuMutantPolicy mutant{harness::Mutant::none, 0, 1};
+  model::ArenaCarve carve;
+  cpkv_symmetric staging{}, compact{};
+  std::vector<std::uint64_t> compact_offset;  // [kind]
+  cudaStream_t upload_stream = nullptr;       // begin_batch's uploads (compose_layer gets the layer's stream)
+  kernels::BarrierState* barrier_state = nullptr;
+  kernels::BarrierStatus* barrier_status = nullptr;
+  std::uint64_t barriers = 0;                 // counting barriers issued: every pad word's value at quiescence
+  std::vector<bool> populated;                // build_batch_plan's bookkeeping (cpkv's harness populates the pools)
+  std::optional<FusedBatch> batch;
+};
+
+FusedState& state_of(cpkv_exchange_ctx* c) { return *static_cast<FusedState*>(c->plugin_state); }
+std::uint64_t page_bytes(const cpkv_exchange_ctx* c, std::size_t k) { return std::uint64_t{c->kinds[k].row_bytes} * c->page_size; }
+
+// Runs one ABI call: an exception (a CUDA error, a setting cpkv's model refuses) becomes CPKV_ERROR
+// with its text in ctx->error.
+template <typename Body>
+cpkv_status guarded(cpkv_exchange_ctx* c, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::snprintf(c->error, CPKV_ERROR_BYTES, "%s", e.what());
+    return CPKV_ERROR;
+  }
+}
+
+harness::Mutant mutant_of(const char* name) {
+  for (const harness::MutantInfo& row : harness::kMutantTable) {
+    if (row.name == name) return row.mutant;
+  }
+  throw std::runtime_error(std::string("ctx->mutant '") + name + "' is no planted bug cpkv knows");
+}
+
+// The setting from the trace header's JSON cpkv hands over, through cpkv's own trace reader.
+model::Setting setting_of(const cpkv_exchange_ctx* c) {
+  auto in = std::make_unique<std::istringstream>(std::string(c->setting_json) + "\n");
+  traces::TraceReader reader(std::move(in), "ctx->setting_json");
+  return reader.header().setting;
+}
+
+model::Batch batch_of(const cpkv_batch& b) {
+  model::Batch batch;
+  for (std::int32_t q = 0; q < b.requests; ++q) {
+    batch.requests.push_back({b.prefix_len[q], b.extend_len[q], std::vector<std::int64_t>(b.page_table + b.page_table_begin[q], b.page_table + b.page_table_begin[q + 1])});
+  }
+  return batch;
+}
+
+cpkv_status fused_setup(cpkv_exchange_ctx* c) {
+  return guarded(c, [&] {
+    auto s = std::make_unique<FusedState>();
+    s->setting = setting_of(c);
+    const std::optional<model::Variant> v = model::parse_variant(c->path_variant);
+    if (!v) throw std::runtime_error(std::string("ctx->path_variant '") + c->path_variant + "' is no variant of cpkv's");
+    s->variant = *v;
+    s->mutant = cuda::GpuMutantPolicy(mutant_of(c->mutant), c->rank, c->cp);
+    s->carve = model::carve_arena(s->setting, c->staging_slots, 0);
+    if (c->alloc_symmetric(c, s->carve.staging_bytes, &s->staging) != CPKV_OK) return CPKV_ERROR;
+    std::uint64_t compact_bytes = 0;
+    for (std::int32_t k = 0; k < c->kind_count; ++k) {
+      s->compact_offset.push_back(compact_bytes);
+      compact_bytes += (c->current_pages_max * page_bytes(c, k) + 255) / 256 * 256;
+    }
+    if (c->alloc_symmetric(c, compact_bytes, &s->compact) != CPKV_OK) return CPKV_ERROR;
+    cuda_ok(cudaStreamCreateWithFlags(&s->upload_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    cuda_ok(cudaMalloc(&s->barrier_state, sizeof(kernels::BarrierState)), "cudaMalloc(barrier state)");
+    cuda_ok(cudaMemset(s->barrier_state, 0, sizeof(kernels::BarrierState)), "cudaMemset(barrier state)");
+    cuda_ok(cudaMalloc(&s->barrier_status, sizeof(kernels::BarrierStatus)), "cudaMalloc(barrier status)");
+    cuda_ok(cudaMemset(s->barrier_status, 0, sizeof(kernels::BarrierStatus)), "cudaMemset(barrier status)");
+    s->populated.assign(c->pool_pages_per_rank, false);
+    c->plugin_state = s.release();
+    return CPKV_OK;
+  });
+}
+
+// Where the fill of kind k on layer l writes: the staging half (the mutant single_half: always
+// half 0) or the layer's dense half.
+std::uint8_t* fill_destination(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, std::size_t k) {
+  if (s.batch->plan.plan.fill_to_staging) {
+    const std::int32_t half = s.mutant.single_half() ? 0 : model::parity_half(l);
+    return static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(half, k, 0);
+  }
+  return static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
+}
+
+// The fill copy: own page j of ctx->rows (current-index order) to its current index in staging or
+// its slot in the dense buffer. Under skip_zero only the rows that hold a token are copied, so the
+// tails keep whatever the destination held.
+std::vector<kernels::GatherEntry> fill_entries(const cpkv_exchange_ctx* c, const FusedState& s, const model::Batch& batch) {
+  const model::BatchLayout& layout = s.batch->plan.layout;
+  const bool to_staging = s.batch->plan.plan.fill_to_staging;
+  std::vector<kernels::GatherEntry> out;
+  std::vector<std::int64_t> own_index(layout.current.size(), -1);
+  std::int64_t own = 0;
+  for (std::size_t i = 0; i < layout.current.size(); ++i) {
+    if (layout.current[i].writer != c->rank) continue;
+    own_index[i] = own;
+    if (!s.mutant.skips_zero()) out.push_back({to_staging ? static_cast<std::int64_t>(i) : layout.current[i].slot, own, 0, 0});
+    ++own;
+  }
+  if (!s.mutant.skips_zero()) return out;
+  const std::int32_t P = c->page_size;
+  const model::PageInverse inverse = model::page_inverse(layout, batch, c->rank, model::InverseTarget::staging);
+  for (const std::int64_t row : inverse.dest_row) {
+    const std::int64_t i = row / P;
+    const std::int64_t page = to_staging ? i : layout.current[i].slot;
+    out.push_back({page * P + row % P, own_index[i] * P + row % P, 0, 0});
+  }
+  return out;
+}
+
+kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, std::size_t k) {
+  const std::int32_t dense_half = model::parity_half(l);
+  const std::int32_t staging_half = s.mutant.single_half() ? 0 : dense_half;
+  const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
+  const std::uint64_t dense_offset = c->dense_offset[dense_half * c->kind_count + k];
+  kernels::PointerTable t{};
+  for (std::int32_t p = 0; p < c->cp; ++p) {
+    t.base[p] = static_cast<const std::uint8_t*>(c->pool[p]) + c->pool_offset[l * c->kind_count + k];
+    t.base[c->cp + p] = symm ? static_cast<const std::uint8_t*>(c->dense_peer[p]) + dense_offset
+                             : static_cast<const std::uint8_t*>(s.staging.peers[p]) + s.carve.slot_offset(staging_half, k, 0);
+  }
+  t.base[kernels::kTableOwnDense] = static_cast<const std::uint8_t*>(c->dense[dense_half * c->kind_count + k]);
+  t.base[kernels::kTableOwnCompact] = static_cast<const std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+  return t;
+}
+
+// Layer l's fused compose launch, as gpu/executor.cpp builds it, over the context's buffers.
+kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l) {
+  const FusedBatch& b = *s.batch;
+  kernels::ComposeArgs a{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    kernels::ComposeKind& ck = a.kind[a.kinds++];
+    const std::int32_t staging_half = s.mutant.single_half() ? 0 : model::parity_half(l);
+    ck.dst[kernels::kToDense] = static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
+    ck.dst[kernels::kToStaging] = static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(staging_half, k, 0);
+    ck.dst[kernels::kToCompact] = static_cast<std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+    kernels::set_page_geometry(ck, page_bytes(c, k));
+    ck.table = b.tables[l][k];
+  }
+  a.entries = b.device.compose;
+  a.pre_count = b.plan.compose_pre;
+  a.count = static_cast<std::int64_t>(b.plan.compose.size());
+  a.peer_pads = c->flag_pad_table;
+  a.rank = c->rank;
+  a.cp = c->cp;
+  a.state = s.barrier_state;
+  a.status = s.barrier_status;
+  const bool barrier = b.plan.plan.barrier && !s.mutant.skips_barrier();
+  a.barrier = !barrier ? kernels::kNoBarrier : b.plan.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
+  a.phase_lag = s.mutant.barrier_phase_lag();
+  a.reader_spin_cycles = s.mutant.slow_reader() ? kernels::kMutantWindowCycles : 0;
+  a.order_pre = b.plan.pack.empty() ? 0 : 1;
+  return a;
+}
+
+cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
+  return guarded(c, [&] {
+    FusedState& s = state_of(c);
+    const model::Batch batch = batch_of(*c->batch);
+    s.batch.emplace();
+    FusedBatch& b = *s.batch;
+    b.plan = cuda::build_batch_plan(s.setting, batch, s.variant, c->rank, c->staging_slots, s.populated);
+    if (b.plan.overflow) {
+      std::snprintf(c->error, CPKV_ERROR_BYTES, "batch %lld: %lld current pages exceed the %lld staging slots", static_cast<long long>(c->batch->index),
+                    static_cast<long long>(b.plan.layout.current_pages_total), static_cast<long long>(c->staging_slots));
+      s.batch.reset();
+      return CPKV_OVERFLOW;
+    }
+    const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
+    b.uploads = std::make_unique<cuda::DeviceUploads>(s.upload_stream);
+    b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
+    const std::vector<kernels::GatherEntry> fill = fill_entries(c, s, batch);
+    b.fill = b.uploads->upload(fill);
+    b.fill_count = static_cast<std::int64_t>(fill.size());
+    b.fill_by_row = s.mutant.skips_zero();
+    b.tables.assign(c->layers, std::vector<kernels::PointerTable>(c->kind_count));
+    for (std::int32_t l = 0; l < c->layers; ++l) {
+      for (std::int32_t k = 0; k < c->kind_count; ++k) b.tables[l][k] = pointer_table(c, s, l, k);
+      b.compose.push_back(compose_args(c, s, l));
+    }
+    cuda_ok(cudaMemsetAsync(s.barrier_status, 0, sizeof(kernels::BarrierStatus), s.upload_stream), "cudaMemsetAsync(barrier status)");
+    cuda_ok(cudaStreamSynchronize(s.upload_stream), "the batch's uploads");  // once per batch, before its layers
+    return CPKV_OK;
+  });
+}
+
+// Before the compose launch: the dense half zeroed (all-reduce variants), then the fill copy of
+// every active kind (the mutants no_barrier and barrier_passes_early delay the last rank's fill).
+void zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
+  const FusedBatch& b = *s.batch;
+  const std::int32_t half = model::parity_half(l), last = c->kind_count - 1;
+  if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) {
+    const std::uint64_t begin = c->dense_offset[half * c->kind_count], end = c->dense_offset[half * c->kind_count + last] + c->slot_count_max * page_bytes(c, last);
+    cuda_ok(cudaMemsetAsync(static_cast<std::uint8_t*>(c->dense[half * c->kind_count]), 0, end - begin, stream), "cudaMemsetAsync(dense half)");
+  }
+  if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
+  for (std::int32_t k = 0; k < c->kind_count && b.fill_count > 0; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    kernels::PointerTable rows{};
+    rows.base[0] = static_cast<const std::uint8_t*>(c->rows[k]);
+    const std::uint64_t unit = b.fill_by_row ? c->kinds[k].row_bytes : page_bytes(c, k);
+    cuda_ok(kernels::launch_gather(fill_destination(c, s, l, k), unit, rows, b.fill, b.fill_count, stream), "launch_gather(fill)");
+  }
+}
+
+// After the compose launch, per active kind: the all-reduces over dense ranges or the compact
+// buffer (the harness's service), then the unpack.
+cpkv_status collectives(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream) {
+  const FusedBatch& b = *s.batch;
+  const std::int32_t half = model::parity_half(l);
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    const std::uint64_t pb = page_bytes(c, k);
+    auto* dense = static_cast<std::uint8_t*>(c->dense[half * c->kind_count + k]);
+    for (const model::SlotRange& range : b.plan.plan.allreduce_ranges) {
+      if (c->all_reduce_sum(c, dense + range.slot_begin * pb, (range.slot_end - range.slot_begin) * pb, stream) != CPKV_OK) return CPKV_ERROR;
+    }
+    if (!b.plan.plan.compact_allreduce) continue;
+    auto* compact = static_cast<std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+    if (c->all_reduce_sum(c, compact, b.plan.plan.compact_pages * pb, stream) != CPKV_OK) return CPKV_ERROR;
+    cuda_ok(kernels::launch_gather(dense, pb, b.tables[l][k], b.device.unpack, static_cast<std::int64_t>(b.plan.unpack.size()), static_cast<cudaStream_t>(stream)),
+            "launch_gather(unpack)");
+  }
+  return CPKV_OK;
+}
+
+cpkv_status fused_compose_layer(cpkv_exchange_ctx* c, std::int32_t layer, void* stream) {
+  return guarded(c, [&] {
+    FusedState& s = state_of(c);
+    if (!s.batch) throw std::runtime_error("compose_layer without an accepted batch (begin_batch refused it or was not called)");
+    auto* st = static_cast<cudaStream_t>(stream);
+    zero_and_fill(c, s, layer, st);
+    const kernels::ComposeArgs& args = s.batch->compose[layer];
+    if (args.barrier != kernels::kNoBarrier) ++s.barriers;
+    cuda_ok(kernels::launch_compose(args, st), "launch_compose");
+    return collectives(c, s, layer, stream);
+  });
+}
+
+// What the device found in the batch: a barrier poll that gave up (invariant 8).
+cpkv_status fused_end_batch(cpkv_exchange_ctx* c) {
+  return guarded(c, [&] {
+    FusedState& s = state_of(c);
+    s.batch.reset();  // the uploads are freed: cpkv synchronized the stream before end_batch
+    kernels::BarrierStatus status{};
+    cuda_ok(cudaMemcpy(&status, s.barrier_status, sizeof(status), cudaMemcpyDeviceToHost), "cudaMemcpy(barrier status)");
+    if (status.timed_out_phase == 0) return CPKV_OK;
+    std::snprintf(c->error, CPKV_ERROR_BYTES, "barrier phase %llu timed out on rank %d waiting for rank %d", static_cast<unsigned long long>(status.timed_out_phase),
+                  status.rank, status.missing_peer);
+    return CPKV_TIMEOUT;
+  });
+}
+
+// Quiescence (invariant 4): every word of this rank's flag pad equals the barriers issued; then
+// the plugin's own memory goes (the symmetric allocations are cpkv's to free).
+cpkv_status fused_teardown(cpkv_exchange_ctx* c) {
+  return guarded(c, [&] {
+    std::unique_ptr<FusedState> s(&state_of(c));
+    c->plugin_state = nullptr;
+    std::array<std::uint64_t, CPKV_CP_MAX> pad{};
+    cuda_ok(cudaMemcpy(pad.data(), c->flag_pad, c->cp * sizeof(std::uint64_t), cudaMemcpyDeviceToHost), "cudaMemcpy(flag pad)");
+    cuda_ok(cudaFree(s->barrier_state), "cudaFree");
+    cuda_ok(cudaFree(s->barrier_status), "cudaFree");
+    cuda_ok(cudaStreamDestroy(s->upload_stream), "cudaStreamDestroy");
+    for (std::int32_t p = 0; p < c->cp; ++p) {
+      if (pad[p] == s->barriers) continue;
+      std::snprintf(c->error, CPKV_ERROR_BYTES, "flags not drained (invariant 4): rank %d's pad word for rank %d is %llu, expected %llu", c->rank, p,
+                    static_cast<unsigned long long>(pad[p]), static_cast<unsigned long long>(s->barriers));
+      return CPKV_ERROR;
+    }
+    return CPKV_OK;
+  });
+}
+
+constexpr cpkv_exchange_v1_t kTable = {CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t), "fused", kVariants.data(), kMutants.data(),
+                                       CPKV_USES_ROWS, 0, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
+
+}  // namespace
+
+const cpkv_exchange_v1_t* builtin_exchange_table() { return &kTable; }
+
+}  // namespace cpkv::fused
+
+#ifdef CPKV_FUSED_SHARED
+// The shared object's one export (its version script hides every other symbol).
+extern "C" {
+extern __attribute__((visibility("default"))) const cpkv_exchange_v1_t cpkv_exchange_v1;
+const cpkv_exchange_v1_t cpkv_exchange_v1 = cpkv::fused::kTable;
+}
+#endif

@@ -1,0 +1,87 @@
+// cpkv's own fused compose as an exchange plugin (gpu/fused/), checked without a GPU: the shared
+// object passes the loader's checks, names itself 'fused', lists every variant of
+// model::kVariantTable (what the cuda backend runs) and, as the planted bugs it holds, exactly the
+// rows of harness::kMutantTable the GPU holds; it exports cpkv_exchange_v1 and nothing else (nm -D);
+// the built-in table the cuda backend registers is the same table, reached as `builtin`.
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cli_run.hpp"
+#include "cpkv/harness/exchange_plugin.hpp"
+#include "cpkv/harness/request.hpp"
+#include "cuda_backend.hpp"
+
+namespace cpkv {
+namespace {
+
+std::vector<model::Variant> every_variant() {
+  std::vector<model::Variant> out;
+  for (const model::VariantInfo& row : model::kVariantTable) out.push_back(row.variant);
+  return out;
+}
+
+std::vector<std::string> gpu_held_mutants() {
+  std::vector<std::string> out;
+  for (const harness::MutantInfo& row : harness::kMutantTable) {
+    if (row.mutant != harness::Mutant::none && (row.backends & harness::kGpuHolds) != 0) out.emplace_back(row.name);
+  }
+  return out;
+}
+
+void expect_fused_table(const harness::ExchangePlugin& plugin) {
+  EXPECT_EQ(plugin.name, "fused");
+  EXPECT_EQ(plugin.variants, every_variant()) << "every variant the cuda backend runs, in kVariantTable order";
+  EXPECT_EQ(plugin.mutants, gpu_held_mutants()) << "the GPU's planted bugs, held by the plugin itself";
+  EXPECT_EQ(plugin.uses, CPKV_USES_ROWS) << "it reads the rows cpkv hands over, and plans the batch itself";
+}
+
+TEST(FusedPlugin, TheSharedObjectPassesTheLoadersChecksWithEveryVariantAndTheGpuPlantedBugs) {
+  const auto plugin = harness::load_exchange_plugin(CPKV_FUSED_PLUGIN);
+  expect_fused_table(*plugin);
+  EXPECT_FALSE(plugin->builtin);
+}
+
+TEST(FusedPlugin, TheSharedObjectExportsOnlyTheTable) {
+  FILE* nm = ::popen(fmt::format("nm -D --defined-only '{}'", CPKV_FUSED_PLUGIN).c_str(), "r");
+  ASSERT_NE(nm, nullptr);
+  std::set<std::string> defined;
+  char line[1024];
+  while (std::fgets(line, sizeof(line), nm) != nullptr) {
+    std::string text(line);
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    const std::size_t space = text.rfind(' ');
+    if (space != std::string::npos) defined.insert(text.substr(space + 1));
+  }
+  ASSERT_EQ(::pclose(nm), 0) << "nm -D failed on " << CPKV_FUSED_PLUGIN;
+  EXPECT_EQ(defined, std::set<std::string>{CPKV_EXCHANGE_SYMBOL});
+}
+
+TEST(FusedPlugin, TheBuiltinTableIsRegisteredWithTheCudaBackendAndIsTheSameTable) {
+  EXPECT_THROW(
+      {
+        try {
+          harness::find_exchange("builtin");
+        } catch (const harness::RequestError& e) {
+          EXPECT_NE(e.reason().find("this build lacks"), std::string::npos) << e.reason();
+          throw;
+        }
+      },
+      harness::RequestError)
+      << "before the cuda backend registers it, 'builtin' is refused with its reason";
+  harness::Registry registry;
+  cuda::register_backend(registry);
+  const auto builtin = harness::find_exchange("builtin");
+  expect_fused_table(*builtin);
+  EXPECT_TRUE(builtin->builtin);
+  EXPECT_EQ(harness::find_exchange("builtin"), builtin) << "registration is kept, not repeated";
+  harness::Registry again;
+  cuda::register_backend(again);
+  EXPECT_EQ(harness::find_exchange("builtin"), builtin);
+}
+
+}  // namespace
+}  // namespace cpkv
