@@ -53,8 +53,9 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
       const properties::ExploreResult r = properties::explore(options);
       ok = ok && !r.found && r.complete;
       const std::string line = fmt::format("{:<21} {:>3} {:>10} {:>12} {:>9.2f}  {}", shape.name, cp, r.states, r.transitions, r.seconds, outcome(r));
-      const std::string replay = keep_explore_counterexample(options, r, fmt::format("explore-{}-cp{}-none", shape.name, cp));
-      fmt::print("{}\n{}", line, replay.empty() ? "" : fmt::format("    replay: {}\n", replay));
+      const std::string stem = fmt::format("explore-{}-cp{}-none", shape.name, cp);
+      const std::string replay = keep_explore_counterexample(options, r, stem);
+      fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
       run.add(explore_row(shape_header, fmt::format("{} cp {}", shape.name, cp), r, !r.found && r.complete, line, replay));
       std::fflush(stdout);
     }
@@ -65,7 +66,7 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
   for (harness::Mutant mutant : harness::kAllMutants) {
     if (!run.take()) continue;
     bool found = false;
-    std::string line, replay;
+    std::string line, replay, stem;
     properties::ExploreResult hit;
     for (std::int32_t cp = 2; cp <= std::max(2, cp_top) && !found; ++cp) {
       for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
@@ -76,12 +77,13 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
         found = true;
         hit = r;
         line = fmt::format("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
-        replay = keep_explore_counterexample(options, r, fmt::format("explore-{}-cp{}-{}", shape.name, cp, harness::to_string(mutant)));
+        stem = fmt::format("explore-{}-cp{}-{}", shape.name, cp, harness::to_string(mutant));
+        replay = keep_explore_counterexample(options, r, stem);
         break;
       }
     }
     if (!found) line = fmt::format("{:<26} {:<21}", harness::to_string(mutant), "NOT FOUND in any shape");
-    fmt::print("{}\n{}", line, replay.empty() ? "" : fmt::format("    replay: {}\n", replay));
+    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
     run.add(explore_row(hunt_header, std::string(harness::to_string(mutant)), hit, found, line, replay));
     ok = ok && found;
     std::fflush(stdout);
@@ -126,8 +128,9 @@ void run_explore(const ExploreCliOptions& o) {
     const bool expected = mutant == harness::Mutant::none ? (!r.found && r.complete) : r.found;
     all_as_expected = all_as_expected && expected;
     const std::string line = fmt::format("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
-    const std::string replay = keep_explore_counterexample(options, r, fmt::format("explore-cp{}-layers{}-{}", cp, layers, harness::to_string(mutant)));
-    fmt::print("{}\n{}", line, replay.empty() ? "" : fmt::format("    replay: {}\n", replay));
+    const std::string stem = fmt::format("explore-cp{}-layers{}-{}", cp, layers, harness::to_string(mutant));
+    const std::string replay = keep_explore_counterexample(options, r, stem);
+    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
     run.add(explore_row(grid_header, fmt::format("cp {} layers {} {}", cp, layers, harness::to_string(mutant)), r, expected, line, replay));
     std::fflush(stdout);
   };

@@ -1,5 +1,6 @@
 #include "explore_rows.hpp"
 
+#include <filesystem>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -28,10 +29,23 @@ std::string keep_explore_counterexample(const properties::ExploreOptions& option
   c.ipc_missing_rank = options.ipc_missing_rank;
   c.seed = harness::RunOptions{}.seed;  // the explorer's content seed
   try {
-    return properties::write_replay(c, options.mutant, properties::counterexample_folder(), stem);
+    const std::string replay = properties::write_replay(c, options.mutant, properties::counterexample_folder(), stem);
+    properties::write_timeline(c, options.mutant, explore_timeline_path(stem));
+    return replay;
   } catch (const std::runtime_error& e) {
     return fmt::format("none (the counterexample was not written: {})", e.what());
   }
+}
+
+std::string explore_timeline_path(const std::string& stem) {
+  return (std::filesystem::path(properties::counterexample_folder()) / (stem + ".timeline.json")).string();
+}
+
+std::string counterexample_lines(const std::string& replay, const std::string& stem) {
+  if (replay.empty()) return "";
+  std::string lines = fmt::format("    replay: {}\n", replay);
+  if (std::filesystem::exists(explore_timeline_path(stem))) lines += fmt::format("    timeline: {}\n", explore_timeline_path(stem));
+  return lines;
 }
 
 nlohmann::json explore_row(const std::string& section, const std::string& name, const properties::ExploreResult& r, bool passed,

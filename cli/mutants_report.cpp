@@ -88,6 +88,7 @@ void print_mutant_row(const properties::MutantRow& row) {
   // say so, with RapidCheck's first line, rather than print an empty or another row's line.
   const std::string why = row.message.substr(0, row.message.find('\n'));
   if (row.caught) fmt::print("    replay: {}\n", row.replay.empty() ? "none (no counterexample was recorded: " + why + ")" : row.replay);
+  if (row.caught && !row.timeline.empty()) fmt::print("    timeline: {}\n", row.timeline);
 }
 
 void MutantsTally::add(const properties::MutantRow& row) {

@@ -36,6 +36,7 @@ struct ReplayOptions {
   std::string layers = "4";
   std::optional<std::string> json_path;
   std::optional<std::string> event_log_path;
+  std::optional<std::string> timeline_path;
   ModelReplayOptions model;  // --backend model
 };
 
@@ -51,6 +52,7 @@ struct CheckedReplay {
   CeilingsShape ceilings_shape;
   std::unique_ptr<OutputFile> json;
   std::unique_ptr<OutputFile> event_log;
+  std::unique_ptr<OutputFile> timeline;
   std::unique_ptr<OutputFile> chart;
   std::unique_ptr<OutputFile> per_batch;
 };
@@ -68,7 +70,8 @@ std::optional<std::int32_t> parse_layers(const std::string& text) {
 // The inputs (trace, schedule file, ceilings file), then the request, then the outputs.
 void check_replay(ReplayOptions& o, CheckedReplay& c) {
   o.request.layers = parse_layers(o.layers);
-  o.request.event_log = o.event_log_path.has_value();
+  o.request.event_log = o.event_log_path;  // until the run: then the temporary file beside it (run_backend)
+  o.request.timeline = o.timeline_path;
   o.request.trace_label = o.trace_path;
   const harness::Registry& registry = backends();
   const harness::BackendEntry* entry = registry.find(o.request.backend);
@@ -86,19 +89,30 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   c.trace = std::make_unique<InputFile>("trace", o.trace_path, /*spool=*/true);
   if (o.json_path) c.json = std::make_unique<OutputFile>("--json", *o.json_path);
   if (o.event_log_path) c.event_log = std::make_unique<OutputFile>("--event-log", *o.event_log_path);
+  if (o.timeline_path) c.timeline = std::make_unique<OutputFile>("--timeline", *o.timeline_path);
   if (o.model.chart_path) c.chart = std::make_unique<OutputFile>("--chart", *o.model.chart_path);
   if (o.model.per_batch_path) c.per_batch = std::make_unique<OutputFile>("--per-batch", *o.model.per_batch_path);
   refuse_same_files({c.trace.get(), c.schedule_file.get(), c.ceilings_file.get()},
-                    {c.json.get(), c.event_log.get(), c.chart.get(), c.per_batch.get()});
+                    {c.json.get(), c.event_log.get(), c.timeline.get(), c.chart.get(), c.per_batch.get()});
   if (c.chart) check_chart_tools();
 }
 
-void write_event_log(const CheckedReplay& c, const harness::RunReport& report) {
-  if (!c.event_log) return;
-  std::string text;
-  for (const std::string& e : report.event_log) text += e + "\n";
-  c.event_log->write(text);
-}
+// The event log and the timeline are appended to by the run itself (sim/recording.hpp), into the
+// temporary files beside their targets; they are renamed once the runs end, also when a run failed
+// or stopped (the files are complete up to there: the timeline gets its tail first).
+struct StreamedOutputs {
+  CheckedReplay& c;
+  explicit StreamedOutputs(CheckedReplay& replay) : c(replay) {
+    if (c.event_log) c.request.request.event_log = c.event_log->temporary();
+    if (c.timeline) c.request.request.timeline = c.timeline->temporary();
+    if (c.timeline) sim::begin_timeline(c.timeline->temporary());
+  }
+  void commit(const std::string& mode) {
+    if (c.timeline) sim::end_timeline(c.timeline->temporary(), mode == sim::kScheduledMode ? sim::TimelineClock::steps : sim::TimelineClock::wall_us);
+    if (c.timeline) c.timeline->commit();
+    if (c.event_log) c.event_log->commit();
+  }
+};
 
 // A progress bar on a terminal (stderr), never in a pipe or a log.
 struct ProgressBar {
@@ -143,7 +157,8 @@ void print_run(const harness::VariantRun& run) {
   std::fflush(stdout);  // each variant's verdict is out as it ends (a stopped rank's report within its window), not at exit
 }
 
-void run_backend(const CheckedReplay& c) {
+void run_backend(CheckedReplay& c) {
+  StreamedOutputs streamed(c);
   const harness::BatchSource source = harness::BatchSource::from_trace(c.trace->path(), c.request.request.batch);
   const harness::ScannedSource scanned = checked_source(c.request, source);
   ProgressBar bar;
@@ -171,13 +186,22 @@ void run_backend(const CheckedReplay& c) {
     bar.label = std::string(model::to_string(variant));
     if (bar.tty) bar.show(0);
   };
-  harness::run_variants(c.request, source, scanned, *backend, on_start, [&](const harness::VariantRun& run) {
-    if (bar.tty) fmt::print(stderr, "\r\033[K");
-    print_run(run);
-    failed = failed || !run.report.passed();
-    write_event_log(c, run.report);
-    json_runs.push_back(harness::run_json(run.report, run.seconds));
-  });
+  try {
+    harness::run_variants(c.request, source, scanned, *backend, on_start, [&](const harness::VariantRun& run) {
+      if (bar.tty) fmt::print(stderr, "\r\033[K");
+      print_run(run);
+      failed = failed || !run.report.passed();
+      json_runs.push_back(harness::run_json(run.report, run.seconds));
+    });
+  } catch (...) {
+    try {
+      streamed.commit(mode);  // what was written up to the failure, kept whole
+    } catch (const std::exception&) {
+      // the run's own failure is the one to report
+    }
+    throw;
+  }
+  streamed.commit(mode);
   if (c.json) c.json->write(harness::replay_json(c.request, scanned, mode, json_runs).dump(2) + "\n");
   exit_status() = failed ? kExitFailure : kExitOk;
 }
@@ -224,7 +248,11 @@ void register_replay(CLI::App& app) {
                   "fused compose, under the same checks; its own planted bugs and the harness's (stale_page_inverse, reused_plan, unzeroed_rows) "
                   "are taken by --mutant");
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
-  cmd->add_option("--event-log", o->event_log_path, "scheduled runs: write the event log (one step a line) to this file (a regular file)");
+  cmd->add_option("--event-log", o->event_log_path,
+                  "scheduled runs: write the event log (one step a line, docs/event-log.md) to this file as the run goes (a regular file)");
+  cmd->add_option("--timeline", o->timeline_path,
+                  "sim: write a timeline (Chrome trace event format, JSON: opens in Perfetto and chrome://tracing; one track per rank, "
+                  "docs/event-log.md) to this file as the run goes; scheduled runs count scheduler steps, free-running ones microseconds");
   add_model_replay_options(cmd, o->model);
   cmd->callback([o] { run_replay(*o); });
 }

@@ -18,6 +18,7 @@
 
 #include "cpkv/model/plan.hpp"
 #include "cpkv/sim/runner.hpp"
+#include "recording_helpers.hpp"
 
 namespace cpkv::sim {
 
@@ -186,19 +187,20 @@ TEST(SimReplay, SameSeedGivesTheSameEventLogAndAnotherSeedAnotherOne) {
   const BatchSource source = BatchSource::from_trace(sample(kTiny.name));
   const harness::RunOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
   Schedule schedule = random_schedule();
-  const RunReport first = run_scheduled(source, options, schedule, RunLimits{}, /*record_events=*/true);
-  const RunReport second = run_scheduled(source, options, schedule, RunLimits{}, /*record_events=*/true);
+  std::vector<std::string> first_log, second_log, other_log;
+  const RunReport first = testing::scheduled_with_log(source, options, schedule, first_log);
+  testing::scheduled_with_log(source, options, schedule, second_log);
   schedule.seed = kSeed + 1;
-  const RunReport other = run_scheduled(source, options, schedule, RunLimits{}, /*record_events=*/true);
+  const RunReport other = testing::scheduled_with_log(source, options, schedule, other_log);
 
   ASSERT_TRUE(first.passed());
   ASSERT_TRUE(other.passed());
-  ASSERT_FALSE(first.event_log.empty());
-  EXPECT_EQ(first.event_log.size(), first.steps);
-  EXPECT_EQ(first.event_log, second.event_log);
+  ASSERT_FALSE(first_log.empty());
+  EXPECT_EQ(first_log.size(), first.steps);
+  EXPECT_EQ(first_log, second_log);
   // Both interleavings run the same steps, only in another order.
-  EXPECT_EQ(first.event_log.size(), other.event_log.size());
-  EXPECT_NE(first.event_log, other.event_log);
+  EXPECT_EQ(first_log.size(), other_log.size());
+  EXPECT_NE(first_log, other_log);
 }
 
 // The replay progress bar's count: layers every rank has ended, over batches. A one-batch trace sat
@@ -232,7 +234,8 @@ TEST(SimReplay, OverflowingBatchIsRefusedOnEveryRankBeforeAnyStagingWrite) {
   const std::string path = sample(kTiny.name);
   const BatchSource overflowing = BatchSource::from_trace(path, /*only_batch=*/2);
   const harness::RunOptions options = options_for(model::Variant::staging_direct, kTiny.layers);
-  const RunReport report = run_scheduled(overflowing, options, random_schedule(), RunLimits{}, /*record_events=*/true);
+  std::vector<std::string> event_log;
+  const RunReport report = testing::scheduled_with_log(overflowing, options, random_schedule(), event_log);
 
   expect_exact(report, path, options);
   ASSERT_EQ(report.ranks.size(), 2U);
@@ -244,7 +247,7 @@ TEST(SimReplay, OverflowingBatchIsRefusedOnEveryRankBeforeAnyStagingWrite) {
     EXPECT_EQ(rank.bytes_gathered_from_peers, 0U);
   }
   // The event log ("rank op layer a b c") holds no step that touches staging or a protocol barrier.
-  for (const std::string& event : report.event_log) {
+  for (const std::string& event : event_log) {
     const std::string op = event.substr(event.find(' ') + 1, event.find(' ', event.find(' ') + 1) - event.find(' ') - 1);
     EXPECT_TRUE(op != "zero_own" && op != "fill" && op != "publish" && op != "gather" && op != "arrive" && op != "wait")
         << "an overflowing batch ran step: " << event;

@@ -93,7 +93,8 @@ void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
   } given[] = {{r.ranks_as.has_value(), kTakesRanksAs, "ranks_as"},       {r.schedule.has_value(), kTakesSchedule, "schedule"},
                {r.swarm, kTakesSwarm, "swarm"},                           {r.wait_ms_max.has_value(), kTakesWaitMsMax, "wait_ms_max"},
                {r.stuck_ms_max.has_value(), kTakesStuckMsMax, "stuck_ms_max"}, {r.ipc_missing_rank >= 0, kTakesIpcFault, "ipc_missing_rank"},
-               {r.event_log, kTakesEventLog, "event_log"},                 {r.exchange.has_value(), kTakesExchange, "exchange"}};
+               {r.event_log.has_value(), kTakesEventLog, "event_log"},    {r.timeline.has_value(), kTakesTimeline, "timeline"},
+               {r.exchange.has_value(), kTakesExchange, "exchange"}};
   for (const auto& g : given) {
     if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
   }

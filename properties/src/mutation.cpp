@@ -146,6 +146,7 @@ void hunt(MutantRow& row, const rc::detail::TestParams& params, bool every_prope
     row.invariant = outcome.invariant;
     row.counterexample_size = last_counterexample_size();
     row.replay = last_counterexample_replay();
+    row.timeline = last_counterexample_timeline();
     row.message = outcome.message;
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

@@ -1,6 +1,11 @@
 #include "cpkv/properties/properties.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
 #include <filesystem>
 #include <ostream>
 #include <sstream>
@@ -22,6 +27,15 @@ std::int64_t g_last_size = 0;
 std::string g_last_replay;
 std::string g_last_write_error;  // why the last counterexample could not be written, or empty
 std::int32_t g_last_invariant = 0;
+// The last counterexample, kept to write its timeline when asked for.
+struct LastCase {
+  Case c;
+  harness::Mutant mutant = harness::Mutant::none;
+  bool free_running = false;
+  std::string timeline_path;  // beside the trace
+  bool written = false;
+};
+std::optional<LastCase> g_last_case;
 std::string g_folder;       // --out DIR, or empty: the private per-run folder
 std::string g_stem_prefix;  // prefixed to every counterexample's name
 
@@ -33,6 +47,7 @@ void reset_last_counterexample() {
   g_last_replay.clear();
   g_last_write_error.clear();
   g_last_invariant = 0;
+  g_last_case.reset();
 }
 void set_counterexample_folder(const std::string& dir, const std::string& stem_prefix) {
   g_folder = dir;
@@ -45,6 +60,15 @@ std::string last_counterexample_replay() {
   return g_last_replay;
 }
 std::int32_t last_counterexample_invariant() { return g_last_invariant; }
+std::string last_counterexample_timeline() {
+  if (!g_last_write_error.empty()) throw std::runtime_error(g_last_write_error);
+  if (!g_last_case) return {};
+  if (!g_last_case->written) {
+    write_timeline(g_last_case->c, g_last_case->mutant, g_last_case->timeline_path, g_last_case->free_running);
+    g_last_case->written = true;
+  }
+  return g_last_case->timeline_path;
+}
 
 void showValue(const Case& c, std::ostream& os) {
   const model::Setting& s = c.setting;
@@ -89,12 +113,12 @@ harness::RunOptions options_of(const Case& c, harness::Mutant mutant, bool check
 }
 }  // namespace
 
-harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes) {
+harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes, const sim::Recording& recording) {
   const harness::BatchSource source = harness::BatchSource::from_batches(c.setting, c.batches);
   sim::Schedule schedule{sim::ScheduleKind::list, c.schedule, c.seed};
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
-  return sim::run_scheduled(source, options_of(c, mutant, check_bytes), schedule, limits);
+  return sim::run_scheduled(source, options_of(c, mutant, check_bytes), schedule, limits, recording);
 }
 
 namespace {
@@ -104,12 +128,33 @@ constexpr std::int64_t kFreeWaitMsMax = 2000;
 constexpr std::int64_t kFreeRunMsMax = 30000;
 }  // namespace
 
-harness::RunReport run_case_free(const Case& c, harness::Mutant mutant) {
+harness::RunReport run_case_free(const Case& c, harness::Mutant mutant, const sim::Recording& recording) {
   const harness::BatchSource source = harness::BatchSource::from_batches(c.setting, c.batches);
   sim::RunLimits limits;
   limits.wait_ms_max = kFreeWaitMsMax;
   limits.run_ms_max = kFreeRunMsMax;
-  return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, sim::swarm_faults(c.seed), limits);
+  return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, sim::swarm_faults(c.seed), limits, recording);
+}
+
+void write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running) {
+  const std::string fresh = fmt::format("{}.{}.new", path, ::getpid());
+  harness::write_new_file(fresh, "");
+  try {
+    sim::Recording recording;
+    recording.timeline_path = fresh;
+    recording.label = fmt::format("{} {} mutant {}", free_running ? "sim/processes" : "sim/scheduled", variant_name(c.variant), harness::to_string(mutant));
+    sim::begin_timeline(fresh);
+    if (free_running) {
+      run_case_free(c, mutant, recording);
+    } else {
+      run_case(c, mutant, true, recording);
+    }
+    sim::end_timeline(fresh, free_running ? sim::TimelineClock::wall_us : sim::TimelineClock::steps);
+    if (::rename(fresh.c_str(), path.c_str()) != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+  } catch (...) {
+    ::unlink(fresh.c_str());
+    throw;
+  }
 }
 
 std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {
@@ -169,8 +214,10 @@ std::int64_t case_size(const Case& c) {
   // $TMPDIR) leaves no replay line rather than another case's; the failure still counts and says why.
   std::string replay;
   try {
-    g_last_replay = write_replay(c, mutant, counterexample_folder(), fmt::format("{}{}-{}", g_stem_prefix, property, harness::to_string(mutant)),
-                                 free_running);
+    const std::string dir = counterexample_folder();
+    const std::string stem = fmt::format("{}{}-{}", g_stem_prefix, property, harness::to_string(mutant));
+    g_last_replay = write_replay(c, mutant, dir, stem, free_running);
+    g_last_case = LastCase{c, mutant, free_running, (std::filesystem::path(dir) / (stem + ".timeline.json")).string(), false};
     g_last_write_error.clear();
     replay = g_last_replay;
   } catch (const std::runtime_error& e) {
@@ -187,7 +234,7 @@ std::int64_t case_size(const Case& c) {
 std::unique_ptr<harness::Backend> scheduled_backend(const Case& c) {
   sim::RunLimits limits;
   limits.steps_max = 5'000'000;
-  return sim::make_scheduled_backend(sim::Schedule{sim::ScheduleKind::list, c.schedule, c.seed}, limits, false);
+  return sim::make_scheduled_backend(sim::Schedule{sim::ScheduleKind::list, c.schedule, c.seed}, limits);
 }
 
 void byte_exactness_on(const BackendFactory& backend_for, const Bounds& bounds, harness::Mutant mutant, bool require_no_violation) {

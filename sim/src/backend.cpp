@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "cpkv/model/plan.hpp"
+
 #include "cpkv/sim/world.hpp"
 
 namespace cpkv::sim {
@@ -12,41 +14,53 @@ using harness::BatchSource;
 
 namespace {
 
+// Each run (a variant) is its own process in the timeline, named by mode and variant.
+Recording next_run(Recording& recording, std::string_view mode, model::Variant variant) {
+  Recording run = recording;
+  run.label = fmt::format("{} {}", mode, model::to_string(variant));
+  ++recording.timeline_pid;
+  return run;
+}
+
 class FreeBackend final : public harness::Backend {
  public:
-  FreeBackend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) : ranks_as_(ranks_as), faults_(faults), limits_(limits) {}
+  FreeBackend(RanksAs ranks_as, FaultOptions faults, RunLimits limits, Recording recording)
+      : ranks_as_(ranks_as), faults_(faults), limits_(limits), recording_(std::move(recording)) {}
   std::string name() const override { return std::string(mode_name(ranks_as_)); }
-  RunReport run(const BatchSource& source, const harness::RunOptions& options) override { return run_free(source, options, ranks_as_, faults_, limits_); }
+  RunReport run(const BatchSource& source, const harness::RunOptions& options) override {
+    return run_free(source, options, ranks_as_, faults_, limits_, next_run(recording_, mode_name(ranks_as_), options.variant));
+  }
 
  private:
   RanksAs ranks_as_;
   FaultOptions faults_;
   RunLimits limits_;
+  Recording recording_;
 };
 
 class ScheduledBackend final : public harness::Backend {
  public:
-  ScheduledBackend(Schedule schedule, RunLimits limits, bool record_events)
-      : schedule_(std::move(schedule)), limits_(limits), record_events_(record_events) {}
+  ScheduledBackend(Schedule schedule, RunLimits limits, Recording recording)
+      : schedule_(std::move(schedule)), limits_(limits), recording_(std::move(recording)) {}
   std::string name() const override { return std::string(kScheduledMode); }
   RunReport run(const BatchSource& source, const harness::RunOptions& options) override {
-    return run_scheduled(source, options, schedule_, limits_, record_events_);
+    return run_scheduled(source, options, schedule_, limits_, next_run(recording_, kScheduledMode, options.variant));
   }
 
  private:
   Schedule schedule_;
   RunLimits limits_;
-  bool record_events_;
+  Recording recording_;
 };
 
 }  // namespace
 
-std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits) {
-  return std::make_unique<FreeBackend>(ranks_as, faults, limits);
+std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits, Recording recording) {
+  return std::make_unique<FreeBackend>(ranks_as, faults, limits, std::move(recording));
 }
 
-std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events) {
-  return std::make_unique<ScheduledBackend>(std::move(schedule), limits, record_events);
+std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, Recording recording) {
+  return std::make_unique<ScheduledBackend>(std::move(schedule), limits, std::move(recording));
 }
 
 }  // namespace cpkv::sim
@@ -96,9 +110,12 @@ RunLimits limits_of(const harness::ReplayRequest& r, const harness::ProgressFunc
 
 std::unique_ptr<harness::Backend> make_sim(const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
   const harness::ReplayRequest& r = c.request;
-  if (const auto schedule = schedule_of(c)) return make_scheduled_backend(*schedule, limits_of(r, progress), r.event_log);
+  Recording recording;
+  recording.event_log_path = r.event_log.value_or("");
+  recording.timeline_path = r.timeline.value_or("");
+  if (const auto schedule = schedule_of(c)) return make_scheduled_backend(*schedule, limits_of(r, progress), std::move(recording));
   const RanksAs ranks_as = r.ranks_as.value_or("processes") == "threads" ? RanksAs::threads : RanksAs::processes;
-  return make_free_backend(ranks_as, fault_options(r), limits_of(r, progress));
+  return make_free_backend(ranks_as, fault_options(r), limits_of(r, progress), std::move(recording));
 }
 
 // A /dev/shm too small is one line before any output, not a SIGBUS mid-run.
@@ -120,7 +137,7 @@ void register_backends(harness::Registry& registry) {
   sim.name = "sim";
   sim.summary = "the rank simulator: cp fake ranks over real shared memory, free-running (processes or threads) or under a schedule";
   sim.options = harness::kTakesRanksAs | harness::kTakesSchedule | harness::kTakesSwarm | harness::kTakesWaitMsMax | harness::kTakesStuckMsMax |
-                harness::kTakesIpcFault | harness::kTakesEventLog;
+                harness::kTakesIpcFault | harness::kTakesEventLog | harness::kTakesTimeline;
   sim.mutants = harness::kSimulatorHolds;
   sim.check = check_sim_request;
   sim.check_source = check_sim_space;

@@ -18,6 +18,7 @@
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/traces/trace.hpp"
+#include "cpkv/sim/recording.hpp"
 #include "fault_injector.hpp"
 
 namespace cpkv::sim {
@@ -130,10 +131,60 @@ class Scheduler {
   std::size_t rotation_ = 0;
 };
 
+// What a scheduled run records as it steps (recording.hpp): the event log's line before each step;
+// after it the step's span on its rank's track (a wait spans from the rank's previous step to its
+// pass) and every new violation or mismatch as an instant at the step clock.
+class ScheduledRecorder {
+ public:
+  ScheduledRecorder(const Recording& recording, const World& world, std::int32_t cp)
+      : log_(recording.event_log_path), world_(world), ready_since_(cp, 0), behind_(cp), mismatches_(cp, 0) {
+    if (recording.timeline_path.empty()) return;
+    for (std::int32_t r = 0; r < cp; ++r) tracks_.emplace_back(recording, r, fmt::format("rank {}", r));
+    tracks_.emplace_back(recording, cp, "group (no one rank)");
+  }
+  void before(const RankMachine& m) {
+    if (log_.on()) log_.add(fmt::format("{} {}", m.rank(), to_string(*m.next_step())));
+  }
+  void after(const RankMachine& m, const Step& s, std::int64_t batch, std::uint64_t at) {
+    if (tracks_.empty()) return;
+    const std::int32_t r = m.rank();
+    const std::uint64_t begin = is_wait(s.op) ? ready_since_[r] : at;
+    tracks_[r].span(s, batch, m.half(s.layer), static_cast<std::int64_t>(begin), static_cast<std::int64_t>(at + 1), behind_[r],
+                    world_.position(r).phase.load(std::memory_order_relaxed));
+    ready_since_[r] = at + 1;
+    behind_[r] = m.finished() ? std::string() : peers_behind(world_, r, m.next_step()->op);
+    if (m.totals().mismatches > mismatches_[r]) {
+      mismatches_[r] = m.totals().mismatches;
+      tracks_[r].mismatch(batch, s.layer, m.totals().first_mismatch, static_cast<std::int64_t>(at));
+    }
+    findings(at);
+  }
+  // Violations recorded since the last look, each on its rank's track (or the group's).
+  void findings(std::uint64_t at) {
+    if (tracks_.empty() || world_.violation_count() == seen_) return;
+    const std::vector<Violation> kept = world_.violations();
+    for (std::size_t i = static_cast<std::size_t>(seen_); i < kept.size(); ++i) {
+      const std::int32_t r = kept[i].rank;
+      TimelineTrack& track = r >= 0 && r < static_cast<std::int32_t>(tracks_.size()) - 1 ? tracks_[r] : tracks_.back();
+      track.violation(kept[i], static_cast<std::int64_t>(at));
+    }
+    seen_ = world_.violation_count();
+  }
+
+ private:
+  LineAppender log_;
+  const World& world_;
+  std::vector<TimelineTrack> tracks_;  // one per rank, then the group's
+  std::vector<std::uint64_t> ready_since_;
+  std::vector<std::string> behind_;  // at the wait a rank stands before: the peers it waits on
+  std::vector<std::int64_t> mismatches_;
+  std::int64_t seen_ = 0;
+};
+
 // Steps the machines until all finished; false (and a report) on deadlock or the step limit.
 // steps: the steps taken so far in the run, over every rank (the report sums the ranks' own at the end).
 bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler, const World& world, const RunLimits& limits,
-                        std::uint64_t& steps, RunReport& report, bool record_events, std::int64_t& progress_shown) {
+                        std::uint64_t& steps, RunReport& report, ScheduledRecorder& recorder, std::int64_t& progress_shown) {
   std::vector<std::size_t> runnable;
   while (true) {
     runnable.clear();
@@ -152,6 +203,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       v.invariant = 8;
       std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(steps));
       world.record(v);
+      recorder.findings(steps);
       return false;
     }
     if (steps >= limits.steps_max) {
@@ -163,11 +215,11 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       return false;
     }
     RankMachine& chosen = machines[runnable[scheduler.pick(runnable.size())]];
-    if (record_events) {
-      const Step& s = *chosen.next_step();
-      report.event_log.push_back(fmt::format("{} {}", chosen.rank(), to_string(s)));
-    }
+    recorder.before(chosen);
+    const Step step = *chosen.next_step();
+    const std::int64_t batch = chosen.batch_index();
     chosen.step();
+    recorder.after(chosen, step, batch, steps);
     ++steps;
     if (limits.on_progress) {
       const std::int64_t done = layers_done(world);  // cp relaxed loads: nothing beside a step
@@ -179,7 +231,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
 }  // namespace
 
 RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& options, const Schedule& schedule, const RunLimits& limits,
-                        bool record_events) {
+                        const Recording& recording) {
   RunReport report;
   report.variant = options.variant;
   report.mode = kScheduledMode;
@@ -188,19 +240,21 @@ RunReport run_scheduled(const BatchSource& source, const harness::RunOptions& op
   std::vector<RankMachine> machines;
   for (std::int32_t r = 0; r < source.setting.cp; ++r) machines.emplace_back(world, source.setting, options, r);
   Scheduler scheduler(schedule);
+  ScheduledRecorder recorder(recording, world, source.setting.cp);
   for (RankMachine& m : machines) m.begin_run();
   std::uint64_t steps = 0;
   std::int64_t progress_shown = 0;  // what on_progress was last told: it hears each change, once
-  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events, progress_shown);
+  bool ok = run_until_finished(machines, scheduler, world, limits, steps, report, recorder, progress_shown);
   BatchCursor cursor(source);
   while (ok) {
     std::optional<model::Batch> batch = cursor.next();
     if (!batch) break;
     for (RankMachine& m : machines) m.begin_batch(*batch, cursor.index());
-    ok = run_until_finished(machines, scheduler, world, limits, steps, report, record_events, progress_shown);
+    ok = run_until_finished(machines, scheduler, world, limits, steps, report, recorder, progress_shown);
     ++report.batches;
   }
   if (ok) on_quiescence(world);
+  recorder.findings(steps);
   check_unchanged(source);  // results of a file replaced under its name describe another file
   for (const RankMachine& m : machines) publish_totals(world, m);
   collect(world, report);
@@ -233,14 +287,80 @@ std::int32_t waited_on(const World& world, std::int32_t rank, Op op) {
   return harness::kWaitingOnPeers;
 }
 
+// A rank's wait ran past its bound: invariant 8 at the rank, its batch, layer and step.
+void record_wait_limit(const World& world, const RankMachine& machine, const RunLimits& limits) {
+  const std::int32_t rank = machine.rank();
+  Violation v;
+  v.invariant = 8;
+  v.rank = rank;
+  v.batch = world.position(rank).batch.load();
+  v.layer = machine.next_step()->layer;
+  v.step = static_cast<std::int64_t>(machine.steps_taken());
+  std::snprintf(v.detail, sizeof(v.detail), "waited %lld ms: %s", static_cast<long long>(limits.wait_ms_max), machine.describe_position().c_str());
+  world.record(v);
+  world.position(rank).state.store(static_cast<std::int32_t>(RankState::failed));
+}
+
+// One free-running rank's timeline track (recording.hpp): wall-clock spans (monotonic
+// microseconds; a wait from when the rank blocked to its pass, naming the peers behind then), the
+// violations this rank recorded and the mismatches it found as instants. Flushed whenever the rank
+// blocks, so a hang leaves everything before it on disk.
+class FreeRecorder {
+ public:
+  FreeRecorder(const Recording& recording, const World& world, std::int32_t rank)
+      : track_(recording, rank, fmt::format("rank {}", rank)), world_(world), rank_(rank) {}
+  static std::int64_t now_us(Clock::time_point t = Clock::now()) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+  }
+  void waiting(const RankMachine& machine) {
+    if (!track_.on()) return;
+    behind_ = peers_behind(world_, rank_, machine.next_step()->op);
+    track_.flush();
+  }
+  // Runs the machine's next step, and records it.
+  void run_step(RankMachine& machine, Clock::time_point wait_start) {
+    if (!track_.on()) return machine.step();
+    const Step step = *machine.next_step();
+    const std::int64_t batch = world_.position(rank_).batch.load(std::memory_order_relaxed);
+    const std::int64_t begin = now_us(is_wait(step.op) ? wait_start : Clock::now());
+    machine.step();
+    const std::int64_t end = now_us();
+    track_.span(step, batch, machine.half(step.layer), begin, end, behind_, world_.position(rank_).phase.load(std::memory_order_relaxed));
+    behind_.clear();
+    if (machine.totals().mismatches > mismatches_) {
+      mismatches_ = machine.totals().mismatches;
+      track_.mismatch(batch, step.layer, machine.totals().first_mismatch, end);
+    }
+    findings();
+  }
+  // The violations recorded since the last look that name this rank.
+  void findings() {
+    if (!track_.on() || world_.violation_count() == seen_) return;
+    const std::vector<Violation> kept = world_.violations();
+    for (std::size_t i = static_cast<std::size_t>(seen_); i < kept.size(); ++i) {
+      if (kept[i].rank == rank_) track_.violation(kept[i], now_us());
+    }
+    seen_ = world_.violation_count();
+  }
+
+ private:
+  TimelineTrack track_;
+  const World& world_;
+  std::int32_t rank_;
+  std::string behind_;
+  std::int64_t mismatches_ = 0;
+  std::int64_t seen_ = 0;
+};
+
 // The body of one free-running rank. Returns its exit code. `progress` is the launcher's record of
 // this rank (processes only): every step beats it, every wait says on whom.
 // `peers_stopped` (threads): set once a peer thread stopped; a wait then ends at once instead of
 // running into its own bound while the peer it waits for is gone.
 int free_rank(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
-              const RunLimits& limits, std::int32_t rank, harness::RankProgress* progress,
+              const RunLimits& limits, const Recording& recording, std::int32_t rank, harness::RankProgress* progress,
               const std::atomic<bool>* peers_stopped = nullptr) {
   RankMachine machine(world, source.setting, options, rank);
+  FreeRecorder recorder(recording, world, rank);
   FaultInjector injector(world, faults, rank, source.setting.cp, options.layers);
   const auto run_program = [&]() -> int {
     while (!machine.finished()) {
@@ -248,6 +368,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
       if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
+      if (!machine.runnable()) recorder.waiting(machine);
       if (progress != nullptr && !machine.runnable()) {
         const Step& waits_at = *machine.next_step();
         progress->at(world.position(rank).batch.load(std::memory_order_relaxed), waits_at.layer);
@@ -260,16 +381,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
           return kRankLeftForAStoppedPeer;
         }
         if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
-          Violation v;
-          v.invariant = 8;
-          v.rank = rank;
-          v.batch = world.position(rank).batch.load();
-          v.layer = machine.next_step()->layer;
-          v.step = static_cast<std::int64_t>(machine.steps_taken());
-          std::snprintf(v.detail, sizeof(v.detail), "waited %lld ms: %s", static_cast<long long>(limits.wait_ms_max),
-                        machine.describe_position().c_str());
-          world.record(v);
-          world.position(rank).state.store(static_cast<std::int32_t>(RankState::failed));
+          record_wait_limit(world, machine, limits);
           return kRankDeadlock;
         }
       }
@@ -281,7 +393,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
       }
       // Fault points: seeded delays and yields that widen the windows a protocol bug needs.
       injector.before(s, world.position(rank).batch.load());
-      machine.step();
+      recorder.run_step(machine, wait_start);
     }
     return kRankOk;
   };
@@ -296,12 +408,13 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
     publish_totals(world, machine);
   }
   publish_totals(world, machine);
+  recorder.findings();  // a wait that ran past its bound
   return status;
 }
 
 // Free-running ranks as threads of this process: each rank's waits are bounded, so every thread ends.
 void run_rank_threads(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
-                      const RunLimits& limits, RunReport& report) {
+                      const RunLimits& limits, const Recording& recording, RunReport& report) {
   const std::int32_t cp = source.setting.cp;
   std::vector<int> status(cp, kRankOk);
   std::vector<std::string> errors(cp);
@@ -311,7 +424,7 @@ void run_rank_threads(const World& world, const BatchSource& source, const harne
   for (std::int32_t r = 0; r < cp; ++r) {
     threads.emplace_back([&, r] {
       try {
-        status[r] = free_rank(world, source, options, faults, limits, r, nullptr, &stopped);
+        status[r] = free_rank(world, source, options, faults, limits, recording, r, nullptr, &stopped);
       } catch (const std::exception& e) {
         status[r] = kRankError;
         errors[r] = e.what();
@@ -336,8 +449,9 @@ void run_rank_threads(const World& world, const BatchSource& source, const harne
 }
 
 // Free-running ranks as processes, through the harness's launcher (death, no progress, run limit).
-void run_rank_processes(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
-                        const RunLimits& limits, RunReport& report) {
+// Returns the violations the ranks recorded themselves (the watchdog's comes after them).
+std::int64_t run_rank_processes(const World& world, const BatchSource& source, const harness::RunOptions& options, const FaultOptions& faults,
+                                const RunLimits& limits, const Recording& recording, RunReport& report) {
   harness::LaunchOptions launch;
   launch.ranks = source.setting.cp;
   launch.run_ms_max = limits.run_ms_max;
@@ -347,10 +461,11 @@ void run_rank_processes(const World& world, const BatchSource& source, const har
     if (limits.on_progress) limits.on_progress(layers_done(world));
   };
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
-    return free_rank(world, source, options, faults, limits, r, &progress);
+    return free_rank(world, source, options, faults, limits, recording, r, &progress);
   });
   report.failure = launched.failure;
   report.deadlock = launched.deadlock;
+  const std::int64_t by_ranks = world.violation_count();
   // The launcher's watchdog may end a stuck group before any rank's own wait bound trips (on a
   // loaded machine a spinning rank checks its clock late): that is the same liveness failure.
   if (launched.stuck) {
@@ -362,12 +477,22 @@ void run_rank_processes(const World& world, const BatchSource& source, const har
     std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
     world.record(v);
   }
+  return by_ranks;
+}
+
+// The violations no rank's own track showed (the watchdog's, quiescence's), on the group's track.
+void record_group_findings(const World& world, const Recording& recording, std::int64_t from) {
+  TimelineTrack group(recording, world.geometry().cp, "group (no one rank)");
+  if (!group.on()) return;
+  const std::vector<Violation> kept = world.violations();
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count();
+  for (std::size_t i = static_cast<std::size_t>(from); i < kept.size(); ++i) group.violation(kept[i], now);
 }
 
 }  // namespace
 
 RunReport run_free(const BatchSource& source, const harness::RunOptions& options, RanksAs ranks_as, const FaultOptions& faults,
-                   const RunLimits& limits) {
+                   const RunLimits& limits, const Recording& recording) {
   RunReport report;
   report.variant = options.variant;
   report.mode = mode_name(ranks_as);
@@ -378,15 +503,18 @@ RunReport run_free(const BatchSource& source, const harness::RunOptions& options
   const SourceShape shape = measure(source);
   report.batches = shape.batches;
   World world(world_geometry(source, options, shape), options.seed);
+  std::int64_t by_ranks = 0;
   if (ranks_as == RanksAs::threads) {
-    run_rank_threads(world, source, options, faults, limits, report);
+    run_rank_threads(world, source, options, faults, limits, recording, report);
+    by_ranks = world.violation_count();
   } else {
-    run_rank_processes(world, source, options, faults, limits, report);
+    by_ranks = run_rank_processes(world, source, options, faults, limits, recording, report);
   }
   // A trace changed during the run is one line for the whole group, not a failure per rank (their
   // cursors stop on it too; launch.cpp leaves the telling to this check).
   check_unchanged(source);
   if (report.failure.empty()) on_quiescence(world);
+  record_group_findings(world, recording, by_ranks);
   collect(world, report);
   return report;
 }

@@ -17,9 +17,11 @@ simulator's state checker, and bounds every wait::
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, Iterable, List, Optional, Union
 
 from .. import _cpkv
+from . import _timeline
 from ._context import Context, ContractError, Events, SharedBuffer, StagingOverflow
 from ._launch import Outcome, Session, launch, launch_cases
 from ._rank import RunSpec
@@ -53,12 +55,31 @@ def _impl_name(impl: Union[str, type]) -> str:
 def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
         layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None,
-        timing: bool = False) -> Outcome:
+        timing: bool = False, timeline: Optional[Union[str, "os.PathLike[str]"]] = None) -> Outcome:
     """Run `impl` (a 'module:Class' string, or an importable class) over the batches, one spawned
     process per rank; returns the Outcome (passed, mismatches, findings, failure, positions).
-    timing: --time (checks, delays and event hooks off; each layer's compose time in the records)."""
-    return launch(case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
-                       window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing))
+    timing: --time (checks, delays and event hooks off; each layer's compose time in the records).
+    timeline: write the run's timeline (Chrome trace events, one track per rank) to this file."""
+    spec = case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
+                window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing)
+    if timeline is None:
+        return launch(spec)
+    return run_with_timeline(spec, timeline, launch)
+
+
+def run_with_timeline(spec: RunSpec, timeline: Union[str, "os.PathLike[str]"], launcher) -> Any:
+    """launcher(spec) with its timeline appended to a temporary file beside `timeline`, renamed over
+    it when the run ends (also when it failed; a run that raised leaves no file)."""
+    label = f"conformance {spec.impl}" + (f" mutant {spec.mutant}" if spec.mutant else "")
+    file = _timeline.TimelineFile(os.fspath(timeline), spec.setting.cp, label)
+    spec.timeline = file.path
+    try:
+        outcome = launcher(spec)
+    except BaseException:
+        file.discard()
+        raise
+    file.close()
+    return outcome
 
 
 def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",

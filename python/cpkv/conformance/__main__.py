@@ -24,6 +24,8 @@ from .._errors import InputError, TraceError
 from . import _adversity as adv
 from . import _report
 from . import _shm
+from . import _timeline
+from . import run_with_timeline
 from . import _timing
 from ._context import ContractError
 from ._launch import Outcome, launch
@@ -54,6 +56,7 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--cpkv-bin", metavar="PATH", help="the `cpkv` binary --time runs for the built-in staging_direct "
                    "(default $CPKV_BIN, else cpkv on PATH)")
     p.add_argument("--json", metavar="F", help="write the result as JSON to F (`cpkv replay --json`'s schema)")
+    p.add_argument("--timeline", metavar="F", help="write a timeline to F (Chrome trace event format: Perfetto, chrome://tracing; docs/event-log.md)")
     return p.parse_args(argv)
 
 
@@ -144,13 +147,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
         a.ranks = ranks
         spec = spec_of(a, setting, batches)
+        if a.timeline:
+            _timeline.check_target(a.timeline)
     except (InputError, TraceError, ContractError) as error:
         print(f"cpkv conformance: error: {error}", file=sys.stderr)
         return 2
     quiet = torchrun and int(os.environ["RANK"]) != 0
     if not quiet:
         print("\n".join(header(a, setting, len(spec.batches), spec.layers)), flush=True)
-    outcome = run_torchrun(spec) if torchrun else launch(spec)
+    if a.timeline and torchrun:
+        print("cpkv conformance: error: --timeline: not under torchrun (rank 0 alone would write it)", file=sys.stderr)
+        return 2
+    if torchrun:
+        outcome = run_torchrun(spec)
+    else:
+        outcome = run_with_timeline(spec, a.timeline, launch) if a.timeline else launch(spec)
     if outcome is None:
         return 0
     if a.time and a.device == "cuda":

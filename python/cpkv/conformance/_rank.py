@@ -28,6 +28,7 @@ from . import _check
 from . import _guards
 from . import _probes
 from . import _shm
+from . import _timeline
 from . import _timing
 from ._context import Context, ContractError, StagingOverflow
 from ._probes import _first_line
@@ -54,6 +55,7 @@ class RunSpec:
     oversubscribe: bool = True     # cuda: ranks share GPUs when there are fewer GPUs than ranks
     impl_kwargs: Dict[str, Any] = field(default_factory=dict)
     timing: bool = False           # --time: checks, delays and events off; each layer's compose time measured
+    timeline: str = ""             # a file rank 0 appends each batch's timeline lines to (_timeline.py); "" none
     link_limit: bool = True        # --time: each layer's link limit timed after it (_timing.link_limit_s)
     capture_only: bool = False     # CUDA: only the graph-capture probe, from batch capture_from on (run_capture_case)
     capture_from: int = 0
@@ -237,13 +239,16 @@ class BatchOutcome:
         self.mismatch_kinds = 0  # the dense buffers (layer, kind) with a wrong byte (the lines: the first layer's)
         self.compose_s: List[float] = []
         self.host_syncs: List[Optional[int]] = []  # per layer: host synchronizations (CUDA; None elsewhere)
+        self.compose_spans: List[tuple] = []  # per layer: (layer, begin ns, end ns) of compose_layer, CLOCK_MONOTONIC
+        self.mismatch_at: Optional[tuple] = None  # (ns, layer) of the first mismatching layer's check
         self.limit_s: List[float] = []  # --time, per layer: the same bytes copied plainly (_timing.link_limit_s)
 
     def summary(self, ctx: Context) -> dict:
         return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
                 "compose_s": self.compose_s, "limit_s": self.limit_s, "host_syncs": self.host_syncs, "mismatch_kinds": self.mismatch_kinds,
-                "arrivals": sum(1 for e in ctx.events.log if e[1] == "arrive")}
+                "arrivals": sum(1 for e in ctx.events.log if e[1] == "arrive"),
+                "compose_spans": self.compose_spans, "mismatch_at": self.mismatch_at}
 
 
 def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
@@ -259,8 +264,10 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
         try:
             with _probes.SyncCounter(ctx.device, enabled=not spec.timing) as syncs:
                 timer.start()
+                begin_ns = time.monotonic_ns()
                 out = impl.compose_layer(ctx, layer)
             outcome.compose_s.append(timer.stop())  # on CUDA: after the rank's stream is done
+            outcome.compose_spans.append((layer, begin_ns, time.monotonic_ns()))
             if spec.timing and spec.link_limit:
                 outcome.limit_s.append(_link_limit(ctx, layer, timer))
             outcome.host_syncs.append(syncs.count)
@@ -302,6 +309,7 @@ def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: 
     outcome.mismatch_kinds += len(found)
     if found and not outcome.mismatches:
         outcome.mismatches = found
+        outcome.mismatch_at = (time.monotonic_ns(), layer)
 
 
 def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, replay, reporter: Reporter) -> List[bool]:
@@ -325,6 +333,8 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
         for key in ("compose_s", "limit_s", "host_syncs", "mismatch_kinds", "arrivals"):
             record[key] = [s[key] for s in summaries]  # one entry per rank
         reporter.send("batch", index, record)
+        if spec.timeline:
+            _timeline.append(spec.timeline, _timeline.batch_lines(index, summaries))
         verdict = [bool(findings or mismatches or raised), all(len(s["compose_s"]) == spec.layers for s in summaries)]
     dist.broadcast_object_list(verdict, src=0, group=ctx._hgroup)
     return verdict

@@ -52,6 +52,7 @@ enum RequestOptionBits : std::uint32_t {
   kTakesIpcFault = 1u << 5,      // ipc_missing_rank
   kTakesEventLog = 1u << 6,      // event_log (scheduled runs only)
   kTakesExchange = 1u << 7,      // exchange: a plugin shared object (include/cpkv/exchange_abi.h)
+  kTakesTimeline = 1u << 8,      // timeline: Chrome trace events, appended as the run goes
 };
 
 struct ReplayRequest {
@@ -68,7 +69,10 @@ struct ReplayRequest {
   std::optional<std::int64_t> wait_ms_max;    // default: the backend's
   std::optional<std::int64_t> stuck_ms_max;   // default: the backend's
   std::int32_t ipc_missing_rank = -1;         // -1: none
-  bool event_log = false;
+  // Files a run appends to as it goes (the front end makes them, writes a timeline's head and tail
+  // around the runs, and renames them): the event log (docs/event-log.md) and the timeline.
+  std::optional<std::string> event_log;
+  std::optional<std::string> timeline;
   std::optional<std::string> exchange;        // an exchange plugin's path (default: the backend's own exchange)
 };
 

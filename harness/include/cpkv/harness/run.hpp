@@ -68,7 +68,6 @@ struct RunReport {
   bool deadlock = false;
   std::string failure;                    // deadlock report, dead rank, limit: empty when the run ended normally
   std::uint64_t steps = 0;
-  std::vector<std::string> event_log;     // scheduled runs with record_events
   bool passed() const { return failure.empty() && violation_count == 0 && mismatches() == 0; }
   std::int64_t mismatches() const;
 };

@@ -47,6 +47,7 @@ struct MutantRow {
   std::int64_t counterexample_size = 0;  // requests + schedule choices of the shrunk case
   double seconds = 0.0;           // time until caught
   std::string replay;             // the cpkv replay line of the shrunk counterexample
+  std::string timeline;           // its timeline beside it (Chrome trace events), or empty
   std::string message;
   std::vector<std::pair<std::string, Coverage>> coverage;  // per property run, in order
 };

@@ -68,10 +68,17 @@ rc::Gen<Case> gen_case(const Bounds& bounds, const Emphasis& emphasis);
 
 // Runs a case on the scheduled simulator with `mutant`. Without check_bytes the dense buffers are not
 // compared with the model (properties of other invariants than 6 do not look at mismatches).
-harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes = true);
+// `recording`: what the run writes as it goes (sim/recording.hpp), e.g. a timeline.
+harness::RunReport run_case(const Case& c, harness::Mutant mutant, bool check_bytes = true, const sim::Recording& recording = {});
 // Runs a case free-running (processes) with swarm fault knobs drawn from the case seed
 // (sim::swarm_faults(c.seed)).
-harness::RunReport run_case_free(const Case& c, harness::Mutant mutant);
+harness::RunReport run_case_free(const Case& c, harness::Mutant mutant, const sim::Recording& recording = {});
+
+// Writes the timeline (Chrome trace event format, sim/recording.hpp) of the case run again with
+// `mutant` to `path` in a folder from harness::private_folder() (a fresh file renamed over it):
+// scheduled, the very steps of the counterexample on the step clock; free-running, another run of
+// the same knobs on the wall clock. Throws std::runtime_error naming the file when a write fails.
+void write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running = false);
 
 // Writes the case as a trace (and, scheduled, a schedule file) under `dir`, a folder from
 // harness::private_folder() (a later write replaces an earlier one whole), and returns the `cpkv
@@ -111,6 +118,9 @@ void set_counterexample_folder(const std::string& dir, const std::string& stem_p
 std::string counterexample_folder();
 std::int64_t last_counterexample_size();
 std::string last_counterexample_replay();
+// The shrunk counterexample's timeline, written beside its trace (STEM.timeline.json) when first
+// asked for (not at every shrinking step); empty when none was recorded. Throws as the replay does.
+std::string last_counterexample_timeline();
 std::int32_t last_counterexample_invariant();
 
 }  // namespace cpkv::properties

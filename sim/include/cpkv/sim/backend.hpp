@@ -11,8 +11,10 @@
 namespace cpkv::sim {
 
 
-std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits);
-std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, bool record_events);
+// `recording` (recording.hpp): the files each run appends to as it goes; each run is the timeline's
+// next process.
+std::unique_ptr<harness::Backend> make_free_backend(RanksAs ranks_as, FaultOptions faults, RunLimits limits, Recording recording = {});
+std::unique_ptr<harness::Backend> make_scheduled_backend(Schedule schedule, RunLimits limits, Recording recording = {});
 
 // Registers "sim": free-running ranks (ranks_as processes or threads; swarm draws every fault knob
 // from the seed) or step machines under a schedule; every planted bug; the /dev/shm space checked

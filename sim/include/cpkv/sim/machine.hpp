@@ -102,6 +102,8 @@ class RankMachine {
 
   std::int32_t rank() const { return rank_; }
   std::int64_t batch_index() const { return batch_index_; }
+  // The staging and dense half a layer uses (its parity, PROTOCOL.md section 6; 0 under single_half).
+  std::int32_t half(std::int32_t layer) const { return layer < 0 ? 0 : staging_half(layer); }
   const Step* next_step() const { return finished() ? nullptr : &program_[pc_]; }
   std::string describe_position() const;
   // What this rank did, summed over the run (steps included): the harness's one Totals.

@@ -18,6 +18,7 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/setting.hpp"
 #include "cpkv/sim/machine.hpp"
+#include "cpkv/sim/recording.hpp"
 #include "cpkv/sim/world.hpp"
 
 namespace cpkv::sim {
@@ -102,11 +103,13 @@ struct RunLimits {
   std::function<void(std::int64_t layers_done)> on_progress;
 };
 
+// `recording`: what the run writes as it goes (recording.hpp): the event log (scheduled only) and
+// the timeline (the step clock when scheduled, monotonic microseconds when free-running).
 harness::RunReport run_scheduled(const harness::BatchSource& source, const harness::RunOptions& options, const Schedule& schedule,
-                        const RunLimits& limits, bool record_events = false);
+                        const RunLimits& limits, const Recording& recording = {});
 
 harness::RunReport run_free(const harness::BatchSource& source, const harness::RunOptions& options, RanksAs ranks_as,
-                   const FaultOptions& faults, const RunLimits& limits);
+                   const FaultOptions& faults, const RunLimits& limits, const Recording& recording = {});
 
 // A free-running rank process exits with the harness's codes (harness::kRankExitOk, ...).
 
