@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Compare `cpkv bench --json` files of two builds (A and B) taken in one visit, interleaved.
 
-Usage: bench_ab.py --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--key compose_us_per_layer_median]
+Usage: bench_ab.py --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--key compose_us_per_layer_median] [--key-b KEY]
+
+--key-b reads B's figure under another key (a plugin's `plugin_compose_us_per_layer_median`
+against the built-in's compose), for an A/B of cpkv's own exchange against the same code behind
+the plugin ABI.
 
 For every (trace row: batch, variant) present in every file it prints the median over A's runs, the
 median over B's runs and the ratio B/A, then the geometric mean of the ratios per variant. Rows
@@ -39,11 +43,12 @@ def main():
     ap.add_argument("--a", nargs="+", required=True)
     ap.add_argument("--b", nargs="+", required=True)
     ap.add_argument("--key", default="compose_us_per_layer_median")
+    ap.add_argument("--key-b", default=None)
     ap.add_argument("--label-a", default="A")
     ap.add_argument("--label-b", default="B")
     args = ap.parse_args()
     runs_a = [load(p, args.key) for p in args.a]
-    runs_b = [load(p, args.key) for p in args.b]
+    runs_b = [load(p, args.key_b or args.key) for p in args.b]
     cps = {cp for cp, _ in runs_a + runs_b}
     if len(cps) != 1:
         sys.exit(f"bench_ab: the files were taken at different cp: {sorted(cps)}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -21,6 +21,7 @@
 # (conformance2: the harness's gpu test and CLI for the capture probe, its controls and --time's figures (link limit;
 #  the built-in figure at cp 1, one rank per GPU); the Python extension built first, the CLI beside the tests)
 # (check: the gpu tests and the seeds batch benchmark only, for a short visit)
+# (abi24: issue 24's A/B, cpkv's own exchange in-process against the same code behind the ABI, cp 1)
 # (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
@@ -64,6 +65,7 @@ grep "cpkv:" "$OUT/configure.log"
 # bench-plugin builds only its own targets.
 targets=()
 [[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
+[[ "$what" == abi24 ]] && targets=(--target cpkv cpkv_python cpkv.tests.gpu_vmm)
 [[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -354,6 +356,26 @@ if [[ "$what" == bench-plugin ]]; then
   echo "bench --exchange plain cp 2 time-sliced (bytes only): exit $?"; grep -E "TIME-SLICED|FAILED|\| (yes|NO) \|$" "$OUT/bench-plugin-sliced.txt" | cut -c1-60
   (cd "$build" && ctest -R "^GpuBenchPlugin[.]" --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-bench-plugin-tests.log" 2>&1
   echo "gpu bench plugin tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run" "$OUT/gpu-bench-plugin-tests.log" | tail -6
+fi
+if [[ "$what" == abi24 ]]; then
+  # Issue 24's A/B on one GPU at cp 1 (one rank, one GPU: a timing of record; peer links need two):
+  # cpkv's own exchange in-process (the graph-replayed layer loop) against the same fused compose
+  # behind the ABI (`--exchange builtin`: compose_layer launched from the host, its fill from the
+  # handed-over rows inside the span), interleaved twice, every variant; then the GpuVmm tests.
+  for i in 1 2; do
+    for side in inproc abi; do
+      extra=(); [[ $side == abi ]] && extra=(--exchange builtin)
+      timeout 150 "$cpkv" bench "$root/traces/samples/seeds_batch.jsonl" --backend cuda --cp 1 --layers 4 --reps 40 "${extra[@]}" \
+        --json "$OUT/abi24-$side-$i.json" > "$OUT/abi24-$side-$i.txt" 2>&1
+      echo "bench seeds_batch $side $i: exit $?"
+    done
+  done
+  for key in compose_us_per_layer_median with_fill_us_per_layer_median; do
+    python3 "$root/bench/bench_ab.py" --key "$key" --key-b plugin_compose_us_per_layer_median --label-a "in-process $key" --label-b "ABI compose_layer" \
+      --a "$OUT"/abi24-inproc-*.json --b "$OUT"/abi24-abi-*.json | tee -a "$OUT/abi24.md"
+  done
+  (cd "$build" && ctest -R "GpuVmm" --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-vmm-tests.log" 2>&1
+  echo "GpuVmm tests: exit $?"; grep -E "Passed|Failed|tests passed" "$OUT/gpu-vmm-tests.log" | tail -6
 fi
 if [[ "$what" == tests || "$what" == all ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 600 -j 1) > "$OUT/gpu-tests.log" 2>&1
