@@ -151,8 +151,15 @@ TEST(CliShardRuns, OutPutsCounterexamplesInAFolderTheUserOwns) {
   }
   ASSERT_EQ(replay.rfind("cpkv replay ", 0), 0u) << replay;
   std::size_t files = 0;
-  for (const auto& entry : fs::directory_iterator(out)) files += entry.is_regular_file() ? 1 : 0;
+  std::size_t timelines = 0;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string name = entry.path().filename().string();
+    const bool timeline = name.size() > 14 && name.compare(name.size() - 14, 14, ".timeline.json") == 0;
+    (timeline ? timelines : files) += 1;
+  }
   EXPECT_EQ(files, 6u) << "a trace and a schedule for each of the three planted bugs found";
+  EXPECT_EQ(timelines, 3u) << "a timeline beside each of the three counterexamples (issue 26 item 1)";
   const CliRun again = run_cpkv(replay.substr(5));
   EXPECT_EQ(again.status, 1) << "the counterexample reproduces: " << again.out << again.err;
   // An existing folder of ours is used as it is; mutants' counterexamples land there too.
