@@ -42,7 +42,7 @@ void run_isolated(BatchRun& run, std::int32_t l, const kernels::GatherEntry* cur
   }
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
     if (setting.kind_active(k, l) && run.b.plan.compact_allreduce) {
-      r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * r.page_bytes(k));
+      r.all_reduce(r.mem.compact + r.mem.layout.compact_offset[k], r.mem.peer_compact, r.mem.layout.compact_offset[k], run.b.plan.compact_pages * r.page_bytes(k));
     }
   }
 }

@@ -18,17 +18,16 @@
 namespace cpkv::cuda {
 namespace {
 
-// Bytes one rank moves for one layer of `layer` (all active kinds), max over ranks.
+// Bytes one rank moves on layer `layer` (all active kinds), max over ranks, from each rank's plan.
 struct ModelBytes {
   std::uint64_t peer = 0;   // gathered from peers
   std::uint64_t local = 0;  // gathered from itself, local copies
   std::uint64_t allreduce = 0;
 };
-ModelBytes model_bytes(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t layer) {
-  const model::BatchLayout layout = model::layout_batch(setting, batch);
+ModelBytes model_bytes(const model::Setting& setting, const std::vector<model::VariantPlan>& plans, std::int32_t layer) {
   ModelBytes out;
   for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
-    const model::LayerBytes b = model::layer_bytes(setting, model::variant_plan(layout, variant, rank), layer);
+    const model::LayerBytes b = model::layer_bytes(setting, plans[rank], layer);
     const std::uint64_t gather_peer = b.pulled_from_peers();
     out.peer = std::max(out.peer, gather_peer);
     out.local = std::max(out.local, b.pulled_from[rank] + b.local_copy_bytes);
@@ -37,10 +36,14 @@ ModelBytes model_bytes(const model::Setting& setting, const model::Batch& batch,
   return out;
 }
 
+// The batch's layout and each rank's plan once, then every layer's bytes from them.
 ModelBytes mean_bytes(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t layers) {
+  const model::BatchLayout layout = model::layout_batch(setting, batch);
+  std::vector<model::VariantPlan> plans;
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) plans.push_back(model::variant_plan(layout, variant, rank));
   ModelBytes sum;
   for (std::int32_t l = 0; l < layers; ++l) {
-    const ModelBytes b = model_bytes(setting, batch, variant, l);
+    const ModelBytes b = model_bytes(setting, plans, l);
     sum.peer += b.peer;
     sum.local += b.local;
     sum.allreduce += b.allreduce;

@@ -22,12 +22,12 @@ kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::si
   const bool symm = model::info(run.r.variant).peer_pages == model::PeerPages::dense;
   kernels::PointerTable t{};
   for (std::int32_t p = 0; p < cp; ++p) {
-    t.base[p] = mem.peer_pool[p] ? mem.peer_pool[p] + mem.pool_offset[l][k] : nullptr;
-    t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.dense_offset[h][k] : nullptr)
+    t.base[p] = mem.peer_pool[p] ? mem.peer_pool[p] + mem.layout.pool_offset[l][k] : nullptr;
+    t.base[cp + p] = symm ? (mem.peer_dense[p] ? mem.peer_dense[p] + mem.layout.dense_offset[h][k] : nullptr)
                           : (mem.peer_staging[p] ? mem.peer_staging[p] + mem.carve.slot_offset(h, k, 0) : nullptr);
   }
   t.base[kernels::kTableOwnDense] = mem.dense_half(h, k);
-  t.base[kernels::kTableOwnCompact] = mem.compact + mem.compact_offset[k];
+  t.base[kernels::kTableOwnCompact] = mem.compact + mem.layout.compact_offset[k];
   return t;
 }
 
@@ -48,7 +48,7 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
     kernels::ComposeKind& ck = a.kind[a.kinds++];
     ck.dst[kernels::kToDense] = r.mem.dense_half(h, k);
     ck.dst[kernels::kToStaging] = r.mem.staging_half(h, k);
-    ck.dst[kernels::kToCompact] = r.mem.compact + r.mem.compact_offset[k];
+    ck.dst[kernels::kToCompact] = r.mem.compact + r.mem.layout.compact_offset[k];
     kernels::set_page_geometry(ck, r.page_bytes(k));
     ck.table = run.tables[l][k];
   }
@@ -124,13 +124,13 @@ Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k) {
   const std::uint64_t pb = r.page_bytes(k);
   Reduced reduced;
   for (const model::SlotRange& range : run.b.plan.allreduce_ranges) {
-    const std::uint64_t offset = r.mem.dense_offset[h][k] + range.slot_begin * pb;
+    const std::uint64_t offset = r.mem.layout.dense_offset[h][k] + range.slot_begin * pb;
     r.all_reduce(r.mem.dense + offset, r.mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
     ++reduced.calls;
     reduced.bytes += (range.slot_end - range.slot_begin) * pb;
   }
   if (run.b.plan.compact_allreduce) {
-    r.all_reduce(r.mem.compact + r.mem.compact_offset[k], r.mem.peer_compact, r.mem.compact_offset[k], run.b.plan.compact_pages * pb);
+    r.all_reduce(r.mem.compact + r.mem.layout.compact_offset[k], r.mem.peer_compact, r.mem.layout.compact_offset[k], run.b.plan.compact_pages * pb);
     ++reduced.calls;
     reduced.bytes += run.b.plan.compact_pages * pb;
     CPKV_CUDA_CHECK(kernels::launch_gather(r.mem.dense_half(h, k), pb, run.tables[l][k], run.d.unpack, static_cast<std::int64_t>(run.b.unpack.size()), r.stream));
@@ -143,8 +143,8 @@ void clear_dense(BatchRun& run, std::int32_t l) {
   Rank& r = run.r;
   const std::size_t kinds = r.ctx.source.setting.kinds.size();
   const std::int32_t h = run.half_of(l);
-  const std::uint64_t half_bytes = r.mem.dense_offset[h][kinds - 1] - r.mem.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
-  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.dense_offset[h][0], 0, half_bytes, r.stream));
+  const std::uint64_t half_bytes = r.mem.layout.dense_offset[h][kinds - 1] - r.mem.layout.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.layout.dense_offset[h][0], 0, half_bytes, r.stream));
 }
 
 void slow_rank_delay(Rank& r, std::int32_t l) {
@@ -197,12 +197,12 @@ void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
   const model::Setting& setting = r.ctx.source.setting;
   for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-      CPKV_CUDA_CHECK(kernels::launch_populate_pool(r.mem.pool + r.mem.pool_offset[l][k], setting.kinds[k].row_bytes, setting.page_size, d.populate_logical,
+      CPKV_CUDA_CHECK(kernels::launch_populate_pool(r.mem.pool + r.mem.layout.pool_offset[l][k], setting.kinds[k].row_bytes, setting.page_size, d.populate_logical,
                                                     d.populate_local, static_cast<std::int64_t>(b.populate_logical.size()), r.ctx.options.seed,
                                                     static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
     }
   }
-  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense, 0x5A, r.mem.dense_bytes, r.stream));
+  CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense, 0x5A, r.mem.layout.dense_bytes, r.stream));
   r.sync_stream();
   r.barrier();
 }

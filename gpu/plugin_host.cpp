@@ -127,7 +127,7 @@ cpkv_status alloc_symmetric(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symm
 // The peers' bases of the allocation `buffer .. buffer + bytes` lies in, and its offset there.
 std::optional<std::pair<std::vector<std::uint8_t*>, std::uint64_t>> symmetric_range(const PluginHost& h, const std::uint8_t* buffer, std::uint64_t bytes) {
   const RankMemory& mem = h.r.mem;
-  if (buffer >= mem.dense && buffer + bytes <= mem.dense + mem.dense_bytes) return std::make_pair(mem.peer_dense, static_cast<std::uint64_t>(buffer - mem.dense));
+  if (buffer >= mem.dense && buffer + bytes <= mem.dense + mem.layout.dense_bytes) return std::make_pair(mem.peer_dense, static_cast<std::uint64_t>(buffer - mem.dense));
   for (const SymmetricBlock& b : h.symmetric) {
     if (buffer >= b.local && buffer + bytes <= b.local + b.bytes) return std::make_pair(b.peers, static_cast<std::uint64_t>(buffer - b.local));
   }
@@ -140,8 +140,8 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
   auto* own = static_cast<std::uint8_t*>(buffer);
   const auto range = symmetric_range(h, own, bytes);
   if (!range) return fail(c, fmt::format("all_reduce_sum: {} bytes at {} are not inside the dense buffers or a symmetric allocation", bytes, buffer));
-  if (!h.r.use_nccl && bytes > h.r.mem.scratch_bytes) {
-    return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, h.r.mem.scratch_bytes));
+  if (!h.r.use_nccl && bytes > h.r.mem.layout.scratch_bytes) {
+    return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, h.r.mem.layout.scratch_bytes));
   }
   h.r.all_reduce(own, range->first, range->second, bytes);
   return CPKV_OK;
@@ -164,12 +164,12 @@ void describe_setting(PluginHost& h) {
     h.dense_peer.push_back(mem.peer_dense[p]);
   }
   for (std::int32_t l = 0; l < layers; ++l) {
-    for (std::size_t k = 0; k < nk; ++k) h.pool_offset.push_back(mem.pool_offset[l][k]);
+    for (std::size_t k = 0; k < nk; ++k) h.pool_offset.push_back(mem.layout.pool_offset[l][k]);
   }
   for (std::int32_t half = 0; half < 2; ++half) {
     for (std::size_t k = 0; k < nk; ++k) {
       h.dense.push_back(mem.dense_half(half, k));
-      h.dense_offset.push_back(mem.dense_offset[half][k]);
+      h.dense_offset.push_back(mem.layout.dense_offset[half][k]);
     }
   }
 }

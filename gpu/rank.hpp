@@ -38,15 +38,11 @@ struct RankMemory {
   std::uint64_t* pad = nullptr;
   std::vector<std::uint8_t*> peer_pool, peer_staging, peer_dense, peer_compact;
   std::uint8_t* scratch = nullptr;  // the IPC all-reduce's receive buffer
-  std::uint64_t scratch_bytes = 0;  // its size: the most an IPC all-reduce sums at once
   std::vector<std::uint64_t*> peer_pad;
   std::uint64_t** pad_table = nullptr;  // device array of every rank's pad
   kernels::BarrierStatus* barrier_status = nullptr;
   kernels::BarrierState* barrier_state = nullptr;  // the device's phase count (equals Rank::barrier_phase between launches)
-  std::vector<std::vector<std::uint64_t>> pool_offset;   // [layer][kind]
-  std::vector<std::vector<std::uint64_t>> dense_offset;  // [half][kind]
-  std::vector<std::uint64_t> compact_offset;             // [kind]
-  std::uint64_t pool_bytes = 0, dense_bytes = 0, compact_bytes = 0;
+  BufferLayout layout;  // every buffer's offsets and sizes (pool_backing.hpp; scratch_bytes: the most an IPC all-reduce sums at once)
   std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
   model::ArenaCarve carve;
   VmmPool own_pool;                 // a sparse pool: the reservation and its backed chunks
@@ -54,7 +50,7 @@ struct RankMemory {
   std::vector<std::vector<bool>> pool_referenced;  // [rank][local page]: some batch reads it (backed)
 
   // Kind k's part of parity half h of this rank's dense buffer and of its staging.
-  std::uint8_t* dense_half(std::int32_t h, std::size_t k) const { return dense + dense_offset[h][k]; }
+  std::uint8_t* dense_half(std::int32_t h, std::size_t k) const { return dense + layout.dense_offset[h][k]; }
   std::uint8_t* staging_half(std::int32_t h, std::size_t k) const { return staging + carve.slot_offset(h, k, 0); }
 };
 

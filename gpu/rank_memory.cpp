@@ -13,17 +13,10 @@ namespace {
 // Byte offsets of every (layer, kind) pool slab, (half, kind) dense buffer and kind's compact
 // buffer (pool_backing.cpp computes them, the memory check before any allocation uses the same).
 void carve_offsets(Rank& r) {
-  const BufferLayout layout = buffer_layout(r.ctx.source.setting, r.ctx.options.layers, r.ctx.shape);
   RankMemory& mem = r.mem;
-  mem.pool_offset = layout.pool_offset;
-  mem.dense_offset = layout.dense_offset;
-  mem.compact_offset = layout.compact_offset;
-  mem.pool_bytes = layout.pool_bytes;
-  mem.dense_bytes = layout.dense_bytes;
-  mem.compact_bytes = layout.compact_bytes;
-  mem.scratch_bytes = layout.scratch_bytes;
+  mem.layout = buffer_layout(r.ctx.source.setting, r.ctx.options.layers, r.ctx.shape);
   const std::int32_t cp = r.cp();
-  mem.pool_referenced.assign(cp, std::vector<bool>(layout.pool_pages_per_rank, false));
+  mem.pool_referenced.assign(cp, std::vector<bool>(mem.layout.pool_pages_per_rank, false));
   for (std::int64_t g : r.ctx.shape.pool_pages_touched) mem.pool_referenced[g % cp][g / cp] = true;
 }
 
@@ -33,11 +26,11 @@ void allocate_pool(Rank& r) {
   RankMemory& mem = r.mem;
   const PoolShare& share = *r.ctx.pool_share;
   if (share.memory == PoolMemory::dense) {
-    CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.pool_bytes, 256)));
+    CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.layout.pool_bytes, 256)));
     CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->pool[r.ctx.rank], mem.pool));
     return;
   }
-  CPKV_ASSERT(share.reserved >= mem.pool_bytes);
+  CPKV_ASSERT(share.reserved >= mem.layout.pool_bytes);
   mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.reserved, share.runs[r.ctx.rank]);
   mem.pool = reinterpret_cast<std::uint8_t*>(mem.own_pool.base);
 }
@@ -81,11 +74,11 @@ void allocate_memory(Rank& r) {
   r.staging_slots = model::staging_capacity(setting).staging_slots;
   mem.carve = model::carve_arena(setting, r.staging_slots, 0);
   carve_offsets(r);
-  const std::uint64_t staging_bytes = std::max<std::uint64_t>(mem.carve.staging_bytes, 256);
+  const std::uint64_t staging_bytes = mem.layout.staging_bytes;  // the carve's, at least 256 (buffer_layout)
   allocate_pool(r);
   CPKV_CUDA_CHECK(cudaMalloc(&mem.staging, staging_bytes));
-  CPKV_CUDA_CHECK(cudaMalloc(&mem.dense, std::max<std::uint64_t>(mem.dense_bytes, 256)));
-  CPKV_CUDA_CHECK(cudaMalloc(&mem.compact, std::max<std::uint64_t>(mem.compact_bytes, 256)));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.dense, std::max<std::uint64_t>(mem.layout.dense_bytes, 256)));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.compact, std::max<std::uint64_t>(mem.layout.compact_bytes, 256)));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.pad, 256));
   CPKV_CUDA_CHECK(cudaMemset(mem.pad, 0, 256));
   CPKV_CUDA_CHECK(cudaMemset(mem.staging, 0xA5, staging_bytes));  // garbage, as fresh memory
@@ -97,7 +90,7 @@ void allocate_memory(Rank& r) {
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->dense[rank], mem.dense));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pad[rank], mem.pad));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->compact[rank], mem.compact));
-  CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, mem.scratch_bytes));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, mem.layout.scratch_bytes));
   if (r.ctx.cuda.measure_ceilings) {
     CPKV_CUDA_CHECK(cudaMalloc(&mem.bench_buffer, kBenchBufferBytes));
     CPKV_CUDA_CHECK(cudaMemset(mem.bench_buffer, 1, kBenchBufferBytes));

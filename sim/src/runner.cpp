@@ -160,15 +160,16 @@ class ScheduledRecorder {
     findings(at);
   }
   // Violations recorded since the last look, each on its rank's track (or the group's).
+  // Only the kept ones (World::kViolationsMax) are copied, and only while some are unseen.
   void findings(std::uint64_t at) {
-    if (tracks_.empty() || world_.violation_count() == seen_) return;
-    const std::vector<Violation> kept = world_.violations();
+    if (tracks_.empty() || seen_ >= World::kViolationsMax || world_.violation_count() == seen_) return;
+    const std::vector<Violation> kept = world_.whole_violations();
     for (std::size_t i = static_cast<std::size_t>(seen_); i < kept.size(); ++i) {
       const std::int32_t r = kept[i].rank;
       TimelineTrack& track = r >= 0 && r < static_cast<std::int32_t>(tracks_.size()) - 1 ? tracks_[r] : tracks_.back();
       track.violation(kept[i], static_cast<std::int64_t>(at));
     }
-    seen_ = world_.violation_count();
+    seen_ = static_cast<std::int64_t>(kept.size());
   }
 
  private:
@@ -334,13 +335,14 @@ class FreeRecorder {
     findings();
   }
   // The violations recorded since the last look that name this rank.
+  // (Only whole slots: one another rank is still writing waits for the next look.)
   void findings() {
-    if (!track_.on() || world_.violation_count() == seen_) return;
-    const std::vector<Violation> kept = world_.violations();
+    if (!track_.on() || seen_ >= World::kViolationsMax || world_.violation_count() == seen_) return;
+    const std::vector<Violation> kept = world_.whole_violations();
     for (std::size_t i = static_cast<std::size_t>(seen_); i < kept.size(); ++i) {
       if (kept[i].rank == rank_) track_.violation(kept[i], now_us());
     }
-    seen_ = world_.violation_count();
+    seen_ = static_cast<std::int64_t>(kept.size());
   }
 
  private:

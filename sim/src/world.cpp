@@ -34,6 +34,9 @@ struct Bump {
 struct World::Header {
   std::atomic<std::int64_t> violations{0};
   std::atomic<std::int64_t> by_invariant[9] = {};
+  // Slot i of the kept violations is whole (a rank may read them while another records): the
+  // count is bumped before the slot is filled, so a reader takes only the slots marked here.
+  std::atomic<std::int32_t> written[World::kViolationsMax] = {};
 };
 
 std::uint64_t WorldGeometry::page_bytes_all_kinds() const {
@@ -287,13 +290,23 @@ StagingStamp& World::dense_stamp(std::int32_t rank, std::int32_t half, std::int6
 void World::record(const Violation& violation) const {
   header()->by_invariant[std::clamp(violation.invariant, 0, 8)].fetch_add(1);
   const std::int64_t index = header()->violations.fetch_add(1);
-  if (index < kViolationsMax) region_.at<Violation>(off_.violations)[index] = violation;
+  if (index >= kViolationsMax) return;
+  region_.at<Violation>(off_.violations)[index] = violation;
+  header()->written[index].store(1, std::memory_order_release);
 }
 
 std::vector<Violation> World::violations() const {
   const std::int64_t count = std::min<std::int64_t>(header()->violations.load(), kViolationsMax);
   const Violation* first = region_.at<Violation>(off_.violations);
   return {first, first + count};
+}
+
+std::vector<Violation> World::whole_violations() const {
+  const std::int64_t count = std::min<std::int64_t>(header()->violations.load(), kViolationsMax);
+  std::int64_t whole = 0;
+  while (whole < count && header()->written[whole].load(std::memory_order_acquire) != 0) ++whole;
+  const Violation* first = region_.at<Violation>(off_.violations);
+  return {first, first + whole};
 }
 
 std::int64_t World::violation_count() const { return header()->violations.load(); }
@@ -319,6 +332,7 @@ void World::reset_flags() const {
   reset_barrier().generation = 0;
   header()->violations = 0;
   for (auto& count : header()->by_invariant) count = 0;
+  for (auto& slot : header()->written) slot = 0;
 }
 
 }  // namespace cpkv::sim

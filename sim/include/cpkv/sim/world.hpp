@@ -152,6 +152,9 @@ class World {
   static constexpr std::int32_t kViolationsMax = 64;
   void record(const harness::Violation& violation) const;
   std::vector<harness::Violation> violations() const;
+  // The prefix of the kept ones already written whole, for a reader while ranks still run (the
+  // count is bumped before a slot is filled).
+  std::vector<harness::Violation> whole_violations() const;
   std::int64_t violation_count() const;
   std::int64_t violation_count(std::int32_t invariant) const;  // 1..8, every one, kept or not
 
