@@ -38,9 +38,12 @@ std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& pa
 }  // namespace
 
 void run_gpu_mutants(const std::optional<std::string>& asked) {
-  const std::optional<std::string> exchange = asked ? asked : cuda::exchange_from_environment();
+  // --exchange, else CPKV_EXCHANGE, else the built-in plugin (cpkv's own fused compose through the ABI).
+  const std::string named = asked ? *asked : cuda::exchange_by_default();
+  const std::optional<std::string> exchange = named == harness::kInProcessExchange ? std::nullopt : std::optional<std::string>(named);
   std::vector<harness::Mutant> mutants(harness::kGpuMutants.begin(), harness::kGpuMutants.end());
   cuda::CudaOptions cuda_options;
+  cuda_options.in_process = !exchange;
   if (exchange) {
     mutants.clear();
     cuda_options.exchange = load_plugin(*exchange, mutants);

@@ -138,11 +138,10 @@ class CudaBackend final : public harness::Backend {
 }  // namespace
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
-  if (!options.exchange) {
-    if (const std::optional<std::string> named = exchange_from_environment()) {
-      harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
-      options.exchange = harness::find_exchange(*named);
-    }
+  if (!options.exchange && !options.in_process) {
+    const std::string named = exchange_by_default();
+    harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
+    if (named != harness::kInProcessExchange) options.exchange = harness::find_exchange(named);
   }
   return std::make_unique<CudaBackend>(options);
 }
@@ -168,35 +167,22 @@ std::optional<std::string> exchange_from_environment() {
   return std::string(named);
 }
 
-namespace {
-
-// CPKV_EXCHANGE without --exchange: the request takes it as if --exchange had named it (so the
-// replay line carries it), and its variants must be ones the plugin implements.
-void take_exchange_from_environment(harness::CheckedRequest& c) {
-  const std::optional<std::string> named = exchange_from_environment();
-  if (c.exchange || !named) return;
-  c.exchange = harness::find_exchange(*named);
-  c.request.exchange = *named;
-  for (model::Variant v : c.variants) {
-    if (!c.exchange->implements(v)) {
-      throw harness::RequestError("exchange", fmt::format("{}={}: exchange plugin '{}' does not implement {}", kExchangeEnvironment, *named, c.exchange->name,
-                                                          model::to_string(v)));
-    }
-  }
-}
-
-}  // namespace
+std::string exchange_by_default() { return exchange_from_environment().value_or(harness::kBuiltinExchange); }
 
 void register_backend(harness::Registry& registry) {
   harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
   harness::BackendEntry cuda;
   cuda.name = "cuda";
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
-                 "--exchange runs a plugin's exchange instead of cpkv's own";
+                 "cpkv's own fused compose through the plugin ABI (--exchange builtin, the default), a plugin's (--exchange PATH), or in process "
+                 "(--exchange inprocess)";
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
-  cuda.check = take_exchange_from_environment;
+  cuda.default_exchange = [] {
+    const std::optional<std::string> named = exchange_from_environment();
+    return harness::BackendEntry::DefaultExchange{named.value_or(harness::kBuiltinExchange), named.has_value()};
+  };
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;
@@ -204,13 +190,18 @@ void register_backend(harness::Registry& registry) {
     if (c.request.wait_ms_max) options.wait_ms_max = *c.request.wait_ms_max;
     options.on_progress = progress;
     options.exchange = c.exchange;
+    options.in_process = c.exchange == nullptr;
     if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
   };
   cuda.knobs_line = [](const harness::CheckedRequest& c) {
     std::string line;
     if (c.exchange) {
-      line = fmt::format("exchange: plugin '{}' ({}), ABI version {}", c.exchange->name, c.request.exchange.value_or(""), CPKV_EXCHANGE_ABI_VERSION);
+      line = fmt::format("exchange: plugin '{}' ({}), ABI version {}", c.exchange->name,
+                         c.exchange_by_default ? fmt::format("{}, the default", harness::kBuiltinExchange) : c.request.exchange.value_or(""),
+                         CPKV_EXCHANGE_ABI_VERSION);
+    } else {
+      line = "exchange: cpkv's own, in the rank process (inprocess, not through the plugin ABI)";
     }
     if (c.request.swarm) {
       line += fmt::format("{}slow rank: (batch + layer) % cp spins {} cycles before its exchange (drawn from seed {})", line.empty() ? "" : " | ",

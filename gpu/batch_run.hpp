@@ -56,10 +56,20 @@ void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* 
 // plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange.
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify);
 
-// plugin_bench.cpp: times an exchange plugin's compose_layer per layer of the batch just run (its
-// bytes checked first), `write_rows(l)` before each span and `compose_layer(l)` inside it.
+// plugin_bench.cpp: times an exchange plugin's layers of the batch just run (its bytes checked
+// first): compose_layer alone per layer between CUDA events, `write_rows(l)` before each span
+// (plugin_compose); and, for a plugin whose table says CPKV_FLAG_REPLAYABLE, `write_rows(l)` and
+// `compose_layer(l)` of the cycle captured once into a CUDA graph and replayed (plugin_with_fill).
+// `check` ends the run on a status that is not CPKV_OK outside a capture.
 using PluginLayerCall = std::function<void(std::int32_t layer)>;
-void time_plugin_layers(Rank& r, std::int64_t batch_index, const PluginLayerCall& write_rows, const PluginLayerCall& compose_layer);
+using PluginComposeCall = std::function<cpkv_status(std::int32_t layer)>;
+using PluginStatusCheck = std::function<void(cpkv_status status, std::int32_t layer)>;
+void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer,
+                        const PluginStatusCheck& check);
+
+// bench.cpp: per-layer times of a captured graph of `cycle` layers replayed `reps` times (after two
+// warm-ups), sorted; `nodes` gets its launches per layer. Destroys the graph.
+std::vector<double> replay_graph_us(Rank& r, cudaGraph_t graph, std::int32_t cycle, std::int32_t reps, std::uint64_t barriers_per_replay, double& nodes);
 
 // bench_bodies.cpp: times the batch just run (its bytes checked first) with every body of
 // kTimingTable; the isolated exchange's current pages are uploaded through `uploads`.

@@ -156,18 +156,13 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
   wait_device(r.ctx.progress, r.stream);
 }
 
-// Per-layer times of `cycle` layers of `body` captured once into a CUDA graph and replayed `reps`
-// times (after two warm-up replays), sorted; `nodes` gets the graph's nodes (launches) per layer.
+}  // namespace
+
+// Per-layer times of a captured graph of `cycle` layers replayed `reps` times (after two warm-up
+// replays), sorted; `nodes` gets the graph's nodes (launches) per layer; the graph is destroyed.
 // The device counts barrier phases itself, so every replay is a fresh set of phases; the host's
-// count follows.
-std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t reps, const std::function<void(std::int32_t)>& body, double& nodes) {
-  const std::uint64_t phase_before = r.barrier_phase;
-  cudaGraph_t graph = nullptr;
-  CPKV_CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-  for (std::int32_t l = 0; l < cycle; ++l) body(l);
-  CPKV_CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
-  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
-  r.barrier_phase = phase_before;
+// count follows (`barriers_per_replay`).
+std::vector<double> replay_graph_us(Rank& r, cudaGraph_t graph, std::int32_t cycle, std::int32_t reps, std::uint64_t barriers_per_replay, double& nodes) {
   std::size_t count = 0;
   CPKV_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   nodes = static_cast<double>(count) / cycle;
@@ -201,6 +196,20 @@ std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t rep
   CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
   std::sort(us.begin(), us.end());
   return us;
+}
+
+namespace {
+
+// Per-layer times of `cycle` layers of `body` captured once into a CUDA graph and replayed.
+std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t reps, const std::function<void(std::int32_t)>& body, double& nodes) {
+  const std::uint64_t phase_before = r.barrier_phase;
+  cudaGraph_t graph = nullptr;
+  CPKV_CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
+  for (std::int32_t l = 0; l < cycle; ++l) body(l);
+  CPKV_CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
+  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
+  r.barrier_phase = phase_before;
+  return replay_graph_us(r, graph, cycle, reps, barriers_per_replay, nodes);
 }
 
 // NCCL's sum all-reduce over the benchmark buffer: bus bandwidth at 64 MiB, latency at 4 KiB. The

@@ -21,9 +21,10 @@ void timing_headers(const TimingRow& t, std::vector<std::string>& cells) {
 
 void timing_cells(const TimingRow& t, const nlohmann::json& row, std::vector<std::string>& cells) {
   const std::string stem = t.json_stem;
+  const bool none = row[stem + "_median"].is_null();
   cells.push_back(one_decimal_or_dash(row[stem + "_median"]));
-  if (t.spread) cells.push_back(fmt::format("{:.1f}-{:.1f}", row[stem + "_min"].get<double>(), row[stem + "_max"].get<double>()));
-  if (t.json_nodes != nullptr) cells.push_back(fmt::format("{:.0f}", row[t.json_nodes].get<double>()));
+  if (t.spread) cells.push_back(none ? "-" : fmt::format("{:.1f}-{:.1f}", row[stem + "_min"].get<double>(), row[stem + "_max"].get<double>()));
+  if (t.json_nodes != nullptr) cells.push_back(none ? "-" : fmt::format("{:.0f}", row[t.json_nodes].get<double>()));
 }
 
 // A timing with a column of its own, timed in this run: the rows hold its keys (a run of cpkv's
@@ -43,8 +44,12 @@ std::string legend(const nlohmann::json& rows, std::int32_t layer_count) {
   return fmt::format(
       "{}. Figures in {} per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
       "ms/batch = compose x {} layers; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked "
-      "there).\n\n",
-      fmt::join(parts, "; "), kTimingTable[0].unit, layer_count);
+      "there){}.\n\n",
+      fmt::join(parts, "; "), kTimingTable[0].unit, layer_count,
+      !rows.empty() && rows[0].contains("abi_over_in_process_with_fill")
+          ? "; ABI / in-process = the built-in plugin's 'plugin with fill' over cpkv's in-process 'with fill' (the same kernels, both replayed "
+            "graphs, run one after the other in this bench)"
+          : "");
 }
 
 std::string rows_table(const nlohmann::json& rows) {
@@ -52,6 +57,8 @@ std::string rows_table(const nlohmann::json& rows) {
   for (const TimingRow& t : kTimingTable) {
     if (has_column(t, rows)) timing_headers(t, header);
   }
+  const bool abi = !rows.empty() && rows[0].contains("abi_over_in_process_with_fill");
+  if (abi) header.emplace_back("ABI / in-process (with fill)");
   for (const char* derived : {"ms/batch", "isolated current us (barrier's share)", "barrier in the layer us", "peer MB/rank/layer", "GB/s",
                               "x ideal", "model us", "model error", "exact"}) {
     header.emplace_back(derived);
@@ -61,6 +68,10 @@ std::string rows_table(const nlohmann::json& rows) {
     std::vector<std::string> cells = {fmt::format("{}", r["batch"].get<int>()), r["variant"].get<std::string>()};
     for (const TimingRow& t : kTimingTable) {
       if (has_column(t, rows)) timing_cells(t, r, cells);
+    }
+    if (abi) {
+      const nlohmann::json& ratio = r["abi_over_in_process_with_fill"];
+      cells.push_back(ratio.is_null() ? "-" : fmt::format("{:.3f}", ratio.get<double>()));
     }
     std::string isolated = one_decimal_or_dash(r["isolated_current_us"]);
     if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());

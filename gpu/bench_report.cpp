@@ -3,6 +3,7 @@
 // in the same run (copy-engine peer pull, local copy, barrier), with the model's bytes and the cost
 // model's prediction, as the JSON rows and the markdown tables.
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -136,7 +137,7 @@ void add_built_in_shares(const BenchResult& result, model::Variant variant, std:
 // One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
 // alone (cpkv's compose, or the plugin's compose_layer), which is what the ideal counts (the fill is
 // the model's own KV write in serving).
-void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchange, const BenchResult& result, const Ceilings& ceilings,
+void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchange, const BenchResult& result, const BenchResult* abi, const Ceilings& ceilings,
               nlohmann::json& rows) {
   const model::CostParameters model_c = model::derive_ceilings(ceilings);
   const bool built_in = exchange == TimedExchange::built_in;
@@ -165,6 +166,14 @@ void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchang
                 {"model_error", predicted / us - 1.0},
                 {"host_syncs_per_layer", built_in ? nlohmann::json(result.host_syncs_in_layer_loop) : nlohmann::json(nullptr)}});
     add_timing_keys(result, exchange, b, row);
+    if (abi != nullptr && b < abi->per_batch(Timing::plugin_compose).size()) {
+      // The same variant through the built-in plugin, run just after: its timings beside cpkv's
+      // in-process ones, and the ABI's cost as the ratio of the two layers with their fill.
+      add_timing_keys(*abi, TimedExchange::plugin, b, row);
+      const double through_abi = abi->per_batch(Timing::plugin_with_fill)[b];
+      const double in_process = result.per_batch(Timing::with_fill)[b];
+      row["abi_over_in_process_with_fill"] = through_abi > 0 && in_process > 0 ? nlohmann::json(through_abi / in_process) : nlohmann::json(nullptr);
+    }
     rows.push_back(row);
   }
 }
@@ -207,7 +216,11 @@ nlohmann::json bench_json(const harness::CheckedBench& c, const BenchSetup& s) {
   out["layers_timed"] = s.layers;
   out["layers_model"] = s.source.setting.layer_count();
   out["reps"] = c.reps;
-  if (checked.exchange) out["exchange"] = {{"plugin", checked.exchange->name}, {"path", checked.request.exchange.value_or("")}};
+  if (checked.exchange) {
+    out["exchange"] = {{"plugin", checked.exchange->name},
+                       {"path", checked.exchange_by_default ? std::string(harness::kBuiltinExchange) : checked.request.exchange.value_or("")},
+                       {"beside_in_process", checked.exchange_by_default}};
+  }
   if (s.gpus < s.source.setting.cp) out["time_sliced"] = true;
   return out;
 }
@@ -220,13 +233,20 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
   print.line(fmt::format("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)",
                          checked.request.trace_label, s.source.setting.cp, s.gpus, s.batches.size(), s.layers, c.reps,
                          s.source.setting.layer_count()));
-  if (checked.backend->knobs_line) {
+  // No exchange named: cpkv's own in process (every column of its own), and the built-in plugin
+  // (the same fused compose through the ABI) run just after each variant, beside it.
+  const bool abi_beside = checked.exchange && checked.exchange_by_default;
+  if (abi_beside) {
+    print.line(fmt::format("exchange: cpkv's own in the rank process, and beside it the same fused compose through the plugin ABI (plugin '{}', "
+                           "{}, ABI version {}): the plugin columns and 'ABI / in-process'",
+                           checked.exchange->name, harness::kBuiltinExchange, CPKV_EXCHANGE_ABI_VERSION));
+  } else if (checked.backend->knobs_line) {
     if (const std::string knobs = checked.backend->knobs_line(checked); !knobs.empty()) print.line(knobs);
   }
   if (s.gpus < s.source.setting.cp)
     print.line(fmt::format("TIME-SLICED: {} ranks on {} GPUs: the bytes are checked, the timings measure nothing", s.source.setting.cp, s.gpus));
   print.rejected(s.rejected);
-  const TimedExchange exchange = checked.exchange ? TimedExchange::plugin : TimedExchange::built_in;
+  const TimedExchange exchange = checked.exchange && !abi_beside ? TimedExchange::plugin : TimedExchange::built_in;
   harness::BenchReport report;
   report.json = bench_json(c, s);
   nlohmann::json rows = nlohmann::json::array();
@@ -239,16 +259,27 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     CudaOptions cuda_options;
     cuda_options.timing_reps = c.reps;
     cuda_options.measure_ceilings = first;
-    cuda_options.exchange = checked.exchange;
-    const BenchResult result = run_bench(s.source, options, cuda_options);
-    if (!result.report.passed()) {
-      report.exact = false;
-      print.line(fmt::format("{}: FAILED: {} {}", model::to_string(variant), result.report.failure,
-                             result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch));
+    cuda_options.exchange = abi_beside ? nullptr : checked.exchange;
+    const auto bench_one = [&](const CudaOptions& o, const char* what) {
+      BenchResult result = run_bench(s.source, options, o);
+      if (!result.report.passed()) {
+        report.exact = false;
+        print.line(fmt::format("{}{}: FAILED: {} {}", model::to_string(variant), what, result.report.failure,
+                               result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch));
+      }
+      return result;
+    };
+    const BenchResult result = bench_one(cuda_options, "");
+    std::optional<BenchResult> abi;
+    if (abi_beside) {
+      CudaOptions through = cuda_options;
+      through.measure_ceilings = false;
+      through.exchange = checked.exchange;
+      abi = bench_one(through, " through the ABI");
     }
     if (first) ceilings = result.ceilings;
     first = false;
-    add_rows(s, variant, exchange, result, ceilings, rows);
+    add_rows(s, variant, exchange, result, abi ? &*abi : nullptr, ceilings, rows);
   }
   add_ceilings(ceilings, report.json);
   report.json["rows"] = rows;

@@ -23,6 +23,7 @@ enum class Timing : int {
   pre_only,              // the compose launch's pre-signal copies alone (publish, pack; 0: none)
   compose_no_barrier,    // the compose launch with its barrier taken out (timing only; 0: none)
   plugin_compose,        // an exchange plugin's compose_layer alone (its rows written before the span)
+  plugin_with_fill,      // an exchange plugin's layer (cpkv's rows write, compose_layer) as a replayed CUDA graph
 };
 // Which exchange a timing times: cpkv's own (the bodies of gpu/bench_bodies.cpp) or an exchange
 // plugin's (gpu/plugin_bench.cpp). A run's JSON rows hold the keys of its exchange's timings only,
@@ -69,6 +70,10 @@ inline constexpr TimingRow kTimingTable[] = {
      "the exchange plugin's compose_layer alone, between CUDA events on the rank's stream, launched from the host (no graph; its rows "
      "written and the bytes checked outside the span)",
      false, TimedExchange::plugin},
+    {Timing::plugin_with_fill, "plugin_with_fill", true, "plugin_with_fill_us_per_layer", "launches_per_layer_plugin_with_fill", "us", "plugin with fill",
+     "the exchange plugin's layer (cpkv's rows write where it reads ctx->rows, then compose_layer, a produce_rows plugin's producer inside it) "
+     "captured once into a CUDA graph and replayed, as cpkv's own 'with fill'; '-' where the plugin does not declare CPKV_FLAG_REPLAYABLE",
+     true, TimedExchange::plugin},
 };
 inline constexpr int kTimings = static_cast<int>(std::size(kTimingTable));
 
@@ -79,7 +84,7 @@ constexpr bool timing_table_in_order() {
   return true;
 }
 static_assert(timing_table_in_order(), "kTimingTable's rows are in Timing's order (rows are indexed by it)");
-static_assert(kTimings == static_cast<int>(Timing::plugin_compose) + 1, "a row for every Timing");
+static_assert(kTimings == static_cast<int>(Timing::plugin_with_fill) + 1, "a row for every Timing");
 
 constexpr int timing_index(Timing t) { return static_cast<int>(t); }
 

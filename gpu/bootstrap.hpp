@@ -81,6 +81,8 @@ struct Bootstrap {
   // verdict on the batch in flight (1: it refused it as an overflow), compared for invariant 3.
   cudaIpcMemHandle_t symmetric[kRanksMax][CPKV_SYMMETRIC_MAX];
   std::atomic<std::int32_t> plugin_refused[kRanksMax];
+  // Whether each rank captured the plugin's timed layers into a graph (plugin_bench.cpp): all, or none replays.
+  std::atomic<std::int32_t> plugin_captured[kRanksMax];
   BenchRank bench_results[kRanksMax];
   // barrier_stress results
   std::atomic<std::uint64_t> phase_errors[kRanksMax];

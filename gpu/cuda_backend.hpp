@@ -45,8 +45,11 @@ struct CudaOptions {
   // first flag wait (the slow_reader knob, kernels/compose_kernels.cu), so a peer that passes a
   // layer without that rank's arrival overwrites what it still reads. -1: none.
   std::int32_t slow_reader_rank = -1;
-  // The exchange: cpkv's own fused compose (null) or a loaded plugin (include/cpkv/exchange_abi.h).
+  // The exchange: a loaded plugin (include/cpkv/exchange_abi.h; cpkv's own fused compose is the
+  // plugin "builtin"), or null: cpkv's own exchange in the rank process (gpu/executor.cpp). Null in
+  // make_cuda_backend means the default (exchange_by_default) unless `in_process` says null is meant.
   std::shared_ptr<const harness::ExchangePlugin> exchange;
+  bool in_process = false;
   // A rotating slow rank: on layer l of batch b, rank (b + l) % cp spins this many cycles on its
   // stream before its exchange starts (0: none; replay --swarm draws it from the seed).
   std::int64_t slow_rank_cycles = 0;
@@ -79,12 +82,16 @@ int gpu_count();
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
-// The one-line switch of cpkv's own exchange to the plugin path: CPKV_EXCHANGE=builtin (or a
-// plugin's path) makes `replay --backend cuda`, `mutants --backend cuda` and every
-// make_cuda_backend whose CudaOptions::exchange is null (the gpu tests) run it as if --exchange had
-// named it (an explicit exchange wins). Unset or empty: the in-process executor. run_bench ignores it.
+// Which exchange `--backend cuda` runs when none is named: CPKV_EXCHANGE if it is set (a plugin's
+// path, "builtin" or "inprocess"), else "builtin", cpkv's own fused compose through the plugin ABI
+// (gpu/fused/). `replay --backend cuda`, `mutants --backend cuda` and every make_cuda_backend whose
+// CudaOptions::exchange is null and in_process false (the gpu tests) take it; "inprocess" is cpkv's
+// own exchange in the rank process (gpu/executor.cpp), which `cpkv bench` also times beside the
+// built-in plugin when no exchange is named.
 inline constexpr const char* kExchangeEnvironment = "CPKV_EXCHANGE";
 std::optional<std::string> exchange_from_environment();
+// The environment's choice, else "builtin" (the spelling --exchange would take).
+std::string exchange_by_default();
 
 // Registers "cuda": one process per rank, rank r on GPU r % gpu_count; the planted bugs marked
 // kGpuHolds; wait_ms_max and stuck_ms_max (defaults: CudaOptions'). Refuses a machine with no GPU.

@@ -1,27 +1,41 @@
-// The bench's timing of an exchange plugin (kTimingTable's plugin_compose row): after the batch's
-// layers ran and their bytes were checked (gpu/plugin_host.cpp), its compose_layer alone, per layer,
-// between CUDA events on the rank's stream. Each layer's rows are written before its start event,
-// so neither the producer step nor the byte check is inside a span. A plugin may enqueue anything
-// on the stream (or call the harness's all-reduce), so it is launched from the host, not captured
-// into a graph as cpkv's own bodies are: its figure includes its launches.
+// The bench's timings of an exchange plugin (kTimingTable's plugin rows), after the batch's layers
+// ran and their bytes were checked (gpu/plugin_host.cpp):
+// - plugin_compose: its compose_layer alone, per layer, between CUDA events on the rank's stream,
+//   launched from the host. Each layer's rows are written before its start event, so neither
+//   cpkv's rows write nor the byte check is inside a span (a produce_rows plugin's producer is: it
+//   runs inside compose_layer).
+// - plugin_with_fill: for a plugin whose table says CPKV_FLAG_REPLAYABLE, the cycle's layers (cpkv's
+//   rows write, where the plugin reads ctx->rows, and compose_layer) captured once into a CUDA graph
+//   and replayed, as cpkv's own exchange is timed (bench.cpp). A plugin that makes a host
+//   synchronization or fails inside the capture is reported not replayable on every rank (no rank
+//   replays a graph a peer's barrier would never meet), and its row is null.
 #include <algorithm>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "batch_run.hpp"
 
 namespace cpkv::cuda {
 
-void time_plugin_layers(Rank& r, std::int64_t batch_index, const PluginLayerCall& write_rows, const PluginLayerCall& compose_layer) {
-  if (batch_index >= kBenchBatchesMax) return;
-  const std::int32_t layers = r.ctx.options.layers;
-  // Consecutive layers alternate parity halves (PROTOCOL.md section 6): cycle over an even count.
-  const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
+namespace {
+
+void keep(Rank& r, Timing timing, std::int64_t batch_index, const std::vector<double>& sorted_us, double nodes) {
+  double(&t)[kTimingStats][kBenchBatchesMax] = r.ctx.boot->bench_results[r.ctx.rank].timing[timing_index(timing)];
+  t[kMedian][batch_index] = sorted_us[sorted_us.size() / 2];
+  t[kMin][batch_index] = sorted_us.front();
+  t[kMax][batch_index] = sorted_us.back();
+  t[kNodes][batch_index] = nodes;
+}
+
+void time_host_launched(Rank& r, std::int64_t batch_index, std::int32_t cycle, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer,
+                        const PluginStatusCheck& check) {
   const std::int32_t reps = r.ctx.cuda.timing_reps;
   std::vector<cudaEvent_t> events(static_cast<std::size_t>(2 * cycle * reps));
   for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventCreate(&e));
   for (std::int32_t l = 0; l < cycle; ++l) {  // a warm-up round, untimed
     write_rows(l);
-    compose_layer(l);
+    check(compose_layer(l), l);
   }
   wait_device(r.ctx.progress, r.stream);
   r.barrier();  // every rank starts its timed rounds at once
@@ -29,7 +43,7 @@ void time_plugin_layers(Rank& r, std::int64_t batch_index, const PluginLayerCall
     for (std::int32_t l = 0; l < cycle; ++l) {
       write_rows(l);
       CPKV_CUDA_CHECK(cudaEventRecord(events[2 * (i * cycle + l)], r.stream));
-      compose_layer(l);
+      check(compose_layer(l), l);
       CPKV_CUDA_CHECK(cudaEventRecord(events[2 * (i * cycle + l) + 1], r.stream));
     }
   }
@@ -46,11 +60,55 @@ void time_plugin_layers(Rank& r, std::int64_t batch_index, const PluginLayerCall
   }
   for (cudaEvent_t& e : events) CPKV_CUDA_CHECK(cudaEventDestroy(e));
   std::sort(us.begin(), us.end());
-  double(&t)[kTimingStats][kBenchBatchesMax] = r.ctx.boot->bench_results[r.ctx.rank].timing[timing_index(Timing::plugin_compose)];
-  t[kMedian][batch_index] = us[us.size() / 2];
-  t[kMin][batch_index] = us.front();
-  t[kMax][batch_index] = us.back();
-  t[kNodes][batch_index] = 0;
+  keep(r, Timing::plugin_compose, batch_index, us, 0);
+}
+
+// The cycle captured; null where this rank could not capture it (the error it left is cleared).
+cudaGraph_t capture_cycle(Rank& r, std::int32_t cycle, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer) {
+  if (cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  bool ok = true;
+  for (std::int32_t l = 0; l < cycle && ok; ++l) {
+    write_rows(l);
+    ok = compose_layer(l) == CPKV_OK;
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(r.stream, &graph);
+  (void)cudaGetLastError();
+  if (ok && ended == cudaSuccess && graph != nullptr) return graph;
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  return nullptr;
+}
+
+}  // namespace
+
+void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer,
+                        const PluginStatusCheck& check) {
+  if (batch_index >= kBenchBatchesMax) return;
+  const std::int32_t layers = r.ctx.options.layers;
+  // Consecutive layers alternate parity halves (PROTOCOL.md section 6): cycle over an even count.
+  const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
+  time_host_launched(r, batch_index, cycle, write_rows, compose_layer, check);
+  if (!replayable) return;
+  // The harness's own barriers inside the capture (an IPC all-reduce's), for the host's count.
+  const std::uint64_t phase_before = r.barrier_phase;
+  cudaGraph_t graph = capture_cycle(r, cycle, write_rows, compose_layer);
+  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
+  r.barrier_phase = phase_before;
+  // Every rank replays, or none does: a replayed barrier waits for every peer's.
+  r.ctx.boot->plugin_captured[r.ctx.rank].store(graph != nullptr ? 1 : 0);
+  r.barrier();
+  bool all = true;
+  for (std::int32_t p = 0; p < r.cp(); ++p) all = all && r.ctx.boot->plugin_captured[p].load() == 1;
+  r.barrier();
+  if (!all) {
+    if (graph != nullptr) CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
+    return;  // the row stays 0: null in the report
+  }
+  double nodes = 0;
+  keep(r, Timing::plugin_with_fill, batch_index, replay_graph_us(r, graph, cycle, r.ctx.cuda.timing_reps, barriers_per_replay, nodes), nodes);
 }
 
 }  // namespace cpkv::cuda

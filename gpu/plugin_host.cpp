@@ -65,6 +65,12 @@ struct PluginHost {
   std::vector<std::uint8_t*> rows_buffer;  // [kind]: current_pages_max pages
   bool in_setup = false;
   FirstBatch first;
+  // The batch in flight, for produce_rows: the producer's device arrays (rows in own-page order).
+  const PluginBatch* batch = nullptr;
+  const std::int64_t* const* produce_dev = nullptr;
+  std::int32_t layer = -1;    // the layer compose_layer is running (-1: outside compose_layer)
+  bool counting = false;      // the functional layers: the all-reduces are counted (not the bench's timed ones)
+  harness::Totals* totals = nullptr;
 
   std::string where(const char* call, std::int64_t batch, std::int32_t layer) const {
     std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin.name, call, r.ctx.rank);
@@ -144,8 +150,14 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
     return fail(c, fmt::format("all_reduce_sum: {} bytes exceed the {} an IPC all-reduce holds", bytes, h.r.mem.layout.scratch_bytes));
   }
   h.r.all_reduce(own, range->first, range->second, bytes);
+  if (h.counting) {
+    ++h.totals->collectives;
+    h.totals->bytes_reduced += bytes;
+  }
   return CPKV_OK;
 }
+
+cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream);
 
 void describe_setting(PluginHost& h) {
   const model::Setting& setting = h.r.ctx.source.setting;
@@ -211,6 +223,8 @@ void build_context(PluginHost& h) {
   c.alloc_symmetric = alloc_symmetric;
   c.all_reduce_sum = all_reduce_sum;
   c.harness = &h;
+  c.produce_rows = produce_rows;
+  c.reader_spin_cycles = r.ctx.cuda.slow_reader_rank == r.ctx.rank ? kernels::kMutantWindowCycles : 0;
 }
 
 // A flag pad of the plugin's own (not the one cpkv's IPC all-reduce counts on), and the rows buffers.
@@ -226,8 +240,9 @@ void allocate_plugin_memory(PluginHost& h) {
   const std::size_t nk = r.ctx.source.setting.kinds.size();
   h.rows_buffer.assign(nk, nullptr);
   h.rows.assign(nk, nullptr);
-  for (std::size_t k = 0; k < nk; ++k) CPKV_CUDA_CHECK(cudaMalloc(&h.rows_buffer[k], std::max<std::uint64_t>(256, r.ctx.shape.current_pages_max * r.page_bytes(k))));
   h.ctx.rows = h.rows.data();
+  if ((h.plugin.uses & CPKV_USES_ROWS) == 0 && (h.plugin.uses & CPKV_USES_PRODUCE) != 0) return;  // rows only through produce_rows
+  for (std::size_t k = 0; k < nk; ++k) CPKV_CUDA_CHECK(cudaMalloc(&h.rows_buffer[k], std::max<std::uint64_t>(256, r.ctx.shape.current_pages_max * r.page_bytes(k))));
 }
 
 // The ABI's view of the batch: PROTOCOL.md sections 2, 3 and 5, from the layout alone.
@@ -321,28 +336,52 @@ void fill_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, co
   c.row_token = up.upload(pb.row_token);
 }
 
-// This layer's current rows of this rank's pages, into the rows buffers (the model's KV write):
-// the producer kernel over pages 0..own-1 of each kind's buffer, tails zeroed unless the harness's
-// planted bug keeps them (they then hold the previous layer's rows, or the poison of the batch start).
-void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* pages, const std::int32_t* row_token, const std::int32_t* inv_request,
-                const std::int64_t* inv_token, std::int32_t l) {
+// The producer kernel (the model's KV write) over this rank's own pages of layer l: own page j's
+// rows to dest[k] + pages[j] pages, for every kind on the layer with a destination; rows past a
+// request's end zeroed if `zero_tails` and the harness's planted bug does not keep them.
+// dev: the batch's pages (iota), row tokens, inverse requests and tokens (run_plugin_batch).
+cudaError_t launch_rows(PluginHost& h, const PluginBatch& pb, void* const* dest, const std::int64_t* pages, const std::int64_t* const* dev, bool zero_tails,
+                        std::int32_t l, cudaStream_t stream) {
   Rank& r = h.r;
   const model::Setting& setting = r.ctx.source.setting;
   kernels::ProduceArgs a{};
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-    h.rows[k] = setting.kind_active(k, l) ? h.rows_buffer[k] : nullptr;
-    if (setting.kind_active(k, l)) a.kind[a.kinds++] = {h.rows_buffer[k], setting.kinds[k].row_bytes, static_cast<std::uint32_t>(k)};
+    if (setting.kind_active(k, l) && dest[k] != nullptr) a.kind[a.kinds++] = {static_cast<std::uint8_t*>(dest[k]), setting.kinds[k].row_bytes, static_cast<std::uint32_t>(k)};
   }
   a.page_size = setting.page_size;
   a.pages = pages;
-  a.row_token = row_token;
+  a.row_token = reinterpret_cast<const std::int32_t*>(dev[1]);
   a.page_count = pb.c.own_pages;
-  a.request = inv_request;
-  a.token = inv_token;
+  a.request = reinterpret_cast<const std::int32_t*>(dev[2]);
+  a.token = dev[3];
   a.seed = r.ctx.options.seed;
   a.layer = static_cast<std::uint32_t>(l);
-  a.zero_tails = r.ctx.options.mutant == harness::Mutant::unzeroed_rows ? 0 : 1;
-  if (a.page_count > 0) CPKV_CUDA_CHECK(kernels::launch_produce(a, r.stream));
+  a.zero_tails = zero_tails && r.ctx.options.mutant != harness::Mutant::unzeroed_rows ? 1 : 0;
+  if (a.page_count == 0 || a.kinds == 0) return cudaSuccess;
+  return kernels::launch_produce(a, stream);
+}
+
+// This layer's current rows of this rank's pages, into the rows buffers (for a plugin that reads
+// ctx->rows): pages 0..own-1 of each kind's buffer, tails zeroed unless the harness's planted bug
+// keeps them (they then hold the previous layer's rows, or the poison of the batch start).
+void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* const* dev, std::int32_t l) {
+  const model::Setting& setting = h.r.ctx.source.setting;
+  for (std::size_t k = 0; k < setting.kinds.size(); ++k) h.rows[k] = setting.kind_active(k, l) ? h.rows_buffer[k] : nullptr;
+  if (h.rows_buffer.empty() || h.rows_buffer[0] == nullptr) return;  // a produce_rows plugin: no rows buffers
+  std::vector<void*> dest(h.rows_buffer.begin(), h.rows_buffer.end());
+  CPKV_CUDA_CHECK(launch_rows(h, pb, dest.data(), dev[0], dev, true, l, h.r.stream));
+}
+
+// The produce_rows service: the same producer, into the plugin's memory, from inside compose_layer.
+cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream) {
+  PluginHost& h = *host_of(c);
+  if ((h.plugin.uses & CPKV_USES_PRODUCE) == 0) return fail(c, "produce_rows: the plugin's uses lacks CPKV_USES_PRODUCE");
+  if (h.batch == nullptr || h.layer < 0) return fail(c, "produce_rows may be called from compose_layer only");
+  if (stream != static_cast<void*>(h.r.stream)) return fail(c, "produce_rows: enqueue on the stream compose_layer was given");
+  if (dest == nullptr || (dest_page == nullptr && h.batch->c.own_pages > 0)) return fail(c, "produce_rows: dest or dest_page is NULL");
+  const cudaError_t e = launch_rows(h, *h.batch, dest, dest_page, h.produce_dev, zero_tails != 0, h.layer, h.r.stream);
+  if (e != cudaSuccess) return fail(c, fmt::format("produce_rows: the producer launch failed: {}", cudaGetErrorString(e)));
+  return CPKV_OK;
 }
 
 // A call's status: CPKV_OK, or the run ends with the plugin's own line, located (a timeout is
@@ -380,9 +419,11 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
   for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
     r.ctx.progress.at(index, l);
-    write_rows(h, pb, dev[0], reinterpret_cast<const std::int32_t*>(dev[1]), reinterpret_cast<const std::int32_t*>(dev[2]), dev[3], l);
+    write_rows(h, pb, dev, l);
     slow_rank_delay(r, l);
+    h.layer = l;
     check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    h.layer = -1;
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
       if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
     }
@@ -393,13 +434,15 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
 
 // The bench: the plugin's compose_layer timed per layer after the bytes were checked (plugin_bench.cpp).
 void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t* const dev[4], std::int64_t index) {
-  const auto rows = [&](std::int32_t l) {
-    write_rows(h, pb, dev[0], reinterpret_cast<const std::int32_t*>(dev[1]), reinterpret_cast<const std::int32_t*>(dev[2]), dev[3], l);
-  };
+  const auto rows = [&](std::int32_t l) { write_rows(h, pb, dev, l); };
   const auto compose = [&](std::int32_t l) {
-    check_call(h, h.plugin.table->compose_layer(&h.ctx, l, h.r.stream), "compose_layer", index, l);
+    h.layer = l;
+    const cpkv_status status = h.plugin.table->compose_layer(&h.ctx, l, h.r.stream);
+    h.layer = -1;
+    return status;
   };
-  time_plugin_layers(h.r, index, rows, compose);
+  const bool replayable = (h.plugin.table->flags & CPKV_FLAG_REPLAYABLE) != 0;
+  time_plugin_layers(h.r, index, replayable, rows, compose, [&](cpkv_status status, std::int32_t l) { check_call(h, status, "compose_layer", index, l); });
 }
 
 void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
@@ -423,7 +466,9 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   // The producer writes every row of this rank's pages (tails zeroed), so only the planted bug that
   // keeps the tails needs the poison under them.
   if (r.ctx.options.mutant == harness::Mutant::unzeroed_rows) {
-    for (std::size_t k = 0; k < h.rows_buffer.size(); ++k) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
+    for (std::size_t k = 0; k < h.rows_buffer.size(); ++k) {
+      if (h.rows_buffer[k] != nullptr) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
+    }
   }
   populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
   h.ctx.batch = &pb.c;
@@ -434,8 +479,17 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     ++totals.overflows;
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
+    h.batch = &pb;
+    h.produce_dev = dev;
+    const cpkv_counters before = h.ctx.counters;
+    h.counting = true;
     run_layers(h, hb, hd, pb, dev, verify, index);
+    h.counting = false;
+    // The plugin's own counts of the functional layers (the bench's timed layers are not counted).
+    totals.bytes_gathered_from_peers += h.ctx.counters.bytes_gathered_from_peers - before.bytes_gathered_from_peers;
+    totals.barriers += h.ctx.counters.barriers - before.barriers;
     if (r.ctx.cuda.timing_reps > 0) time_plugin_batch(h, pb, dev, index);
+    h.batch = nullptr;
   }
   r.sync_stream();
   check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);
@@ -448,6 +502,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
 
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   PluginHost h{r, *r.ctx.cuda.exchange};
+  h.totals = &r.ctx.boot->totals[r.ctx.rank];
   build_context(h);
   allocate_plugin_memory(h);
   r.ctx.progress.step("plugin setup");

@@ -11,10 +11,36 @@ _Static_assert(offsetof(cpkv_exchange_v1_t, abi_version) == 0, "the version come
 _Static_assert(offsetof(cpkv_exchange_ctx, abi_version) == 0, "the context's version comes first too");
 _Static_assert(sizeof(((cpkv_exchange_ctx*)0)->error) == CPKV_ERROR_BYTES, "the error text has the documented size");
 _Static_assert(CPKV_OK == 0, "success is 0");
+/* Revision 2 of version 1 appends to the context only, after the error text: a plugin built against
+ * revision 1 sees the same offsets for every field it knows. */
+_Static_assert(offsetof(cpkv_exchange_ctx, produce_rows) > offsetof(cpkv_exchange_ctx, error), "revision 2's fields come after revision 1's last");
+_Static_assert(offsetof(cpkv_exchange_ctx, counters) > offsetof(cpkv_exchange_ctx, produce_rows), "in the order the header documents");
+_Static_assert(offsetof(cpkv_exchange_ctx, reader_spin_cycles) > offsetof(cpkv_exchange_ctx, counters), "in the order the header documents");
+_Static_assert(offsetof(cpkv_exchange_v1_t, flags) == offsetof(cpkv_exchange_v1_t, uses) + sizeof(uint32_t), "flags took reserved's place: the table's size is unchanged");
+_Static_assert((CPKV_USES_PRODUCE & (CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE)) == 0, "each uses bit is its own");
 
 int main(void) {
   if (strcmp(CPKV_EXCHANGE_SYMBOL, "cpkv_exchange_v1") != 0) {
     fprintf(stderr, "symbol name %s, expected cpkv_exchange_v1\n", CPKV_EXCHANGE_SYMBOL);
+    return 1;
+  }
+  /* CPKV_CTX_HAS: a context from a cpkv of revision 1 (ctx_bytes up to the error text) lacks
+   * revision 2's fields; one of revision 2 has them. */
+  cpkv_exchange_ctx ctx;
+  memset(&ctx, 0, sizeof(ctx));
+  ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, produce_rows);
+  if (CPKV_CTX_HAS(&ctx, produce_rows) || CPKV_CTX_HAS(&ctx, reader_spin_cycles) || !CPKV_CTX_HAS(&ctx, error)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-1 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  ctx.ctx_bytes = (uint32_t)sizeof(ctx);
+  if (!CPKV_CTX_HAS(&ctx, produce_rows) || !CPKV_CTX_HAS(&ctx, counters) || !CPKV_CTX_HAS(&ctx, reader_spin_cycles)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-2 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, reader_spin_cycles) + 4; /* half a field: not there */
+  if (CPKV_CTX_HAS(&ctx, reader_spin_cycles)) {
+    fprintf(stderr, "CPKV_CTX_HAS takes a field cut in half for present\n");
     return 1;
   }
   printf("exchange ABI %u: table %zu bytes, context %zu bytes, batch %zu bytes\n", CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t),

@@ -57,6 +57,13 @@ TEST(ExchangePlugin, AnUnknownVariantAndAMissingFunctionAreRefused) {
   EXPECT_NE(refusal(CPKV_STUB_nocompose).find("has no compose_layer function"), std::string::npos);
 }
 
+// The header defines one flag (CPKV_FLAG_REPLAYABLE, 1): a table setting another bit was built
+// against a header cpkv does not know, and is refused by name rather than half-understood.
+TEST(ExchangePlugin, AnUnknownFlagIsRefused) {
+  const std::string why = refusal(CPKV_STUB_badflags);
+  EXPECT_NE(why.find("sets unknown bits in flags: 0x80"), std::string::npos) << why;
+}
+
 TEST(ExchangePlugin, AFileThatIsNotASharedObjectIsRefusedBeforeDlopen) {
   const std::string text = test::write_temp("cpkv_exchange_plugin", "libfake.so", "not an ELF file\n");
   EXPECT_NE(refusal(text).find("is not a shared object"), std::string::npos);
@@ -85,7 +92,17 @@ class ExchangeRequest : public ::testing::Test {
     other.mutants = harness::kSimulatorHolds;
     other.make = make;
     registry.add(std::move(other));
+    // A plugin host whose default exchange (no --exchange) is what `chosen` says, as the cuda
+    // backend's is the built-in plugin unless CPKV_EXCHANGE names another or "inprocess".
+    harness::BackendEntry defaulted;
+    defaulted.name = "defaulted";
+    defaulted.options = harness::kTakesExchange;
+    defaulted.mutants = harness::kGpuHolds | harness::kHarnessHolds;
+    defaulted.make = make;
+    defaulted.default_exchange = [this] { return chosen; };
+    registry.add(std::move(defaulted));
   }
+  harness::BackendEntry::DefaultExchange chosen{CPKV_STUB_ok, false};
   std::string refused(const harness::ReplayRequest& r, const std::string& option) {
     try {
       harness::check_request(r, registry);
@@ -124,6 +141,32 @@ TEST_F(ExchangeRequest, AHarnessPlantedBugMustReachWhatThePluginReads) {
   harness::ReplayRequest elsewhere = with("staging_direct", "none");
   elsewhere.backend = "other";
   EXPECT_NE(refused(elsewhere, "exchange").find("--backend other does not take it"), std::string::npos);
+}
+
+// No --exchange: the backend's default runs, through the same checks as a named one. A default of
+// the backend's own leaves the replay line as it was (the default reproduces it); one the
+// environment chose is written into the line, which must reproduce the run without that variable.
+TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
+  harness::ReplayRequest r = with("staging_direct", "reused_plan");
+  r.backend = "defaulted";
+  r.exchange.reset();
+  const harness::CheckedRequest c = harness::check_request(r, registry);
+  ASSERT_TRUE(c.exchange);
+  EXPECT_EQ(c.exchange->name, "stub");
+  EXPECT_TRUE(c.exchange_by_default);
+  EXPECT_EQ(harness::replay_line(c, model::Variant::staging_direct, 2).find("--exchange"), std::string::npos);
+  EXPECT_NE(refused([&] { auto x = r; x.mutant = "stale_page_inverse"; return x; }(), "mutant").find("does not read that input"), std::string::npos)
+      << "a harness planted bug must reach the default plugin too";
+  chosen.from_environment = true;
+  const harness::CheckedRequest e = harness::check_request(r, registry);
+  EXPECT_FALSE(e.exchange_by_default);
+  EXPECT_NE(harness::replay_line(e, model::Variant::staging_direct, 2).find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos);
+  chosen = {harness::kInProcessExchange, false};
+  const harness::CheckedRequest in_process = harness::check_request([&] { auto x = r; x.mutant = "none"; return x; }(), registry);
+  EXPECT_FALSE(in_process.exchange) << "inprocess is the backend's own exchange, no plugin";
+  EXPECT_NE(refused(r, "mutant").find("runs no plugin"), std::string::npos);
+  r.exchange = harness::kInProcessExchange;
+  EXPECT_NE(refused(r, "mutant").find("--exchange inprocess runs no plugin"), std::string::npos);
 }
 
 TEST_F(ExchangeRequest, TheReplayLineCarriesThePlugin) {

@@ -36,7 +36,8 @@ void expect_fused_table(const harness::ExchangePlugin& plugin) {
   EXPECT_EQ(plugin.name, "fused");
   EXPECT_EQ(plugin.variants, every_variant()) << "every variant the cuda backend runs, in kVariantTable order";
   EXPECT_EQ(plugin.mutants, gpu_held_mutants()) << "the GPU's planted bugs, held by the plugin itself";
-  EXPECT_EQ(plugin.uses, CPKV_USES_ROWS) << "it reads the rows cpkv hands over, and plans the batch itself";
+  EXPECT_EQ(plugin.uses, CPKV_USES_PRODUCE) << "cpkv's producer writes its rows where it fills (no copy through ctx->rows), and it plans the batch itself";
+  EXPECT_EQ(plugin.table->flags, CPKV_FLAG_REPLAYABLE) << "its layers replay as a CUDA graph (the barrier phase lives on the device)";
 }
 
 TEST(FusedPlugin, TheSharedObjectPassesTheLoadersChecksWithEveryVariantAndTheGpuPlantedBugs) {

@@ -21,8 +21,12 @@ namespace {
 
 std::string sample(const std::string& name) { return std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name; }
 
-void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers) {
-  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+// Through the default exchange: cpkv's own fused compose as the built-in plugin (the ABI), unless
+// CPKV_EXCHANGE names another; `in_process` runs gpu/executor.cpp instead, which the bench times.
+void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers, bool in_process = false) {
+  cuda::CudaOptions cuda_options;
+  cuda_options.in_process = in_process;
+  auto backend = cuda::make_cuda_backend(cuda_options);
   for (model::Variant variant : model::kAllVariants) {
     harness::RunOptions options;
     options.variant = variant;
@@ -46,6 +50,13 @@ TEST(GpuBackend, EveryVariantIsByteExactOnTheTinyTrace) {
 TEST(GpuBackend, EveryVariantIsByteExactOnTheSeedsBatchWithEightRanksOversubscribed) {
   CPKV_REQUIRE_GPU();
   expect_every_variant_exact(harness::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3);
+}
+
+// cpkv's own exchange in the rank process, not through the ABI (the bench's in-process columns).
+TEST(GpuBackend, TheInProcessExchangeIsByteExactOnTheBundledTraces) {
+  CPKV_REQUIRE_GPU();
+  expect_every_variant_exact(harness::BatchSource::from_trace(sample("tiny.jsonl")), 2, /*in_process=*/true);
+  expect_every_variant_exact(harness::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3, /*in_process=*/true);
 }
 
 // The planted-bug runs' setting with half their token cap (a smaller staging).

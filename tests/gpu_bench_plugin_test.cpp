@@ -45,6 +45,57 @@ TEST(GpuBenchPlugin, ThePlainPluginIsTimedAsThePluginComposeRowBesideTheCeilings
     EXPECT_DOUBLE_EQ(row["ratio_to_ideal"].get<double>(), median / row["ideal_us_per_layer"].get<double>()) << row.dump();
     EXPECT_FALSE(row.contains("compose_us_per_layer_median")) << row.dump();
     EXPECT_TRUE(row["isolated_current_us"].is_null()) << row.dump();
+    EXPECT_TRUE(row["plugin_with_fill_us_per_layer_median"].is_null())
+        << "the plain plugin keeps its barrier phase on the host and does not declare CPKV_FLAG_REPLAYABLE: no graph is replayed\n" << row.dump();
+  }
+  std::filesystem::remove_all(json.parent_path());
+}
+
+// The fused plugin's .so declares CPKV_FLAG_REPLAYABLE: its layers are also timed as a replayed
+// CUDA graph ("plugin with fill"), byte-exact first, and its flag pads drain at teardown although
+// the replays issued barriers its host never counted (the device's own count is the reference).
+TEST(GpuBenchPlugin, AReplayablePluginIsAlsoTimedAsAReplayedGraph) {
+  CPKV_REQUIRE_GPU();
+  const std::filesystem::path json = test::temp_dir("cpkv_gpu_bench_fused") / "bench.json";
+  const test::CliRun run = test::run_cpkv(
+      fmt::format("bench traces/samples/seeds_batch.jsonl --exchange {} --variant staging_direct,v2 --cp 1 --reps 5 --json {}", CPKV_FUSED_PLUGIN, json.string()));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("| plugin with fill us |"), std::string::npos) << run.out;
+  const nlohmann::json out = read_json(json);
+  ASSERT_FALSE(out["rows"].empty()) << out.dump(2);
+  for (const nlohmann::json& row : out["rows"]) {
+    EXPECT_TRUE(row["byte_exact"].get<bool>()) << row.dump();
+    ASSERT_TRUE(row["plugin_with_fill_us_per_layer_median"].is_number()) << row.dump();
+    const double median = row["plugin_with_fill_us_per_layer_median"].get<double>();
+    EXPECT_GT(median, 0.0) << row.dump();
+    EXPECT_LE(row["plugin_with_fill_us_per_layer_min"].get<double>(), median) << row.dump();
+    EXPECT_GE(row["launches_per_layer_plugin_with_fill"].get<double>(), 2.0) << "at least the producer and the compose launch per layer\n" << row.dump();
+  }
+  std::filesystem::remove_all(json.parent_path());
+}
+
+// No --exchange: cpkv's own exchange in process (every column of its own) and, run just after each
+// variant, the same fused compose through the plugin ABI beside it, with the ratio of the two
+// layers with their fill (the ABI's cost, which must be nothing measurable: docs/plugins.md has
+// the figures; a test asserts no speed).
+TEST(GpuBenchPlugin, TheDefaultBenchPutsTheBuiltInPluginBesideTheInProcessExchange) {
+  CPKV_REQUIRE_GPU();
+  const std::filesystem::path json = test::temp_dir("cpkv_gpu_bench_default") / "bench.json";
+  const test::CliRun run = test::run_cpkv(fmt::format("bench traces/samples/tiny.jsonl --cp 1 --reps 5 --json {}", json.string()));
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("beside it the same fused compose through the plugin ABI"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("| with fill us |"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("ABI / in-process (with fill)"), std::string::npos) << run.out;
+  const nlohmann::json out = read_json(json);
+  EXPECT_TRUE(out["exchange"]["beside_in_process"].get<bool>()) << out["exchange"].dump();
+  ASSERT_FALSE(out["rows"].empty()) << out.dump(2);
+  for (const nlohmann::json& row : out["rows"]) {
+    EXPECT_TRUE(row["byte_exact"].get<bool>()) << row.dump();
+    EXPECT_GT(row["with_fill_us_per_layer_median"].get<double>(), 0.0) << row.dump();
+    ASSERT_TRUE(row["abi_over_in_process_with_fill"].is_number()) << row.dump();
+    EXPECT_DOUBLE_EQ(row["abi_over_in_process_with_fill"].get<double>(),
+                     row["plugin_with_fill_us_per_layer_median"].get<double>() / row["with_fill_us_per_layer_median"].get<double>())
+        << row.dump();
   }
   std::filesystem::remove_all(json.parent_path());
 }

@@ -3,10 +3,12 @@
 // (gpu/device_plan.cpp: build_batch_plan, the same entries the in-process executor launches) with
 // its pointer tables over the context's pools, dense buffers and the plugin's own symmetric staging
 // and compact buffers. Per layer (compose_layer, enqueue only): the dense half zeroed where the
-// plan says, the fill copy of the rows cpkv handed over (ctx->rows) into staging or the dense
-// buffer, the fused compose launch with its counting barrier over ctx's flag pads, then the
-// all-reduces (ctx->all_reduce_sum) and the unpack. The four GPU planted bugs (ctx->mutant) switch
-// through cuda::GpuMutantPolicy, with its race-window spins.
+// plan says, cpkv's producer writing the layer's rows straight into staging or the dense buffer
+// (ctx->produce_rows, as the in-process executor's producer does), the fused compose launch with
+// its counting barrier over ctx's flag pads, then the all-reduces (ctx->all_reduce_sum) and the
+// unpack. Everything a launch needs that changes per layer lives on the device (the barrier's
+// phase), so the layers replay as a CUDA graph (CPKV_FLAG_REPLAYABLE). The four GPU planted bugs
+// (ctx->mutant) switch through cuda::GpuMutantPolicy, with its race-window spins.
 #include "fused_exchange.hpp"
 
 #include <array>
@@ -51,14 +53,13 @@ void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// One batch in flight: cpkv's plan on host and device, the fill list, every layer's launches.
+// One batch in flight: cpkv's plan on host and device, where the producer writes, every layer's launches.
 struct FusedBatch {
   cuda::BatchPlan plan;
   std::unique_ptr<cuda::DeviceUploads> uploads;
   cuda::DevicePlan device{};
-  const kernels::GatherEntry* fill = nullptr;  // own page j of ctx->rows -> its fill destination
-  std::int64_t fill_count = 0;
-  bool fill_by_row = false;                    // skip_zero: only the rows that hold a token
+  const std::int64_t* fill_page = nullptr;                 // device [own pages]: own page j's current index (staging) or slot (dense)
+  std::uint64_t peer_pages_per_kind = 0;                   // pages its gathers read from peers, per active kind and layer
   std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
   std::vector<kernels::ComposeArgs> compose;               // [layer]
 };
@@ -73,7 +74,6 @@ struct FusedState {
   cudaStream_t upload_stream = nullptr;       // begin_batch's uploads (compose_layer gets the layer's stream)
   kernels::BarrierState* barrier_state = nullptr;
   kernels::BarrierStatus* barrier_status = nullptr;
-  std::uint64_t barriers = 0;                 // counting barriers issued: every pad word's value at quiescence
   std::vector<bool> populated;                // build_batch_plan's bookkeeping (cpkv's harness populates the pools)
   std::optional<FusedBatch> batch;
 };
@@ -152,28 +152,14 @@ std::uint8_t* fill_destination(const cpkv_exchange_ctx* c, const FusedState& s, 
   return static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
 }
 
-// The fill copy: own page j of ctx->rows (current-index order) to its current index in staging or
-// its slot in the dense buffer. Under skip_zero only the rows that hold a token are copied, so the
-// tails keep whatever the destination held.
-std::vector<kernels::GatherEntry> fill_entries(const cpkv_exchange_ctx* c, const FusedState& s, const model::Batch& batch) {
+// Where the producer writes own page j (ctx->batch->own_current_index order, the order cpkv's
+// producer takes): its current index in staging, or its slot in the dense buffer.
+std::vector<std::int64_t> fill_pages(const cpkv_exchange_ctx* c, const FusedState& s) {
   const model::BatchLayout& layout = s.batch->plan.layout;
   const bool to_staging = s.batch->plan.plan.fill_to_staging;
-  std::vector<kernels::GatherEntry> out;
-  std::vector<std::int64_t> own_index(layout.current.size(), -1);
-  std::int64_t own = 0;
+  std::vector<std::int64_t> out;
   for (std::size_t i = 0; i < layout.current.size(); ++i) {
-    if (layout.current[i].writer != c->rank) continue;
-    own_index[i] = own;
-    if (!s.mutant.skips_zero()) out.push_back({to_staging ? static_cast<std::int64_t>(i) : layout.current[i].slot, own, 0, 0});
-    ++own;
-  }
-  if (!s.mutant.skips_zero()) return out;
-  const std::int32_t P = c->page_size;
-  const model::PageInverse inverse = model::page_inverse(layout, batch, c->rank, model::InverseTarget::staging);
-  for (const std::int64_t row : inverse.dest_row) {
-    const std::int64_t i = row / P;
-    const std::int64_t page = to_staging ? i : layout.current[i].slot;
-    out.push_back({page * P + row % P, own_index[i] * P + row % P, 0, 0});
+    if (layout.current[i].writer == c->rank) out.push_back(to_staging ? static_cast<std::int64_t>(i) : layout.current[i].slot);
   }
   return out;
 }
@@ -219,7 +205,7 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
   const bool barrier = b.plan.plan.barrier && !s.mutant.skips_barrier();
   a.barrier = !barrier ? kernels::kNoBarrier : b.plan.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
   a.phase_lag = s.mutant.barrier_phase_lag();
-  a.reader_spin_cycles = s.mutant.slow_reader() ? kernels::kMutantWindowCycles : 0;
+  a.reader_spin_cycles = s.mutant.slow_reader() ? kernels::kMutantWindowCycles : CPKV_CTX_HAS(c, reader_spin_cycles) ? c->reader_spin_cycles : 0;
   a.order_pre = b.plan.pack.empty() ? 0 : 1;
   return a;
 }
@@ -240,10 +226,10 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
     b.uploads = std::make_unique<cuda::DeviceUploads>(s.upload_stream);
     b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
-    const std::vector<kernels::GatherEntry> fill = fill_entries(c, s, batch);
-    b.fill = b.uploads->upload(fill);
-    b.fill_count = static_cast<std::int64_t>(fill.size());
-    b.fill_by_row = s.mutant.skips_zero();
+    b.fill_page = b.uploads->upload(fill_pages(c, s));
+    for (const std::vector<kernels::GatherEntry>* list : {&b.plan.gather1, &b.plan.gather2}) {
+      for (const kernels::GatherEntry& e : *list) b.peer_pages_per_kind += e.table_index >= 0 && e.table_index % c->cp != c->rank ? 1 : 0;
+    }
     b.tables.assign(c->layers, std::vector<kernels::PointerTable>(c->kind_count));
     for (std::int32_t l = 0; l < c->layers; ++l) {
       for (std::int32_t k = 0; k < c->kind_count; ++k) b.tables[l][k] = pointer_table(c, s, l, k);
@@ -255,9 +241,10 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   });
 }
 
-// Before the compose launch: the dense half zeroed (all-reduce variants), then the fill copy of
-// every active kind (the mutants no_barrier and barrier_passes_early delay the last rank's fill).
-void zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
+// Before the compose launch: the dense half zeroed (all-reduce variants), then cpkv's producer
+// writing the layer's rows where the plan fills (the mutants no_barrier and barrier_passes_early
+// delay the last rank's; skip_zero leaves the tails as the destination held them).
+cpkv_status zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
   const FusedBatch& b = *s.batch;
   const std::int32_t half = model::parity_half(l), last = c->kind_count - 1;
   if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) {
@@ -265,13 +252,9 @@ void zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cu
     cuda_ok(cudaMemsetAsync(static_cast<std::uint8_t*>(c->dense[half * c->kind_count]), 0, end - begin, stream), "cudaMemsetAsync(dense half)");
   }
   if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
-  for (std::int32_t k = 0; k < c->kind_count && b.fill_count > 0; ++k) {
-    if (c->kinds[k].active[l] == 0) continue;
-    kernels::PointerTable rows{};
-    rows.base[0] = static_cast<const std::uint8_t*>(c->rows[k]);
-    const std::uint64_t unit = b.fill_by_row ? c->kinds[k].row_bytes : page_bytes(c, k);
-    cuda_ok(kernels::launch_gather(fill_destination(c, s, l, k), unit, rows, b.fill, b.fill_count, stream), "launch_gather(fill)");
-  }
+  std::array<void*, CPKV_KINDS_MAX> dest{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[l] != 0 ? fill_destination(c, s, l, k) : nullptr;
+  return c->produce_rows(c, dest.data(), b.fill_page, b.plan.plan.zero_own_current && !s.mutant.skips_zero() ? 1 : 0, stream);
 }
 
 // After the compose launch, per active kind: the all-reduces over dense ranges or the compact
@@ -300,9 +283,12 @@ cpkv_status fused_compose_layer(cpkv_exchange_ctx* c, std::int32_t layer, void* 
     FusedState& s = state_of(c);
     if (!s.batch) throw std::runtime_error("compose_layer without an accepted batch (begin_batch refused it or was not called)");
     auto* st = static_cast<cudaStream_t>(stream);
-    zero_and_fill(c, s, layer, st);
+    if (zero_and_fill(c, s, layer, st) != CPKV_OK) return CPKV_ERROR;
     const kernels::ComposeArgs& args = s.batch->compose[layer];
-    if (args.barrier != kernels::kNoBarrier) ++s.barriers;
+    if (args.barrier != kernels::kNoBarrier) ++c->counters.barriers;
+    for (std::int32_t k = 0; k < c->kind_count; ++k) {
+      if (c->kinds[k].active[layer] != 0) c->counters.bytes_gathered_from_peers += s.batch->peer_pages_per_kind * page_bytes(c, k);
+    }
     cuda_ok(kernels::launch_compose(args, st), "launch_compose");
     return collectives(c, s, layer, stream);
   });
@@ -322,21 +308,25 @@ cpkv_status fused_end_batch(cpkv_exchange_ctx* c) {
   });
 }
 
-// Quiescence (invariant 4): every word of this rank's flag pad equals the barriers issued; then
-// the plugin's own memory goes (the symmetric allocations are cpkv's to free).
+// Quiescence (invariant 4): every word of this rank's flag pad equals the barriers issued (the
+// device's own count, which replayed graphs advance too); then the plugin's own memory goes (the
+// symmetric allocations are cpkv's to free).
 cpkv_status fused_teardown(cpkv_exchange_ctx* c) {
   return guarded(c, [&] {
     std::unique_ptr<FusedState> s(&state_of(c));
     c->plugin_state = nullptr;
     std::array<std::uint64_t, CPKV_CP_MAX> pad{};
     cuda_ok(cudaMemcpy(pad.data(), c->flag_pad, c->cp * sizeof(std::uint64_t), cudaMemcpyDeviceToHost), "cudaMemcpy(flag pad)");
+    kernels::BarrierState state{};
+    cuda_ok(cudaMemcpy(&state, s->barrier_state, sizeof(state), cudaMemcpyDeviceToHost), "cudaMemcpy(barrier state)");
+    const std::uint64_t barriers = state.phase;
     cuda_ok(cudaFree(s->barrier_state), "cudaFree");
     cuda_ok(cudaFree(s->barrier_status), "cudaFree");
     cuda_ok(cudaStreamDestroy(s->upload_stream), "cudaStreamDestroy");
     for (std::int32_t p = 0; p < c->cp; ++p) {
-      if (pad[p] == s->barriers) continue;
+      if (pad[p] == barriers) continue;
       std::snprintf(c->error, CPKV_ERROR_BYTES, "flags not drained (invariant 4): rank %d's pad word for rank %d is %llu, expected %llu", c->rank, p,
-                    static_cast<unsigned long long>(pad[p]), static_cast<unsigned long long>(s->barriers));
+                    static_cast<unsigned long long>(pad[p]), static_cast<unsigned long long>(barriers));
       return CPKV_ERROR;
     }
     return CPKV_OK;
@@ -344,7 +334,7 @@ cpkv_status fused_teardown(cpkv_exchange_ctx* c) {
 }
 
 constexpr cpkv_exchange_v1_t kTable = {CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t), "fused", kVariants.data(), kMutants.data(),
-                                       CPKV_USES_ROWS, 0, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
+                                       CPKV_USES_PRODUCE, CPKV_FLAG_REPLAYABLE, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
 
 }  // namespace
 

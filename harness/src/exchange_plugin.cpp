@@ -108,7 +108,8 @@ std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v
   const char* missing = t.setup == nullptr ? "setup" : t.compose_layer == nullptr ? "compose_layer" : t.end_batch == nullptr ? "end_batch"
                       : t.teardown == nullptr ? "teardown" : nullptr;
   if (missing != nullptr) refuse(label, fmt::format("has no {} function (only begin_batch may be NULL)", missing));
-  if ((t.uses & ~(CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE)) != 0) refuse(label, fmt::format("sets unknown bits in uses: {:#x}", t.uses));
+  if ((t.uses & ~(CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE | CPKV_USES_PRODUCE)) != 0) refuse(label, fmt::format("sets unknown bits in uses: {:#x}", t.uses));
+  if ((t.flags & ~CPKV_FLAG_REPLAYABLE) != 0) refuse(label, fmt::format("sets unknown bits in flags: {:#x}", t.flags));
   auto plugin = std::make_shared<ExchangePlugin>();
   plugin->path = label;
   plugin->table = table;

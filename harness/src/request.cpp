@@ -119,13 +119,23 @@ void check_numbers(const ReplayRequest& r) {
 // ("all": every one it implements), a planted bug is one it holds itself or one of the harness's
 // that reaches what it reads. Without a plugin the harness's own planted bugs have nothing to reach.
 void check_exchange(CheckedRequest& c) {
-  const ReplayRequest& r = c.request;
+  ReplayRequest& r = c.request;
   const std::uint32_t needs = input_corrupted_by(c.mutant);
-  if (!r.exchange) {
-    if (needs != 0) throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin: give --exchange", r.mutant));
+  std::optional<std::string> spelled = r.exchange;
+  if (!spelled && (c.backend->options & kTakesExchange) != 0 && c.backend->default_exchange) {
+    const BackendEntry::DefaultExchange d = c.backend->default_exchange();
+    if (!d.spelling.empty()) spelled = d.spelling;
+    if (d.from_environment) r.exchange = d.spelling;  // the replay line names what the environment chose
+    c.exchange_by_default = !d.from_environment;
+  }
+  if (!spelled || *spelled == kInProcessExchange) {
+    if (needs != 0) {
+      throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin, and {} runs no plugin: give --exchange", r.mutant,
+                                               spelled ? "--exchange inprocess" : "this backend"));
+    }
     return;
   }
-  c.exchange = find_exchange(*r.exchange);
+  c.exchange = find_exchange(*spelled);
   const ExchangePlugin& plugin = *c.exchange;
   std::string implemented;
   for (model::Variant v : plugin.variants) implemented += (implemented.empty() ? "" : ", ") + std::string(model::to_string(v));

@@ -11,6 +11,10 @@
  * is sizeof(cpkv_exchange_v1_t) as the plugin was compiled. cpkv refuses, by name and before any rank
  * starts, a file that is not a shared object, one without the symbol, and one built against another
  * ABI version. A later version adds fields only at the end of both structs and bumps the version.
+ * Within version 1, cpkv may append fields to the end of cpkv_exchange_ctx (never to the table): a
+ * plugin reads `ctx_bytes` to know whether a field it wants is there (CPKV_CTX_HAS), so a plugin
+ * built against an earlier revision of this header runs unchanged. Revision 2 appended
+ * produce_rows, counters and reader_spin_cycles.
  *
  * Life of one rank process (cpkv forks one per rank, rank r on GPU r % gpu_count, sets the device
  * and creates the stream before `setup`):
@@ -61,6 +65,19 @@ typedef enum cpkv_status {
 #define CPKV_USES_ROWS 1u     /* ctx->rows */
 #define CPKV_USES_PLAN 2u     /* ctx->batch->plan_table_index / plan_source_page */
 #define CPKV_USES_INVERSE 4u  /* ctx->batch->own_current_index */
+#define CPKV_USES_PRODUCE 8u  /* ctx->produce_rows: the layer's rows written where the plugin wants them, as the model's own
+                                 KV write lands in the exchange's buffer; cpkv then writes no ctx->rows (NULL) unless
+                                 CPKV_USES_ROWS is set too */
+
+/* What a plugin declares of itself (cpkv_exchange_v1.flags). */
+#define CPKV_FLAG_REPLAYABLE 1u  /* what compose_layer enqueues may be captured into a CUDA graph and replayed as is: it makes
+                                    no host synchronization, and what changes from one launch to the next (a barrier's phase)
+                                    lives on the device. `cpkv bench` then also times the layer as a replayed graph, as cpkv
+                                    times its own exchange (the "plugin with fill" row) */
+
+/* Whether the context cpkv handed over holds `field` (appended in a later revision of version 1). */
+#define CPKV_CTX_HAS(ctx, field) \
+  ((ctx)->ctx_bytes >= (uint32_t)((const char*)&(ctx)->field - (const char*)(ctx)) + (uint32_t)sizeof((ctx)->field))
 
 /* One buffer kind (PROTOCOL.md §1): main KV, indexer K, ... */
 typedef struct cpkv_kind {
@@ -106,6 +123,16 @@ typedef struct cpkv_batch {
   const int32_t* row_request;         /* device [own_pages * page_size]: request of row j*P+o, -1 past its end */
   const int64_t* row_token;           /* device [own_pages * page_size]: token index in the request, -1 past its end */
 } cpkv_batch;
+
+/* What a plugin counts of its own traffic for cpkv's report (cpkv sees neither a foreign exchange's
+ * barriers nor where its gathers read; it counts the all_reduce_sum calls and their bytes itself).
+ * The plugin adds to these on the host as it enqueues; cpkv reads them after each batch's layers and
+ * reports them as the plugin's own. Zero where the plugin counts nothing. */
+typedef struct cpkv_counters {
+  uint64_t bytes_gathered_from_peers; /* bytes its copies read from other ranks' memory (pools, staging, dense) */
+  uint64_t barriers;                  /* group barriers it issued (PROTOCOL.md §5 step 3) */
+  uint64_t reserved[6];
+} cpkv_counters;
 
 typedef struct cpkv_exchange_ctx cpkv_exchange_ctx;
 
@@ -162,6 +189,21 @@ struct cpkv_exchange_ctx {
   void* plugin_state;                 /* the plugin's own, untouched by cpkv */
   void* harness;                      /* cpkv's own, opaque */
   char error[CPKV_ERROR_BYTES];       /* the plugin's one-line error text */
+  /* Revision 2 of version 1 (test with CPKV_CTX_HAS). */
+  /* produce_rows (for a plugin whose `uses` has CPKV_USES_PRODUCE; during compose_layer, on its
+   * stream): cpkv's producer writes this layer's current rows of this rank's pages straight into the
+   * plugin's memory, the stand-in for the model's KV write (§8), with no copy through ctx->rows. For
+   * every kind k on the layer with dest[k] non-NULL (host [kind_count] of device pointers): own page j
+   * (ctx->batch->own_current_index order) lands at dest[k] + dest_page[j] * page_size * row_bytes
+   * (dest_page: device [own_pages]). Rows past a request's end are zeroed when zero_tails is 1 and left
+   * as they are when it is 0 (for an exchange that zeroes them otherwise, e.g. a memset of the dense
+   * buffer; the harness's planted bug unzeroed_rows forces 0). */
+  cpkv_status (*produce_rows)(cpkv_exchange_ctx* ctx, void* const* dest, const int64_t* dest_page, int32_t zero_tails, void* stream);
+  cpkv_counters counters;             /* the plugin's own counts, above */
+  /* A test knob (cpkv's closing-wait test): this rank should spin about this many cycles between its
+   * barrier and its first read of a peer's current pages, so a peer that passes the next layer's
+   * closing wait early overwrites pages it still reads. 0: none. A plugin may ignore it. */
+  int64_t reader_spin_cycles;
 };
 
 typedef struct cpkv_exchange_v1_t {
@@ -171,7 +213,7 @@ typedef struct cpkv_exchange_v1_t {
   const char* const* variants;        /* NULL-terminated: the variants it implements (§7 names) */
   const char* const* mutants;         /* NULL-terminated planted bugs it holds itself (ctx->mutant); may be NULL */
   uint32_t uses;                      /* CPKV_USES_* */
-  uint32_t reserved;
+  uint32_t flags;                     /* CPKV_FLAG_* (0 in revision 1, where it was `reserved`) */
   cpkv_status (*setup)(cpkv_exchange_ctx* ctx);
   cpkv_status (*begin_batch)(cpkv_exchange_ctx* ctx);  /* may be NULL */
   cpkv_status (*compose_layer)(cpkv_exchange_ctx* ctx, int32_t layer, void* stream);

@@ -4,7 +4,8 @@
  *   STUB_VERSION=N     a table claiming ABI version N
  *   STUB_NO_SYMBOL     exports cpkv_exchange_v0 instead of cpkv_exchange_v1
  *   STUB_BAD_VARIANT   names a variant cpkv does not have
- *   STUB_NO_COMPOSE    leaves compose_layer NULL */
+ *   STUB_NO_COMPOSE    leaves compose_layer NULL
+ *   STUB_FLAGS=N       declares flags N (CPKV_FLAG_*; an unknown bit is refused) */
 #include <stdio.h>
 
 #include "cpkv/exchange_abi.h"
@@ -40,6 +41,10 @@ static const char* const stub_variants[] = {"staging_direct", "v2", NULL};
 #define STUB_SYMBOL cpkv_exchange_v1
 #endif
 
+#ifndef STUB_FLAGS
+#define STUB_FLAGS 0u
+#endif
+
 #ifdef STUB_NO_COMPOSE
 #define STUB_COMPOSE NULL
 #else
@@ -47,4 +52,4 @@ static const char* const stub_variants[] = {"staging_direct", "v2", NULL};
 #endif
 
 __attribute__((visibility("default"))) const cpkv_exchange_v1_t STUB_SYMBOL = {
-    STUB_VERSION, sizeof(cpkv_exchange_v1_t), "stub", stub_variants, NULL, CPKV_USES_PLAN, 0, stub_setup, NULL, STUB_COMPOSE, stub_ok, stub_ok};
+    STUB_VERSION, sizeof(cpkv_exchange_v1_t), "stub", stub_variants, NULL, CPKV_USES_PLAN, STUB_FLAGS, stub_setup, NULL, STUB_COMPOSE, stub_ok, stub_ok};

@@ -28,12 +28,13 @@ struct ExchangePlugin {
   bool holds(const std::string& mutant) const;
 };
 
-// The CPKV_USES_* input a planted bug of the harness (kHarnessHolds) corrupts, so it reaches only a
-// plugin that reads it; 0 for every other planted bug. The one place this mapping is written.
+// The CPKV_USES_* inputs a planted bug of the harness (kHarnessHolds) corrupts, so it reaches only a
+// plugin that reads one of them (uses & mask); 0 for every other planted bug. The one place this
+// mapping is written. unzeroed_rows corrupts the rows in ctx->rows and those produce_rows writes.
 constexpr std::uint32_t input_corrupted_by(Mutant mutant) {
   return mutant == Mutant::stale_page_inverse ? CPKV_USES_INVERSE
          : mutant == Mutant::reused_plan      ? CPKV_USES_PLAN
-         : mutant == Mutant::unzeroed_rows    ? CPKV_USES_ROWS
+         : mutant == Mutant::unzeroed_rows    ? (CPKV_USES_ROWS | CPKV_USES_PRODUCE)
                                               : 0u;
 }
 static_assert(input_corrupted_by(Mutant::stale_page_inverse) != 0 && input_corrupted_by(Mutant::reused_plan) != 0 &&
@@ -49,6 +50,9 @@ std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& pa
 // "builtin" in a build without the cuda backend is refused, naming why; a file called builtin is
 // ./builtin. Throws RequestError("exchange", ...) like load_exchange_plugin.
 inline constexpr const char* kBuiltinExchange = "builtin";
+// What --exchange names for a backend's own exchange run in the rank process, not through the ABI
+// (the cuda backend's gpu/executor.cpp): no plugin at all. A file called inprocess is ./inprocess.
+inline constexpr const char* kInProcessExchange = "inprocess";
 std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling);
 // Registers a table compiled into this process under `spelling`, checked as a plugin's would be
 // (check_exchange_table, builtin = true). Called at backend registration; a second call with the

@@ -73,7 +73,7 @@ struct ReplayRequest {
   // around the runs, and renames them): the event log (docs/event-log.md) and the timeline.
   std::optional<std::string> event_log;
   std::optional<std::string> timeline;
-  std::optional<std::string> exchange;        // an exchange plugin's path (default: the backend's own exchange)
+  std::optional<std::string> exchange;        // an exchange plugin's path, "builtin" or "inprocess" (default: the backend's, BackendEntry::default_exchange)
 };
 
 // Bounds of the numeric options, with their reasons (the CLI's and Python's alike).
@@ -91,7 +91,8 @@ struct CheckedRequest {
   std::vector<model::Variant> variants;
   Mutant mutant = Mutant::none;
   std::shared_ptr<const void> backend_state;  // what the entry's check parsed (the simulator's schedule)
-  std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: none given)
+  std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: the backend's in-process exchange, or none)
+  bool exchange_by_default = false;                // the exchange is the backend's default, not named by --exchange or the environment
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -131,6 +132,14 @@ struct BackendEntry {
   // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
   // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
   std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
+  // The exchange a request that names none runs (a backend that takes --exchange): its spelling as
+  // --exchange would give it, and whether the environment named it (the replay line then carries
+  // it). Empty: the backend's own exchange in process.
+  struct DefaultExchange {
+    std::string spelling;
+    bool from_environment = false;
+  };
+  std::function<DefaultExchange()> default_exchange;
 };
 
 class Registry {
