@@ -108,7 +108,8 @@ void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, cons
     return;  // the row stays 0: null in the report
   }
   double nodes = 0;
-  keep(r, Timing::plugin_with_fill, batch_index, replay_graph_us(r, graph, cycle, r.ctx.cuda.timing_reps, barriers_per_replay, nodes), nodes);
+  const std::vector<double> us = replay_graph_us(r, graph, cycle, r.ctx.cuda.timing_reps, barriers_per_replay, nodes);  // before `nodes` is read
+  keep(r, Timing::plugin_with_fill, batch_index, us, nodes);
 }
 
 }  // namespace cpkv::cuda
