@@ -190,7 +190,8 @@ TEST(CliShardRuns, ExploreKeepsTheReplayWhenTheTimelineCannotBeWritten) {
   const CliRun explore = run_cpkv(fmt::format("explore --cp-max 2 --layers-max 2 --no-shapes --out '{}' --json '{}'", out, runs.file("e.json")));
   ASSERT_EQ(explore.status, 0) << explore.err << explore.out;
   std::size_t checked = 0;
-  for (const json& row : runs.read("e.json").at("rows")) {
+  const json rows = runs.read("e.json").at("rows");
+  for (const json& row : rows) {
     if (row.at("name") != "cp 2 layers 2 single_half") continue;
     ++checked;
     const std::string replay = row.at("replay").get<std::string>();

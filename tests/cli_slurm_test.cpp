@@ -176,9 +176,10 @@ TEST(CliSlurm, SoakSubmittedAsAnArrayJobMergesToTheUnshardedRun) {
 // on): the merged rows are the unsharded run's, and a found counterexample lands in DIR/counterexamples.
 TEST(CliSlurm, ExploreShardsByHandMergeToTheUnshardedRun) {
   const SlurmRun slurm("cpkv_cli_slurm_explore");
-  const std::vector<std::string> explore = {"--cp-max", "1", "--layers-max", "1", "--no-shapes"};
+  const std::vector<std::string> explore = {"--cp-max", "1", "--layers-max", "2", "--no-shapes"};
   const CliRun whole = run_cpkv(fmt::format("explore {} --json '{}'", fmt::join(explore, " "), slurm.file("all.json")));
-  ASSERT_EQ(whole.status, 0) << whole.err << whole.out;
+  ASSERT_TRUE(whole.status == 0 || whole.status == 1) << whole.err << whole.out;
+  int worst = 0;
   const json all = json::parse(slurp(slurm.file("all.json")));
   const std::string results = slurm.file("results");
   std::vector<json> rows;
@@ -186,8 +187,10 @@ TEST(CliSlurm, ExploreShardsByHandMergeToTheUnshardedRun) {
     std::vector<std::string> args = {"shard", "--suite", "explore", "--out", results, "--cpkv", cpkv_binary().string()};
     args.insert(args.end(), explore.begin(), explore.end());
     const CliRun shard = slurm.run(args, {fmt::format("SLURM_ARRAY_TASK_ID={}", task), "SLURM_ARRAY_TASK_COUNT=2"}, fmt::format("task{}", task));
-    ASSERT_EQ(shard.status, 0) << shard.err << shard.out;
-    for (const json& row : json::parse(slurp(fmt::format("{}/explore-{}-of-2.json", results, task + 1))).at("rows")) {
+    ASSERT_TRUE(shard.status == 0 || shard.status == 1) << shard.err << shard.out;
+    worst = std::max(worst, shard.status);
+    const json part = json::parse(slurp(fmt::format("{}/explore-{}-of-2.json", results, task + 1)));
+    for (const json& row : part.at("rows")) {
       if (row.at("found").get<bool>()) EXPECT_NE(row.at("replay").get<std::string>().find(results + "/counterexamples/"), std::string::npos) << row.dump();
       rows.push_back(key(row));
     }
@@ -196,9 +199,11 @@ TEST(CliSlurm, ExploreShardsByHandMergeToTheUnshardedRun) {
   std::vector<json> unsharded;
   for (const json& row : all.at("rows")) unsharded.push_back(key(row));
   EXPECT_EQ(rows, unsharded);
+  EXPECT_EQ(worst, whole.status) << "the shards fail where the whole run fails";
   const CliRun merged = slurm.run({"merge", "--suite", "explore", "--shards", "2", "--out", results, "--cpkv", cpkv_binary().string()}, {}, "merge");
-  EXPECT_EQ(merged.status, 0) << merged.err << merged.out;
-  EXPECT_NE(merged.out.find(fmt::format("merged: {} units, {} passed, 0 failed", unsharded.size(), unsharded.size())), std::string::npos) << merged.out;
+  EXPECT_EQ(merged.status, whole.status) << merged.err << merged.out;
+  EXPECT_NE(merged.out.find(fmt::format("merged: {} units", unsharded.size())), std::string::npos) << merged.out;
+  EXPECT_TRUE(fs::exists(results + "/explore-merged.xml"));
 }
 
 // Bad arguments are one line on stderr, exit 2, nothing on stdout and nothing submitted.
