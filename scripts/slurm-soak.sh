@@ -19,7 +19,8 @@
 # ./cpkv-shards-<time>-<pid>: never a fixed path that concurrent runs share). Every shard must see
 # the same suite options (submit passes them on). A soak's --minutes bounds each task; submit asks
 # Slurm for that plus 10 minutes (--time) unless SBATCH_ARGS name a --time. Exit status: cpkv's (0
-# passed, 1 a row failed, 2 bad input); 2, with one line, on bad arguments here.
+# passed, 1 a row failed, 2 bad input); 2, with one line, on bad arguments here (submit also has
+# cpkv check the suite options' values before it submits anything).
 #SBATCH --job-name=cpkv-soak
 #SBATCH --time=01:00:00
 #SBATCH --ntasks=1
@@ -77,6 +78,10 @@ case "$mode" in
       [[ "$minutes" =~ ^[0-9]+([.][0-9]+)?$ ]] || bad "--minutes is a number of minutes, got '$minutes'"
       time_args=(--time="$(awk -v m="$minutes" 'BEGIN { t = int(m); if (t < m) t += 1; print t + 10 }')")  # whole minutes, 10 to spare
     fi
+    # cpkv checks the options' values as it parses them, --help included, and then stops: a bad value
+    # is its one line and exit 2 here, not N queued tasks that each fail.
+    [[ -x "$cpkv" ]] || bad "--cpkv $cpkv: no such executable (build cpkv, or name it with --cpkv PATH)"
+    "$cpkv" "$suite" "${run_args[@]}" --help > /dev/null || exit 2
     out="$(realpath -m "${out:-cpkv-shards-$(date +%Y%m%d-%H%M%S)-$$}")"
     mkdir -p "$out"
     common=(--suite "$suite" --cpkv "$cpkv" --out "$out")

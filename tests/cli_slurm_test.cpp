@@ -209,7 +209,7 @@ TEST(CliSlurm, ExploreShardsByHandMergeToTheUnshardedRun) {
 // Bad arguments are one line on stderr, exit 2, nothing on stdout and nothing submitted.
 TEST(CliSlurm, BadArgumentsAreOneLineExitTwoAndSubmitNothing) {
   const SlurmRun slurm("cpkv_cli_slurm_bad");
-  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+  std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"frobnicate"}, "the first argument is submit, shard or merge"},
       {{"submit", "--shards", "2", "--seeds", "4"}, "--suite soak needs --seed"},
       {{"submit", "--shards", "0", "--seed", "5"}, "--shards N"},
@@ -222,6 +222,10 @@ TEST(CliSlurm, BadArgumentsAreOneLineExitTwoAndSubmitNothing) {
       {{"shard", "--seed", "5"}, "SLURM_ARRAY_TASK_ID"},
       {{"merge"}, "--shards N"},
   };
+  const std::string cpkv = cpkv_binary().string();
+  cases.push_back({{"submit", "--shards", "2", "--seed", "1", "--cases", "many", "--cpkv", cpkv}, "--cases: 'many'"});  // cpkv's own check, before submitting
+  cases.push_back({{"submit", "--suite", "explore", "--shards", "2", "--cp-max", "9", "--cpkv", cpkv}, "--cp-max"});
+  cases.push_back({{"submit", "--shards", "2", "--seed", "1", "--cpkv", slurm.file("no-such-cpkv")}, "no such executable"});
   for (const auto& [args, what] : cases) {
     SCOPED_TRACE(fmt::format("{}", fmt::join(args, " ")));
     expect_bad_input(slurm.run(args), what);
