@@ -8,8 +8,8 @@
 
 #include "commands.hpp"
 #include "explore_rows.hpp"
-#include "files.hpp"
 #include "options.hpp"
+#include "run_outputs.hpp"
 #include "shard_rows.hpp"
 #include "cpkv/properties/explorer.hpp"
 #include "cpkv/sim/mutant.hpp"
@@ -26,9 +26,7 @@ struct ExploreCliOptions {
   bool shapes = true;
   std::int32_t shape_layers = 3;
   std::optional<std::string> shard;  // K/N over the units (cli/explore_rows.hpp)
-  std::optional<std::string> json_path;
-  std::optional<std::string> junit_path;
-  std::optional<std::string> out;  // the counterexamples' folder (files.hpp use_out_folder)
+  RunOutputOptions outputs;          // --json, --junit, --out
 };
 
 std::string outcome(const properties::ExploreResult& r) {
@@ -54,9 +52,9 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
       ok = ok && !r.found && r.complete;
       const std::string line = fmt::format("{:<21} {:>3} {:>10} {:>12} {:>9.2f}  {}", shape.name, cp, r.states, r.transitions, r.seconds, outcome(r));
       const std::string stem = fmt::format("explore-{}-cp{}-none", shape.name, cp);
-      const std::string replay = keep_explore_counterexample(options, r, stem);
-      fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
-      run.add(explore_row(shape_header, fmt::format("{} cp {}", shape.name, cp), r, !r.found && r.complete, line, replay));
+      const ExploreCounterexample kept = keep_explore_counterexample(options, r, stem);
+      fmt::print("{}\n{}", line, counterexample_lines(kept));
+      run.add(explore_row(shape_header, fmt::format("{} cp {}", shape.name, cp), r, !r.found && r.complete, line, kept.replay));
       std::fflush(stdout);
     }
   }
@@ -66,7 +64,8 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
   for (harness::Mutant mutant : harness::kAllMutants) {
     if (!run.take()) continue;
     bool found = false;
-    std::string line, replay, stem;
+    std::string line;
+    ExploreCounterexample kept;
     properties::ExploreResult hit;
     for (std::int32_t cp = 2; cp <= std::max(2, cp_top) && !found; ++cp) {
       for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
@@ -77,14 +76,13 @@ bool explore_shapes(const ExploreCliOptions& o, ShardedRun& run) {
         found = true;
         hit = r;
         line = fmt::format("{:<26} {:<21} {:>3} {:>10} {:>9.2f}  {}", harness::to_string(mutant), shape.name, cp, r.states, r.seconds, r.finding);
-        stem = fmt::format("explore-{}-cp{}-{}", shape.name, cp, harness::to_string(mutant));
-        replay = keep_explore_counterexample(options, r, stem);
+        kept = keep_explore_counterexample(options, r, fmt::format("explore-{}-cp{}-{}", shape.name, cp, harness::to_string(mutant)));
         break;
       }
     }
     if (!found) line = fmt::format("{:<26} {:<21}", harness::to_string(mutant), "NOT FOUND in any shape");
-    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
-    run.add(explore_row(hunt_header, std::string(harness::to_string(mutant)), hit, found, line, replay));
+    fmt::print("{}\n{}", line, counterexample_lines(kept));
+    run.add(explore_row(hunt_header, std::string(harness::to_string(mutant)), hit, found, line, kept.replay));
     ok = ok && found;
     std::fflush(stdout);
   }
@@ -98,10 +96,7 @@ void run_explore(const ExploreCliOptions& o) {
   ShardedRun run = sharded_run("explore", o.shard, explore_units(o.cp_max, o.layers_max, o.shapes, cp_top),
                                {{"cp_max", o.cp_max}, {"layers_max", o.layers_max}, {"variant", o.variant}, {"shapes", o.shapes},
                                 {"shape_layers", o.shape_layers}, {"seconds_max", o.seconds_max}});
-  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
-  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
-  refuse_same_files({}, {json.get(), junit.get()});
-  (void)use_out_folder(o.out);
+  RunOutputs outputs = open_run_outputs(o.outputs);
   fmt::print("cpkv explore: every interleaving, visited-state set over program-counter vectors | variant {} | batch: (prefix 2 extend 3) "
              "(extend 2), page 2, kv_fp8 + indexer_k, layers FSFS\n",
              o.variant);
@@ -129,9 +124,9 @@ void run_explore(const ExploreCliOptions& o) {
     all_as_expected = all_as_expected && expected;
     const std::string line = fmt::format("{:>3} {:>7} {:<20} {:>10} {:>12} {:>9.2f}  {}", cp, layers, harness::to_string(mutant), r.states, r.transitions, r.seconds, result);
     const std::string stem = fmt::format("explore-cp{}-layers{}-{}", cp, layers, harness::to_string(mutant));
-    const std::string replay = keep_explore_counterexample(options, r, stem);
-    fmt::print("{}\n{}", line, counterexample_lines(replay, stem));
-    run.add(explore_row(grid_header, fmt::format("cp {} layers {} {}", cp, layers, harness::to_string(mutant)), r, expected, line, replay));
+    const ExploreCounterexample kept = keep_explore_counterexample(options, r, stem);
+    fmt::print("{}\n{}", line, counterexample_lines(kept));
+    run.add(explore_row(grid_header, fmt::format("cp {} layers {} {}", cp, layers, harness::to_string(mutant)), r, expected, line, kept.replay));
     std::fflush(stdout);
   };
   for (std::int32_t cp = 1; cp <= o.cp_max; ++cp) {
@@ -142,8 +137,7 @@ void run_explore(const ExploreCliOptions& o) {
   }
   if (o.shapes) all_as_expected = explore_shapes(o, run) && all_as_expected;
   exit_status() = all_as_expected ? kExitOk : kExitFailure;
-  if (json) json->write(sharded_json(run));
-  if (junit) junit->write(sharded_junit(run));
+  outputs.write([&] { return sharded_json(run); }, [&] { return sharded_junit(run); });
 }
 
 }  // namespace
@@ -162,9 +156,7 @@ void register_explore(CLI::App& app) {
   cmd->add_option("--shape-layers", o->shape_layers, "layers of the shapes table")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_flag("!--no-shapes", o->shapes, "leave out the shapes table and the planted-bug hunt over the shapes");
   cmd->add_option("--shard", o->shard, "K/N: run only the explorations i (0-based, in the order the tables print them) with i % N == K - 1");
-  cmd->add_option("--json", o->json_path, "write each exploration's row, what was asked and the shard to this JSON file (cpkv merge folds shards)");
-  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per exploration");
-  cmd->add_option("--out", o->out, "put counterexamples (trace and schedule) in this folder (made 0700 if new; default: a private folder per run in $TMPDIR)");
+  add_run_output_options(*cmd, o->outputs, "each exploration's row", "exploration");
   cmd->callback([o] { run_explore(*o); });
 }
 

@@ -18,8 +18,9 @@ std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool sha
   return units + std::size(harness::kAllMutants);
 }
 
-std::string keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {
-  if (!r.found) return "";
+ExploreCounterexample keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {
+  ExploreCounterexample kept;
+  if (!r.found) return kept;
   properties::Case c;
   c.setting = options.setting;
   c.batches = options.batches;
@@ -28,23 +29,27 @@ std::string keep_explore_counterexample(const properties::ExploreOptions& option
   c.schedule = r.schedule;
   c.ipc_missing_rank = options.ipc_missing_rank;
   c.seed = harness::RunOptions{}.seed;  // the explorer's content seed
+  const std::string folder = properties::counterexample_folder();
   try {
-    const std::string replay = properties::write_replay(c, options.mutant, properties::counterexample_folder(), stem);
-    properties::write_timeline(c, options.mutant, explore_timeline_path(stem));
-    return replay;
+    kept.replay = properties::write_replay(c, options.mutant, folder, stem);
   } catch (const std::runtime_error& e) {
-    return fmt::format("none (the counterexample was not written: {})", e.what());
+    kept.replay = fmt::format("none (the counterexample was not written: {})", e.what());
   }
+  const std::string timeline = (std::filesystem::path(folder) / (stem + ".timeline.json")).string();
+  try {
+    properties::write_timeline(c, options.mutant, timeline);
+    kept.timeline = timeline;
+  } catch (const std::runtime_error& e) {
+    kept.timeline_error = e.what();
+  }
+  return kept;
 }
 
-std::string explore_timeline_path(const std::string& stem) {
-  return (std::filesystem::path(properties::counterexample_folder()) / (stem + ".timeline.json")).string();
-}
-
-std::string counterexample_lines(const std::string& replay, const std::string& stem) {
-  if (replay.empty()) return "";
-  std::string lines = fmt::format("    replay: {}\n", replay);
-  if (std::filesystem::exists(explore_timeline_path(stem))) lines += fmt::format("    timeline: {}\n", explore_timeline_path(stem));
+std::string counterexample_lines(const ExploreCounterexample& kept) {
+  if (kept.replay.empty()) return "";
+  std::string lines = fmt::format("    replay: {}\n", kept.replay);
+  if (!kept.timeline.empty()) lines += fmt::format("    timeline: {}\n", kept.timeline);
+  if (!kept.timeline_error.empty()) lines += fmt::format("    timeline: none (not written: {})\n", kept.timeline_error);
   return lines;
 }
 

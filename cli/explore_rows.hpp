@@ -16,14 +16,22 @@ namespace cpkv::cli {
 // at cp 2, then, with the shapes, every shape of cp 1..cp_top and one hunt per planted bug.
 std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, std::int32_t cp_top);
 
+// What a found exploration left behind: the `cpkv replay` line of its batches and schedule, and its
+// timeline (the replayed schedule's steps: docs/event-log.md). Each is written or says why not, on
+// its own: a timeline that could not be written leaves the replay that was.
+struct ExploreCounterexample {
+  std::string replay;          // the replay line, "none (why)" when not written; "" when nothing was found
+  std::string timeline;        // the timeline's path once written, "" otherwise
+  std::string timeline_error;  // why the timeline was not written, "" when it was (or nothing was found)
+};
+
 // Writes a found exploration's batches and schedule as `stem`.jsonl and `stem`.schedule in
-// properties::counterexample_folder(), and its timeline beside them (`stem`.timeline.json, the
-// replayed schedule's steps: docs/event-log.md); returns the `cpkv replay` line, or "none (why)"
-// when it could not be written. An exploration that found nothing writes nothing and returns "".
-std::string keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem);
-std::string explore_timeline_path(const std::string& stem);
-// The lines printed under a row: "    replay: ..." and "    timeline: PATH" (when it was written).
-std::string counterexample_lines(const std::string& replay, const std::string& stem);
+// properties::counterexample_folder() (in --out DIR, or the private per-run folder in $TMPDIR), and
+// its timeline beside them (`stem`.timeline.json). An exploration that found nothing writes nothing.
+ExploreCounterexample keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem);
+// The lines printed under a row: "    replay: ..." and "    timeline: PATH" (or why it is missing),
+// nothing when nothing was found.
+std::string counterexample_lines(const ExploreCounterexample& kept);
 
 // A row of the --json file: the exploration's counts and outcome, `passed` (as expected: a proof
 // for the correct protocol, a finding for a planted bug) and the line printed.

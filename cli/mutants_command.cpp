@@ -11,10 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
-#include "files.hpp"
 #include "mutants_report.hpp"
 #include "options.hpp"
 #include "rc_params.hpp"
+#include "run_outputs.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/properties/mutation.hpp"
 
@@ -28,9 +28,7 @@ struct MutantsOptions {
   std::string backend = "sim";
   std::optional<std::string> exchange;  // cuda: an exchange plugin (include/cpkv/exchange_abi.h)
   std::optional<std::string> shard;     // sim: K/N (mutants_report.hpp)
-  std::optional<std::string> json_path;
-  std::optional<std::string> junit_path;
-  std::optional<std::string> out;  // sim: the counterexamples' folder (files.hpp use_out_folder)
+  RunOutputOptions outputs;             // sim: --json, --junit, --out
 };
 
 // The coverage of the correct protocol's runs (every property, every case) and the targets missed.
@@ -73,9 +71,9 @@ std::string mutants_json(const MutantsRun& run, const std::vector<std::size_t>& 
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
   if (o.exchange && o.backend != "cuda") throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on cuda)", o.backend));
-  if (o.backend == "cuda" && (o.shard || o.json_path || o.junit_path || o.out)) {
+  if (o.backend == "cuda" && (o.shard || o.outputs.any())) {
     throw OptionError(fmt::format("{}: --backend cuda does not take it (the simulator's suite does)",
-                                  o.shard ? "--shard" : o.json_path ? "--json" : o.junit_path ? "--junit" : "--out"));
+                                  o.shard ? "--shard" : o.outputs.json_path ? "--json" : o.outputs.junit_path ? "--junit" : "--out"));
   }
   if (o.backend == "cuda") {
 #if CPKV_HAVE_CUDA_BACKEND
@@ -90,10 +88,7 @@ void run_mutants(const MutantsOptions& o) {
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;
   const MutantsRun run{params.seed, params.maxSuccess, o.every_property, o.shard ? std::optional<Shard>(parse_shard(*o.shard)) : std::nullopt};
-  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
-  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
-  refuse_same_files({}, {json.get(), junit.get()});
-  (void)use_out_folder(o.out);
+  RunOutputs outputs = open_run_outputs(o.outputs);
   const std::vector<harness::Mutant> all = properties::suite_rows();
   std::vector<std::size_t> indices = run.shard ? properties::shard_rows(run.shard->k, run.shard->n) : properties::shard_rows(1, 1);
   std::vector<harness::Mutant> mutants;
@@ -113,8 +108,7 @@ void run_mutants(const MutantsOptions& o) {
     std::fflush(stdout);
   }, mutants);
   exit_status() = print_mutants_summary(tally);
-  if (json) json->write(mutants_json(run, indices, rows, coverage));
-  if (junit) junit->write(mutants_junit(run, rows, tally));
+  outputs.write([&] { return mutants_json(run, indices, rows, coverage); }, [&] { return mutants_junit(run, rows, tally); });
 }
 
 }  // namespace
@@ -135,9 +129,7 @@ void register_mutants(CLI::App& app) {
   cmd->add_option("--shard", o->shard,
                   "K/N: run only shard K (1-based) of N: the rows i (0 none, then the planted bugs in table order) with i % N == K - 1; "
                   "the exit status judges only these rows (the correct protocol and coverage in shard 1)");
-  cmd->add_option("--json", o->json_path, "write the rows, what was asked and the shard to this JSON file (cpkv merge folds shards)");
-  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per row");
-  cmd->add_option("--out", o->out, "put counterexamples in this folder (made 0700 if new; default: a private folder per run in $TMPDIR)");
+  add_run_output_options(*cmd, o->outputs, "the rows", "row");
   cmd->callback([o] { run_mutants(*o); });
 }
 

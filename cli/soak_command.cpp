@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
-#include "files.hpp"
 #include "options.hpp"
 #include "rc_params.hpp"
+#include "run_outputs.hpp"
 #include "shard_rows.hpp"
 #include "cpkv/model/content.hpp"
 #include "cpkv/properties/mutation.hpp"
@@ -24,9 +24,7 @@ struct SoakOptions {
   int cases = 100;
   std::optional<std::size_t> seeds;  // stop after this many seeds (the whole run's, over every shard)
   std::optional<std::string> shard;
-  std::optional<std::string> json_path;
-  std::optional<std::string> junit_path;
-  std::optional<std::string> out;
+  RunOutputOptions outputs;  // --json, --junit, --out
 };
 
 // One seed through every property (stopping at the first that fails): its row.
@@ -63,10 +61,8 @@ void run_soak(const SoakOptions& o) {
   // The master seed is the one random choice of a soak; every property seed derives from it.
   const std::uint64_t master = o.seed != 0 ? o.seed : static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   ShardedRun run = sharded_run("soak", o.shard, o.seeds, {{"seed", master}, {"cases", o.cases}});
-  std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
-  std::unique_ptr<OutputFile> junit = o.junit_path ? std::make_unique<OutputFile>("--junit", *o.junit_path) : nullptr;
-  refuse_same_files({}, {json.get(), junit.get()});
-  const std::string out = use_out_folder(o.out);
+  RunOutputs outputs = open_run_outputs(o.outputs);
+  const std::string& out = outputs.out;
   const std::string count = o.seeds ? fmt::format(" | {} seeds at most", *o.seeds) : "";
   fmt::print("cpkv soak: {} minutes | master seed {} | {} cases per property and seed{}{}\n", o.minutes, master, o.cases, count, run.header());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double, std::ratio<60>>(o.minutes);
@@ -85,8 +81,7 @@ void run_soak(const SoakOptions& o) {
   if (failed == 0) fmt::print("soak passed: {} seeds x {} properties\n", run.rows.size(), properties::all_properties().size());
   else fmt::print("soak FAILED: {} of {} seeds failed\n", failed, run.rows.size());
   exit_status() = failed == 0 ? kExitOk : kExitFailure;
-  if (json) json->write(sharded_json(run));
-  if (junit) junit->write(sharded_junit(run));
+  outputs.write([&] { return sharded_json(run); }, [&] { return sharded_junit(run); });
 }
 
 }  // namespace
@@ -102,9 +97,7 @@ void register_soak(CLI::App& app) {
       ->check(whole_in<std::size_t>(1, static_cast<std::size_t>(option_limits::repetitions_max)));
   cmd->add_option("--shard", o->shard,
                   "K/N: run only the seeds i (0-based, in the order the master seed draws them) with i % N == K - 1; needs --seed");
-  cmd->add_option("--json", o->json_path, "write each seed's row, what was asked and the shard to this JSON file (cpkv merge folds shards)");
-  cmd->add_option("--junit", o->junit_path, "write a JUnit XML report: one testcase per seed");
-  cmd->add_option("--out", o->out, "put counterexamples in this folder (made 0700 if new; default: a private folder per run in $TMPDIR)");
+  add_run_output_options(*cmd, o->outputs, "each seed's row", "seed");
   cmd->callback([o] { run_soak(*o); });
 }
 

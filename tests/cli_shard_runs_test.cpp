@@ -176,5 +176,36 @@ TEST(CliShardRuns, OutPutsCounterexamplesInAFolderTheUserOwns) {
   expect_bad_input(run_cpkv(fmt::format("mutants --backend cuda --out '{}'", out)), "--out");
 }
 
+// A counterexample's replay and its timeline are written each on its own: a timeline that cannot be
+// written (here its name is taken by a folder) leaves the replay that was written, named on the row
+// and printed, and the row says the timeline is missing instead of naming a file that is not there
+// (or one an earlier run left).
+TEST(CliShardRuns, ExploreKeepsTheReplayWhenTheTimelineCannotBeWritten) {
+  const Runs runs("cpkv_cli_shard_timeline");
+  const std::string out = runs.file("found");
+  fs::create_directory(out);
+  fs::permissions(out, fs::perms::owner_all, fs::perm_options::replace);
+  const std::string stem = out + "/explore-cp2-layers2-single_half";  // the grid's planted bugs run at cp 2, min(3, layers max) layers
+  fs::create_directory(stem + ".timeline.json");
+  const CliRun explore = run_cpkv(fmt::format("explore --cp-max 2 --layers-max 2 --no-shapes --out '{}' --json '{}'", out, runs.file("e.json")));
+  ASSERT_EQ(explore.status, 0) << explore.err << explore.out;
+  std::size_t checked = 0;
+  const json rows = runs.read("e.json").at("rows");
+  for (const json& row : rows) {
+    if (row.at("name") != "cp 2 layers 2 single_half") continue;
+    ++checked;
+    const std::string replay = row.at("replay").get<std::string>();
+    EXPECT_EQ(replay.rfind("cpkv replay ", 0), 0u) << "the replay was written: " << replay;
+    EXPECT_TRUE(fs::is_regular_file(stem + ".jsonl"));
+    EXPECT_TRUE(fs::is_regular_file(stem + ".schedule"));
+    EXPECT_NE(explore.out.find("    replay: " + replay + "\n"), std::string::npos) << explore.out;
+  }
+  EXPECT_EQ(checked, 1u) << "the row of single_half at cp 2, 2 layers";
+  EXPECT_EQ(explore.out.find("    timeline: " + stem + ".timeline.json"), std::string::npos) << "the folder is no timeline: " << explore.out;
+  EXPECT_NE(explore.out.find("    timeline: none (not written: "), std::string::npos) << explore.out;
+  // The other two planted bugs' timelines were written and are named.
+  EXPECT_NE(explore.out.find("    timeline: " + out + "/explore-cp2-layers2-no_barrier.timeline.json\n"), std::string::npos) << explore.out;
+}
+
 }  // namespace
 }  // namespace cpkv::test
