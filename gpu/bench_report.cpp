@@ -240,6 +240,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     cuda_options.timing_reps = c.reps;
     cuda_options.measure_ceilings = first;
     cuda_options.exchange = checked.exchange;
+    cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
     const BenchResult result = run_bench(s.source, options, cuda_options);
     if (!result.report.passed()) {
       report.exact = false;

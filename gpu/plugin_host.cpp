@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "batch_run.hpp"
+#include "timeline.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -342,6 +343,7 @@ void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* pages,
   a.seed = r.ctx.options.seed;
   a.layer = static_cast<std::uint32_t>(l);
   a.zero_tails = r.ctx.options.mutant == harness::Mutant::unzeroed_rows ? 0 : 1;
+  const TimelineSpan span(r, "rows", l);
   if (a.page_count > 0) CPKV_CUDA_CHECK(kernels::launch_produce(a, r.stream));
 }
 
@@ -378,17 +380,22 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
   Rank& r = h.r;
   const model::Setting& setting = r.ctx.source.setting;
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  timeline_batch_begin(r, index);
   for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
     r.ctx.progress.at(index, l);
     write_rows(h, pb, dev[0], reinterpret_cast<const std::int32_t*>(dev[1]), reinterpret_cast<const std::int32_t*>(dev[2]), dev[3], l);
     slow_rank_delay(r, l);
-    check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    {
+      const TimelineSpan span(r, plugin_span_name(h.plugin.name), l);
+      check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    }
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
       if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
     }
     ++totals.layers;
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(1);
   }
+  timeline_layers_end(r);
 }
 
 // The bench: the plugin's compose_layer timed per layer after the bytes were checked (plugin_bench.cpp).
@@ -432,12 +439,14 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
   if (begun == CPKV_OVERFLOW) {
     ++totals.overflows;
+    timeline_overflow(r, index);
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
     run_layers(h, hb, hd, pb, dev, verify, index);
     if (r.ctx.cuda.timing_reps > 0) time_plugin_batch(h, pb, dev, index);
   }
   r.sync_stream();
+  timeline_batch_read(r);
   check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);
   h.ctx.batch = nullptr;
   collect_findings(r, index, verify);
