@@ -45,8 +45,8 @@ harness::BenchReport benched_with_timeline(harness::CheckedBench checked, const 
     harness::BenchReport report = benched(checked, harness::BatchSource::from_trace(trace.path()), print);
     commit();
     return report;
-  } catch (const harness::RequestError&) {
-    throw;  // refused before any run (no GPU, too few): no file is written
+  } catch (const OptionError&) {
+    throw;  // the bench's refusal before any run (no GPU, too few: benched's RequestError): no file is written
   } catch (...) {
     try {
       commit();
