@@ -28,8 +28,9 @@ struct CudaOptions;
 class RankTimeline;
 
 // Bounds: spans a rank records over the whole run (then one "truncated" instant and no more), so a
-// long trace cannot exhaust memory or disk (about 300 bytes a span in the file).
-inline constexpr std::int64_t kTimelineSpansMax = 200'000;
+// long trace cannot exhaust memory or disk: about 300 bytes a span in the file (15 MB a rank), and
+// the merge keeps one number per rank, batch and layer.
+inline constexpr std::int64_t kTimelineSpansMax = 50'000;
 
 // cuda_rank: the rank's recorder when the run writes a timeline (null otherwise); sets r.timeline.
 struct RankTimelineClose {

@@ -114,7 +114,7 @@ TEST(TimelineParts, MergeGivesOneTrackPerRankAndPutsEachViolationAtTheEndOfItsLa
     append(timeline_part_path(timeline, 1), span("compose", 200, 10, pid, 1, 0, 0) + span("compose", 215, 10, pid, 1, 0, 1) +
                                                 span("verify", 225, 4, pid, 1, 0, 1) + span("compose", 260, 1, pid, 0, 1, 0) +
                                                 R"({"name":"compose","ph":"X","ts":3)");
-    const std::vector<Violation> kept = {violation(6, 1, 0, 1), violation(8, 0, 0, -1), violation(7, -1, -1, -1)};
+    const std::vector<Violation> kept = {violation(6, 1, 0, 0), violation(8, 0, 0, -1), violation(7, -1, -1, -1)};
     const TimelineParts::Merged merged = parts.merge(kept, /*violation_count=*/5);
     EXPECT_EQ(merged.events, 7);
     EXPECT_EQ(merged.dropped, 2) << "the torn line and the line of another rank's track";
@@ -140,8 +140,8 @@ TEST(TimelineParts, MergeGivesOneTrackPerRankAndPutsEachViolationAtTheEndOfItsLa
   ASSERT_EQ(mismatch.size(), 1u);
   EXPECT_EQ(mismatch[0]["ph"], "i");
   EXPECT_EQ(mismatch[0]["tid"], 1);
-  EXPECT_EQ(mismatch[0]["args"]["layer"], 1);
-  EXPECT_DOUBLE_EQ(mismatch[0]["ts"].get<double>(), 229.0) << "the end of rank 1's last span of batch 0 layer 1 (its verify: 225 + 4)";
+  EXPECT_EQ(mismatch[0]["args"]["layer"], 0);
+  EXPECT_DOUBLE_EQ(mismatch[0]["ts"].get<double>(), 210.0) << "the end of rank 1's spans of batch 0 layer 0 (200 + 10), not of its batch";
   const std::vector<json> timeout = named(events, "violation: invariant 8");
   ASSERT_EQ(timeout.size(), 1u);
   EXPECT_EQ(timeout[0]["tid"], 0);

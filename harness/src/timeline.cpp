@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/temp_files.hpp"
 
 namespace cpkv::harness {
@@ -84,12 +85,25 @@ TimelineParts::TimelineParts(std::string timeline, TimelineRun run) : timeline_(
   for (std::int32_t r = 0; r < run_.ranks; ++r) {
     const std::string part = timeline_part_path(timeline_, r);
     std::remove(part.c_str());  // a leftover of a run that was killed (the name is the output's own temporary's)
-    write_new_file(part, "");
+    const int fd = create_tracked_named_file(part);  // an interrupted run removes it (interrupt.hpp)
+    if (fd < 0) {
+      const std::string reason = std::strerror(errno);
+      remove_parts();  // the destructor does not run after a throwing constructor
+      throw std::runtime_error(fmt::format("cannot create {}: {}", part, reason));
+    }
+    ::close(fd);
+    made_ = r + 1;
   }
 }
 
-TimelineParts::~TimelineParts() {
-  for (std::int32_t r = 0; r < run_.ranks; ++r) std::remove(timeline_part_path(timeline_, r).c_str());
+TimelineParts::~TimelineParts() { remove_parts(); }
+
+void TimelineParts::remove_parts() {
+  for (std::int32_t r = 0; r < made_; ++r) {
+    const std::string part = timeline_part_path(timeline_, r);
+    std::remove(part.c_str());
+    untrack_file(part);
+  }
 }
 
 namespace {

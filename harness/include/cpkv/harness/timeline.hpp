@@ -60,8 +60,9 @@ struct TimelineRun {
 std::string timeline_part_path(const std::string& timeline, std::int32_t rank);
 
 // The part files of one run: created empty (a leftover of an earlier run of the same name removed
-// first) before the ranks start; removed by the destructor (after the merge, or after a failure
-// before it). Throws std::runtime_error naming a file it cannot create.
+// first) and tracked (an interrupted run removes them, interrupt.hpp) before the ranks start;
+// removed by the destructor (after the merge, or after a failure before it). Throws
+// std::runtime_error naming a file it cannot create.
 class TimelineParts {
  public:
   TimelineParts(std::string timeline, TimelineRun run);
@@ -89,6 +90,8 @@ class TimelineParts {
  private:
   std::string timeline_;
   TimelineRun run_;
+  void remove_parts();
+  std::int32_t made_ = 0;  // parts created (a failed constructor removes what it made)
 };
 
 }  // namespace cpkv::harness
