@@ -9,6 +9,7 @@ Skips, saying so, where no CUDA device is visible (the cuda backend's own one-li
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections import Counter
@@ -107,8 +108,11 @@ def test_an_exchange_plugin_has_rows_compose_layer_and_verify_spans(tmp_path):
     assert {"rows", "verify"} <= names, names
 
 
-def test_the_bench_records_its_checked_layers_only(tmp_path):
-    timeline = tmp_path / "t.json"
-    run = cpkv("bench", TINY, "--variant", "staging_direct", "--layers", "2", "--reps", "3", "--time-sliced", "--timeline", str(timeline))
+def test_the_bench_records_its_checked_layers_only_and_adds_no_host_sync_to_the_layer_loop(tmp_path):
+    timeline, report = tmp_path / "t.json", tmp_path / "bench.json"
+    run = cpkv("bench", TINY, "--variant", "staging_direct", "--layers", "2", "--reps", "3", "--time-sliced", "--timeline", str(timeline),
+               "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
     check_tracks_and_layers(checked_events(timeline), "compose")  # exactly one per layer: the graph replays are not in it
+    rows = json.loads(report.read_text())["rows"]
+    assert rows and all(row["host_syncs_per_layer"] == 0 for row in rows), "the bench's count of host synchronizations in the layer loop stays 0 with the timeline on"
