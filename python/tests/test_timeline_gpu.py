@@ -78,6 +78,23 @@ def test_replay_on_the_gpu_writes_one_track_per_rank_with_every_layers_compose(t
     assert spans(events, name="verify") and spans(events, name="fill")
     assert any("CUDA events" in e["args"].get("clock", "") for e in events if e["name"] == "clock")
     assert not list(tmp_path.glob("*.part")), "the rank parts are merged and removed"
+    check_ranks_share_a_clock(compose)
+
+
+def check_ranks_share_a_clock(compose, slack_us=10.0):
+    """A compose launch with the counting barrier cannot end before every peer's has begun (each
+    waits for the peers' signals, given inside their launches): on one clock, within the ranks'
+    alignment bounds (align_us), rank r's end >= rank p's begin for every batch and layer."""
+    by_layer = {}
+    for e in compose:
+        if "wait" in e["args"]["note"]:
+            by_layer.setdefault((e["pid"], e["args"]["batch"], e["args"]["layer"]), []).append(e)
+    assert by_layer, "some variant's compose holds the barrier"
+    for where, group in by_layer.items():
+        for a in group:
+            for b in group:
+                bound = a["args"]["align_us"] + b["args"]["align_us"] + slack_us
+                assert a["ts"] + a["dur"] >= b["ts"] - bound, f"{where}: rank {a['tid']} ended before rank {b['tid']} began"
 
 
 def test_a_planted_bug_is_a_mismatch_instant_at_its_rank_batch_and_layer(tmp_path):
