@@ -12,6 +12,7 @@
 #include "backends.hpp"
 #include "commands.hpp"
 #include "cpkv/harness/request.hpp"
+#include "cpkv/harness/timeline.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/plan.hpp"
 #include "files.hpp"
@@ -27,25 +28,54 @@ struct BenchOptions {
   std::int32_t layers = 4;
   std::optional<std::string> json_path;
   std::optional<std::string> markdown_path;
+  std::optional<std::string> timeline_path;
 };
+
+// --timeline: the checked layers of every variant (gpu/timeline.hpp; not the timed graph replays),
+// appended to the temporary file beside the target as the runs go, and renamed over it once they
+// end, also when one failed (the file is complete up to there); a refusal before any run writes none.
+harness::BenchReport benched_with_timeline(harness::CheckedBench checked, const InputFile& trace, OutputFile& timeline, const harness::BenchPrint& print) {
+  checked.checked.request.timeline = timeline.temporary();
+  harness::begin_timeline(timeline.temporary());
+  const auto commit = [&] {
+    harness::end_timeline(timeline.temporary(), harness::TimelineClock::cuda_events);
+    timeline.commit();
+  };
+  try {
+    harness::BenchReport report = benched(checked, harness::BatchSource::from_trace(trace.path()), print);
+    commit();
+    return report;
+  } catch (const OptionError&) {
+    throw;  // the bench's refusal before any run (no GPU, too few: benched's RequestError): no file is written
+  } catch (...) {
+    try {
+      commit();
+    } catch (const std::exception&) {
+      // the run's own failure is the one to report
+    }
+    throw;
+  }
+}
 
 void run_bench(BenchOptions& o) {
   o.request.replay.layers = o.layers;
   o.request.replay.trace_label = o.trace_path;
+  o.request.replay.timeline = o.timeline_path;  // until the run: then the temporary file beside it
   // The request (an --exchange plugin loaded and checked), then the inputs, then the outputs, before
   // any work: nothing is opened for writing until the results exist.
   const harness::CheckedBench checked = checked_bench(o.request);
   const InputFile trace("trace", o.trace_path, /*spool=*/true);
   std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
   std::unique_ptr<OutputFile> markdown = o.markdown_path ? std::make_unique<OutputFile>("--markdown", *o.markdown_path) : nullptr;
-  refuse_same_files({&trace}, {json.get(), markdown.get()});
+  std::unique_ptr<OutputFile> timeline = o.timeline_path ? std::make_unique<OutputFile>("--timeline", *o.timeline_path) : nullptr;
+  refuse_same_files({&trace}, {json.get(), markdown.get(), timeline.get()});
   harness::BenchPrint print;
   print.line = [](const std::string& line) {
     fmt::print("{}\n", line);
     std::fflush(stdout);
   };
   print.rejected = [](const std::vector<harness::RejectedBatch>& rejected) { print_rejected("cpkv bench", rejected); };
-  const harness::BenchReport report = benched(checked, harness::BatchSource::from_trace(trace.path()), print);
+  const harness::BenchReport report = timeline ? benched_with_timeline(checked, trace, *timeline, print) : benched(checked, harness::BatchSource::from_trace(trace.path()), print);
   fmt::print("{}", report.markdown);
   if (json) json->write(report.json.dump(2) + "\n");
   if (markdown) markdown->write(report.markdown);
@@ -79,6 +109,9 @@ void register_bench(CLI::App& app) {
                 "run even when ranks outnumber the GPUs (ranks time-slice a GPU): the bytes are checked, the timings measure nothing");
   cmd->add_option("--json", o->json_path, "write the results as JSON (a regular file, replaced only when the run completes)");
   cmd->add_option("--markdown", o->markdown_path, "write the Markdown table (a regular file)");
+  cmd->add_option("--timeline", o->timeline_path,
+                  "write a timeline of the checked layers of every variant (Chrome trace event format, one track per rank, docs/event-log.md; "
+                  "not the timed graph replays) to this file as the runs go");
   cmd->callback([o] { run_bench(*o); });
 }
 

@@ -23,6 +23,7 @@
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
+#include "cpkv/harness/timeline.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -97,7 +98,15 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   if (c.chart) check_chart_tools();
 }
 
-// The event log and the timeline are appended to by the run itself (sim/recording.hpp), into the
+// The clock a run's timeline counts: the scheduled simulator's steps, the GPUs' CUDA events on the
+// host's monotonic clock, the free-running simulator's wall time.
+harness::TimelineClock timeline_clock(const std::string& mode) {
+  if (mode == sim::kScheduledMode) return harness::TimelineClock::steps;
+  return mode == "cuda" ? harness::TimelineClock::cuda_events : harness::TimelineClock::wall_us;
+}
+
+// The event log and the timeline are appended to by the run itself (sim/recording.hpp; the GPUs'
+// ranks through part files merged after each variant, gpu/timeline.hpp), into the
 // temporary files beside their targets; they are renamed once the runs end, also when a run failed
 // or stopped (the files are complete up to there: the timeline gets its tail first).
 struct StreamedOutputs {
@@ -105,10 +114,10 @@ struct StreamedOutputs {
   explicit StreamedOutputs(CheckedReplay& replay) : c(replay) {
     if (c.event_log) c.request.request.event_log = c.event_log->temporary();
     if (c.timeline) c.request.request.timeline = c.timeline->temporary();
-    if (c.timeline) sim::begin_timeline(c.timeline->temporary());
+    if (c.timeline) harness::begin_timeline(c.timeline->temporary());
   }
   void commit(const std::string& mode) {
-    if (c.timeline) sim::end_timeline(c.timeline->temporary(), mode == sim::kScheduledMode ? sim::TimelineClock::steps : sim::TimelineClock::wall_us);
+    if (c.timeline) harness::end_timeline(c.timeline->temporary(), timeline_clock(mode));
     if (c.timeline) c.timeline->commit();
     if (c.event_log) c.event_log->commit();
   }
@@ -251,8 +260,9 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--event-log", o->event_log_path,
                   "scheduled runs: write the event log (one step a line, docs/event-log.md) to this file as the run goes (a regular file)");
   cmd->add_option("--timeline", o->timeline_path,
-                  "sim: write a timeline (Chrome trace event format, JSON: opens in Perfetto and chrome://tracing; one track per rank, "
-                  "docs/event-log.md) to this file as the run goes; scheduled runs count scheduler steps, free-running ones microseconds");
+                  "sim and cuda: write a timeline (Chrome trace event format, JSON: opens in Perfetto and chrome://tracing; one track per rank, "
+                  "docs/event-log.md) to this file as the run goes; scheduled runs count scheduler steps, free-running ones microseconds, "
+                  "cuda CUDA events around each layer's launches on the host's monotonic clock");
   add_model_replay_options(cmd, o->model);
   cmd->callback([o] { run_replay(*o); });
 }

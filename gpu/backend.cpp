@@ -13,6 +13,7 @@
 #include "cpkv/harness/shared_region.hpp"
 #include "fused/fused_exchange.hpp"
 #include "rank.hpp"
+#include "timeline.hpp"
 
 namespace cpkv::cuda {
 
@@ -97,6 +98,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   auto* boot = new (region.base()) Bootstrap();
   boot->wait_ms_max = cuda.wait_ms_max;
   ::setenv("NCCL_NVLS_ENABLE", "0", 1);
+  const std::unique_ptr<harness::TimelineParts> timeline = start_group_timeline(cuda, options.variant, cp);
   harness::LaunchOptions launch;
   launch.ranks = cp;
   launch.run_ms_max = cuda.run_ms_max;
@@ -116,6 +118,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   report.deadlock = launched.deadlock;
   harness::check_unchanged(source);  // one line for the group (launch.cpp: ranks leave it to this check)
   fill_report(*boot, cp, report);
+  finish_group_timeline(timeline.get(), report);  // the ranks' parts, also after a failure
   if (bench != nullptr) fold_bench(*boot, cp, shape.batches, *bench);
   return report;
 }
@@ -176,7 +179,8 @@ void register_backend(harness::Registry& registry) {
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
                  "cpkv's own fused compose through the plugin ABI (--exchange builtin, the default), a plugin's (--exchange PATH), or in process "
                  "(--exchange inprocess)";
-  cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm;
+  cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm |
+                  harness::kTakesTimeline;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
   cuda.default_exchange = [] {
@@ -191,6 +195,7 @@ void register_backend(harness::Registry& registry) {
     options.on_progress = progress;
     options.exchange = c.exchange;
     options.in_process = c.exchange == nullptr;
+    options.timeline = c.request.timeline.value_or("");
     if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
   };

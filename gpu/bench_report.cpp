@@ -260,6 +260,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     cuda_options.timing_reps = c.reps;
     cuda_options.measure_ceilings = first;
     cuda_options.exchange = abi_beside ? nullptr : checked.exchange;
+    cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
     const auto bench_one = [&](const CudaOptions& o, const char* what) {
       BenchResult result = run_bench(s.source, options, o);
       if (!result.report.passed()) {

@@ -53,6 +53,9 @@ struct CudaOptions {
   // A rotating slow rank: on layer l of batch b, rank (b + l) % cp spins this many cycles on its
   // stream before its exchange starts (0: none; replay --swarm draws it from the seed).
   std::int64_t slow_rank_cycles = 0;
+  // --timeline: the timeline's temporary file (its head written by the front end); each rank
+  // appends to its part file beside it and the run merges them (gpu/timeline.hpp). Empty: none.
+  std::string timeline;
 };
 
 // Ceilings measured in the same run (all ranks at once), worst rank: the cost model's own input type.

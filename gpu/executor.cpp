@@ -10,6 +10,7 @@
 
 #include "cpkv/model/expected.hpp"
 #include "batch_run.hpp"
+#include "timeline.hpp"
 
 namespace cpkv::cuda {
 
@@ -112,6 +113,7 @@ void build_launches(BatchRun& run) {
 void verify_kind(Rank& r, const BatchPlan& b, const DevicePlan& d, kernels::VerifyResult* verify, std::int32_t l, std::size_t k, std::int32_t half) {
   const model::Setting& setting = r.ctx.source.setting;
   const std::size_t kinds = setting.kinds.size();
+  const TimelineSpan span(r, "verify", l);
   CPKV_CUDA_CHECK(kernels::launch_verify(r.mem.dense_half(half, k), setting.kinds[k].row_bytes, setting.page_size, d.slots,
                                          static_cast<std::int64_t>(b.slots.size()), r.ctx.options.seed, static_cast<std::uint32_t>(l),
                                          static_cast<std::uint32_t>(k), verify + l * kinds + k, r.stream));
@@ -124,15 +126,18 @@ Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k) {
   const std::uint64_t pb = r.page_bytes(k);
   Reduced reduced;
   for (const model::SlotRange& range : run.b.plan.allreduce_ranges) {
+    const TimelineSpan span(r, "allreduce", l);
     const std::uint64_t offset = r.mem.layout.dense_offset[h][k] + range.slot_begin * pb;
     r.all_reduce(r.mem.dense + offset, r.mem.peer_dense, offset, (range.slot_end - range.slot_begin) * pb);
     ++reduced.calls;
     reduced.bytes += (range.slot_end - range.slot_begin) * pb;
   }
   if (run.b.plan.compact_allreduce) {
+    std::optional<TimelineSpan> span(std::in_place, r, "allreduce", l);
     r.all_reduce(r.mem.compact + r.mem.layout.compact_offset[k], r.mem.peer_compact, r.mem.layout.compact_offset[k], run.b.plan.compact_pages * pb);
     ++reduced.calls;
     reduced.bytes += run.b.plan.compact_pages * pb;
+    span.emplace(r, "unpack", l);  // the all-reduce's span ends, the unpack's begins
     CPKV_CUDA_CHECK(kernels::launch_gather(r.mem.dense_half(h, k), pb, run.tables[l][k], run.d.unpack, static_cast<std::int64_t>(run.b.unpack.size()), r.stream));
   }
   return reduced;
@@ -143,6 +148,7 @@ void clear_dense(BatchRun& run, std::int32_t l) {
   Rank& r = run.r;
   const std::size_t kinds = r.ctx.source.setting.kinds.size();
   const std::int32_t h = run.half_of(l);
+  const TimelineSpan span(r, "zero", l);
   const std::uint64_t half_bytes = r.mem.layout.dense_offset[h][kinds - 1] - r.mem.layout.dense_offset[h][0] + r.ctx.shape.slot_count_max * r.page_bytes(kinds - 1);
   CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense + r.mem.layout.dense_offset[h][0], 0, half_bytes, r.stream));
 }
@@ -153,6 +159,7 @@ void slow_rank_delay(Rank& r, std::int32_t l) {
 }
 
 void produce(BatchRun& run, std::int32_t l) {
+  const TimelineSpan span(run.r, "fill", l);
   if (run.mutant.slow_producer()) CPKV_CUDA_CHECK(kernels::launch_spin(kernels::kMutantWindowCycles, run.r.stream));
   CPKV_CUDA_CHECK(kernels::launch_produce(run.produce[l], run.r.stream));
 }
@@ -160,6 +167,7 @@ void produce(BatchRun& run, std::int32_t l) {
 void compose(BatchRun& run, std::int32_t l) {
   const kernels::ComposeArgs& args = run.compose[l];
   if (args.barrier != kernels::kNoBarrier) ++run.r.barrier_phase;
+  const TimelineSpan span(run.r, "compose", l, compose_note(args.barrier != kernels::kNoBarrier));
   CPKV_CUDA_CHECK(kernels::launch_compose(args, run.r.stream));
 }
 
@@ -263,6 +271,7 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   ++totals.batches;
   if (b.overflow) {
     ++totals.overflows;
+    timeline_overflow(r, batch_index);
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(layers);
     r.barrier();
     r.barrier();
@@ -278,16 +287,19 @@ void run_batch(Rank& r, const model::Batch& batch, std::int64_t batch_index, std
   BatchRun run{r, b, d, verify, {}, {}, {}, 0, 0, GpuMutantPolicy(r.ctx.options.mutant, r.ctx.rank, r.cp())};
   build_launches(run);
   const std::int64_t syncs_before = r.host_syncs;
+  timeline_batch_begin(r, batch_index);
   for (std::int32_t l = 0; l < layers; ++l) {
     r.ctx.progress.at(batch_index, l);
     run_layer(run, l);
     ++totals.layers;
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(1);
   }
+  timeline_layers_end(r);
   BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
   bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / layers);
   if (r.ctx.cuda.timing_reps > 0) time_run(run, uploads, batch_index);
   r.sync_stream();  // the one synchronization per batch, after the layer loop: results, barrier status
+  timeline_batch_read(r);
   totals.bytes_gathered_from_peers += run.peer_bytes;
   collect_findings(r, batch_index, verify);
   r.barrier();  // nobody rewrites pools or dense buffers a peer still reads (uploads are freed after it)
@@ -312,6 +324,7 @@ int cuda_rank(const RankContext& ctx) {
   ctx.progress.step("setup");
   CPKV_CUDA_CHECK(cudaSetDevice(ctx.rank % ctx.gpus));
   CPKV_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  const RankTimelineHandle timeline = open_timeline(r);
   allocate_memory(r);
   map_peers_and_agree(r);
   join_nccl(r);

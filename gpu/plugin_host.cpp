@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "batch_run.hpp"
+#include "timeline.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -369,6 +370,7 @@ void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* const*
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) h.rows[k] = setting.kind_active(k, l) ? h.rows_buffer[k] : nullptr;
   if (h.rows_buffer.empty() || h.rows_buffer[0] == nullptr) return;  // a produce_rows plugin: no rows buffers
   std::vector<void*> dest(h.rows_buffer.begin(), h.rows_buffer.end());
+  const TimelineSpan span(h.r, "rows", l);
   CPKV_CUDA_CHECK(launch_rows(h, pb, dest.data(), dev[0], dev, true, l, h.r.stream));
 }
 
@@ -417,12 +419,16 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
   Rank& r = h.r;
   const model::Setting& setting = r.ctx.source.setting;
   harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  timeline_batch_begin(r, index);
   for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
     r.ctx.progress.at(index, l);
     write_rows(h, pb, dev, l);
     slow_rank_delay(r, l);
     h.layer = l;
-    check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    {
+      const TimelineSpan span(r, plugin_span_name(h.plugin.name), l);
+      check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+    }
     h.layer = -1;
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
       if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
@@ -430,6 +436,7 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
     ++totals.layers;
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(1);
   }
+  timeline_layers_end(r);
 }
 
 // The bench: the plugin's compose_layer timed per layer after the bytes were checked (plugin_bench.cpp).
@@ -477,6 +484,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
   if (begun == CPKV_OVERFLOW) {
     ++totals.overflows;
+    timeline_overflow(r, index);
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
     h.batch = &pb;
@@ -492,6 +500,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     h.batch = nullptr;
   }
   r.sync_stream();
+  timeline_batch_read(r);
   check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);
   h.ctx.batch = nullptr;
   collect_findings(r, index, verify);

@@ -17,6 +17,8 @@
 
 namespace cpkv::cuda {
 
+class RankTimeline;  // timeline.hpp
+
 struct RankContext {
   Bootstrap* boot;
   const harness::BatchSource& source;
@@ -68,6 +70,7 @@ struct Rank {
   // the benchmark reports how many fall inside the layer loop (the seeds found 642 per forward).
   std::int64_t host_syncs = 0;
   std::int64_t batch_index = 0;     // the batch in flight
+  RankTimeline* timeline = nullptr; // --timeline: the rank's recorder (timeline.hpp); null: off
 
   std::int32_t cp() const { return ctx.source.setting.cp; }
   std::uint64_t page_bytes(std::size_t kind) const {

@@ -291,6 +291,13 @@ int create_tracked_file(std::string& name_template, int suffix_chars) {
   return fd;
 }
 
+int create_tracked_named_file(const std::string& path) {
+  const std::lock_guard<std::mutex> lock(registry().mutex);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) registry().files.push_back(path);
+  return fd;
+}
+
 void untrack_file(const std::string& path) {
   const std::lock_guard<std::mutex> lock(registry().mutex);
   std::erase(registry().files, path);

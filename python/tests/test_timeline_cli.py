@@ -48,3 +48,18 @@ def test_a_backend_without_timelines_refuses_the_option_in_one_line(cli, tmp_pat
     run = subprocess.run([cli, "replay", TINY, "--backend", "model", "--timeline", str(tmp_path / "t.json")], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and run.stdout == "" and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_cuda_backend_and_the_bench_take_the_option(cli, tmp_path):
+    """Checked before any rank: the cuda backend takes --timeline (so here, without a GPU, the one
+    refusal is the missing device, not the option, and no file is written); the bench too."""
+    for command in (["replay", TINY, "--backend", "cuda"], ["bench", TINY, "--reps", "1", "--time-sliced"]):
+        timeline = tmp_path / f"{command[0]}.json"
+        run = subprocess.run([cli, *command, "--timeline", str(timeline)], capture_output=True, text=True, timeout=300)
+        assert "--timeline" not in run.stderr, run.stderr
+        if run.returncode == 2:
+            assert "no CUDA device" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+            assert not timeline.exists()
+        else:
+            assert run.returncode == 0, run.stdout + run.stderr
+            checked_events(timeline)

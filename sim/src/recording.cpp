@@ -15,58 +15,6 @@
 
 namespace cpkv::sim {
 
-LineAppender::LineAppender(std::string path) : path_(std::move(path)) {
-  if (path_.empty()) return;
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
-  if (fd_ < 0) throw std::runtime_error(fmt::format("cannot append to {}: {}", path_, std::strerror(errno)));
-  buffer_.reserve(kAppendBufferBytes);
-}
-
-LineAppender::LineAppender(LineAppender&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), buffer_(std::move(other.buffer_)) {}
-
-LineAppender::~LineAppender() {
-  if (fd_ < 0) return;
-  try {
-    flush();
-  } catch (const std::exception&) {
-    // The run reports its own failure; a full disk here leaves the lines before it.
-  }
-  ::close(fd_);
-}
-
-void LineAppender::add(std::string_view line) {
-  if (fd_ < 0) return;
-  if (buffer_.size() + line.size() + 1 > kAppendBufferBytes) flush();
-  buffer_.append(line);
-  buffer_.push_back('\n');
-}
-
-void LineAppender::flush() {
-  if (fd_ < 0 || buffer_.empty()) return;
-  const int error = harness::write_all(fd_, buffer_);
-  buffer_.clear();
-  if (error != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path_, std::strerror(error)));
-}
-
-std::string_view describe(TimelineClock clock) {
-  return clock == TimelineClock::steps ? "scheduler steps: ts is the scheduled run's step count (one step shown as 1 us), not time"
-                                       : "wall time: ts is monotonic microseconds (steady clock)";
-}
-
-void begin_timeline(const std::string& path) {
-  LineAppender out(path);
-  out.add(R"({"traceEvents":[)");
-}
-
-void end_timeline(const std::string& path, TimelineClock clock) {
-  LineAppender out(path);
-  const nlohmann::json clock_event = {{"name", "clock"}, {"ph", "M"}, {"pid", 0}, {"tid", 0}, {"ts", 0}, {"args", {{"clock", describe(clock)}}}};
-  out.add(clock_event.dump());
-  const nlohmann::json other = {{"clock", describe(clock)}, {"format", "Chrome trace event format, JSON object form (cpkv docs/event-log.md)"}};
-  out.add(fmt::format(R"(],"displayTimeUnit":"ns","otherData":{}}})", other.dump()));
-}
-
 TimelineTrack::TimelineTrack(const Recording& recording, std::int32_t tid, std::string_view track_name)
     : out_(recording.timeline_path), pid_(recording.timeline_pid), tid_(tid) {
   if (!on()) return;

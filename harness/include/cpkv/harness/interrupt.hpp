@@ -67,6 +67,9 @@ void untrack_group(pid_t pid);
 // lock, so that no signal falls between its creation and its tracking; returns the open
 // descriptor, or -1 with errno set. The owner removes it normally and then calls untrack_file.
 int create_tracked_file(std::string& name_template, int suffix_chars);
+// The same for a file of a given name (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600): a GPU timeline's rank
+// part beside the output's own temporary file (harness/timeline.hpp).
+int create_tracked_named_file(const std::string& path);
 void untrack_file(const std::string& path);
 
 }  // namespace cpkv::harness

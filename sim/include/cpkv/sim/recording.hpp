@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "cpkv/harness/run.hpp"
+#include "cpkv/harness/timeline.hpp"
 #include "cpkv/sim/machine.hpp"
 
 namespace cpkv::sim {
@@ -22,35 +23,14 @@ struct Recording {
   std::string label;              // the process's name, e.g. "sim/scheduled staging_direct"
 };
 
-inline constexpr std::size_t kAppendBufferBytes = 64 * 1024;
-
-// Buffered whole-line appends to a file (empty path: off). flush() writes the buffer with one
-// write(2); a failed write throws std::runtime_error naming the file and the reason.
-class LineAppender {
- public:
-  explicit LineAppender(std::string path);
-  ~LineAppender();  // flushes; a failure here is dropped (the run's own error is reported)
-  LineAppender(const LineAppender&) = delete;
-  LineAppender& operator=(const LineAppender&) = delete;
-  LineAppender(LineAppender&& other) noexcept;
-  bool on() const { return fd_ >= 0; }
-  void add(std::string_view line);  // one line, without its "\n"
-  void flush();
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  std::string buffer_;
-};
-
-// The clock of a timeline: the scheduler's step count (scheduled) or monotonic microseconds.
-enum class TimelineClock : std::uint8_t { steps, wall_us };
-std::string_view describe(TimelineClock clock);
-
-// Writes the head of the JSON object ({"traceEvents":[) to an empty file; end_timeline its tail
-// (the clock in the metadata, displayTimeUnit), so that every event line in between ends ",".
-void begin_timeline(const std::string& path);
-void end_timeline(const std::string& path, TimelineClock clock);
+// The appender, the clock and the file's head and tail are the harness's (harness/timeline.hpp),
+// shared with the GPU backend's timelines.
+using harness::begin_timeline;
+using harness::describe;
+using harness::end_timeline;
+using harness::kAppendBufferBytes;
+using harness::LineAppender;
+using harness::TimelineClock;
 
 // One rank's track: spans (ph X) for steps, instants (ph i, s t) for violations and mismatches.
 class TimelineTrack {
