@@ -10,6 +10,7 @@ Skips, saying so, where no CUDA device is visible (the cuda backend's own one-li
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 import subprocess
 from collections import Counter
@@ -20,6 +21,8 @@ from conftest import CLI, SOURCE_DIR
 from timeline_format import checked_events
 
 TINY = str(SOURCE_DIR / "traces" / "samples" / "tiny.jsonl")
+# The plain example plugin (examples/exchange_plain), built beside the CLI: it reads ctx->rows.
+PLAIN = str(pathlib.Path(CLI).resolve().parents[1] / "examples" / "libcpkv_exchange_plain.so")
 NO_DEVICE = "no CUDA device is visible"
 
 
@@ -68,7 +71,7 @@ def check_tracks_and_layers(events, compose_name, cp=2, layers=2):
 
 def test_replay_on_the_gpu_writes_one_track_per_rank_with_every_layers_compose(tmp_path):
     timeline = tmp_path / "t.json"
-    run = replay(timeline, "--variant", "all")
+    run = replay(timeline, "--variant", "all", "--exchange", "inprocess")  # cpkv's exchange in process: its launches one by one
     assert run.returncode == 0, run.stdout + run.stderr
     events = checked_events(timeline)
     pids = check_tracks_and_layers(events, "compose")
@@ -115,20 +118,31 @@ def test_a_planted_bug_is_a_mismatch_instant_at_its_rank_batch_and_layer(tmp_pat
 
 def test_an_exchange_plugin_has_rows_compose_layer_and_verify_spans(tmp_path):
     timeline = tmp_path / "t.json"
-    run = replay(timeline, "--variant", "staging_direct", "--exchange", "builtin")
+    run = replay(timeline, "--variant", "staging_direct", "--exchange", PLAIN)
     assert run.returncode == 0, run.stdout + run.stderr
     events = checked_events(timeline)
     names = {e["name"] for e in spans(events)}
-    plugin = [n for n in names if n.startswith("compose_layer (plugin ")]
-    assert len(plugin) == 1, names
-    check_tracks_and_layers(events, plugin[0])
+    assert "compose_layer (plugin plain)" in names, names
+    check_tracks_and_layers(events, "compose_layer (plugin plain)")
     assert {"rows", "verify"} <= names, names
+
+
+def test_the_default_exchange_is_the_built_in_plugin_whose_producer_is_inside_its_layer(tmp_path):
+    # No --exchange: cpkv's fused compose through the ABI; cpkv's producer runs inside its
+    # compose_layer (produce_rows), so there is no separate rows span.
+    timeline = tmp_path / "t.json"
+    run = replay(timeline, "--variant", "staging_direct")
+    assert run.returncode == 0, run.stdout + run.stderr
+    events = checked_events(timeline)
+    names = {e["name"] for e in spans(events)}
+    check_tracks_and_layers(events, "compose_layer (plugin fused)")
+    assert "verify" in names and "rows" not in names, names
 
 
 def test_the_bench_records_its_checked_layers_only_and_adds_no_host_sync_to_the_layer_loop(tmp_path):
     timeline, report = tmp_path / "t.json", tmp_path / "bench.json"
-    run = cpkv("bench", TINY, "--variant", "staging_direct", "--layers", "2", "--reps", "3", "--time-sliced", "--timeline", str(timeline),
-               "--json", str(report))
+    run = cpkv("bench", TINY, "--variant", "staging_direct", "--layers", "2", "--reps", "3", "--time-sliced", "--exchange", "inprocess",
+               "--timeline", str(timeline), "--json", str(report))
     assert run.returncode == 0, run.stdout + run.stderr
     check_tracks_and_layers(checked_events(timeline), "compose")  # exactly one per layer: the graph replays are not in it
     rows = json.loads(report.read_text())["rows"]
