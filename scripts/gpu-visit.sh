@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -25,6 +25,8 @@
 # (ab21: issue 21's A/B, the bench at cp 1 of the tree against a6aacb7 shipped as ab-old/)
 # (abi24b: issue 24 with the built-in plugin as the default: every gpu test, the GPU mutants through it and in process,
 #  then the default bench at cp 1, which times cpkv's exchange in process and through the ABI in one run, twice per trace)
+# (abi24c: the second, shorter visit: the bench-plugin and GPU timeline tests, the in-run ABI A/B, the GPU mutants both ways,
+#  memcheck over the fused .so's produce_rows path)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -272,32 +274,27 @@ if [[ "$what" == abi24b ]]; then
   # exchange and, right after each variant, the same kernels through the ABI, both as replayed graphs.
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 400 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run|Total Test" "$OUT/gpu-tests.log" | tail -40
-  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants-builtin.txt" 2>&1
-  echo "mutants --backend cuda (the built-in plugin, the default): exit $?"; tail -18 "$OUT/gpu-mutants-builtin.txt"
-  timeout 240 "$cpkv" mutants --backend cuda --exchange inprocess > "$OUT/gpu-mutants-inprocess.txt" 2>&1
-  echo "mutants --backend cuda --exchange inprocess: exit $?"; tail -14 "$OUT/gpu-mutants-inprocess.txt"
+fi
+if [[ "$what" == abi24c ]]; then
+  (cd "$build" && ctest -R "GpuBenchPlugin|timeline_gpu|GpuPluginStub" --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-tests-c.log" 2>&1
+  echo "bench-plugin and timeline gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run|Total Test|assert|Error" "$OUT/gpu-tests-c.log" | tail -30
+fi
+if [[ "$what" == abi24b || "$what" == abi24c ]]; then
   for name in seeds_batch mooncake_slice; do
     for i in 1 2; do
       timeout 200 "$cpkv" bench "$root/traces/samples/$name.jsonl" --backend cuda --cp 1 --layers 4 --reps 60 \
         --json "$OUT/abi24b-$name-$i.json" --markdown "$OUT/abi24b-$name-$i.md" > "$OUT/abi24b-$name-$i.txt" 2>&1
       echo "bench $name $i: exit $?"
     done
-    python3 - "$OUT"/abi24b-$name-*.json <<'PY'
-import json, sys, statistics
-rows = {}
-for path in sys.argv[1:]:
-    for r in json.load(open(path))["rows"]:
-        rows.setdefault((r["batch"], r["variant"]), []).append((r["with_fill_us_per_layer_median"], r["plugin_with_fill_us_per_layer_median"], r["abi_over_in_process_with_fill"], r["byte_exact"]))
-print("| batch | variant | in-process with fill us (runs) | through the ABI us (runs) | ABI / in-process (runs) | exact |")
-print("|---|---|---|---|---|---|")
-ratios = []
-for (b, v), xs in sorted(rows.items()):
-    ratios += [x[2] for x in xs if x[2]]
-    print(f"| {b} | {v} | {' / '.join(f'{x[0]:.1f}' for x in xs)} | {' / '.join(f'{x[1]:.1f}' if x[1] else '-' for x in xs)} | {' / '.join(f'{x[2]:.3f}' if x[2] else '-' for x in xs)} | {all(x[3] for x in xs)} |")
-if ratios:
-    print(f"ratios: {len(ratios)}, min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, max {max(ratios):.3f}, geomean {statistics.geometric_mean(ratios):.4f}")
-PY
+    python3 "$root/bench/abi_ratio.py" "$OUT"/abi24b-$name-*.json | tee "$OUT/abi24b-$name-ratio.md"
   done
+  timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants-builtin.txt" 2>&1
+  echo "mutants --backend cuda (the built-in plugin, the default): exit $?"; tail -18 "$OUT/gpu-mutants-builtin.txt"
+  timeout 240 "$cpkv" mutants --backend cuda --exchange inprocess > "$OUT/gpu-mutants-inprocess.txt" 2>&1
+  echo "mutants --backend cuda --exchange inprocess: exit $?"; tail -14 "$OUT/gpu-mutants-inprocess.txt"
+  timeout 150 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 "$cpkv" replay "$root/traces/samples/tiny.jsonl" \
+    --backend cuda --variant all --exchange "$build/gpu/libcpkv_exchange_fused.so" --layers 2 > "$OUT/fused-memcheck.txt" 2>&1
+  echo "fused .so (produce_rows) under compute-sanitizer memcheck (every variant, tiny): exit $?"; tail -4 "$OUT/fused-memcheck.txt"
 fi
 if [[ "$what" == ab21 ]]; then
   # Issue 21's A/B on one GPU: the bench at cp 1 (no oversubscription, so a timing of record for the
