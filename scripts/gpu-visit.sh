@@ -70,6 +70,7 @@ grep "cpkv:" "$OUT/configure.log"
 targets=()
 [[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
 [[ "$what" == abi24 ]] && targets=(--target cpkv cpkv_python cpkv.tests.gpu_vmm)
+[[ "$what" == abi24c ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin cpkv.tests.gpu_plugin)
 [[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
