@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -27,6 +27,7 @@
 #  then the default bench at cp 1, which times cpkv's exchange in process and through the ABI in one run, twice per trace)
 # (abi24c: the second, shorter visit: the bench-plugin and GPU timeline tests, the in-run ABI A/B, the GPU mutants both ways,
 #  memcheck over the fused .so's produce_rows path)
+# (tl26: the GPU timeline's bench case alone, with and without --timeline and --exchange inprocess, every output shown)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -70,6 +71,7 @@ grep "cpkv:" "$OUT/configure.log"
 targets=()
 [[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
 [[ "$what" == abi24 ]] && targets=(--target cpkv cpkv_python cpkv.tests.gpu_vmm)
+[[ "$what" == tl26 ]] && targets=(--target cpkv cpkv_exchange_plain)
 [[ "$what" == abi24c ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin cpkv.tests.gpu_plugin)
 [[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
@@ -275,6 +277,14 @@ if [[ "$what" == abi24b ]]; then
   # exchange and, right after each variant, the same kernels through the ABI, both as replayed graphs.
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 400 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run|Total Test" "$OUT/gpu-tests.log" | tail -40
+fi
+if [[ "$what" == tl26 ]]; then
+  tiny="$root/traces/samples/tiny.jsonl"
+  for extra in "--exchange inprocess --timeline $OUT/tl-a.json" "--exchange inprocess" "--timeline $OUT/tl-c.json" "--exchange inprocess --cp 1 --timeline $OUT/tl-d.json"; do
+    echo "== bench tiny --variant staging_direct --layers 2 --reps 3 --time-sliced $extra"
+    timeout 120 "$cpkv" bench "$tiny" --variant staging_direct --layers 2 --reps 3 --time-sliced $extra 2>&1 | tail -25
+    echo "exit ${PIPESTATUS[0]}"
+  done
 fi
 if [[ "$what" == abi24c ]]; then
   (cd "$build" && ctest -R "GpuBenchPlugin|timeline_gpu|GpuPluginStub" --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-tests-c.log" 2>&1
