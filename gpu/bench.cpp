@@ -166,8 +166,12 @@ std::vector<double> replay_graph_us(Rank& r, cudaGraph_t graph, std::int32_t cyc
   std::size_t count = 0;
   CPKV_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &count));
   nodes = static_cast<double>(count) / cycle;
-  if (count == 0) {  // nothing to time (no isolated exchange for this variant)
+  if (count == 0) {  // nothing to time (no isolated exchange for this variant, no own page to fill on this rank)
     CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
+    // The host barrier a non-empty graph meets below, met here too: a rank with no current page of
+    // its own has an empty fill graph while its peers' are not, and a barrier skipped on one rank
+    // leaves a peer waiting for it at the end of the run (found on one H200 at cp 2, tiny.jsonl).
+    r.barrier();
     return {0.0};
   }
   cudaGraphExec_t exec = nullptr;
