@@ -71,7 +71,7 @@ grep "cpkv:" "$OUT/configure.log"
 targets=()
 [[ "$what" == conformance2 ]] && targets=(--target cpkv_python)
 [[ "$what" == abi24 ]] && targets=(--target cpkv cpkv_python cpkv.tests.gpu_vmm)
-[[ "$what" == tl26 ]] && targets=(--target cpkv cpkv_exchange_plain)
+[[ "$what" == tl26 ]] && targets=(--target cpkv)
 [[ "$what" == abi24c ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin cpkv.tests.gpu_plugin)
 [[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
@@ -280,7 +280,9 @@ if [[ "$what" == abi24b ]]; then
 fi
 if [[ "$what" == tl26 ]]; then
   tiny="$root/traces/samples/tiny.jsonl"
-  for extra in "--exchange inprocess --timeline $OUT/tl-a.json" "--exchange inprocess" "--timeline $OUT/tl-c.json" "--exchange inprocess --cp 1 --timeline $OUT/tl-d.json"; do
+  cases=("--exchange inprocess --timeline $OUT/tl-a.json" "--exchange inprocess" "--timeline $OUT/tl-c.json" "--exchange inprocess --cp 1 --timeline $OUT/tl-d.json")
+  [[ "${TL_ONE:-0}" == 1 ]] && cases=("--timeline $OUT/tl-c.json")  # the default bench: in process, then through the ABI
+  for extra in "${cases[@]}"; do
     echo "== bench tiny --variant staging_direct --layers 2 --reps 3 --time-sliced $extra"
     timeout 120 "$cpkv" bench "$tiny" --variant staging_direct --layers 2 --reps 3 --time-sliced $extra 2>&1 | tail -25
     echo "exit ${PIPESTATUS[0]}"
