@@ -14,23 +14,28 @@ import statistics
 import sys
 
 
+def refuse(text):
+    print(f"abi_ratio: {text}", file=sys.stderr)
+    sys.exit(2)
+
+
 def rows_of(path):
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError) as e:
-        sys.exit(f"abi_ratio: {path}: {e}")
+        refuse(f"{path}: {e}")
     if not doc.get("exchange", {}).get("beside_in_process", False):
-        sys.exit(f"abi_ratio: {path}: not a default bench (its exchange is not the built-in plugin beside the in-process one)")
+        refuse(f"{path}: not a default bench (its exchange is not the built-in plugin beside the in-process one)")
     for row in doc.get("rows", []):
         if not row.get("byte_exact", False):
-            sys.exit(f"abi_ratio: {path}: batch {row.get('batch')} {row.get('variant')} was not byte-exact")
+            refuse(f"{path}: batch {row.get('batch')} {row.get('variant')} was not byte-exact")
         yield (row["batch"], row["variant"]), row
 
 
 def main(paths):
     if not paths:
-        sys.exit("abi_ratio: give one or more `cpkv bench --json` files of the default bench")
+        refuse("give one or more `cpkv bench --json` files of the default bench")
     table = {}
     for path in paths:
         for key, row in rows_of(path):
@@ -45,7 +50,7 @@ def main(paths):
         print(f"| {batch} | {variant} | {cell('with_fill_us_per_layer_median', '{:.1f}')} | {cell('plugin_with_fill_us_per_layer_median', '{:.1f}')} | "
               f"{cell('abi_over_in_process_with_fill', '{:.3f}')} |")
     if not ratios:
-        sys.exit("abi_ratio: no row has both timings")
+        refuse("no row has both timings")
     print(f"\nratios: {len(ratios)}, min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, max {max(ratios):.3f}, "
           f"geometric mean {statistics.geometric_mean(ratios):.4f}")
 
