@@ -153,7 +153,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchang
     const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
     nlohmann::json row = {{"batch", b},
                           {"variant", model::to_string(variant)},
-                          {"byte_exact", result.report.passed()},
+                          {"byte_exact", result.report.passed() && (abi == nullptr || abi->report.passed())},
                           {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0}};
     add_built_in_shares(result, variant, b, us, built_in, row);
     row.update({{"peer_bytes_per_rank_layer", bytes.peer},

@@ -67,8 +67,9 @@ inline constexpr TimingRow kTimingTable[] = {
      "the compose launch's publish (staging_publish) or pack (v2) launched by itself, no barrier", true},
     {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr, "us", nullptr, nullptr, false},
     {Timing::plugin_compose, "plugin_compose", true, "plugin_compose_us_per_layer", nullptr, "us", "plugin compose",
-     "the exchange plugin's compose_layer alone, between CUDA events on the rank's stream, launched from the host (no graph; its rows "
-     "written and the bytes checked outside the span)",
+     "the exchange plugin's compose_layer, between CUDA events on the rank's stream, launched from the host (no graph; the bytes checked "
+     "outside the span, and cpkv's rows write into ctx->rows too, but a produce_rows plugin's producer, its fill, is inside it, as in "
+     "'with fill': its x ideal then counts the fill)",
      false, TimedExchange::plugin},
     {Timing::plugin_with_fill, "plugin_with_fill", true, "plugin_with_fill_us_per_layer", "launches_per_layer_plugin_with_fill", "us", "plugin with fill",
      "the exchange plugin's layer (cpkv's rows write where it reads ctx->rows, then compose_layer, a produce_rows plugin's producer inside it) "

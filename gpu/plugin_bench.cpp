@@ -10,6 +10,8 @@
 //   synchronization or fails inside the capture is reported not replayable on every rank (no rank
 //   replays a graph a peer's barrier would never meet), and its row is null.
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -63,22 +65,28 @@ void time_host_launched(Rank& r, std::int64_t batch_index, std::int32_t cycle, c
   keep(r, Timing::plugin_compose, batch_index, us, 0);
 }
 
-// The cycle captured; null where this rank could not capture it (the error it left is cleared).
-cudaGraph_t capture_cycle(Rank& r, std::int32_t cycle, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer) {
-  if (cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+// The cycle captured; null where this rank could not capture it, with why in `why` (the error it
+// left is cleared).
+cudaGraph_t capture_cycle(Rank& r, std::int32_t cycle, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer, std::string& why) {
+  if (const cudaError_t begun = cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal); begun != cudaSuccess) {
     (void)cudaGetLastError();
+    why = fmt::format("cudaStreamBeginCapture: {}", cudaGetErrorString(begun));
     return nullptr;
   }
-  bool ok = true;
-  for (std::int32_t l = 0; l < cycle && ok; ++l) {
+  cpkv_status status = CPKV_OK;
+  std::int32_t failed_layer = -1;
+  for (std::int32_t l = 0; l < cycle && status == CPKV_OK; ++l) {
     write_rows(l);
-    ok = compose_layer(l) == CPKV_OK;
+    status = compose_layer(l);
+    if (status != CPKV_OK) failed_layer = l;
   }
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(r.stream, &graph);
   (void)cudaGetLastError();
-  if (ok && ended == cudaSuccess && graph != nullptr) return graph;
+  if (status == CPKV_OK && ended == cudaSuccess && graph != nullptr) return graph;
   if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  why = status != CPKV_OK ? fmt::format("compose_layer of layer {} returned status {} while capturing", failed_layer, static_cast<int>(status))
+                          : fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(ended));
   return nullptr;
 }
 
@@ -94,7 +102,12 @@ void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, cons
   if (!replayable) return;
   // The harness's own barriers inside the capture (an IPC all-reduce's), for the host's count.
   const std::uint64_t phase_before = r.barrier_phase;
-  cudaGraph_t graph = capture_cycle(r, cycle, write_rows, compose_layer);
+  std::string why;
+  cudaGraph_t graph = capture_cycle(r, cycle, write_rows, compose_layer, why);
+  if (graph == nullptr) {
+    fmt::print(stderr, "cpkv bench: rank {} batch {}: the exchange plugin declares CPKV_FLAG_REPLAYABLE but its layers could not be captured ({}); "
+                       "its 'plugin with fill' is '-'\n", r.ctx.rank, batch_index, why);
+  }
   const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
   r.barrier_phase = phase_before;
   // Every rank replays, or none does: a replayed barrier waits for every peer's.

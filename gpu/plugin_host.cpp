@@ -401,7 +401,9 @@ void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_
 }
 
 // Every rank's verdict on the batch (refused as an overflow or not) must be the same (invariant 3).
-void agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
+// True where every rank accepted it (the bench times only such a batch: its timing meets host
+// barriers on every rank).
+bool agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
   Rank& r = h.r;
   r.ctx.boot->plugin_refused[r.ctx.rank].store(refused ? 1 : 0);
   r.barrier();
@@ -410,7 +412,10 @@ void agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
     record(r.ctx.boot, violation(3, r.ctx.rank, index, 0, fmt::format("rank {} {} the batch, rank 0 {} it", r.ctx.rank, refused ? "refused" : "accepted",
                                                                           rank0 != 0 ? "refused" : "accepted")));
   }
+  bool all_accepted = true;
+  for (std::int32_t p = 0; p < r.cp(); ++p) all_accepted = all_accepted && r.ctx.boot->plugin_refused[p].load() == 0;
   r.barrier();
+  return all_accepted;
 }
 
 // The layers of one accepted batch: rows, the slow rank, the plugin's layer, the byte check.
@@ -481,7 +486,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   h.ctx.batch = &pb.c;
   const cpkv_status begun = h.plugin.table->begin_batch != nullptr ? h.plugin.table->begin_batch(&h.ctx) : CPKV_OK;
   if (begun != CPKV_OVERFLOW) check_call(h, begun, "begin_batch", index, -1);
-  agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
+  const bool all_accepted = agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
   if (begun == CPKV_OVERFLOW) {
     ++totals.overflows;
     timeline_overflow(r, index);
@@ -496,7 +501,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     // The plugin's own counts of the functional layers (the bench's timed layers are not counted).
     totals.bytes_gathered_from_peers += h.ctx.counters.bytes_gathered_from_peers - before.bytes_gathered_from_peers;
     totals.barriers += h.ctx.counters.barriers - before.barriers;
-    if (r.ctx.cuda.timing_reps > 0) time_plugin_batch(h, pb, dev, index);
+    if (r.ctx.cuda.timing_reps > 0 && all_accepted) time_plugin_batch(h, pb, dev, index);
     h.batch = nullptr;
   }
   r.sync_stream();

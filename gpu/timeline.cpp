@@ -207,7 +207,8 @@ void timeline_overflow(Rank& r, std::int64_t batch) {
 std::unique_ptr<harness::TimelineParts> start_group_timeline(const CudaOptions& cuda, model::Variant variant, std::int32_t ranks) {
   if (cuda.timeline.empty()) return nullptr;
   harness::TimelineRun run;
-  run.pid = 1 + static_cast<std::int32_t>(variant);
+  // A variant's run through a plugin is a process of its own beside its in-process run (the default bench runs both).
+  run.pid = 1 + static_cast<std::int32_t>(variant) + (cuda.exchange ? static_cast<std::int32_t>(model::kVariantCount) : 0);
   run.label = fmt::format("cuda {}{}", model::to_string(variant), cuda.exchange ? fmt::format(" (plugin {})", cuda.exchange->name) : std::string());
   run.ranks = ranks;
   return std::make_unique<harness::TimelineParts>(cuda.timeline, run);

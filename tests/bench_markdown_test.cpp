@@ -88,12 +88,44 @@ TEST(BenchMarkdown, APluginRunShowsThePluginComposeColumnAndNoneOfTheBuiltInTimi
                         {"model_error", -0.4667}};
   const std::vector<std::string> lines = lines_of(bench_markdown(nlohmann::json::array({row}), ceilings(), 61));
   ASSERT_GE(lines.size(), 5u);
-  EXPECT_EQ(lines[0].rfind("plugin compose = the exchange plugin's compose_layer alone", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[0].rfind("plugin compose = the exchange plugin's compose_layer, between CUDA events", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("a produce_rows plugin's producer, its fill, is inside it"), std::string::npos) << "where the fill is, said\n" << lines[0];
   EXPECT_EQ(lines[0].find("with fill ="), std::string::npos) << lines[0];
   EXPECT_EQ(lines[2], "| batch | variant | plugin compose us | plugin compose min-max | ms/batch | isolated current us (barrier's share) | "
                       "barrier in the layer us | peer MB/rank/layer | GB/s | x ideal | model us | model error | exact |");
   EXPECT_EQ(lines[4], "| 0 | staging_direct | 41.2 | 40.0-44.5 | 2.52 | - | - | 5.00 | 121 | 2.50 | 22.0 | -47% | yes |");
   EXPECT_EQ(cells(lines[4]), cells(lines[2]));
+}
+
+// The default bench (no --exchange): cpkv's own columns, the built-in plugin's beside them, and the
+// ratio of the two layers with their fill; a plugin that could not be replayed as a graph shows "-"
+// for its graph timing and the ratio, not a figure of nothing.
+TEST(BenchMarkdown, TheDefaultBenchShowsTheBuiltInPluginBesideTheInProcessExchangeWithTheirRatio) {
+  nlohmann::json row = {{"batch", 0}, {"variant", "staging_direct"}, {"byte_exact", true},
+                        {"with_fill_us_per_layer_median", 40.0}, {"with_fill_us_per_layer_min", 39.0}, {"with_fill_us_per_layer_max", 41.0},
+                        {"launches_per_layer_with_fill", 2.0}, {"compose_us_per_layer_median", 30.0}, {"compose_us_per_layer_min", 29.0},
+                        {"compose_us_per_layer_max", 31.0}, {"launches_per_layer_compose", 1.0}, {"fill_alone_us_per_layer_median", 9.0},
+                        {"pre_signal_alone_us_per_layer_median", nullptr}, {"plugin_compose_us_per_layer_median", 45.0},
+                        {"plugin_compose_us_per_layer_min", 44.0}, {"plugin_compose_us_per_layer_max", 46.0},
+                        {"plugin_with_fill_us_per_layer_median", 40.4}, {"plugin_with_fill_us_per_layer_min", 40.0},
+                        {"plugin_with_fill_us_per_layer_max", 41.0}, {"launches_per_layer_plugin_with_fill", 2.0},
+                        {"abi_over_in_process_with_fill", 1.01}, {"ms_per_batch_compose", 1.83}, {"isolated_current_us", 12.0},
+                        {"barrier_share_us", 3.0}, {"barrier_share_in_layer_us", 2.0}, {"peer_bytes_per_rank_layer", 5.0e6},
+                        {"achieved_peer_gbps", 166.7}, {"ratio_to_ideal", 1.5}, {"model_us_per_layer", 28.0}, {"model_error", -0.0667}};
+  nlohmann::json unreplayed = row;
+  unreplayed["batch"] = 1;
+  unreplayed["plugin_with_fill_us_per_layer_median"] = nullptr;
+  unreplayed["abi_over_in_process_with_fill"] = nullptr;
+  const std::vector<std::string> lines = lines_of(bench_markdown(nlohmann::json::array({row, unreplayed}), ceilings(), 61));
+  ASSERT_GE(lines.size(), 6u);
+  EXPECT_NE(lines[0].find("ABI / in-process = the built-in plugin's 'plugin with fill' over cpkv's in-process 'with fill'"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[2].find("| plugin with fill us | plugin with fill min-max | launches/layer (plugin with fill) | ABI / in-process (with fill) |"),
+            std::string::npos)
+      << lines[2];
+  EXPECT_NE(lines[4].find("| 40.4 | 40.0-41.0 | 2 | 1.010 |"), std::string::npos) << lines[4];
+  EXPECT_NE(lines[5].find("| - | - | - | - |"), std::string::npos) << "no graph timing, no ratio\n" << lines[5];
+  EXPECT_EQ(cells(lines[4]), cells(lines[2]));
+  EXPECT_EQ(cells(lines[5]), cells(lines[2]));
 }
 
 TEST(BenchMarkdown, CeilingsLineNamesEveryScalarWithItsUnitAndTheGatherSweepMarksWrongRates) {

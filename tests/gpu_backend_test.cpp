@@ -66,6 +66,44 @@ model::Setting small_setting(std::int32_t cp) {
   return s;
 }
 
+// The counters a run reports through the ABI are the plugin's own (ctx->counters: barriers, bytes
+// gathered from peers) and cpkv's count of the all-reduce service's calls (collectives, bytes
+// reduced): for cpkv's own exchange they are the in-process executor's, rank by rank. And they are
+// not empty: a cp 2 batch with pages on both ranks moves bytes between them.
+TEST(GpuBackend, TheBuiltInPluginsCountersAreTheInProcessExchangesRankByRank) {
+  CPKV_REQUIRE_GPU();
+  if (std::getenv(cuda::kExchangeEnvironment) != nullptr) GTEST_SKIP() << cuda::kExchangeEnvironment << " is set: the default is not the built-in plugin";
+  model::Batch batch;
+  batch.requests.push_back({32, 70, {3, 17}});
+  batch.requests.push_back({48, 130, {9, 40, 63}});
+  const harness::BatchSource source = harness::BatchSource::from_batches(small_setting(2), {batch, batch});
+  cuda::CudaOptions in_process_options;
+  in_process_options.in_process = true;
+  auto through_abi = cuda::make_cuda_backend(cuda::CudaOptions{});
+  auto in_process = cuda::make_cuda_backend(in_process_options);
+  for (model::Variant variant : {model::Variant::staging_direct, model::Variant::v2, model::Variant::fused_ar, model::Variant::symm_dense}) {
+    harness::RunOptions options;
+    options.variant = variant;
+    options.layers = 3;
+    const harness::RunReport a = through_abi->run(source, options);
+    const harness::RunReport b = in_process->run(source, options);
+    const std::string v(model::to_string(variant));
+    ASSERT_TRUE(a.passed() && b.passed()) << v << ": " << a.failure << b.failure;
+    ASSERT_EQ(a.ranks.size(), b.ranks.size());
+    for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+      EXPECT_EQ(a.ranks[r].barriers, b.ranks[r].barriers) << v << " rank " << r;
+      EXPECT_EQ(a.ranks[r].collectives, b.ranks[r].collectives) << v << " rank " << r;
+      EXPECT_EQ(a.ranks[r].bytes_reduced, b.ranks[r].bytes_reduced) << v << " rank " << r;
+      EXPECT_EQ(a.ranks[r].bytes_gathered_from_peers, b.ranks[r].bytes_gathered_from_peers) << v << " rank " << r;
+    }
+    std::int64_t peer = 0;
+    for (const harness::Totals& t : a.ranks) peer += static_cast<std::int64_t>(t.bytes_gathered_from_peers);
+    EXPECT_GT(peer, 0) << v << ": the ranks read each other's pages";
+    if (variant == model::Variant::staging_direct) EXPECT_EQ(a.ranks[0].barriers, 6) << "one barrier per layer, 3 layers of 2 batches";
+    if (variant == model::Variant::fused_ar) EXPECT_GT(a.ranks[0].collectives, 0) << "its all-reduces go through the service";
+  }
+}
+
 TEST(GpuBackend, FourAndEightRanksOnTwoGpusAreByteExactOverFourLayers) {
   CPKV_REQUIRE_GPU();
   for (std::int32_t cp : {4, 8}) {
@@ -194,12 +232,15 @@ std::optional<harness::BatchSource> batch_without_pages_of(std::int32_t cp, std:
 // Oversubscribed (every rank on one GPU) and, with two GPUs, one rank per GPU at cp 2.
 TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
   CPKV_REQUIRE_GPU();
+  // Through the ABI (the built-in plugin takes the slow reader from ctx->reader_spin_cycles) and in process.
+  for (const bool in_process : {false, true}) {
   for (std::int32_t cp : {2, 4}) {
     for (std::int32_t idle = 0; idle < cp; ++idle) {
       const std::optional<harness::BatchSource> source = batch_without_pages_of(cp, idle);
       ASSERT_TRUE(source.has_value()) << "no batch leaves rank " << idle << " of " << cp << " without current pages";
       cuda::CudaOptions slow;
       slow.slow_reader_rank = idle;
+      slow.in_process = in_process;
       auto backend = cuda::make_cuda_backend(slow);
       for (model::Variant variant : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
         harness::RunOptions options;
@@ -207,7 +248,7 @@ TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
         options.layers = 4;  // layer 2 reuses layer 0's half while the slow rank may still read it
         options.seed = 11;
         const harness::RunReport report = backend->run(*source, options);
-        const std::string where = fmt::format("cp {} idle slow rank {} {}", cp, idle, model::to_string(variant));
+        const std::string where = fmt::format("{} cp {} idle slow rank {} {}", in_process ? "in process" : "through the ABI", cp, idle, model::to_string(variant));
         EXPECT_TRUE(report.failure.empty()) << where << ": " << report.failure;
         for (const harness::Totals& rank : report.ranks) EXPECT_EQ(rank.mismatches, 0) << where << ": " << rank.first_mismatch;
         EXPECT_EQ(report.violation_count, 0) << where << ": " << (report.violations.empty() ? "" : harness::describe(report.violations[0]));
@@ -215,6 +256,7 @@ TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
         EXPECT_EQ(report.ranks[idle].layers, 8) << where << ": both batches ran every layer";
       }
     }
+  }
   }
 }
 
@@ -240,9 +282,11 @@ TEST(GpuMutants, VerifyKernelFindsAndLocatesOneCorruptedByte) {
   EXPECT_EQ(t.actual, t.planted_actual);
 }
 
-void expect_every_gpu_mutant_reported(std::int32_t cp) {
+void expect_every_gpu_mutant_reported(std::int32_t cp, bool in_process) {
   const harness::BatchSource source = cuda::gpu_mutant_source(cp);
-  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
+  cuda::CudaOptions cuda_options;
+  cuda_options.in_process = in_process;
+  auto backend = cuda::make_cuda_backend(cuda_options);
   harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = cuda::kGpuMutantLayers;
@@ -265,13 +309,15 @@ void expect_every_gpu_mutant_reported(std::int32_t cp) {
 
 TEST(GpuMutants, EveryGpuPlantedBugIsReportedOneRankPerGpu) {
   if (cuda::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs: GPU test not run here";
-  expect_every_gpu_mutant_reported(2);
+  for (const bool in_process : {false, true}) expect_every_gpu_mutant_reported(2, in_process);
 }
 
 TEST(GpuMutants, EveryGpuPlantedBugIsReportedOversubscribed) {
   if (cuda::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs: GPU test not run here";
-  expect_every_gpu_mutant_reported(4);
-  expect_every_gpu_mutant_reported(8);
+  for (const bool in_process : {false, true}) {
+    expect_every_gpu_mutant_reported(4, in_process);
+    expect_every_gpu_mutant_reported(8, in_process);
+  }
 }
 
 // The registry's cuda entry offers exactly the table's GPU rows: a request for any other planted bug

@@ -3,6 +3,7 @@
 // same JSON and markdown) with the plugin's compose_layer as its timing row ("plugin compose"),
 // beside the ceilings measured in the same run and the cost model's prediction. Without a GPU every
 // test skips.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -80,6 +81,7 @@ TEST(GpuBenchPlugin, AReplayablePluginIsAlsoTimedAsAReplayedGraph) {
 // the figures; a test asserts no speed).
 TEST(GpuBenchPlugin, TheDefaultBenchPutsTheBuiltInPluginBesideTheInProcessExchange) {
   CPKV_REQUIRE_GPU();
+  if (std::getenv(cuda::kExchangeEnvironment) != nullptr) GTEST_SKIP() << cuda::kExchangeEnvironment << " is set: the bench's default is another exchange";
   const std::filesystem::path json = test::temp_dir("cpkv_gpu_bench_default") / "bench.json";
   const test::CliRun run = test::run_cpkv(fmt::format("bench traces/samples/tiny.jsonl --cp 1 --reps 5 --json {}", json.string()));
   ASSERT_EQ(run.status, 0) << run.out << run.err;

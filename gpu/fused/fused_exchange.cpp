@@ -117,6 +117,9 @@ model::Batch batch_of(const cpkv_batch& b) {
 
 cpkv_status fused_setup(cpkv_exchange_ctx* c) {
   return guarded(c, [&] {
+    if (!CPKV_CTX_HAS(c, produce_rows) || c->produce_rows == nullptr) {
+      throw std::runtime_error("this cpkv hands over no produce_rows (a context before revision 2 of ABI version 1)");
+    }
     auto s = std::make_unique<FusedState>();
     s->setting = setting_of(c);
     const std::optional<model::Variant> v = model::parse_variant(c->path_variant);

@@ -197,7 +197,9 @@ struct cpkv_exchange_ctx {
    * (ctx->batch->own_current_index order) lands at dest[k] + dest_page[j] * page_size * row_bytes
    * (dest_page: device [own_pages]). Rows past a request's end are zeroed when zero_tails is 1 and left
    * as they are when it is 0 (for an exchange that zeroes them otherwise, e.g. a memset of the dense
-   * buffer; the harness's planted bug unzeroed_rows forces 0). */
+   * buffer; the harness's planted bug unzeroed_rows forces 0). The producer reads dest_page when it
+   * runs: for a CPKV_FLAG_REPLAYABLE plugin, dest and dest_page must stay valid through every replay
+   * of the batch's layers, until end_batch. */
   cpkv_status (*produce_rows)(cpkv_exchange_ctx* ctx, void* const* dest, const int64_t* dest_page, int32_t zero_tails, void* stream);
   cpkv_counters counters;             /* the plugin's own counts, above */
   /* A test knob (cpkv's closing-wait test): this rank should spin about this many cycles between its
