@@ -63,11 +63,10 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
   const NeedInputs in{share.memory, share.granularity, cuda.measure_ceilings, kBenchBufferBytes};
   const std::vector<GpuNeed> needs = gpu_needs(source.setting, options.layers, shape, devices.count,
                                                std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
-  static std::string last_line;  // once per run of one size, not once per variant
-  if (const std::string line = need_line(needs, share.memory); line != last_line) {
+  if (const std::string line = need_line(needs, share.memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
     fmt::print("{}\n", line);
     std::fflush(stdout);
-    last_line = line;
+    if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = line;  // once per size over the runs that share it
   }
   if (const std::string refused = refusal(needs, share.memory); !refused.empty()) throw DeviceRefusal(refused);
   if (share.memory == PoolMemory::dense) return share;
@@ -141,6 +140,7 @@ class CudaBackend final : public harness::Backend {
 }  // namespace
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
+  if (options.need_line_printed == nullptr) options.need_line_printed = std::make_shared<std::string>();  // once per size over this backend's runs
   if (!options.exchange && !options.in_process) {
     const std::string named = exchange_by_default();
     harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());

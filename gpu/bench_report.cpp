@@ -252,6 +252,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
   nlohmann::json rows = nlohmann::json::array();
   Ceilings ceilings;
   bool first = true;
+  const auto need_line_printed = std::make_shared<std::string>();  // the memory line once per size over the variants
   for (model::Variant variant : checked.variants) {
     harness::RunOptions options;
     options.variant = variant;
@@ -259,6 +260,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     CudaOptions cuda_options;
     cuda_options.timing_reps = c.reps;
     cuda_options.measure_ceilings = first;
+    cuda_options.need_line_printed = need_line_printed;
     cuda_options.exchange = abi_beside ? nullptr : checked.exchange;
     cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
     const auto bench_one = [&](const CudaOptions& o, const char* what) {

@@ -50,6 +50,10 @@ struct CudaOptions {
   // make_cuda_backend means the default (exchange_by_default) unless `in_process` says null is meant.
   std::shared_ptr<const harness::ExchangePlugin> exchange;
   bool in_process = false;
+  // The memory line (each GPU's need beside its free memory) last printed by the runs that share
+  // this, so a request's variants print it once per size; null: print it for every run. The
+  // backend a registry entry makes shares one over its runs, as the bench does over its variants.
+  std::shared_ptr<std::string> need_line_printed;
   // A rotating slow rank: on layer l of batch b, rank (b + l) % cp spins this many cycles on its
   // stream before its exchange starts (0: none; replay --swarm draws it from the seed).
   std::int64_t slow_rank_cycles = 0;
