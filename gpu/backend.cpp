@@ -185,7 +185,8 @@ void register_backend(harness::Registry& registry) {
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
   cuda.default_exchange = [] {
     const std::optional<std::string> named = exchange_from_environment();
-    return harness::BackendEntry::DefaultExchange{named.value_or(harness::kBuiltinExchange), named.has_value()};
+    return harness::BackendEntry::DefaultExchange{named.value_or(harness::kBuiltinExchange), named.has_value(),
+                                                  named ? fmt::format("{}={}", kExchangeEnvironment, *named) : std::string()};
   };
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");

@@ -157,14 +157,19 @@ TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
   EXPECT_EQ(harness::replay_line(c, model::Variant::staging_direct, 2).find("--exchange"), std::string::npos);
   EXPECT_NE(refused([&] { auto x = r; x.mutant = "stale_page_inverse"; return x; }(), "mutant").find("does not read that input"), std::string::npos)
       << "a harness planted bug must reach the default plugin too";
+  EXPECT_NE(refused([&] { auto x = r; x.variant = "fused_ar"; return x; }(), "variant").find("exchange plugin 'stub' (the default, "), std::string::npos)
+      << "a refusal of a plugin nobody named says what chose it";
   chosen.from_environment = true;
+  chosen.origin = "CPKV_EXCHANGE=stub.so";
+  EXPECT_NE(refused([&] { auto x = r; x.variant = "fused_ar"; return x; }(), "variant").find("exchange plugin 'stub' (CPKV_EXCHANGE=stub.so) does not implement fused_ar"),
+            std::string::npos);
   const harness::CheckedRequest e = harness::check_request(r, registry);
   EXPECT_FALSE(e.exchange_by_default);
   EXPECT_NE(harness::replay_line(e, model::Variant::staging_direct, 2).find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos);
-  chosen = {harness::kInProcessExchange, false};
+  chosen = {harness::kInProcessExchange, false, ""};
   const harness::CheckedRequest in_process = harness::check_request([&] { auto x = r; x.mutant = "none"; return x; }(), registry);
   EXPECT_FALSE(in_process.exchange) << "inprocess is the backend's own exchange, no plugin";
-  EXPECT_NE(refused(r, "mutant").find("runs no plugin"), std::string::npos);
+  EXPECT_NE(refused(r, "mutant").find("the default, inprocess runs no plugin"), std::string::npos);
   r.exchange = harness::kInProcessExchange;
   EXPECT_NE(refused(r, "mutant").find("--exchange inprocess runs no plugin"), std::string::npos);
 }

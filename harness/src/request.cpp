@@ -122,21 +122,27 @@ void check_exchange(CheckedRequest& c) {
   ReplayRequest& r = c.request;
   const std::uint32_t needs = input_corrupted_by(c.mutant);
   std::optional<std::string> spelled = r.exchange;
+  // What chose the exchange, for refusals that name something the user did not type.
+  std::string chosen_by = spelled ? "--exchange " + *spelled : "";
   if (!spelled && (c.backend->options & kTakesExchange) != 0 && c.backend->default_exchange) {
     const BackendEntry::DefaultExchange d = c.backend->default_exchange();
     if (!d.spelling.empty()) spelled = d.spelling;
     if (d.from_environment) r.exchange = d.spelling;  // the replay line names what the environment chose
     c.exchange_by_default = !d.from_environment;
+    chosen_by = !d.origin.empty() ? d.origin : fmt::format("the default, {}", d.spelling);
   }
   if (!spelled || *spelled == kInProcessExchange) {
     if (needs != 0) {
       throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin, and {} runs no plugin: give --exchange", r.mutant,
-                                               spelled ? "--exchange inprocess" : "this backend"));
+                                               spelled ? chosen_by : "this backend"));
     }
     return;
   }
   c.exchange = find_exchange(*spelled);
   const ExchangePlugin& plugin = *c.exchange;
+  // The plugin as refusals name it; one the user did not name says what chose it.
+  const std::string who = r.exchange && !c.exchange_by_default && chosen_by.rfind("--exchange", 0) == 0 ? fmt::format("'{}'", plugin.name)
+                                                                                                      : fmt::format("'{}' ({})", plugin.name, chosen_by);
   std::string implemented;
   for (model::Variant v : plugin.variants) implemented += (implemented.empty() ? "" : ", ") + std::string(model::to_string(v));
   std::vector<model::Variant> chosen;
@@ -144,15 +150,15 @@ void check_exchange(CheckedRequest& c) {
     if (plugin.implements(v)) {
       chosen.push_back(v);
     } else if (r.variant != "all") {
-      throw RequestError("variant", fmt::format("exchange plugin '{}' does not implement {} (it implements: {})", plugin.name, model::to_string(v), implemented));
+      throw RequestError("variant", fmt::format("exchange plugin {} does not implement {} (it implements: {})", who, model::to_string(v), implemented));
     }
   }
   c.variants = chosen;
   if (needs != 0 && (plugin.uses & needs) == 0) {
-    throw RequestError("mutant", fmt::format("'{}' cannot reach exchange plugin '{}': it does not read that input (cpkv_exchange_v1.uses)", r.mutant, plugin.name));
+    throw RequestError("mutant", fmt::format("'{}' cannot reach exchange plugin {}: it does not read that input (cpkv_exchange_v1.uses)", r.mutant, who));
   }
   if (c.mutant != Mutant::none && needs == 0 && !plugin.holds(r.mutant)) {
-    throw RequestError("mutant", fmt::format("exchange plugin '{}' does not hold planted bug '{}' (it holds: {}; the harness holds: {})", plugin.name, r.mutant,
+    throw RequestError("mutant", fmt::format("exchange plugin {} does not hold planted bug '{}' (it holds: {}; the harness holds: {})", who, r.mutant,
                                              plugin.mutants.empty() ? std::string("none") : fmt::format("{}", fmt::join(plugin.mutants, ", ")),
                                              mutant_names(kHarnessHolds)));
   }

@@ -138,6 +138,7 @@ struct BackendEntry {
   struct DefaultExchange {
     std::string spelling;
     bool from_environment = false;
+    std::string origin;  // what chose it, for refusals: "CPKV_EXCHANGE=PATH" (empty: the backend's default)
   };
   std::function<DefaultExchange()> default_exchange;
 };
