@@ -101,8 +101,9 @@ class VariantCoster {
       for (std::int32_t rank = 0; rank < setting_.cp; ++rank) {
         const model::LayerBytes bytes = model::layer_bytes_from_counts(setting_, counts, variant, rank, c.layer);
         cost.pulled[rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(c.count);
-        const double us = model::layer_copy_us(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
-        if (rank == 0 || us > slowest_us) slowest = model::layer_copy_components(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const model::TimeComponents parts = model::layer_copy_components(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const double us = parts.total_us();
+        if (rank == 0 || us > slowest_us) slowest = parts;
         slowest_us = std::max(slowest_us, us);
         barrier_us = bytes.barriers * ceilings_.barrier_us;
         local = std::max(local, bytes.local_copy_bytes);

@@ -165,24 +165,6 @@ double allreduces_us(const model::Setting& setting, const BatchCounts& c, model:
   return us;
 }
 
-double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
-  const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
-  const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;  // 1 GB/s = 1e3 bytes per microsecond
-  const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
-  double us = 0.0;
-  if (s.zero > 0) us += ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
-  // The fused compose launch: the pre entries finish on every warp before the signal, so they are serial.
-  us += ceilings.gather_fixed_us;
-  if (s.pre > 0) us += ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
-  us += bytes.barriers * ceilings.barrier_us;
-  // The post entries' peer pulls (NVLink) and own-memory copies (HBM) run at once on the launch's
-  // warps: the longer of the two.
-  us += std::max(static_cast<double>(s.post_peer) * us_per_byte_peer, static_cast<double>(s.post_local) * us_per_byte_local);
-  if (s.unpack > 0) us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;  // one unpack per compact all-reduce
-  return us;
-}
-
 void TimeComponents::add(const TimeComponents& o, double times) {
   zero_us += o.zero_us * times;
   fill_us += o.fill_us * times;
@@ -200,14 +182,24 @@ TimeComponents layer_copy_components(const model::Setting& setting, const BatchC
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
   TimeComponents t;
   if (s.zero > 0) t.zero_us = ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
+  // The fused compose launch: the pre entries finish on every warp before the signal, so they are serial.
   t.launch_us = ceilings.gather_fixed_us;
   if (s.pre > 0) t.fill_us = ceilings.gather_fixed_us + static_cast<double>(s.pre) * us_per_byte_local;
   t.barrier_us = bytes.barriers * ceilings.barrier_us;
   const double peer = static_cast<double>(s.post_peer) * us_per_byte_peer;
   const double local = static_cast<double>(s.post_local) * us_per_byte_local;
-  (peer >= local ? t.peer_us : t.local_us) = std::max(peer, local);  // the critical one of two overlapped streams
+  // The post entries' peer pulls (NVLink) and own-memory copies (HBM) run at once on the launch's
+  // warps: the longer of the two, the critical one of two overlapped streams.
+  (peer >= local ? t.peer_us : t.local_us) = std::max(peer, local);
+  // One unpack per compact all-reduce.
   if (s.unpack > 0) t.local_us += bytes.allreduces * ceilings.gather_fixed_us + static_cast<double>(s.unpack) * us_per_byte_local;
   return t;
+}
+
+// One source for the layer's copy time: its parts, summed (TimeComponents::total_us).
+double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
+                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
+  return layer_copy_components(setting, c, variant, bytes, ceilings, page_bytes, dense_slots).total_us();
 }
 
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
@@ -249,8 +241,9 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
       for (std::int32_t rank = 0; rank < cp; ++rank) {
         const model::LayerBytes bytes = layer_bytes_from_counts(setting_, out.counts, variant, rank, layer);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        const double us = layer_copy_us(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
-        if (rank == 0 || us > slowest_us) slowest = layer_copy_components(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const TimeComponents parts = layer_copy_components(setting_, out.counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const double us = parts.total_us();
+        if (rank == 0 || us > slowest_us) slowest = parts;
         slowest_us = std::max(slowest_us, us);
       }
       // Barriers and collectives hold every layer to its slowest rank; the all-reduces are the same
