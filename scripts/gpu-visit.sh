@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -28,6 +28,8 @@
 # (abi24c: the second, shorter visit: the bench-plugin and GPU timeline tests, the in-run ABI A/B, the GPU mutants both ways,
 #  memcheck over the fused .so's produce_rows path)
 # (tl26: the GPU timeline's bench case alone, with and without --timeline and --exchange inprocess, every output shown)
+# (unverified: what session 2026-12-02c wrote after its device time was spent: the tl26 cases, the GPU timeline test, the
+#  counters test, the closing-wait test and the bench-plugin tests both ways, the default bench at cp 1 once)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -278,7 +280,12 @@ if [[ "$what" == abi24b ]]; then
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 400 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed|Not Run|Total Test" "$OUT/gpu-tests.log" | tail -40
 fi
-if [[ "$what" == tl26 ]]; then
+if [[ "$what" == unverified ]]; then
+  (cd "$build" && ctest -R "cpkv.python.timeline_gpu|GpuBackend.TheBuiltInPlugins|GpuBackend.TheInProcess|GpuBarrier|GpuBenchPlugin|GpuMutants" \
+    --output-on-failure --timeout 300 -j 1) > "$OUT/unverified-tests.log" 2>&1
+  echo "unverified gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|assert|Error" "$OUT/unverified-tests.log" | tail -40
+fi
+if [[ "$what" == tl26 || "$what" == unverified ]]; then
   tiny="$root/traces/samples/tiny.jsonl"
   cases=("--exchange inprocess --timeline $OUT/tl-a.json" "--exchange inprocess" "--timeline $OUT/tl-c.json" "--exchange inprocess --cp 1 --timeline $OUT/tl-d.json")
   [[ "${TL_ONE:-0}" == 1 ]] && cases=("--timeline $OUT/tl-c.json")  # the default bench: in process, then through the ABI
