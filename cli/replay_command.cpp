@@ -98,13 +98,6 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   if (c.chart) check_chart_tools();
 }
 
-// The clock a run's timeline counts: the scheduled simulator's steps, the GPUs' CUDA events on the
-// host's monotonic clock, the free-running simulator's wall time.
-harness::TimelineClock timeline_clock(const std::string& mode) {
-  if (mode == sim::kScheduledMode) return harness::TimelineClock::steps;
-  return mode == "cuda" ? harness::TimelineClock::cuda_events : harness::TimelineClock::wall_us;
-}
-
 // The event log and the timeline are appended to by the run itself (sim/recording.hpp; the GPUs'
 // ranks through part files merged after each variant, gpu/timeline.hpp), into the
 // temporary files beside their targets; they are renamed once the runs end, also when a run failed
@@ -117,7 +110,10 @@ struct StreamedOutputs {
     if (c.timeline) harness::begin_timeline(c.timeline->temporary());
   }
   void commit(const std::string& mode) {
-    if (c.timeline) harness::end_timeline(c.timeline->temporary(), timeline_clock(mode));
+    // The backend's clock (the scheduled simulator's steps, the GPUs' CUDA events on the host's
+    // monotonic clock), else the host's wall clock.
+    const harness::BackendEntry& backend = *c.request.backend;
+    if (c.timeline) harness::end_timeline(c.timeline->temporary(), backend.timeline_clock ? backend.timeline_clock(mode) : harness::TimelineClock::wall_us);
     if (c.timeline) c.timeline->commit();
     if (c.event_log) c.event_log->commit();
   }

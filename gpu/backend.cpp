@@ -216,6 +216,7 @@ void register_backend(harness::Registry& registry) {
     return line;
   };
   cuda.bench = bench_report;
+  cuda.timeline_clock = [](std::string_view) { return harness::TimelineClock::cuda_events; };
   registry.add(std::move(cuda));
 }
 

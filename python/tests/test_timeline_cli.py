@@ -31,6 +31,7 @@ def test_a_planted_bug_is_an_instant_at_its_rank_and_step_and_the_log_is_the_old
     assert hits and hits[0]["tid"] == rank and hits[0]["name"] == f"violation: invariant {invariant}" and hits[0]["args"]["layer"] == layer
     spans = sorted((e for e in events if e["ph"] == "X" and e["tid"] == rank), key=lambda e: e["ts"])
     assert spans[step]["ts"] + spans[step]["dur"] == hits[0]["ts"] + 1, "on the rank's violating step"
+    assert any("scheduler steps" in e["args"].get("clock", "") for e in events if e["name"] == "clock"), "a scheduled run counts steps"
     assert log.read_text() == (GOLDEN / "event-log-tiny-seed7-single_half.log").read_text()
 
 

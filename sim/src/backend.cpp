@@ -143,6 +143,8 @@ void register_backends(harness::Registry& registry) {
   sim.check_source = check_sim_space;
   sim.make = make_sim;
   sim.knobs_line = sim_knobs_line;
+  // Scheduled runs count steps of the schedule; free-running ones, the host's wall clock.
+  sim.timeline_clock = [](std::string_view mode) { return mode == kScheduledMode ? harness::TimelineClock::steps : harness::TimelineClock::wall_us; };
   registry.add(std::move(sim));
 }
 

@@ -22,6 +22,7 @@
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/run.hpp"
 #include "cpkv/harness/source.hpp"
+#include "cpkv/harness/timeline.hpp"
 #include "cpkv/model/limits.hpp"
 
 namespace cpkv::harness {
@@ -141,6 +142,9 @@ struct BackendEntry {
     std::string origin;  // what chose it, for refusals: "CPKV_EXCHANGE=PATH" (empty: the backend's default)
   };
   std::function<DefaultExchange()> default_exchange;
+  // The clock a --timeline of one of its runs counts, given the run's mode (RunReport::mode, the
+  // run header's name); empty: the host's wall clock in microseconds.
+  std::function<TimelineClock(std::string_view mode)> timeline_clock;
 };
 
 class Registry {
