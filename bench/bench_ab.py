@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Compare `cpkv bench --json` files of two builds (A and B) taken in one visit, interleaved.
+"""Compare `cpkv bench --json` files of two sides (A and B) taken in one visit, interleaved: two
+builds, or cpkv's own exchange against an exchange plugin.
 
 Usage: bench_ab.py --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--key compose_us_per_layer_median] [--key-b KEY]
 
---key-b reads B's figure under another key (a plugin's `plugin_compose_us_per_layer_median`
-against the built-in's compose), for an A/B of cpkv's own exchange against the same code behind
-the plugin ABI.
+--key-b reads B's figure under another key: a plugin's `plugin_compose_us_per_layer_median`
+against the built-in's `compose_us_per_layer_median` (`scripts/gpu-visit.sh bench-plugin`).
+(The default bench's in-run ABI / in-process ratio is `bench/abi_ratio.py`'s.)
 
-For every (trace row: batch, variant) present in every file it prints the median over A's runs, the
-median over B's runs and the ratio B/A, then the geometric mean of the ratios per variant. Rows
-whose bytes were not exact in any run are refused (a timing of a wrong exchange is not a timing).
-One clear line and exit 2 on bad input.
+For every (batch, variant) present in every file it prints the median over A's runs, the median
+over B's runs and the ratio B/A, then the geometric mean of the ratios per variant. Every file must
+be of the same trace, cp and timed layers (else exit 1, naming the field); a row whose bytes were
+not exact in any run is refused (a timing of a wrong exchange is not a timing), as is a file that
+is not a bench report (one line naming it, exit 2).
 """
 import argparse
 import json
@@ -19,23 +21,29 @@ import statistics
 import sys
 
 
+SAME = ("trace", "cp", "layers_timed")  # what every file must share
+
+
+def refuse(text, status=2):
+    print(f"bench_ab: {text}", file=sys.stderr)
+    sys.exit(status)
+
+
 def load(path, key):
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
-    except (OSError, ValueError) as e:
-        sys.exit(f"bench_ab: {path}: {e}")
-    rows = {}
-    for row in doc.get("rows", []):
-        if not row.get("byte_exact", False):
-            sys.exit(f"bench_ab: {path}: batch {row.get('batch')} {row.get('variant')} was not byte-exact")
-        value = row.get(key)
-        if value is None:
-            continue
-        rows[(row["batch"], row["variant"])] = float(value)
+        rows = {}
+        for row in doc["rows"]:
+            if not row.get("byte_exact", False):
+                refuse(f"{path}: batch {row.get('batch')} {row.get('variant')} was not byte-exact")
+            if row.get(key) is not None:
+                rows[(row["batch"], row["variant"])] = float(row[key])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        refuse(f"{path}: not a cpkv bench report with '{key}' rows ({type(e).__name__}: {e})")
     if not rows:
-        sys.exit(f"bench_ab: {path}: no row has '{key}'")
-    return doc.get("cp"), rows
+        refuse(f"{path}: no row has '{key}'")
+    return {field: doc.get(field) for field in SAME}, rows
 
 
 def main():
@@ -49,12 +57,13 @@ def main():
     args = ap.parse_args()
     runs_a = [load(p, args.key) for p in args.a]
     runs_b = [load(p, args.key_b or args.key) for p in args.b]
-    cps = {cp for cp, _ in runs_a + runs_b}
-    if len(cps) != 1:
-        sys.exit(f"bench_ab: the files were taken at different cp: {sorted(cps)}")
+    for field in SAME:
+        seen = {json.dumps(shape[field]) for shape, _ in runs_a + runs_b}
+        if len(seen) != 1:
+            refuse(f"the files differ in {field}: {' vs '.join(sorted(seen))}", status=1)
     keys = set.intersection(*(set(rows) for _, rows in runs_a + runs_b))
     if not keys:
-        sys.exit("bench_ab: no (batch, variant) row is in every file")
+        refuse("no (batch, variant) row is in every file", status=1)
     print(f"| batch | variant | {args.label_a} {args.key} | {args.label_b} | {args.label_b}/{args.label_a} |")
     print("| --- | --- | --- | --- | --- |")
     by_variant = {}

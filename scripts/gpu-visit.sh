@@ -9,7 +9,7 @@
 #  --exchange builtin and the .so, the GPU mutants through CPKV_EXCHANGE=builtin, memcheck over the .so)
 # (plugin: issue 24's exchange plugin ABI: the plain example plugin, the harness's planted bugs, memcheck, then the gpu tests)
 # (bench-plugin: `cpkv bench --exchange` with the plain plugin at cp 1 beside the built-in bench of the same visit, the A/B
-#  per layer (scripts/bench_ab.py), cp 2 time-sliced for the path's bytes only, and its gpu test; only its targets built)
+#  per layer (bench/bench_ab.py --key-b), cp 2 time-sliced for the path's bytes only, and its gpu test; only its targets built)
 # (quick: the gpu tests, the GPU mutants and the two benchmarks, the sweep printed; AB_ENV='VAR=VALUE' runs
 #  the gpu tests and both benchmarks again under that environment)
 # (benches: the seeds and Mooncake benchmarks alone, after a change to the bench's host code)
@@ -405,7 +405,8 @@ if [[ "$what" == bench-plugin ]]; then
   echo "bench built-in cp 1: exit $?"
   timeout 120 "$cpkv" bench "$trace" "${common[@]}" --exchange "$plain" --json "$OUT/bench-ab-plain.json" --markdown "$OUT/bench-ab-plain.md" > "$OUT/bench-ab-plain.txt" 2>&1
   echo "bench --exchange plain cp 1: exit $?"; cat "$OUT/bench-ab-plain.md"
-  python3 "$root/scripts/bench_ab.py" "$OUT/bench-ab-builtin.json" "$OUT/bench-ab-plain.json" | tee "$OUT/bench-ab.md"
+  python3 "$root/bench/bench_ab.py" --a "$OUT/bench-ab-builtin.json" --b "$OUT/bench-ab-plain.json" --key-b plugin_compose_us_per_layer_median \
+    --label-a built-in --label-b plain | tee "$OUT/bench-ab.md"
   timeout 120 "$cpkv" bench "$root/traces/samples/tiny.jsonl" --exchange "$plain" --cp 2 --time-sliced --reps 2 > "$OUT/bench-plugin-sliced.txt" 2>&1
   echo "bench --exchange plain cp 2 time-sliced (bytes only): exit $?"; grep -E "TIME-SLICED|FAILED|\| (yes|NO) \|$" "$OUT/bench-plugin-sliced.txt" | cut -c1-60
   (cd "$build" && ctest -R "^GpuBenchPlugin[.]" --output-on-failure --timeout 200 -j 1) > "$OUT/gpu-bench-plugin-tests.log" 2>&1
