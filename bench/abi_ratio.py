@@ -9,22 +9,14 @@ each file, and their ratio (`abi_over_in_process_with_fill`, taken in one run); 
 count, min, median, max and geometric mean. A row that was not byte-exact is refused (a timing of
 a wrong exchange is not a timing); a file that is not a default bench's is refused. One line, exit 2.
 """
-import json
 import statistics
 import sys
 
-
-def refuse(text):
-    print(f"abi_ratio: {text}", file=sys.stderr)
-    sys.exit(2)
+from bench_ab import read_report, refuse  # the same reading of a bench report, and the same one-line refusal
 
 
 def rows_of(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        refuse(f"{path}: {e}")
+    doc = read_report(path)
     if not doc.get("exchange", {}).get("beside_in_process", False):
         refuse(f"{path}: not a default bench (its exchange is not the built-in plugin beside the in-process one)")
     for row in doc.get("rows", []):

@@ -17,6 +17,7 @@ is not a bench report (one line naming it, exit 2).
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 
@@ -25,21 +26,30 @@ SAME = ("trace", "cp", "layers_timed")  # what every file must share
 
 
 def refuse(text, status=2):
-    print(f"bench_ab: {text}", file=sys.stderr)
+    """One line on stderr, named for the script that runs (bench_ab, abi_ratio), and the exit status."""
+    print(f"{os.path.splitext(os.path.basename(sys.argv[0]))[0]}: {text}", file=sys.stderr)
     sys.exit(status)
 
 
-def load(path, key):
+def read_report(path):
+    """A `cpkv bench --json` file, or one line naming it and exit 2."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        refuse(f"{path}: {e}")
+
+
+def load(path, key):
+    doc = read_report(path)
+    try:
         rows = {}
         for row in doc["rows"]:
             if not row.get("byte_exact", False):
                 refuse(f"{path}: batch {row.get('batch')} {row.get('variant')} was not byte-exact")
             if row.get(key) is not None:
                 rows[(row["batch"], row["variant"])] = float(row[key])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError, ValueError) as e:
         refuse(f"{path}: not a cpkv bench report with '{key}' rows ({type(e).__name__}: {e})")
     if not rows:
         refuse(f"{path}: no row has '{key}'")

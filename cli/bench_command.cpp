@@ -38,7 +38,8 @@ harness::BenchReport benched_with_timeline(harness::CheckedBench checked, const 
   checked.checked.request.timeline = timeline.temporary();
   harness::begin_timeline(timeline.temporary());
   const auto commit = [&] {
-    harness::end_timeline(timeline.temporary(), harness::TimelineClock::cuda_events);
+    const harness::BackendEntry& backend = *checked.checked.backend;  // its clock, as a replay's timeline takes it
+    harness::end_timeline(timeline.temporary(), backend.timeline_clock ? backend.timeline_clock(backend.name) : harness::TimelineClock::wall_us);
     timeline.commit();
   };
   try {

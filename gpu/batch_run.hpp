@@ -67,6 +67,17 @@ using PluginStatusCheck = std::function<void(cpkv_status status, std::int32_t la
 void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer,
                         const PluginStatusCheck& check);
 
+// bench.cpp: `cycle` layers of `body` captured into a CUDA graph on the rank's stream, with the
+// harness's own barriers inside it (the host's phase count is left as before the capture: the
+// replays advance it). A body that returns a reason (not empty), or a capture CUDA refuses, leaves
+// no graph and the reason in `why`; the capture is ended and its error cleared either way.
+struct CapturedLayers {
+  cudaGraph_t graph = nullptr;
+  std::uint64_t barriers_per_replay = 0;
+  std::string why;
+};
+CapturedLayers capture_layers(Rank& r, std::int32_t cycle, const std::function<std::string(std::int32_t)>& body);
+
 // bench.cpp: per-layer times of a captured graph of `cycle` layers replayed `reps` times (after two
 // warm-ups), sorted; `nodes` gets its launches per layer. Destroys the graph.
 std::vector<double> replay_graph_us(Rank& r, cudaGraph_t graph, std::int32_t cycle, std::int32_t reps, std::uint64_t barriers_per_replay, double& nodes);

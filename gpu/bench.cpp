@@ -2,9 +2,15 @@
 // batch's layer loop, captured once into a CUDA graph and replayed (CUDA events around each
 // replay), folded over the ranks (worst rank).
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <string>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "batch_run.hpp"
 #include "device_plan.hpp"
 #include "rank.hpp"
 
@@ -202,18 +208,43 @@ std::vector<double> replay_graph_us(Rank& r, cudaGraph_t graph, std::int32_t cyc
   return us;
 }
 
+CapturedLayers capture_layers(Rank& r, std::int32_t cycle, const std::function<std::string(std::int32_t)>& body) {
+  CapturedLayers out;
+  if (const cudaError_t begun = cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal); begun != cudaSuccess) {
+    (void)cudaGetLastError();
+    out.why = fmt::format("cudaStreamBeginCapture: {}", cudaGetErrorString(begun));
+    return out;
+  }
+  const std::uint64_t phase_before = r.barrier_phase;
+  for (std::int32_t l = 0; l < cycle && out.why.empty(); ++l) out.why = body(l);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(r.stream, &graph);  // ends the capture also after a body failed
+  (void)cudaGetLastError();
+  out.barriers_per_replay = r.barrier_phase - phase_before;
+  r.barrier_phase = phase_before;  // what was captured has not run: the replays advance it
+  if (out.why.empty() && ended == cudaSuccess && graph != nullptr) {
+    out.graph = graph;
+    return out;
+  }
+  if (graph != nullptr) (void)cudaGraphDestroy(graph);
+  if (out.why.empty()) out.why = fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(ended));
+  return out;
+}
+
 namespace {
 
-// Per-layer times of `cycle` layers of `body` captured once into a CUDA graph and replayed.
+// Per-layer times of `cycle` layers of `body` (cpkv's own launches) captured once into a CUDA
+// graph and replayed; a capture that fails ends the rank (as a failed launch does).
 std::vector<double> graph_layer_us(Rank& r, std::int32_t cycle, std::int32_t reps, const std::function<void(std::int32_t)>& body, double& nodes) {
-  const std::uint64_t phase_before = r.barrier_phase;
-  cudaGraph_t graph = nullptr;
-  CPKV_CUDA_CHECK(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal));
-  for (std::int32_t l = 0; l < cycle; ++l) body(l);
-  CPKV_CUDA_CHECK(cudaStreamEndCapture(r.stream, &graph));
-  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
-  r.barrier_phase = phase_before;
-  return replay_graph_us(r, graph, cycle, reps, barriers_per_replay, nodes);
+  const CapturedLayers captured = capture_layers(r, cycle, [&](std::int32_t l) {
+    body(l);
+    return std::string();
+  });
+  if (captured.graph == nullptr) {
+    std::fprintf(stderr, "cpkv: rank %d: capturing the bench's layer loop failed: %s\n", r.ctx.rank, captured.why.c_str());
+    std::abort();
+  }
+  return replay_graph_us(r, captured.graph, cycle, reps, captured.barriers_per_replay, nodes);
 }
 
 // NCCL's sum all-reduce over the benchmark buffer: bus bandwidth at 64 MiB, latency at 4 KiB. The

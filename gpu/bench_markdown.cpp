@@ -34,6 +34,9 @@ bool has_column(const TimingRow& t, const nlohmann::json& rows) {
   return rows.empty() ? t.exchange == TimedExchange::built_in : rows[0].contains(std::string(t.json_stem) + "_median");
 }
 
+// The default bench's rows: cpkv's own exchange with the built-in plugin beside it, and their ratio.
+bool has_abi_ratio(const nlohmann::json& rows) { return !rows.empty() && rows[0].contains("abi_over_in_process_with_fill"); }
+
 std::string table_line(const std::vector<std::string>& cells) { return "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n"; }
 
 std::string legend(const nlohmann::json& rows, std::int32_t layer_count) {
@@ -46,7 +49,7 @@ std::string legend(const nlohmann::json& rows, std::int32_t layer_count) {
       "ms/batch = compose x {} layers; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked "
       "there){}.\n\n",
       fmt::join(parts, "; "), kTimingTable[0].unit, layer_count,
-      !rows.empty() && rows[0].contains("abi_over_in_process_with_fill")
+      has_abi_ratio(rows)
           ? "; ABI / in-process = the built-in plugin's 'plugin with fill' over cpkv's in-process 'with fill' (the same kernels, both replayed "
             "graphs, run one after the other in this bench)"
           : "");
@@ -57,7 +60,7 @@ std::string rows_table(const nlohmann::json& rows) {
   for (const TimingRow& t : kTimingTable) {
     if (has_column(t, rows)) timing_headers(t, header);
   }
-  const bool abi = !rows.empty() && rows[0].contains("abi_over_in_process_with_fill");
+  const bool abi = has_abi_ratio(rows);
   if (abi) header.emplace_back("ABI / in-process (with fill)");
   for (const char* derived : {"ms/batch", "isolated current us (barrier's share)", "barrier in the layer us", "peer MB/rank/layer", "GB/s",
                               "x ideal", "model us", "model error", "exact"}) {

@@ -89,6 +89,14 @@ void produce_rows(BatchPlan& b, std::int32_t page_size) {
 
 }  // namespace
 
+std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int32_t rank) {
+  std::uint64_t pages = 0;
+  for (const std::vector<kernels::GatherEntry>* list : {&b.gather1, &b.gather2}) {
+    for (const kernels::GatherEntry& e : *list) pages += e.table_index >= 0 && e.table_index % cp != rank ? 1 : 0;
+  }
+  return pages;
+}
+
 BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
                            std::int64_t staging_slots, std::vector<bool>& populated) {
   BatchPlan b;

@@ -75,6 +75,11 @@ class DeviceUploads {
   std::vector<void*> owned_;
 };
 
+// The pages a rank's gathers read from its peers (pools and staging or dense buffers of other
+// ranks), per active kind and layer: the peer-bytes counter of the in-process executor and of the
+// fused plugin alike.
+std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int32_t rank);
+
 // The batch plan on the device: the 9 uploads.
 struct DevicePlan {
   const kernels::GatherEntry *compose, *unpack;

@@ -103,9 +103,7 @@ void build_launches(BatchRun& run) {
     run.compose.push_back(compose_args(run, l));
     run.produce.push_back(produce_args(run, l));
   }
-  for (const std::vector<kernels::GatherEntry>* list : {&run.b.gather1, &run.b.gather2}) {
-    for (const kernels::GatherEntry& e : *list) run.peer_pages_per_kind += e.table_index >= 0 && e.table_index % run.r.cp() != run.r.ctx.rank ? 1 : 0;
-  }
+  run.peer_pages_per_kind = peer_pages_per_kind(run.b, run.r.cp(), run.r.ctx.rank);
 }
 
 }  // namespace

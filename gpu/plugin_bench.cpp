@@ -65,31 +65,6 @@ void time_host_launched(Rank& r, std::int64_t batch_index, std::int32_t cycle, c
   keep(r, Timing::plugin_compose, batch_index, us, 0);
 }
 
-// The cycle captured; null where this rank could not capture it, with why in `why` (the error it
-// left is cleared).
-cudaGraph_t capture_cycle(Rank& r, std::int32_t cycle, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer, std::string& why) {
-  if (const cudaError_t begun = cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal); begun != cudaSuccess) {
-    (void)cudaGetLastError();
-    why = fmt::format("cudaStreamBeginCapture: {}", cudaGetErrorString(begun));
-    return nullptr;
-  }
-  cpkv_status status = CPKV_OK;
-  std::int32_t failed_layer = -1;
-  for (std::int32_t l = 0; l < cycle && status == CPKV_OK; ++l) {
-    write_rows(l);
-    status = compose_layer(l);
-    if (status != CPKV_OK) failed_layer = l;
-  }
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(r.stream, &graph);
-  (void)cudaGetLastError();
-  if (status == CPKV_OK && ended == cudaSuccess && graph != nullptr) return graph;
-  if (graph != nullptr) (void)cudaGraphDestroy(graph);
-  why = status != CPKV_OK ? fmt::format("compose_layer of layer {} returned status {} while capturing", failed_layer, static_cast<int>(status))
-                          : fmt::format("cudaStreamEndCapture: {}", cudaGetErrorString(ended));
-  return nullptr;
-}
-
 }  // namespace
 
 void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, const PluginLayerCall& write_rows, const PluginComposeCall& compose_layer,
@@ -100,28 +75,23 @@ void time_plugin_layers(Rank& r, std::int64_t batch_index, bool replayable, cons
   const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
   time_host_launched(r, batch_index, cycle, write_rows, compose_layer, check);
   if (!replayable) return;
-  // The harness's own barriers inside the capture (an IPC all-reduce's), for the host's count.
-  const std::uint64_t phase_before = r.barrier_phase;
-  std::string why;
-  cudaGraph_t graph = capture_cycle(r, cycle, write_rows, compose_layer, why);
-  if (graph == nullptr) {
+  const CapturedLayers captured = capture_layers(r, cycle, [&](std::int32_t l) {
+    write_rows(l);
+    const cpkv_status status = compose_layer(l);
+    return status == CPKV_OK ? std::string() : fmt::format("compose_layer of layer {} returned status {} while capturing", l, static_cast<int>(status));
+  });
+  if (captured.graph == nullptr) {
     fmt::print(stderr, "cpkv bench: rank {} batch {}: the exchange plugin declares CPKV_FLAG_REPLAYABLE but its layers could not be captured ({}); "
-                       "its 'plugin with fill' is '-'\n", r.ctx.rank, batch_index, why);
+                       "its 'plugin with fill' is '-'\n", r.ctx.rank, batch_index, captured.why);
   }
-  const std::uint64_t barriers_per_replay = r.barrier_phase - phase_before;
-  r.barrier_phase = phase_before;
   // Every rank replays, or none does: a replayed barrier waits for every peer's.
-  r.ctx.boot->plugin_captured[r.ctx.rank].store(graph != nullptr ? 1 : 0);
-  r.barrier();
-  bool all = true;
-  for (std::int32_t p = 0; p < r.cp(); ++p) all = all && r.ctx.boot->plugin_captured[p].load() == 1;
-  r.barrier();
-  if (!all) {
-    if (graph != nullptr) CPKV_CUDA_CHECK(cudaGraphDestroy(graph));
+  const std::vector<std::int32_t> captured_on = r.share(r.ctx.boot->plugin_captured, captured.graph != nullptr ? 1 : 0);
+  if (std::count(captured_on.begin(), captured_on.end(), 1) != r.cp()) {
+    if (captured.graph != nullptr) CPKV_CUDA_CHECK(cudaGraphDestroy(captured.graph));
     return;  // the row stays 0: null in the report
   }
   double nodes = 0;
-  const std::vector<double> us = replay_graph_us(r, graph, cycle, r.ctx.cuda.timing_reps, barriers_per_replay, nodes);  // before `nodes` is read
+  const std::vector<double> us = replay_graph_us(r, captured.graph, cycle, r.ctx.cuda.timing_reps, captured.barriers_per_replay, nodes);  // before `nodes` is read
   keep(r, Timing::plugin_with_fill, batch_index, us, nodes);
 }
 

@@ -63,7 +63,7 @@ struct PluginHost {
   std::vector<std::uint64_t*> pads;
   std::uint64_t** pad_table = nullptr;
   std::vector<SymmetricBlock> symmetric;
-  std::vector<std::uint8_t*> rows_buffer;  // [kind]: current_pages_max pages
+  std::vector<void*> rows_buffer;  // [kind]: current_pages_max pages (all null for a produce_rows plugin)
   bool in_setup = false;
   FirstBatch first;
   // The batch in flight, for produce_rows: the producer's device arrays (rows in own-page order).
@@ -71,7 +71,6 @@ struct PluginHost {
   const std::int64_t* const* produce_dev = nullptr;
   std::int32_t layer = -1;    // the layer compose_layer is running (-1: outside compose_layer)
   bool counting = false;      // the functional layers: the all-reduces are counted (not the bench's timed ones)
-  harness::Totals* totals = nullptr;
 
   std::string where(const char* call, std::int64_t batch, std::int32_t layer) const {
     std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin.name, call, r.ctx.rank);
@@ -152,8 +151,9 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
   }
   h.r.all_reduce(own, range->first, range->second, bytes);
   if (h.counting) {
-    ++h.totals->collectives;
-    h.totals->bytes_reduced += bytes;
+    harness::Totals& totals = h.r.ctx.boot->totals[h.r.ctx.rank];
+    ++totals.collectives;
+    totals.bytes_reduced += bytes;
   }
   return CPKV_OK;
 }
@@ -369,9 +369,8 @@ void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* const*
   const model::Setting& setting = h.r.ctx.source.setting;
   for (std::size_t k = 0; k < setting.kinds.size(); ++k) h.rows[k] = setting.kind_active(k, l) ? h.rows_buffer[k] : nullptr;
   if (h.rows_buffer.empty() || h.rows_buffer[0] == nullptr) return;  // a produce_rows plugin: no rows buffers
-  std::vector<void*> dest(h.rows_buffer.begin(), h.rows_buffer.end());
   const TimelineSpan span(h.r, "rows", l);
-  CPKV_CUDA_CHECK(launch_rows(h, pb, dest.data(), dev[0], dev, true, l, h.r.stream));
+  CPKV_CUDA_CHECK(launch_rows(h, pb, h.rows_buffer.data(), dev[0], dev, true, l, h.r.stream));
 }
 
 // The produce_rows service: the same producer, into the plugin's memory, from inside compose_layer.
@@ -405,17 +404,12 @@ void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_
 // barriers on every rank).
 bool agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
   Rank& r = h.r;
-  r.ctx.boot->plugin_refused[r.ctx.rank].store(refused ? 1 : 0);
-  r.barrier();
-  const std::int32_t rank0 = r.ctx.boot->plugin_refused[0].load();
-  if (r.ctx.rank != 0 && rank0 != (refused ? 1 : 0)) {
+  const std::vector<std::int32_t> verdicts = r.share(r.ctx.boot->plugin_refused, refused ? 1 : 0);
+  if (r.ctx.rank != 0 && verdicts[0] != (refused ? 1 : 0)) {
     record(r.ctx.boot, violation(3, r.ctx.rank, index, 0, fmt::format("rank {} {} the batch, rank 0 {} it", r.ctx.rank, refused ? "refused" : "accepted",
-                                                                          rank0 != 0 ? "refused" : "accepted")));
+                                                                          verdicts[0] != 0 ? "refused" : "accepted")));
   }
-  bool all_accepted = true;
-  for (std::int32_t p = 0; p < r.cp(); ++p) all_accepted = all_accepted && r.ctx.boot->plugin_refused[p].load() == 0;
-  r.barrier();
-  return all_accepted;
+  return std::count(verdicts.begin(), verdicts.end(), 0) == r.cp();
 }
 
 // The layers of one accepted batch: rows, the slow rank, the plugin's layer, the byte check.
@@ -516,7 +510,6 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
 
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   PluginHost h{r, *r.ctx.cuda.exchange};
-  h.totals = &r.ctx.boot->totals[r.ctx.rank];
   build_context(h);
   allocate_plugin_memory(h);
   r.ctx.progress.step("plugin setup");

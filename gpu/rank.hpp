@@ -77,6 +77,17 @@ struct Rank {
     return std::uint64_t{ctx.source.setting.kinds[kind].row_bytes} * ctx.source.setting.page_size;
   }
   void barrier() { host_barrier(ctx.boot, ctx.progress, ctx.rank, cp(), host_phase); }
+  // Every rank's value of one word, through a bootstrap slot per rank (`slots`, one node's ranks):
+  // this rank's `mine` is stored, then read back with the peers' between two host barriers (so the
+  // slots may be used again right after). Collective: every rank calls it at the same point.
+  std::vector<std::int32_t> share(std::atomic<std::int32_t>* slots, std::int32_t mine) {
+    slots[ctx.rank].store(mine);
+    barrier();
+    std::vector<std::int32_t> all;
+    for (std::int32_t p = 0; p < cp(); ++p) all.push_back(slots[p].load());
+    barrier();
+    return all;
+  }
   void sync_stream() {
     ++host_syncs;
     wait_device(ctx.progress, stream);

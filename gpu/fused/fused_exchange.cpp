@@ -230,9 +230,7 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     b.uploads = std::make_unique<cuda::DeviceUploads>(s.upload_stream);
     b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
     b.fill_page = b.uploads->upload(fill_pages(c, s));
-    for (const std::vector<kernels::GatherEntry>* list : {&b.plan.gather1, &b.plan.gather2}) {
-      for (const kernels::GatherEntry& e : *list) b.peer_pages_per_kind += e.table_index >= 0 && e.table_index % c->cp != c->rank ? 1 : 0;
-    }
+    b.peer_pages_per_kind = cuda::peer_pages_per_kind(b.plan, c->cp, c->rank);
     b.tables.assign(c->layers, std::vector<kernels::PointerTable>(c->kind_count));
     for (std::int32_t l = 0; l < c->layers; ++l) {
       for (std::int32_t k = 0; k < c->kind_count; ++k) b.tables[l][k] = pointer_table(c, s, l, k);
