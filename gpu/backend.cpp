@@ -43,8 +43,9 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
 }
 
 // Before anything is allocated: what every GPU needs beside what it has free (printed), refused in
-// one line when it does not fit; then every rank's backed runs and, for a sparse pool, the socket
-// pairs its descriptors cross (made here, before the ranks fork). The free figures come from a
+// one line when it does not fit, all read from one pool plan (the layout every rank carves and each
+// rank's backed runs); then, for a sparse pool, the socket pairs its descriptors cross (made here,
+// before the ranks fork). The free figures come from a
 // probe child before any rank starts, so they are not lowered by this run's own ranks.
 PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, const harness::SourceShape& shape,
                      const DeviceProbe& devices) {
@@ -61,8 +62,8 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
     share.granularity = std::max<std::uint64_t>(share.granularity, devices.granularity[d]);
   }
   const NeedInputs in{share.memory, share.granularity, cuda.measure_ceilings, kBenchBufferBytes};
-  const std::vector<GpuNeed> needs = gpu_needs(source.setting, options.layers, shape, devices.count,
-                                               std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
+  share.plan = pool_plan(source.setting, options.layers, shape, in);
+  const std::vector<GpuNeed> needs = gpu_needs(share.plan, devices.count, std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
   if (const std::string line = need_line(needs, share.memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
     fmt::print("{}\n", line);
     std::fflush(stdout);
@@ -70,9 +71,7 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
   }
   if (const std::string refused = refusal(needs, share.memory); !refused.empty()) throw DeviceRefusal(refused);
   if (share.memory == PoolMemory::dense) return share;
-  const BufferLayout layout = buffer_layout(source.setting, options.layers, shape);
-  share.reserved = round_up(layout.pool_bytes, share.granularity);
-  for (std::int32_t r = 0; r < cp; ++r) share.runs.push_back(backed_runs(layout, local_pages(shape.pool_pages_touched, cp, r), share.granularity));
+  share.reserved = round_up(share.plan.layout.pool_bytes, share.granularity);
   share.channels = std::make_unique<FdChannels>(cp);
   return share;
 }

@@ -27,7 +27,7 @@ struct BatchRun {
   std::uint64_t peer_bytes = 0;
   GpuMutantPolicy mutant;
 
-  std::int32_t half_of(std::int32_t l) const { return mutant.single_half() ? 0 : model::parity_half(l); }
+  std::int32_t half_of(std::int32_t l) const { return mutant.half_of(l); }
 };
 
 // What one kind's collectives of a layer reduced: calls and bytes.

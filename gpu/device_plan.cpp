@@ -150,6 +150,11 @@ DeviceUploads::~DeviceUploads() {
   for (void* p : owned_) CPKV_CUDA_CHECK(cudaFree(p));
 }
 
+kernels::ComposeBarrier compose_barrier(const BatchPlan& b, const GpuMutantPolicy& mutant) {
+  if (!b.plan.barrier || mutant.skips_barrier()) return kernels::kNoBarrier;
+  return b.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
+}
+
 DevicePlan upload_plan(const BatchPlan& b, const TableBounds& bounds, DeviceUploads& uploads) {
   for (const Entries* list : {&b.compose, &b.unpack}) check_entries(*list, bounds);
   DevicePlan d{};

@@ -11,6 +11,7 @@
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
 #include "launchers.cuh"
+#include "mutant_policy.hpp"
 
 namespace cpkv::cuda {
 
@@ -79,6 +80,11 @@ class DeviceUploads {
 // ranks), per active kind and layer: the peer-bytes counter of the in-process executor and of the
 // fused plugin alike.
 std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int32_t rank);
+
+// The barrier of the fused compose launch: none (the variant has none, or the planted bug no_barrier),
+// the signal at its start, or after the publish (the peers read what the publish writes). The
+// in-process executor and the fused plugin both launch with it.
+kernels::ComposeBarrier compose_barrier(const BatchPlan& b, const GpuMutantPolicy& mutant);
 
 // The batch plan on the device: the 9 uploads.
 struct DevicePlan {

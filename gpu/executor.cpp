@@ -32,13 +32,6 @@ kernels::PointerTable pointer_table(const BatchRun& run, std::int32_t l, std::si
   return t;
 }
 
-// The barrier of the fused launch: none, or the signal at its start, or after the publish (the
-// peers read what the publish writes).
-kernels::ComposeBarrier compose_barrier(const BatchRun& run) {
-  if (!run.b.plan.barrier || run.mutant.skips_barrier()) return kernels::kNoBarrier;
-  return run.b.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
-}
-
 kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   const Rank& r = run.r;
   const model::Setting& setting = r.ctx.source.setting;
@@ -61,7 +54,7 @@ kernels::ComposeArgs compose_args(const BatchRun& run, std::int32_t l) {
   a.cp = r.cp();
   a.state = r.mem.barrier_state;
   a.status = r.mem.barrier_status;
-  a.barrier = compose_barrier(run);
+  a.barrier = compose_barrier(run.b, run.mutant);
   a.phase_lag = run.mutant.barrier_phase_lag();
   const bool slow = run.mutant.slow_reader() || r.ctx.cuda.slow_reader_rank == r.ctx.rank;
   a.reader_spin_cycles = slow ? kernels::kMutantWindowCycles : 0;

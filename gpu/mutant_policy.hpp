@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cpkv/harness/mutants.hpp"
+#include "cpkv/model/staging.hpp"
 
 namespace cpkv::cuda {
 
@@ -17,6 +18,9 @@ class GpuMutantPolicy {
 
   // Every layer uses staging and dense half 0 instead of the layer's parity half.
   bool single_half() const { return mutant_ == harness::Mutant::single_half; }
+  // The half layer l's staging (and, in process, its dense buffer) is carved from: its parity half,
+  // or half 0 under single_half.
+  std::int32_t half_of(std::int32_t l) const { return single_half() ? 0 : model::parity_half(l); }
   // The counting barrier inside the compose launch is left out.
   bool skips_barrier() const { return mutant_ == harness::Mutant::no_barrier; }
   // How many phases behind its own the barrier lets a rank pass on (0: none).

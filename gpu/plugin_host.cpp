@@ -461,7 +461,7 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   // limits it: the plugin's staging is its own).
   const BatchPlan hb = build_batch_plan(setting, batch, model::Variant::staging_direct, r.ctx.rank, r.ctx.shape.current_pages_max, populated);
   DeviceUploads uploads(r.stream);
-  const DevicePlan hd = upload_plan(hb, TableBounds{r.cp(), setting.pool_pages_per_rank(), r.ctx.shape.current_pages_max}, uploads);
+  const DevicePlan hd = upload_plan(hb, TableBounds{r.cp(), setting.pool_pages_per_rank(), r.ctx.shape.current_pages_max, &r.mem.pool_referenced}, uploads);
   PluginBatch pb;
   fill_batch(h, batch, index, hb.layout, uploads, pb);
   const std::int64_t* dev[4] = {uploads.upload(pb.pages), reinterpret_cast<const std::int64_t*>(uploads.upload(pb.produce_row_token)),

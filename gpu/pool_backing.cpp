@@ -129,32 +129,42 @@ PoolMemory pool_memory_from(const char* value) {
   throw std::invalid_argument(fmt::format("CPKV_POOL_MEMORY: '{}' is neither sparse nor dense", value));
 }
 
-RankNeed rank_need(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, std::int32_t rank, const NeedInputs& in) {
-  const BufferLayout layout = buffer_layout(setting, layers, shape);
+PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in) {
+  PoolPlan plan;
+  plan.cp = setting.cp;
+  plan.layout = buffer_layout(setting, layers, shape);
+  if (in.pool_memory == PoolMemory::sparse) {
+    for (std::int32_t r = 0; r < setting.cp; ++r) plan.runs.push_back(backed_runs(plan.layout, local_pages(shape.pool_pages_touched, setting.cp, r), in.granularity));
+  }
+  return plan;
+}
+
+RankNeed rank_need(const PoolPlan& plan, std::int32_t rank, const NeedInputs& in) {
+  const BufferLayout& layout = plan.layout;
   RankNeed need;
   if (in.pool_memory == PoolMemory::sparse) {
     need.pool_reserved = round_up(layout.pool_bytes, in.granularity);
-    need.pool_backed = total_bytes(backed_runs(layout, local_pages(shape.pool_pages_touched, setting.cp, rank), in.granularity));
+    need.pool_backed = total_bytes(plan.runs.at(rank));
   } else {
     need.pool_reserved = std::max<std::uint64_t>(layout.pool_bytes, 256);
     need.pool_backed = need.pool_reserved;
   }
+  const std::uint64_t layers = layout.pool_offset.size(), kinds = layout.page_bytes.size();
   need.other = layout.staging_bytes + std::max<std::uint64_t>(layout.dense_bytes, 256) + std::max<std::uint64_t>(layout.compact_bytes, 256) +
-               layout.scratch_bytes + kFlagBytes + static_cast<std::uint64_t>(layers) * setting.kinds.size() * kVerifyResultBytes;
+               layout.scratch_bytes + kFlagBytes + layers * kinds * kVerifyResultBytes;
   need.bench = in.measure_ceilings ? in.bench_buffer_bytes : 0;
   return need;
 }
 
-std::vector<GpuNeed> gpu_needs(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, std::int32_t gpus,
-                               const std::vector<std::uint64_t>& free_bytes, const NeedInputs& in) {
+std::vector<GpuNeed> gpu_needs(const PoolPlan& plan, std::int32_t gpus, const std::vector<std::uint64_t>& free_bytes, const NeedInputs& in) {
   std::vector<GpuNeed> needs;
-  for (std::int32_t g = 0; g < std::min(gpus, setting.cp); ++g) {
+  for (std::int32_t g = 0; g < std::min(gpus, plan.cp); ++g) {
     GpuNeed gpu;
     gpu.gpu = g;
     gpu.free = g < static_cast<std::int32_t>(free_bytes.size()) ? free_bytes[g] : 0;
     gpu.need.overhead = 0;
-    for (std::int32_t r = g; r < setting.cp; r += gpus) {
-      const RankNeed n = rank_need(setting, layers, shape, r, in);
+    for (std::int32_t r = g; r < plan.cp; r += gpus) {
+      const RankNeed n = rank_need(plan, r, in);
       gpu.ranks.push_back(r);
       gpu.need.pool_reserved += n.pool_reserved;
       gpu.need.pool_backed += n.pool_backed;

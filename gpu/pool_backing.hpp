@@ -83,7 +83,15 @@ struct NeedInputs {
   bool measure_ceilings = false;
   std::uint64_t bench_buffer_bytes = 0;
 };
-RankNeed rank_need(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, std::int32_t rank, const NeedInputs& in);
+// What a run's pools are, computed once and read by the need, the share and every rank's carve:
+// the layout and, for a sparse pool, each rank's backed runs of the referenced pages.
+struct PoolPlan {
+  std::int32_t cp = 0;
+  BufferLayout layout;
+  std::vector<std::vector<ByteRun>> runs;  // [rank]; empty for a dense pool
+};
+PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in);
+RankNeed rank_need(const PoolPlan& plan, std::int32_t rank, const NeedInputs& in);
 
 // One GPU: the ranks on it (rank r on GPU r % gpus), what they need together and what it has free.
 struct GpuNeed {
@@ -93,8 +101,7 @@ struct GpuNeed {
   std::uint64_t free = 0;
   bool fits() const { return need.total() <= free; }
 };
-std::vector<GpuNeed> gpu_needs(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, std::int32_t gpus,
-                               const std::vector<std::uint64_t>& free_bytes, const NeedInputs& in);
+std::vector<GpuNeed> gpu_needs(const PoolPlan& plan, std::int32_t gpus, const std::vector<std::uint64_t>& free_bytes, const NeedInputs& in);
 // "gpu memory (sparse pool): GPU 0, ranks 0 1: needs 9.3 GiB (pool 4.2 GiB backed of 100.2 GiB reserved, ...), 139.2 GiB free"
 std::string need_line(const std::vector<GpuNeed>& needs, PoolMemory pool_memory);
 // Empty when every GPU fits; else the one line of the refusal, naming the first GPU that does not.

@@ -11,10 +11,10 @@ namespace cpkv::cuda {
 namespace {
 
 // Byte offsets of every (layer, kind) pool slab, (half, kind) dense buffer and kind's compact
-// buffer (pool_backing.cpp computes them, the memory check before any allocation uses the same).
+// buffer: the run's pool plan, the one the memory check before any allocation read.
 void carve_offsets(Rank& r) {
   RankMemory& mem = r.mem;
-  mem.layout = buffer_layout(r.ctx.source.setting, r.ctx.options.layers, r.ctx.shape);
+  mem.layout = r.ctx.pool_share->plan.layout;
   const std::int32_t cp = r.cp();
   mem.pool_referenced.assign(cp, std::vector<bool>(mem.layout.pool_pages_per_rank, false));
   for (std::int64_t g : r.ctx.shape.pool_pages_touched) mem.pool_referenced[g % cp][g / cp] = true;
@@ -31,7 +31,7 @@ void allocate_pool(Rank& r) {
     return;
   }
   CPKV_ASSERT(share.reserved >= mem.layout.pool_bytes);
-  mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.reserved, share.runs[r.ctx.rank]);
+  mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.reserved, share.plan.runs[r.ctx.rank]);
   mem.pool = reinterpret_cast<std::uint8_t*>(mem.own_pool.base);
 }
 
@@ -51,7 +51,7 @@ bool share_pools(Rank& r) {
       if (p == rank) continue;
       const harness::Waiting waiting(r.ctx.progress, p);
       if (rank < p) send_pool(ends[p], mem.own_pool, ms);
-      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.reserved, share.runs[p], ms, mem.peer_pools[p]);
+      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.reserved, share.plan.runs[p], ms, mem.peer_pools[p]);
       if (rank > p) send_pool(ends[p], mem.own_pool, ms);
       mem.peer_pool[p] = mapped ? reinterpret_cast<std::uint8_t*>(mem.peer_pools[p].base) : nullptr;
       capable = capable && mapped;

@@ -31,6 +31,13 @@ struct SpanRecord {
   cudaEvent_t end = nullptr;
 };
 
+// The trace-event process of a variant's run: the ranks write their parts under it and the merge keeps
+// only those lines, so both sides take it from here. A run through a plugin is a process of its own
+// beside the same variant's in-process run (the default bench runs both).
+std::int32_t timeline_pid(const CudaOptions& cuda, model::Variant variant) {
+  return 1 + static_cast<std::int32_t>(variant) + (cuda.exchange ? static_cast<std::int32_t>(model::kVariantCount) : 0);
+}
+
 }  // namespace
 
 // One rank's recorder: the events of the batch in flight (a pool reused from batch to batch), the
@@ -119,7 +126,7 @@ class RankTimeline {
   }
 
  private:
-  std::int32_t pid() const { return 1 + static_cast<std::int32_t>(r_.ctx.options.variant); }
+  std::int32_t pid() const { return timeline_pid(r_.ctx.cuda, r_.ctx.options.variant); }
 
   static std::string_view category(std::string_view name) {
     if (name == "zero" || name == "fill" || name == "rows") return name == "rows" ? "fill" : name;
@@ -207,8 +214,7 @@ void timeline_overflow(Rank& r, std::int64_t batch) {
 std::unique_ptr<harness::TimelineParts> start_group_timeline(const CudaOptions& cuda, model::Variant variant, std::int32_t ranks) {
   if (cuda.timeline.empty()) return nullptr;
   harness::TimelineRun run;
-  // A variant's run through a plugin is a process of its own beside its in-process run (the default bench runs both).
-  run.pid = 1 + static_cast<std::int32_t>(variant) + (cuda.exchange ? static_cast<std::int32_t>(model::kVariantCount) : 0);
+  run.pid = timeline_pid(cuda, variant);
   run.label = fmt::format("cuda {}{}", model::to_string(variant), cuda.exchange ? fmt::format(" (plugin {})", cuda.exchange->name) : std::string());
   run.ranks = ranks;
   return std::make_unique<harness::TimelineParts>(cuda.timeline, run);

@@ -63,7 +63,7 @@ struct PoolShare {
   PoolMemory memory = PoolMemory::sparse;
   std::uint64_t granularity = 0;
   std::uint64_t reserved = 0;                // each rank's pool reservation (its slabs, rounded up to the granularity)
-  std::vector<std::vector<ByteRun>> runs;    // [rank]
+  PoolPlan plan;                             // the layout every rank carves and, sparse, each rank's backed runs
   std::unique_ptr<FdChannels> channels;
 };
 

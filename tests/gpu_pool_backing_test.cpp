@@ -125,7 +125,7 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
   const harness::SourceShape shape = shape_touching(touched);
   const std::uint64_t free = 139ULL << 30;
   cuda::NeedInputs dense{cuda::PoolMemory::dense, 2 << 20, false, 0};
-  const std::vector<cuda::GpuNeed> one_gpu = cuda::gpu_needs(s, 61, shape, 1, {free}, dense);
+  const std::vector<cuda::GpuNeed> one_gpu = cuda::gpu_needs(cuda::pool_plan(s, 61, shape, dense), 1, {free}, dense);
   ASSERT_EQ(one_gpu.size(), 1u);
   EXPECT_EQ(one_gpu[0].ranks, (std::vector<std::int32_t>{0, 1}));
   EXPECT_EQ(one_gpu[0].need.pool_backed, 2 * 100805902336ULL);
@@ -135,7 +135,7 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
   EXPECT_NE(refused.find("139.00 GiB free"), std::string::npos) << refused;
   EXPECT_EQ(refused.find('\n'), std::string::npos) << "one line";
   cuda::NeedInputs sparse{cuda::PoolMemory::sparse, 2 << 20, false, 0};
-  const std::vector<cuda::GpuNeed> fits = cuda::gpu_needs(s, 61, shape, 1, {free}, sparse);
+  const std::vector<cuda::GpuNeed> fits = cuda::gpu_needs(cuda::pool_plan(s, 61, shape, sparse), 1, {free}, sparse);
   EXPECT_EQ(fits[0].need.pool_backed, 2 * 61 * 3 * (2ULL << 20));
   EXPECT_EQ(fits[0].need.pool_reserved, 2 * 100805902336ULL);
   EXPECT_TRUE(cuda::refusal(fits, cuda::PoolMemory::sparse).empty());
@@ -147,7 +147,7 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
 TEST(PoolNeed, TwoGpusCarryOneRankEachAndTheBenchBuffersCount) {
   const model::Setting s = production_setting();
   cuda::NeedInputs in{cuda::PoolMemory::sparse, 2 << 20, true, 512ULL << 20};
-  const std::vector<cuda::GpuNeed> needs = cuda::gpu_needs(s, 61, shape_touching({0, 1}), 2, {1ULL << 30, 100ULL << 30}, in);
+  const std::vector<cuda::GpuNeed> needs = cuda::gpu_needs(cuda::pool_plan(s, 61, shape_touching({0, 1}), in), 2, {1ULL << 30, 100ULL << 30}, in);
   ASSERT_EQ(needs.size(), 2u);
   EXPECT_EQ(needs[0].ranks, std::vector<std::int32_t>{0});
   EXPECT_EQ(needs[1].ranks, std::vector<std::int32_t>{1});

@@ -149,8 +149,7 @@ cpkv_status fused_setup(cpkv_exchange_ctx* c) {
 // half 0) or the layer's dense half.
 std::uint8_t* fill_destination(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, std::size_t k) {
   if (s.batch->plan.plan.fill_to_staging) {
-    const std::int32_t half = s.mutant.single_half() ? 0 : model::parity_half(l);
-    return static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(half, k, 0);
+    return static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(s.mutant.half_of(l), k, 0);
   }
   return static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
 }
@@ -169,7 +168,7 @@ std::vector<std::int64_t> fill_pages(const cpkv_exchange_ctx* c, const FusedStat
 
 kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, std::size_t k) {
   const std::int32_t dense_half = model::parity_half(l);
-  const std::int32_t staging_half = s.mutant.single_half() ? 0 : dense_half;
+  const std::int32_t staging_half = s.mutant.half_of(l);
   const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
   const std::uint64_t dense_offset = c->dense_offset[dense_half * c->kind_count + k];
   kernels::PointerTable t{};
@@ -190,7 +189,7 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
   for (std::int32_t k = 0; k < c->kind_count; ++k) {
     if (c->kinds[k].active[l] == 0) continue;
     kernels::ComposeKind& ck = a.kind[a.kinds++];
-    const std::int32_t staging_half = s.mutant.single_half() ? 0 : model::parity_half(l);
+    const std::int32_t staging_half = s.mutant.half_of(l);
     ck.dst[kernels::kToDense] = static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
     ck.dst[kernels::kToStaging] = static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(staging_half, k, 0);
     ck.dst[kernels::kToCompact] = static_cast<std::uint8_t*>(s.compact.local) + s.compact_offset[k];
@@ -205,8 +204,7 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
   a.cp = c->cp;
   a.state = s.barrier_state;
   a.status = s.barrier_status;
-  const bool barrier = b.plan.plan.barrier && !s.mutant.skips_barrier();
-  a.barrier = !barrier ? kernels::kNoBarrier : b.plan.plan.publish ? kernels::kSignalAfterPre : kernels::kSignalAtStart;
+  a.barrier = cuda::compose_barrier(b.plan, s.mutant);
   a.phase_lag = s.mutant.barrier_phase_lag();
   a.reader_spin_cycles = s.mutant.slow_reader() ? kernels::kMutantWindowCycles : CPKV_CTX_HAS(c, reader_spin_cycles) ? c->reader_spin_cycles : 0;
   a.order_pre = b.plan.pack.empty() ? 0 : 1;
