@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|verify26|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -30,6 +30,10 @@
 # (tl26: the GPU timeline's bench case alone, with and without --timeline and --exchange inprocess, every output shown)
 # (unverified: what session 2026-12-02c wrote after its device time was spent: the tl26 cases, the GPU timeline test, the
 #  counters test, the closing-wait test and the bench-plugin tests both ways, the default bench at cp 1 once)
+# (verify26: the mends of session 2026-12-03 (the plugin run's timeline, the counters test, the oversubscribed GPU
+#  mutants on one GPU, the pool plan), the sparse pool's tests, then the closing-wait test on the tree, with the kernel's
+#  closing wait shortened (docs/patches/closing-wait-skips-last-peer.patch: must fail both ways) and with that and the
+#  plugin host dropping the slow reader (docs/patches/plugin-host-drops-reader-spin.patch: what the spin adds through the ABI))
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -284,6 +288,22 @@ if [[ "$what" == unverified ]]; then
   (cd "$build" && ctest -R "cpkv.python.timeline_gpu|GpuBackend.TheBuiltInPlugins|GpuBackend.TheInProcess|GpuBarrier|GpuBenchPlugin|GpuMutants" \
     --output-on-failure --timeout 300 -j 1) > "$OUT/unverified-tests.log" 2>&1
   echo "unverified gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|assert|Error" "$OUT/unverified-tests.log" | tail -40
+fi
+if [[ "$what" == verify26 ]]; then
+  (cd "$build" && timeout 280 ctest -R "cpkv.python.timeline_gpu|GpuBackend.TheBuiltInPlugins|GpuMutants|GpuVmm|FusedPlugin|GpuPluginStub" \
+    --output-on-failure --timeout 200 -j 1) > "$OUT/verify26-tests.log" 2>&1
+  echo "verify26 gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|assert|Error" "$OUT/verify26-tests.log" | tail -40
+  T=GpuBarrier.TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom
+  timeout 100 "$build/tests/cpkv.tests.gpu" --gtest_filter=$T > "$OUT/closing-wait-tree.txt" 2>&1
+  echo "closing-wait test on the tree: exit $?"; tail -3 "$OUT/closing-wait-tree.txt"
+  for patches in closing-wait-skips-last-peer "closing-wait-skips-last-peer plugin-host-drops-reader-spin"; do
+    for p in $patches; do (cd "$root" && patch -s -p1 < "docs/patches/$p.patch"); done
+    cmake --build "$build" -j "$(nproc)" --target cpkv.tests.gpu cpkv_exchange_fused > "$OUT/patched-build.log" 2>&1 || { grep -E "error" "$OUT/patched-build.log" | head; }
+    timeout 100 "$build/tests/cpkv.tests.gpu" --gtest_filter=$T > "$OUT/closing-wait-patched.txt" 2>&1
+    echo "closing-wait test with [$patches]: exit $?; failing cases through the ABI: $(grep -c '^through the ABI cp' "$OUT/closing-wait-patched.txt"), in process: $(grep -c '^in process cp' "$OUT/closing-wait-patched.txt")"
+    grep -E "^(through the ABI|in process) cp" "$OUT/closing-wait-patched.txt" | cut -c1-160 | sort | uniq | head -12
+    for p in $patches; do (cd "$root" && patch -s -R -p1 < "docs/patches/$p.patch"); done
+  done
 fi
 if [[ "$what" == tl26 || "$what" == unverified ]]; then
   tiny="$root/traces/samples/tiny.jsonl"
