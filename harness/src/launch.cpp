@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 #include <new>
 #include <optional>
 #include <stdexcept>
@@ -119,6 +120,7 @@ char proc_state(pid_t pid) {
     // (check_unchanged) and says it in one line.
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cpkv: %s %d: %s\n", o.label.c_str(), rank, e.what());
+    std::snprintf(record.error.data(), record.error.size(), "%s", e.what());
   }
   record.started.store(2);
   std::fflush(nullptr);
@@ -492,7 +494,12 @@ void Watcher::ended(std::int32_t r, int raw) {
   const int status = WEXITSTATUS(raw);
   w.end = fmt::format("exited {}", status);
   if (status == kRankExitOk) return;
-  if (status != kRankExitDeadlock) return fail(fmt::format("rank {} (pid {}) exited with status {}", r, w.pid, status), r);
+  if (status != kRankExitDeadlock) {
+    // The rank's own words where an exception ended it (its stderr line says the same), so a report
+    // names what failed, not only that something did.
+    const std::string_view error(area_[r].error.data(), ::strnlen(area_[r].error.data(), area_[r].error.size()));
+    return fail(fmt::format("rank {} (pid {}) exited with status {}{}{}", r, w.pid, status, error.empty() ? "" : ": ", error), r);
+  }
   result_.deadlock = true;
   const Clock::time_point now = Clock::now();
   const std::int32_t c = culprit(now);

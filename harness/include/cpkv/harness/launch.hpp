@@ -63,6 +63,9 @@ struct alignas(64) Progress {
   std::atomic<std::int32_t> started{0};     // 1 once the body runs, 2 once it returned
   std::atomic<std::int64_t> quiet_ms_max{0};  // a longer silence this rank declared for its current step (0: none)
   std::array<std::atomic<char>, 40> step{};  // the step's name; a torn read only garbles a report
+  // What ended the body with an exception (its what(), cut to fit): written by the rank just before
+  // it exits, read by the parent only once it has reaped the rank, so never torn.
+  std::array<char, 384> error{};
 };
 
 // The rank body's handle on its record.
