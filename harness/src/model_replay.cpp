@@ -69,8 +69,9 @@ void check_against_model(const model::Setting& setting, const model::Batch& batc
 
 // One variant's cost of one batch, from model/costs.hpp's functions, with the parts they compute
 // apart: all layers, the slowest rank's time (barriers and collectives hold every layer to it).
+// The barrier and all-reduce figures are the parts' own (parts.barrier_us, parts.allreduce_us).
 struct VariantCost {
-  double us = 0, barrier_us = 0, allreduce_us = 0;
+  double us = 0;
   std::vector<std::uint64_t> pulled;  // [rank]: bytes pulled from peers (LayerBytes::pulled_from_peers)
   std::uint64_t local_copy_bytes = 0; // the most any rank copies locally
   std::uint64_t allreduce_bytes = 0;  // summed by one rank's all-reduces (the same on every rank)
@@ -95,7 +96,7 @@ class VariantCoster {
     for (const LayerClass& c : classes_) {
       if (c.count == 0) continue;
       const std::uint64_t page_bytes = setting_.row_bytes_on_layer(c.layer) * static_cast<std::uint32_t>(setting_.page_size);
-      double slowest_us = 0, barrier_us = 0;
+      double slowest_us = 0;
       model::TimeComponents slowest;
       std::uint64_t local = 0;
       for (std::int32_t rank = 0; rank < setting_.cp; ++rank) {
@@ -105,14 +106,11 @@ class VariantCoster {
         const double us = parts.total_us();
         if (rank == 0 || us > slowest_us) slowest = parts;
         slowest_us = std::max(slowest_us, us);
-        barrier_us = bytes.barriers * ceilings_.barrier_us;
         local = std::max(local, bytes.local_copy_bytes);
         if (rank == 0) cost.allreduce_bytes += bytes.allreduce_bytes * static_cast<std::uint64_t>(c.count);
       }
       const double allreduce_us = model::allreduces_us(setting_, counts, variant, c.layer, ceilings_);
       cost.local_copy_bytes += local * static_cast<std::uint64_t>(c.count);
-      cost.barrier_us += barrier_us * c.count;
-      cost.allreduce_us += allreduce_us * c.count;
       cost.us += (slowest_us + allreduce_us) * c.count;
       slowest.allreduce_us = allreduce_us;
       cost.parts.add(slowest, c.count);
@@ -155,8 +153,8 @@ nlohmann::json batch_record(const BatchCosts& costs, std::int64_t index) {
 
 nlohmann::json variant_record(const VariantCost& cost) {
   const model::TimeComponents& p = cost.parts;
-  return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - cost.barrier_us - cost.allreduce_us) / 1000.0},
-          {"barrier_ms", cost.barrier_us / 1000.0}, {"allreduce_ms", cost.allreduce_us / 1000.0},
+  return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - p.barrier_us - p.allreduce_us) / 1000.0},
+          {"barrier_ms", p.barrier_us / 1000.0}, {"allreduce_ms", p.allreduce_us / 1000.0},
           {"zero_ms", p.zero_us / 1000.0}, {"fill_ms", p.fill_us / 1000.0}, {"launch_ms", p.launch_us / 1000.0},
           {"local_ms", p.local_us / 1000.0}, {"peer_ms", p.peer_us / 1000.0},
           {"peer_bytes_max", *std::max_element(cost.pulled.begin(), cost.pulled.end())}, {"local_copy_bytes_max", cost.local_copy_bytes},

@@ -304,10 +304,15 @@ void record_wait_limit(const World& world, const RankMachine& machine, const Run
 
 // One free-running rank's timeline track (recording.hpp): wall-clock spans (monotonic
 // microseconds; a wait from when the rank blocked to its pass, naming the peers behind then), the
-// violations this rank recorded and the mismatches it found as instants. Flushed whenever the rank
-// blocks, so a hang leaves everything before it on disk.
+// violations this rank recorded and the mismatches it found as instants. Its lines are buffered
+// (kAppendBufferBytes, whole lines) and written at bounded points: a full buffer, each batch's end,
+// a wait that has lasted kFlushAfterWaitMs (once per wait: a hang, or a peer's death that ends this
+// rank, leaves everything before the wait on disk), before the rank kills itself (the crash fault)
+// and when it returns (the track's appender flushes as it goes). Findings are written at once
+// (TimelineTrack::instant).
 class FreeRecorder {
  public:
+  static constexpr std::chrono::milliseconds kFlushAfterWaitMs{10};
   FreeRecorder(const Recording& recording, const World& world, std::int32_t rank)
       : track_(recording, rank, fmt::format("rank {}", rank)), world_(world), rank_(rank) {}
   static std::int64_t now_us(Clock::time_point t = Clock::now()) {
@@ -316,8 +321,9 @@ class FreeRecorder {
   void waiting(const RankMachine& machine) {
     if (!track_.on()) return;
     behind_ = peers_behind(world_, rank_, machine.next_step()->op);
-    track_.flush();
   }
+  // Writes the buffered lines (a failed write throws, naming the file).
+  void flush() { track_.flush(); }
   // Runs the machine's next step, and records it.
   void run_step(RankMachine& machine, Clock::time_point wait_start) {
     if (!track_.on()) return machine.step();
@@ -367,9 +373,13 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
   const auto run_program = [&]() -> int {
     while (!machine.finished()) {
       if (harness::stop_requested() != 0) return kRankLeftForAStoppedPeer;  // a front end's stop: the run is abandoned
-      if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) ::kill(::getpid(), SIGKILL);
+      if (faults.kill_rank == rank && machine.steps_taken() >= faults.kill_after_steps) {
+        recorder.flush();  // the crash leaves every step before it on the timeline
+        ::kill(::getpid(), SIGKILL);
+      }
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
+      bool flushed = false;  // this wait's lines are on disk (once it lasted kFlushAfterWaitMs)
       if (!machine.runnable()) recorder.waiting(machine);
       if (progress != nullptr && !machine.runnable()) {
         const Step& waits_at = *machine.next_step();
@@ -382,9 +392,16 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
         if (spins % 64 == 0 && ((peers_stopped != nullptr && peers_stopped->load(std::memory_order_relaxed)) || harness::stop_requested() != 0)) {
           return kRankLeftForAStoppedPeer;
         }
-        if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
-          record_wait_limit(world, machine, limits);
-          return kRankDeadlock;
+        if (spins % 1024 == 0) {
+          const Clock::duration waited = Clock::now() - wait_start;
+          if (waited > std::chrono::milliseconds(limits.wait_ms_max)) {
+            record_wait_limit(world, machine, limits);
+            return kRankDeadlock;
+          }
+          if (!flushed && waited > FreeRecorder::kFlushAfterWaitMs) {
+            recorder.flush();
+            flushed = true;
+          }
         }
       }
       const Step& s = *machine.next_step();
@@ -408,6 +425,7 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
     machine.begin_batch(*batch, cursor.index());
     status = run_program();
     publish_totals(world, machine);
+    recorder.flush();  // the batch's lines
   }
   publish_totals(world, machine);
   recorder.findings();  // a wait that ran past its bound
