@@ -43,35 +43,34 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
 }
 
 // Before anything is allocated: what every GPU needs beside what it has free (printed), refused in
-// one line when it does not fit, all read from one pool plan (the layout every rank carves and each
-// rank's backed runs); then, for a sparse pool, the socket pairs its descriptors cross (made here,
-// before the ranks fork). The free figures come from a
-// probe child before any rank starts, so they are not lowered by this run's own ranks.
+// one line when it does not fit, all read from one pool plan (sparse or dense, the layout every rank
+// carves, each rank's reservation and backed runs); then, for a sparse pool, the socket pairs its
+// descriptors cross (made here, before the ranks fork). The free figures come from a probe child
+// before any rank starts, so this run's own ranks do not lower them.
 PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, const harness::SourceShape& shape,
                      const DeviceProbe& devices) {
   PoolShare share;
-  share.memory = pool_memory_from(std::getenv("CPKV_POOL_MEMORY"));
+  const PoolMemory memory = pool_memory_from(std::getenv("CPKV_POOL_MEMORY"));
   const std::int32_t cp = source.setting.cp;
   const std::int32_t used = std::min(devices.count, cp);
-  share.granularity = 1;
+  std::uint64_t granularity = 1;
   for (std::int32_t d = 0; d < used; ++d) {
-    if (share.memory == PoolMemory::sparse && devices.vmm[d] == 0) {
+    if (memory == PoolMemory::sparse && devices.vmm[d] == 0) {
       throw DeviceRefusal(fmt::format("cuda: GPU {} does not support virtual memory management with POSIX file descriptors, which a sparse pool needs "
                                       "(CPKV_POOL_MEMORY=dense allocates every slab whole)", d));
     }
-    share.granularity = std::max<std::uint64_t>(share.granularity, devices.granularity[d]);
+    granularity = std::max<std::uint64_t>(granularity, devices.granularity[d]);
   }
-  const NeedInputs in{share.memory, share.granularity, cuda.measure_ceilings, kBenchBufferBytes};
+  const NeedInputs in{memory, granularity, cuda.measure_ceilings, kBenchBufferBytes};
   share.plan = pool_plan(source.setting, options.layers, shape, in);
   const std::vector<GpuNeed> needs = gpu_needs(share.plan, devices.count, std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
-  if (const std::string line = need_line(needs, share.memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
+  if (const std::string line = need_line(needs, memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
     fmt::print("{}\n", line);
     std::fflush(stdout);
     if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = line;  // once per size over the runs that share it
   }
-  if (const std::string refused = refusal(needs, share.memory); !refused.empty()) throw DeviceRefusal(refused);
-  if (share.memory == PoolMemory::dense) return share;
-  share.reserved = round_up(share.plan.layout.pool_bytes, share.granularity);
+  if (const std::string refused = refusal(needs, memory); !refused.empty()) throw DeviceRefusal(refused);
+  if (memory == PoolMemory::dense) return share;
   share.channels = std::make_unique<FdChannels>(cp);
   return share;
 }

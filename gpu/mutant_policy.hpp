@@ -16,7 +16,8 @@ class GpuMutantPolicy {
  public:
   GpuMutantPolicy(harness::Mutant mutant, std::int32_t rank, std::int32_t cp) : mutant_(mutant), rank_(rank), cp_(cp) {}
 
-  // Every layer uses staging and dense half 0 instead of the layer's parity half.
+  // Every layer uses staging half 0 instead of the layer's parity half (in process its dense half
+  // too; the fused plugin's dense buffers are the host's, verified at the parity half).
   bool single_half() const { return mutant_ == harness::Mutant::single_half; }
   // The half layer l's staging (and, in process, its dense buffer) is carved from: its parity half,
   // or half 0 under single_half.

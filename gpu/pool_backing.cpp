@@ -132,23 +132,22 @@ PoolMemory pool_memory_from(const char* value) {
 PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in) {
   PoolPlan plan;
   plan.cp = setting.cp;
+  plan.memory = in.pool_memory;
   plan.layout = buffer_layout(setting, layers, shape);
-  if (in.pool_memory == PoolMemory::sparse) {
-    for (std::int32_t r = 0; r < setting.cp; ++r) plan.runs.push_back(backed_runs(plan.layout, local_pages(shape.pool_pages_touched, setting.cp, r), in.granularity));
+  if (in.pool_memory == PoolMemory::dense) {
+    plan.reserved = std::max<std::uint64_t>(plan.layout.pool_bytes, 256);
+    return plan;
   }
+  plan.reserved = round_up(plan.layout.pool_bytes, in.granularity);
+  for (std::int32_t r = 0; r < setting.cp; ++r) plan.runs.push_back(backed_runs(plan.layout, local_pages(shape.pool_pages_touched, setting.cp, r), in.granularity));
   return plan;
 }
 
 RankNeed rank_need(const PoolPlan& plan, std::int32_t rank, const NeedInputs& in) {
   const BufferLayout& layout = plan.layout;
   RankNeed need;
-  if (in.pool_memory == PoolMemory::sparse) {
-    need.pool_reserved = round_up(layout.pool_bytes, in.granularity);
-    need.pool_backed = total_bytes(plan.runs.at(rank));
-  } else {
-    need.pool_reserved = std::max<std::uint64_t>(layout.pool_bytes, 256);
-    need.pool_backed = need.pool_reserved;
-  }
+  need.pool_reserved = plan.reserved;
+  need.pool_backed = plan.memory == PoolMemory::sparse ? total_bytes(plan.runs.at(rank)) : plan.reserved;
   const std::uint64_t layers = layout.pool_offset.size(), kinds = layout.page_bytes.size();
   need.other = layout.staging_bytes + std::max<std::uint64_t>(layout.dense_bytes, 256) + std::max<std::uint64_t>(layout.compact_bytes, 256) +
                layout.scratch_bytes + kFlagBytes + layers * kinds * kVerifyResultBytes;

@@ -87,7 +87,9 @@ struct NeedInputs {
 // the layout and, for a sparse pool, each rank's backed runs of the referenced pages.
 struct PoolPlan {
   std::int32_t cp = 0;
+  PoolMemory memory = PoolMemory::sparse;
   BufferLayout layout;
+  std::uint64_t reserved = 0;              // each rank's pool slabs: the address space (sparse, rounded up to the granularity) or memory (dense)
   std::vector<std::vector<ByteRun>> runs;  // [rank]; empty for a dense pool
 };
 PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in);

@@ -25,13 +25,13 @@ void carve_offsets(Rank& r) {
 void allocate_pool(Rank& r) {
   RankMemory& mem = r.mem;
   const PoolShare& share = *r.ctx.pool_share;
-  if (share.memory == PoolMemory::dense) {
+  if (share.plan.memory == PoolMemory::dense) {
     CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.layout.pool_bytes, 256)));
     CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->pool[r.ctx.rank], mem.pool));
     return;
   }
-  CPKV_ASSERT(share.reserved >= mem.layout.pool_bytes);
-  mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.reserved, share.plan.runs[r.ctx.rank]);
+  CPKV_ASSERT(share.plan.reserved >= mem.layout.pool_bytes);
+  mem.own_pool = create_pool(r.ctx.rank % r.ctx.gpus, share.plan.reserved, share.plan.runs[r.ctx.rank]);
   mem.pool = reinterpret_cast<std::uint8_t*>(mem.own_pool.base);
 }
 
@@ -51,7 +51,7 @@ bool share_pools(Rank& r) {
       if (p == rank) continue;
       const harness::Waiting waiting(r.ctx.progress, p);
       if (rank < p) send_pool(ends[p], mem.own_pool, ms);
-      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.reserved, share.plan.runs[p], ms, mem.peer_pools[p]);
+      const bool mapped = receive_pool(ends[p], rank % r.ctx.gpus, share.plan.reserved, share.plan.runs[p], ms, mem.peer_pools[p]);
       if (rank > p) send_pool(ends[p], mem.own_pool, ms);
       mem.peer_pool[p] = mapped ? reinterpret_cast<std::uint8_t*>(mem.peer_pools[p].base) : nullptr;
       capable = capable && mapped;
@@ -117,7 +117,7 @@ void map_peers_and_agree(Rank& r) {
   mem.peer_pad.assign(cp, nullptr);
   mem.peer_compact.assign(cp, nullptr);
   std::int32_t capable = 1;
-  const bool sparse = r.ctx.pool_share->memory == PoolMemory::sparse;
+  const bool sparse = r.ctx.pool_share->plan.memory == PoolMemory::sparse;
   if (sparse && !share_pools(r)) capable = 0;
   const auto open = [&](const cudaIpcMemHandle_t& handle) -> std::uint8_t* {
     void* ptr = nullptr;

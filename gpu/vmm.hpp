@@ -60,10 +60,7 @@ std::vector<int> receive_fds(int socket, std::size_t count, std::int64_t ms);
 // granularity the runs are aligned to, every rank's runs (identical on every rank: a peer maps
 // rank p's descriptors at runs[p]'s offsets) and the socket pairs (sparse only).
 struct PoolShare {
-  PoolMemory memory = PoolMemory::sparse;
-  std::uint64_t granularity = 0;
-  std::uint64_t reserved = 0;                // each rank's pool reservation (its slabs, rounded up to the granularity)
-  PoolPlan plan;                             // the layout every rank carves and, sparse, each rank's backed runs
+  PoolPlan plan;                             // sparse or dense, the layout every rank carves, each rank's reservation and (sparse) backed runs
   std::unique_ptr<FdChannels> channels;
 };
 

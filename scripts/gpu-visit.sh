@@ -303,10 +303,14 @@ if [[ "$what" == verify26 ]]; then
   echo "closing-wait test on the tree: exit $?"; tail -3 "$OUT/closing-wait-tree.txt"
   for patches in closing-wait-skips-last-peer "closing-wait-skips-last-peer plugin-host-drops-reader-spin"; do
     for p in $patches; do (cd "$root" && patch -s -p1 < "docs/patches/$p.patch"); done
-    cmake --build "$build" -j "$(nproc)" --target cpkv.tests.gpu cpkv_exchange_fused > "$OUT/patched-build.log" 2>&1 || { grep -E "error" "$OUT/patched-build.log" | head; }
+    if ! cmake --build "$build" -j "$(nproc)" --target cpkv.tests.gpu cpkv_exchange_fused > "$OUT/patched-build.log" 2>&1; then
+      echo "the build with [$patches] failed: not run"; grep -E "error" "$OUT/patched-build.log" | head
+      for p in $patches; do (cd "$root" && patch -s -R -p1 < "docs/patches/$p.patch"); done
+      continue
+    fi
     timeout 100 "$build/tests/cpkv.tests.gpu" --gtest_filter=$T > "$OUT/closing-wait-patched.txt" 2>&1
-    echo "closing-wait test with [$patches]: exit $?; failing cases through the ABI: $(grep -c '^through the ABI cp' "$OUT/closing-wait-patched.txt"), in process: $(grep -c '^in process cp' "$OUT/closing-wait-patched.txt")"
-    grep -E "^(through the ABI|in process) cp" "$OUT/closing-wait-patched.txt" | cut -c1-160 | sort | uniq | head -12
+    echo "closing-wait test with [$patches]: exit $?; the failing cases (mode, cp, idle slow rank, variant), each with its count of failure lines:"
+    grep -E "^(through the ABI|in process) cp" "$OUT/closing-wait-patched.txt" | cut -d: -f1 | sort | uniq -c
     for p in $patches; do (cd "$root" && patch -s -R -p1 < "docs/patches/$p.patch"); done
   done
 fi

@@ -7,7 +7,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <set>
@@ -181,59 +180,6 @@ TEST(SimTimeline, FreeRunningRanksWriteOneValidTimeline) {
       EXPECT_EQ(of_phase(events, "X", rank).size(), report.ranks[rank].steps) << mode_name(ranks_as) << " rank " << rank;
     }
   }
-}
-
-// The write(2) calls this process has made so far (Linux's /proc/self/io, every thread's).
-std::int64_t write_calls() {
-  std::ifstream in("/proc/self/io");
-  for (std::string key; in >> key;) {
-    std::int64_t value = 0;
-    in >> value;
-    if (key == "syscw:") return value;
-  }
-  ADD_FAILURE() << "no syscw in /proc/self/io";
-  return -1;
-}
-
-// Free-running ranks write their lines at bounded points, not at every block: a full buffer, each
-// batch's end, a wait of FreeRecorder's 10 ms or more (at most one a wait, so at most one per 10 ms
-// of a rank's run), the rank's end; and the group's track once. Many layers make many blocks.
-TEST(SimTimeline, FreeRunningRanksWriteAtBatchEndsNotAtEveryBlock) {
-  const BatchSource source = BatchSource::from_trace(sample("tiny.jsonl"));
-  testing::EmptyFile file("cpkv-timeline-test");
-  Recording recording;
-  recording.timeline_path = file.path();
-  recording.label = "threads";
-  begin_timeline(file.path());
-  FaultOptions faults;  // no injected delay: a short run of many short waits
-  faults.seed = 3;
-  faults.delay_us_max = 0;
-  faults.flag_write_delay_probability = 0.0;
-  faults.gather_delay_probability = 0.0;
-  faults.slow_producer_delay_us = 0;
-  const std::int64_t writes_before = write_calls();
-  const auto start = std::chrono::steady_clock::now();
-  const RunReport report = run_free(source, options_for(model::Variant::staging_direct, 128, 3), RanksAs::threads, faults, RunLimits{}, recording);
-  const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
-  const std::int64_t writes = write_calls() - writes_before;
-  end_timeline(file.path(), TimelineClock::wall_us);
-  ASSERT_TRUE(report.passed()) << report.failure;
-  const std::vector<json> events = checked_events(file.path());
-  struct stat st {};
-  ASSERT_EQ(::stat(file.path().c_str(), &st), 0);
-  const std::int64_t cp = static_cast<std::int64_t>(report.ranks.size());
-  std::int64_t blocked = 0;  // waits that found a peer behind: the rank blocked there
-  for (std::int64_t rank = 0; rank < cp; ++rank) {
-    EXPECT_EQ(of_phase(events, "X", rank).size(), report.ranks[rank].steps) << "rank " << rank;
-    for (const json& e : of_phase(events, "X", rank)) {
-      if (e["cat"] == "wait" && e["args"]["on"].get<std::string>().rfind("none", 0) != 0) ++blocked;
-    }
-  }
-  // Per rank: each batch's end, the run's probe and its end; the group's track; a full buffer's write
-  // (more than half of kAppendBufferBytes, lines being short); a long wait's, at most one per 10 ms.
-  const std::int64_t bound = cp * (report.batches + 2) + 1 + st.st_size / (static_cast<off_t>(kAppendBufferBytes) / 2) + cp * (elapsed_ms / 10 + 1);
-  EXPECT_LE(writes, bound) << blocked << " blocks, " << report.batches << " batches, " << st.st_size << " bytes, " << elapsed_ms << " ms";
-  EXPECT_GT(blocked, bound) << "blocks enough that a write at each would show";
 }
 
 // A rank that crashes (SIGKILL, processes) leaves every step before the crash on its track, and

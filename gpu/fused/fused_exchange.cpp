@@ -226,6 +226,8 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     }
     const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
     b.uploads = std::make_unique<cuda::DeviceUploads>(s.upload_stream);
+    // No pool_referenced: the ABI does not say which pool pages are backed; the host checks its own
+    // plan of the batch against them (plugin_host.cpp: run_plugin_batch).
     b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
     b.fill_page = b.uploads->upload(fill_pages(c, s));
     b.peer_pages_per_kind = cuda::peer_pages_per_kind(b.plan, c->cp, c->rank);

@@ -498,7 +498,7 @@ void Watcher::ended(std::int32_t r, int raw) {
     // The rank's own words where an exception ended it (its stderr line says the same), so a report
     // names what failed, not only that something did.
     const std::string_view error(area_[r].error.data(), ::strnlen(area_[r].error.data(), area_[r].error.size()));
-    return fail(fmt::format("rank {} (pid {}) exited with status {}{}{}", r, w.pid, status, error.empty() ? "" : ": ", error), r);
+    return fail(fmt::format("rank {} (pid {}) exited with status {}{}", r, w.pid, status, error.empty() ? std::string() : fmt::format(" (\"{}\")", error)), r);
   }
   result_.deadlock = true;
   const Clock::time_point now = Clock::now();

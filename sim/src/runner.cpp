@@ -304,15 +304,15 @@ void record_wait_limit(const World& world, const RankMachine& machine, const Run
 
 // One free-running rank's timeline track (recording.hpp): wall-clock spans (monotonic
 // microseconds; a wait from when the rank blocked to its pass, naming the peers behind then), the
-// violations this rank recorded and the mismatches it found as instants. Its lines are buffered
-// (kAppendBufferBytes, whole lines) and written at bounded points: a full buffer, each batch's end,
-// a wait that has lasted kFlushAfterWaitMs (once per wait: a hang, or a peer's death that ends this
-// rank, leaves everything before the wait on disk), before the rank kills itself (the crash fault)
-// and when it returns (the track's appender flushes as it goes). Findings are written at once
-// (TimelineTrack::instant).
+// violations this rank recorded and the mismatches it found as instants. Its lines are written
+// whenever the rank blocks (a hang, or a peer's death after which the launcher kills this rank,
+// leaves everything before the wait on disk: a rank killed from outside gets no chance to flush), at
+// each batch's end, before the rank kills itself (the crash fault) and when it returns. Findings are
+// written at once (TimelineTrack::instant). A write at every block is kept on purpose: it costs a
+// write(2) per wait only when a timeline is asked for, and buffering past a block lost the
+// survivors' last steps whenever a peer died.
 class FreeRecorder {
  public:
-  static constexpr std::chrono::milliseconds kFlushAfterWaitMs{10};
   FreeRecorder(const Recording& recording, const World& world, std::int32_t rank)
       : track_(recording, rank, fmt::format("rank {}", rank)), world_(world), rank_(rank) {}
   static std::int64_t now_us(Clock::time_point t = Clock::now()) {
@@ -321,6 +321,7 @@ class FreeRecorder {
   void waiting(const RankMachine& machine) {
     if (!track_.on()) return;
     behind_ = peers_behind(world_, rank_, machine.next_step()->op);
+    track_.flush();
   }
   // Writes the buffered lines (a failed write throws, naming the file).
   void flush() { track_.flush(); }
@@ -379,7 +380,6 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
       }
       const Clock::time_point wait_start = Clock::now();
       std::uint32_t spins = 0;
-      bool flushed = false;  // this wait's lines are on disk (once it lasted kFlushAfterWaitMs)
       if (!machine.runnable()) recorder.waiting(machine);
       if (progress != nullptr && !machine.runnable()) {
         const Step& waits_at = *machine.next_step();
@@ -392,16 +392,9 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
         if (spins % 64 == 0 && ((peers_stopped != nullptr && peers_stopped->load(std::memory_order_relaxed)) || harness::stop_requested() != 0)) {
           return kRankLeftForAStoppedPeer;
         }
-        if (spins % 1024 == 0) {
-          const Clock::duration waited = Clock::now() - wait_start;
-          if (waited > std::chrono::milliseconds(limits.wait_ms_max)) {
-            record_wait_limit(world, machine, limits);
-            return kRankDeadlock;
-          }
-          if (!flushed && waited > FreeRecorder::kFlushAfterWaitMs) {
-            recorder.flush();
-            flushed = true;
-          }
+        if (spins % 1024 == 0 && Clock::now() - wait_start > std::chrono::milliseconds(limits.wait_ms_max)) {
+          record_wait_limit(world, machine, limits);
+          return kRankDeadlock;
         }
       }
       const Step& s = *machine.next_step();
