@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|verify26|verify26b|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|verify26|verify26b|verify26c|perf|lean|quick|probe|benches]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -35,6 +35,8 @@
 #  closing wait shortened (docs/patches/closing-wait-skips-last-peer.patch: must fail both ways) and with that and the
 #  plugin host dropping the slow reader (docs/patches/plugin-host-drops-reader-spin.patch: what the spin adds through the ABI))
 # (verify26b: the GPU planted bugs oversubscribed on one GPU once a rank's own error text is in the report, and the barrier tests)
+# (verify26c: after the review mends (the pool plan holds the memory kind and reservation): the sparse pool's tests, the
+#  GPU mutants oversubscribed, the counters test, the fused plugin's mutants)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -289,6 +291,11 @@ if [[ "$what" == unverified ]]; then
   (cd "$build" && ctest -R "cpkv.python.timeline_gpu|GpuBackend.TheBuiltInPlugins|GpuBackend.TheInProcess|GpuBarrier|GpuBenchPlugin|GpuMutants" \
     --output-on-failure --timeout 300 -j 1) > "$OUT/unverified-tests.log" 2>&1
   echo "unverified gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|assert|Error" "$OUT/unverified-tests.log" | tail -40
+fi
+if [[ "$what" == verify26c ]]; then
+  (cd "$build" && timeout 330 ctest -R "GpuVmm|GpuMutants.EveryGpuPlantedBugIsReportedOversubscribed|GpuBackend.TheBuiltInPlugins|GpuFusedPlugin" \
+    --output-on-failure --timeout 200 -j 1) > "$OUT/verify26c-tests.log" 2>&1
+  echo "verify26c gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|assert|Error|exited with" "$OUT/verify26c-tests.log" | cut -c1-400 | tail -30
 fi
 if [[ "$what" == verify26b ]]; then
   (cd "$build" && timeout 420 ctest -R "GpuMutants|GpuBarrier|cpkv.python.timeline_gpu" --output-on-failure --timeout 300 -j 1) > "$OUT/verify26b-tests.log" 2>&1
