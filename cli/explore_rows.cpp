@@ -35,8 +35,10 @@ ExploreCounterexample keep_explore_counterexample(const properties::ExploreOptio
   } catch (const std::runtime_error& e) {
     kept.replay = fmt::format("none (the counterexample was not written: {})", e.what());
   }
+  const std::string timeline = (std::filesystem::path(folder) / (stem + ".timeline.json")).string();
   try {
-    kept.timeline = properties::write_timeline(c, options.mutant, (std::filesystem::path(folder) / (stem + ".timeline.json")).string());
+    properties::write_timeline(c, options.mutant, timeline);
+    kept.timeline = timeline;
   } catch (const std::runtime_error& e) {
     kept.timeline_error = e.what();
   }

@@ -84,7 +84,8 @@ struct NeedInputs {
   std::uint64_t bench_buffer_bytes = 0;
 };
 // What a run's pools are, computed once and read by the need, the share and every rank's carve:
-// the layout and, for a sparse pool, each rank's backed runs of the referenced pages.
+// sparse or dense, the layout, each rank's reservation and, sparse, its backed runs of the
+// referenced pages.
 struct PoolPlan {
   std::int32_t cp = 0;
   PoolMemory memory = PoolMemory::sparse;

@@ -26,7 +26,7 @@ void allocate_pool(Rank& r) {
   RankMemory& mem = r.mem;
   const PoolShare& share = *r.ctx.pool_share;
   if (share.plan.memory == PoolMemory::dense) {
-    CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, std::max<std::uint64_t>(mem.layout.pool_bytes, 256)));
+    CPKV_CUDA_CHECK(cudaMalloc(&mem.pool, share.plan.reserved));  // the whole slabs (pool_plan: at least 256 bytes)
     CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->pool[r.ctx.rank], mem.pool));
     return;
   }

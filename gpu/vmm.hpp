@@ -56,9 +56,9 @@ void receive_fds(int socket, std::size_t count, std::int64_t ms, const std::func
 // All `count` at once (the caller closes them).
 std::vector<int> receive_fds(int socket, std::size_t count, std::int64_t ms);
 
-// How a group's pools are held, decided in the parent before the ranks fork: the mode, the
-// granularity the runs are aligned to, every rank's runs (identical on every rank: a peer maps
-// rank p's descriptors at runs[p]'s offsets) and the socket pairs (sparse only).
+// How a group's pools are held, decided in the parent before the ranks fork: the pool plan (the
+// mode, the layout, the reservation, every rank's runs, identical on every rank: a peer maps rank
+// p's descriptors at runs[p]'s offsets) and the socket pairs (sparse only).
 struct PoolShare {
   PoolPlan plan;                             // sparse or dense, the layout every rank carves, each rank's reservation and (sparse) backed runs
   std::unique_ptr<FdChannels> channels;

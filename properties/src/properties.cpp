@@ -136,7 +136,7 @@ harness::RunReport run_case_free(const Case& c, harness::Mutant mutant, const si
   return sim::run_free(source, options_of(c, mutant), sim::RanksAs::processes, sim::swarm_faults(c.seed), limits, recording);
 }
 
-std::string write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running) {
+void write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running) {
   const std::string fresh = fmt::format("{}.{}.new", path, ::getpid());
   harness::write_new_file(fresh, "");
   try {
@@ -155,7 +155,6 @@ std::string write_timeline(const Case& c, harness::Mutant mutant, const std::str
     ::unlink(fresh.c_str());
     throw;
   }
-  return path;
 }
 
 std::string write_replay(const Case& c, harness::Mutant mutant, const std::string& dir, const std::string& stem, bool free_running) {

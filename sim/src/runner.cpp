@@ -306,8 +306,8 @@ void record_wait_limit(const World& world, const RankMachine& machine, const Run
 // microseconds; a wait from when the rank blocked to its pass, naming the peers behind then), the
 // violations this rank recorded and the mismatches it found as instants. Its lines are written
 // whenever the rank blocks (a hang, or a peer's death after which the launcher kills this rank,
-// leaves everything before the wait on disk: a rank killed from outside gets no chance to flush), at
-// each batch's end, before the rank kills itself (the crash fault) and when it returns. Findings are
+// leaves everything before the wait on disk: a rank killed from outside gets no chance to flush),
+// before the rank kills itself (the crash fault) and when it returns. Findings are
 // written at once (TimelineTrack::instant). A write at every block is kept on purpose: it costs a
 // write(2) per wait only when a timeline is asked for, and buffering past a block lost the
 // survivors' last steps whenever a peer died.
@@ -418,7 +418,6 @@ int free_rank(const World& world, const BatchSource& source, const harness::RunO
     machine.begin_batch(*batch, cursor.index());
     status = run_program();
     publish_totals(world, machine);
-    recorder.flush();  // the batch's lines
   }
   publish_totals(world, machine);
   recorder.findings();  // a wait that ran past its bound

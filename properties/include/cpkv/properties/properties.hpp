@@ -77,9 +77,8 @@ harness::RunReport run_case_free(const Case& c, harness::Mutant mutant, const si
 // Writes the timeline (Chrome trace event format, sim/recording.hpp) of the case run again with
 // `mutant` to `path` in a folder from harness::private_folder() (a fresh file renamed over it):
 // scheduled, the very steps of the counterexample on the step clock; free-running, another run of
-// the same knobs on the wall clock. Returns the path of the file it wrote. Throws
-// std::runtime_error naming the file when a write fails.
-std::string write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running = false);
+// the same knobs on the wall clock. Throws std::runtime_error naming the file when a write fails.
+void write_timeline(const Case& c, harness::Mutant mutant, const std::string& path, bool free_running = false);
 
 // Writes the case as a trace (and, scheduled, a schedule file) under `dir`, a folder from
 // harness::private_folder() (a later write replaces an earlier one whole), and returns the `cpkv
