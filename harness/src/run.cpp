@@ -36,7 +36,8 @@ std::string describe(const Violation& v) {
                                            "plan invariance",
                                            "byte exactness",
                                            "capability agreement",
-                                           "liveness"};
+                                           "liveness",
+                                           "attention plan exactness"};
   // Where, in words: a field that does not apply (-1) is left out, not printed as -1 (issue 25,
   // item 4); a violation seen only once the group stopped says so.
   std::string where;

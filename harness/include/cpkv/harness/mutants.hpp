@@ -34,6 +34,9 @@ enum class Mutant : std::uint8_t {
   stale_page_inverse,
   reused_plan,
   unzeroed_rows,
+  batch_as_one_sequence,
+  causal_off_by_one,
+  key_base_skips_prefix,
 };
 
 // Which backends can switch a planted bug on (a bit set: a bug may live in several).
@@ -76,6 +79,11 @@ inline constexpr MutantInfo kMutantTable[] = {
      "the harness hands a plugin the first batch's page inverse on every later batch (a plugin that reads it)"},
     {Mutant::reused_plan, "reused_plan", 5, kHarnessHolds, "the harness hands a plugin the first batch's compose plan on every later batch"},
     {Mutant::unzeroed_rows, "unzeroed_rows", 6, kHarnessHolds, "the harness hands a plugin current rows whose partial pages' tails are not zeroed"},
+    {Mutant::batch_as_one_sequence, "batch_as_one_sequence", 9, kSimulatorHolds,
+     "the attention plan takes the batch's requests as one causal sequence: kv_len counts the earlier requests' keys"},
+    {Mutant::causal_off_by_one, "causal_off_by_one", 9, kSimulatorHolds, "the attention plan's kv_len is one short: a query does not see itself"},
+    {Mutant::key_base_skips_prefix, "key_base_skips_prefix", 9, kSimulatorHolds,
+     "the attention plan's k_base is the request's first current row: its prefix keys are skipped"},
 };
 inline constexpr std::size_t kMutantRows = std::size(kMutantTable);
 
@@ -84,7 +92,7 @@ constexpr bool mutant_table_follows_enum() {
   for (std::size_t i = 0; i < kMutantRows; ++i) {
     const MutantInfo& row = kMutantTable[i];
     if (static_cast<std::size_t>(row.mutant) != i || row.name.empty() || row.backends == 0) return false;
-    if ((i == 0) != (row.invariant == 0) || row.invariant < 0 || row.invariant > 8) return false;
+    if ((i == 0) != (row.invariant == 0) || row.invariant < 0 || row.invariant > 9) return false;
     for (std::size_t j = 0; j < i; ++j) {
       if (kMutantTable[j].name == row.name) return false;
     }
@@ -107,8 +115,8 @@ constexpr std::array<Mutant, count_held(Backend)> held_by() {
 }
 }  // namespace detail
 static_assert(detail::mutant_table_follows_enum(),
-              "kMutantTable: one row per Mutant in enum order, unique names, none first with invariant 0, the rest 1..8, each held somewhere");
-static_assert(static_cast<std::size_t>(Mutant::unzeroed_rows) + 1 == kMutantRows,
+              "kMutantTable: one row per Mutant in enum order, unique names, none first with invariant 0, the rest 1..9, each held somewhere");
+static_assert(static_cast<std::size_t>(Mutant::key_base_skips_prefix) + 1 == kMutantRows,
               "kMutantTable: a row is missing (the last enumerator must close the table)");
 
 // Every planted bug (none excluded), and the subsets each backend holds, in the table's order.

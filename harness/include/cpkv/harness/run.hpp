@@ -34,7 +34,7 @@ struct RunOptions {
 // One invariant violation (PROTOCOL.md section 9), a plain struct so that rank processes can write
 // it into shared memory.
 struct Violation {
-  std::int32_t invariant = 0;  // 1..8, PROTOCOL.md section 9
+  std::int32_t invariant = 0;  // 1..9, PROTOCOL.md section 9
   std::int32_t rank = -1;
   std::int64_t batch = -1;
   std::int32_t layer = -1;
@@ -44,7 +44,7 @@ struct Violation {
 };
 // Violations a run keeps (the count covers all of them); shared-memory reports hold this many.
 inline constexpr std::int32_t kViolationsMax = 64;
-inline constexpr std::int32_t kInvariants = 8;
+inline constexpr std::int32_t kInvariants = 9;
 
 // What a rank reports back to whoever launched it (a forked child cannot return a value): plain
 // data, written into shared memory by rank processes. The simulator's step machine and the GPU
@@ -64,7 +64,7 @@ struct RunReport {
   std::vector<Totals> ranks;
   std::vector<Violation> violations;      // first kViolationsMax
   std::int64_t violation_count = 0;
-  std::array<std::int64_t, kInvariants + 1> violations_by_invariant = {};  // [1..8]: every violation, kept or not
+  std::array<std::int64_t, kInvariants + 1> violations_by_invariant = {};  // [1..9]: every violation, kept or not
   bool deadlock = false;
   std::string failure;                    // deadlock report, dead rank, limit: empty when the run ended normally
   std::uint64_t steps = 0;
