@@ -12,6 +12,7 @@
 #include "files.hpp"
 #include "options.hpp"
 #include "cpkv/model/limits.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
@@ -40,6 +41,9 @@ struct BatchPlan {
   model::Verdict verdict;
   std::vector<std::vector<std::int32_t>> writers;
   std::vector<std::vector<std::uint64_t>> matrix;  // [reader][holder]; empty for a rejected batch
+  // [rank]: the attention plan cpkv's backends hand each rank's attention kernels (PROTOCOL.md
+  // section 11: model::ragged_index_plan); empty for a rejected batch.
+  std::vector<std::vector<model::AttentionSegment>> attention;
   std::int32_t rank_first = 0, rank_end = 0;       // the ranks printed
 };
 
@@ -66,11 +70,16 @@ std::string batch_json(const BatchPlan& p, const model::Setting& setting, const 
   out["layers"] = setting.layer_count();
   nlohmann::json ranks = nlohmann::json::array();
   for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
-    nlohmann::json entry = {{"rank", rank}, {"bytes_pulled_from", nullptr}, {"local_bytes", nullptr}, {"peer_bytes", nullptr}};
+    nlohmann::json entry = {{"rank", rank}, {"bytes_pulled_from", nullptr}, {"local_bytes", nullptr}, {"peer_bytes", nullptr}, {"attention", nullptr}};
     if (!p.verdict.overflow) {
       entry["bytes_pulled_from"] = p.matrix[rank];
       entry["local_bytes"] = p.matrix[rank][rank];
       entry["peer_bytes"] = pulled_from_peers(p.matrix[rank], rank);
+      nlohmann::json segments = nlohmann::json::array();
+      for (const model::AttentionSegment& s : p.attention[rank]) {
+        segments.push_back({{"request", s.request}, {"q_base", s.q_base}, {"q_len", s.q_len}, {"kv_len", s.kv_len}, {"k_base", s.k_base}});
+      }
+      entry["attention"] = segments;
     }
     ranks.push_back(entry);
   }
@@ -103,6 +112,21 @@ std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model:
   return text;
 }
 
+// Each rank's attention plan in the neutral form of PROTOCOL.md section 11, one segment per
+// maximal run of its consecutive current pages of one request.
+std::string attention_text(const BatchPlan& p) {
+  std::string text = "  attention plan of each rank, segments (request, q_base, q_len, kv_len, k_base): queries are the request's current "
+                     "tokens q_base..q_base+q_len-1, the last sees kv_len keys from dense row k_base:\n";
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    std::vector<std::string> segments;
+    for (const model::AttentionSegment& s : p.attention[rank]) {
+      segments.push_back(fmt::format("({}, {}, {}, {}, {})", s.request, s.q_base, s.q_len, s.kv_len, s.k_base));
+    }
+    text += fmt::format("    rank {}: {}\n", rank, segments.empty() ? std::string("no queries") : fmt::format("{}", fmt::join(segments, " ")));
+  }
+  return text;
+}
+
 std::string batch_text(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
                        std::int64_t index, const model::Batch& batch) {
   std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, staging_slots {} ({}), verdict {}\n", index,
@@ -113,7 +137,7 @@ std::string batch_text(const BatchPlan& p, const model::Setting& setting, const 
                         batch.requests[r].extend_len, p.writers[r].size(), fmt::join(p.writers[r], " "));
   }
   if (p.verdict.overflow) return text + "  rejected before any rank writes staging or waits: no bytes move\n";
-  return text + bytes_text(p, setting, variant);
+  return text + bytes_text(p, setting, variant) + attention_text(p);
 }
 
 // The report goes to stdout batch by batch; with --json it is held until the JSON file is written,
@@ -125,7 +149,12 @@ void plan_batch(const PlanOptions& options, const model::Setting& setting, const
   p.verdict = model::overflow_verdict(p.layout.current_pages_total, capacity.staging_slots);
   p.writers = writers_by_request(p.layout, batch.requests.size());
   // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
-  if (!p.verdict.overflow) p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
+  if (!p.verdict.overflow) {
+    p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
+    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+      p.attention.push_back(model::attention_segments(model::ragged_index_plan(p.layout, batch, rank)));
+    }
+  }
   p.rank_first = options.rank.value_or(0);
   p.rank_end = options.rank ? *options.rank + 1 : setting.cp;
   const std::string text = batch_text(p, setting, capacity, variant, index, batch);

@@ -118,6 +118,9 @@ TEST(Explorer, EveryPlantedBugIsFoundInOneOfTheShapes) {
       {harness::Mutant::plan_rebuilt_per_layer, "staging_direct", 2, "invariant 5"},
       {harness::Mutant::reversed_request_order, "staging_publish", 2, "invariant 6"},
       {harness::Mutant::unmatched_arrival, "staging_direct", 2, "flags not drained at quiescence"},
+      {harness::Mutant::batch_as_one_sequence, "staging_direct", 2, "invariant 9"},
+      {harness::Mutant::causal_off_by_one, "staging_direct", 2, "invariant 9"},
+      {harness::Mutant::key_base_skips_prefix, "staging_direct", 2, "invariant 9"},
   };
   ASSERT_EQ(expected.size(), harness::kAllMutants.size());
   for (const Expected& e : expected) {

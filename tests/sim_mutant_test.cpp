@@ -225,6 +225,16 @@ MutantCase unmatched_arrival_case() {
   return base_case(Mutant::unmatched_arrival, small_setting(2), {model::Batch{{fresh(8)}}}, round_robin(), {4});
 }
 
+// cp 2, a request with a one-page cached prefix (6 current tokens) then a fresh one (9): every rank
+// holds queries of both (zigzag: pages 0 and 1 of each request on ranks 0 and 1). The attention
+// plan each rank hands its kernels (PROTOCOL.md section 11) is wrong, the bytes are right:
+// batch_as_one_sequence counts request 0's 4 + 6 keys in request 1's kv_len, causal_off_by_one makes
+// every kv_len one short, key_base_skips_prefix starts request 0's keys at its first current row 4.
+// Invariant 9, and nothing else.
+MutantCase attention_case(Mutant mutant) {
+  return base_case(mutant, small_setting(2), {model::Batch{{cached({5}, 6), fresh(9)}}}, round_robin(), {9});
+}
+
 MutantCase case_for(Mutant mutant) {
   switch (mutant) {
     case Mutant::single_half: return single_half_case();
@@ -241,6 +251,9 @@ MutantCase case_for(Mutant mutant) {
     case Mutant::plan_rebuilt_per_layer: return plan_rebuilt_per_layer_case();
     case Mutant::reversed_request_order: return reversed_request_order_case();
     case Mutant::unmatched_arrival: return unmatched_arrival_case();
+    case Mutant::batch_as_one_sequence:
+    case Mutant::causal_off_by_one:
+    case Mutant::key_base_skips_prefix: return attention_case(mutant);
     case Mutant::none: break;
     // The harness's own around an exchange plugin (tests/gpu_plugin_test.cpp): not the simulator's.
     case Mutant::stale_page_inverse:
@@ -351,22 +364,30 @@ TEST(SimMutant, ReversedRequestOrderPassesTheLayoutBasedCheckButNotThePlainOracl
   MutantCase c = reversed_request_order_case();
   c.options.expected_from = ExpectedBytesFrom::batch_layout;
   const RunReport layout_checked = run_case(c, Mutant::reversed_request_order);
-  EXPECT_TRUE(layout_checked.passed()) << "the layout-based expectation should agree with its own gather:\n" << explain(layout_checked);
+  // The layout-based byte check agrees with its own gather; only the attention plan's plain oracle
+  // (invariant 9: the plan built from the reversed layout puts request 0's keys where request 1's are)
+  // sees it besides the byte oracle.
+  EXPECT_EQ(layout_checked.mismatches(), 0) << "the layout-based expectation should agree with its own gather:\n" << explain(layout_checked);
+  EXPECT_GT(layout_checked.violations_by_invariant[9], 0) << explain(layout_checked);
+  EXPECT_EQ(layout_checked.violation_count, layout_checked.violations_by_invariant[9]) << explain(layout_checked);
   c.options.expected_from = ExpectedBytesFrom::spec_oracle;
   const RunReport oracle_checked = run_case(c, Mutant::reversed_request_order);
   EXPECT_GT(oracle_checked.mismatches(), 0) << explain(oracle_checked);
-  EXPECT_EQ(oracle_checked.violation_count, oracle_checked.violations_by_invariant[6]) << explain(oracle_checked);
+  EXPECT_GT(oracle_checked.violations_by_invariant[6], 0) << explain(oracle_checked);
+  EXPECT_EQ(oracle_checked.violation_count, oracle_checked.violations_by_invariant[6] + oracle_checked.violations_by_invariant[9])
+      << explain(oracle_checked);
   ASSERT_FALSE(oracle_checked.ranks.empty());
   EXPECT_NE(std::string(oracle_checked.ranks[0].first_mismatch).find("slot 0"), std::string::npos) << oracle_checked.ranks[0].first_mismatch;
 }
 
 // Section 9: every invariant's checker is shown to fire, each first (earliest in the run) for at
 // least one planted bug, so none of them is dead code behind another.
-TEST(SimMutant, EachOfTheEightInvariantsFiresFirstForSomePlantedBug) {
+TEST(SimMutant, EachOfTheNineInvariantsFiresFirstForSomePlantedBug) {
   const std::vector<std::pair<Mutant, std::int32_t>> fires_first = {
       {Mutant::token_split, 1},          {Mutant::single_half, 2},           {Mutant::rank_local_overflow, 3},
       {Mutant::barrier_passes_early, 4}, {Mutant::plan_rebuilt_per_layer, 5}, {Mutant::reversed_request_order, 6},
       {Mutant::skip_zero, 6},            {Mutant::unagreed_capability, 7},   {Mutant::barrier_reset_race, 8},
+      {Mutant::batch_as_one_sequence, 9},
   };
   for (const auto& [mutant, invariant] : fires_first) {
     const RunReport planted = run_case(case_for(mutant), mutant);
@@ -390,6 +411,29 @@ TEST(SimMutant, InterleavingBugsAreCaughtUnderRandomSchedules) {
       if (reports_any(run_case(c, mutant), c.caught_by)) ++caught;
     }
     EXPECT_GT(caught, 0) << to_string(mutant) << " escaped all " << kSchedules << " random schedules";
+  }
+}
+
+// Invariant 9's planted bugs leave every byte right and are reported with the checker's located
+// line: the segment, request, tokens, field, expected and got, and the likely cause.
+TEST(SimMutant, AttentionPlanBugsAreCaughtAloneWithALocatedLine) {
+  const std::vector<std::pair<Mutant, std::string>> lines = {
+      {Mutant::batch_as_one_sequence, "(request 1 tokens 0..3): q_len 4 kv_len 14, the request needs kv_len 4: kv_len counts request 0's 10 "
+                                      "keys too: the batch taken as one sequence?"},
+      {Mutant::causal_off_by_one, "(request 0 tokens 0..3): q_len 4 kv_len 7, the request needs kv_len 8: one key short"},
+      {Mutant::key_base_skips_prefix, "(request 0 tokens 0..3): k_base 4, the request's keys begin at dense row 0: k_base is the current "
+                                      "span's: the prefix was skipped?"},
+  };
+  for (const auto& [mutant, line] : lines) {
+    expect_caught(case_for(mutant));
+    const RunReport planted = run_case(case_for(mutant), mutant);
+    EXPECT_EQ(planted.mismatches(), 0) << to_string(mutant) << ":\n" << explain(planted);
+    EXPECT_EQ(planted.violation_count, planted.violations_by_invariant[9]) << to_string(mutant) << ":\n" << explain(planted);
+    // Rank 0's finding (which rank ends the batch first depends on the schedule).
+    const bool named = std::ranges::any_of(planted.violations, [&](const Violation& v) {
+      return v.rank == 0 && std::string(v.detail).find(line) != std::string::npos;
+    });
+    EXPECT_TRUE(named) << to_string(mutant) << ": no rank 0 violation with \"" << line << "\":\n" << explain(planted);
   }
 }
 

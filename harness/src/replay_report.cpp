@@ -42,6 +42,10 @@ nlohmann::json run_json(const RunReport& report, double seconds) {
   nlohmann::json violations = nlohmann::json::array();
   for (const Violation& v : report.violations) violations.push_back(describe(v));
   run["violation_details"] = violations;
+  // Every violation counted by its invariant (kept or not: violation_details holds the first few).
+  nlohmann::json by_invariant = nlohmann::json::object();
+  for (std::int32_t i = 1; i <= kInvariants; ++i) by_invariant[std::to_string(i)] = report.violations_by_invariant[i];
+  run["violations_by_invariant"] = by_invariant;
   return run;
 }
 

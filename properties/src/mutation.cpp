@@ -99,11 +99,13 @@ constexpr int kQuickCases = 10;
 
 // The order a planted bug meets the properties: those of a mechanism first (1 the writer rule, 3 the
 // overflow verdict, 4 the barrier, 5 the plan, 7 the path), then those of what a broken mechanism
-// leads to (2 a stale read of a parity half, 6 a wrong byte, 8 a hang), then the free-running one.
+// leads to (2 a stale read of a parity half, 6 a wrong byte, 8 a hang, 9 a wrong attention plan:
+// after 6, so a layout bug that also skews the plan, reversed_request_order, stays a wrong byte's),
+// then the free-running one.
 // A bug is credited to the mechanism that sees it: a barrier that lets a rank pass a phase early is
 // invariant 4's, though the stale read it causes is also invariant 2's (in numeric order property 2
 // ran first and invariant 4 was never the first to catch anything). The correct protocol runs every
-// property anyway: in numeric order, so its coverage columns read 1..8.
+// property anyway: in numeric order, so its coverage columns read 1..9.
 std::vector<const Property*> hunt_order(bool planted) {
   std::vector<const Property*> order;
   if (!planted) {

@@ -16,7 +16,9 @@
 
 #include "cpkv/harness/request.hpp"
 #include "cpkv/harness/temp_files.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/sim/attention_plan.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -458,6 +460,66 @@ void liveness(harness::Mutant mutant) {
   if (!report.failure.empty()) fail(c, mutant, "8_liveness", 8, report.failure);
 }
 
+// A production-shaped case (PROTOCOL.md section 1): cp 8, P = 64, kv_fp8 and indexer_k on one full
+// layer, up to 12 requests with cached prefixes of up to 16 pages and extends of up to 8192 tokens.
+// Too big to run through the simulator in every case; invariant 9 checks its plans directly.
+Case production_case() {
+  Case c;
+  c.setting.cp = 8;
+  c.setting.page_size = 64;
+  c.setting.kinds = {*model::find_buffer_kind("kv_fp8"), *model::find_buffer_kind("indexer_k")};
+  c.setting.layer_pattern = "F";
+  c.setting.pool_pages = 4096;
+  c.setting.split = *rc::gen::element(model::SplitPolicy::zigzag, model::SplitPolicy::contiguous, model::SplitPolicy::round_robin);
+  model::Batch batch;
+  const auto requests = *rc::gen::inRange<std::int32_t>(1, 13);
+  for (std::int32_t r = 0; r < requests; ++r) {
+    model::Request req;
+    const auto prefix_pages = *rc::gen::inRange<std::int64_t>(0, 17);
+    for (std::int64_t k = 0; k < prefix_pages; ++k) req.prefix_pages.push_back(*rc::gen::inRange<std::int64_t>(0, c.setting.pool_pages));
+    req.prefix_len = prefix_pages * c.setting.page_size;
+    req.extend_len = *rc::gen::inRange<std::int64_t>(1, 8193);
+    batch.requests.push_back(std::move(req));
+  }
+  c.batches.push_back(std::move(batch));
+  return c;
+}
+
+// Every rank's plan, as the simulated ranks build it (sim::rank_attention_plan), against the plain
+// oracle, then every current token a query on exactly one rank.
+void check_plans_directly(const Case& c, harness::Mutant mutant, const std::string& name) {
+  const sim::MutantPolicy policy(mutant);
+  for (std::size_t b = 0; b < c.batches.size(); ++b) {
+    const model::Batch& batch = c.batches[b];
+    const model::BatchLayout layout = model::layout_batch(c.setting, batch);
+    std::vector<std::vector<model::AttentionSegment>> plans;
+    for (std::int32_t rank = 0; rank < c.setting.cp; ++rank) {
+      plans.push_back(sim::rank_attention_plan(layout, batch, rank, policy));
+      const auto finding = model::check_attention_plan(c.setting, batch, rank, plans.back());
+      if (finding) fail(c, mutant, name, 9, finding->describe(rank, static_cast<std::int64_t>(b)));
+    }
+    std::int32_t rank = 0;
+    const auto finding = model::check_attention_coverage(batch, plans, &rank);
+    if (finding) fail(c, mutant, name, 9, finding->describe(rank, static_cast<std::int64_t>(b)));
+  }
+}
+
+// Invariant 9: what attention reads. The simulated ranks check the plan they build once per batch
+// (a run of the drawn case); production-shaped batches at cp 8 (a third of the cases) are checked
+// directly through the same plan function, coverage over the group included.
+void attention_plan_exactness(harness::Mutant mutant) {
+  const std::string name = "9_attention_plan_exactness";
+  if (*rc::gen::weightedElement<bool>({{1, true}, {2, false}})) {
+    const Case c = production_case();
+    note_case(c);
+    check_plans_directly(c, mutant, name);
+    return;
+  }
+  const Case c = draw(Emphasis{}, bounds_with_rows(256));
+  check_plans_directly(c, mutant, name);
+  expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 9, name);
+}
+
 // Free-running ranks with swarm fault knobs drawn from the case seed: every invariant, credited to
 // the one the run's report names first (checkers, then bytes, then a run that did not end).
 void free_running_byte_exactness(harness::Mutant mutant) {
@@ -500,6 +562,7 @@ const std::vector<Property>& all_properties() {
       {"6_byte_exactness", 6, byte_exactness, common_targets()},
       {"7_capability_agreement", 7, capability_agreement, with(common_targets(), {fallback})},
       {"8_liveness", 8, liveness, with(common_targets(), {idle, bursts})},
+      {"9_attention_plan_exactness", 9, attention_plan_exactness, common_targets()},
       // Ten cases (check_property): too few for share targets; its coverage is printed.
       {"free_running_processes", 0, free_running_byte_exactness, {}},
   };

@@ -53,7 +53,7 @@ std::int32_t StateChecker::half_of(std::int64_t layer) const {
 
 void StateChecker::violation(std::int32_t invariant, std::int32_t layer, std::int64_t slot, const std::string& detail) const {
   CPKV_ASSERT(invariant >= 1);
-  CPKV_ASSERT(invariant <= 8);
+  CPKV_ASSERT(invariant <= harness::kInvariants);
   Violation v;
   v.invariant = invariant;
   v.rank = rank_;
@@ -81,6 +81,14 @@ void StateChecker::on_plan_served(const model::VariantPlan& served, const model:
   }
   violation(5, -1, -1, fmt::format("stale plan served for batch {}: {} gather slots planned, the batch has {}", batch_,
                                    std::max(served.gather1.size(), served.gather2.size()), slot_count));
+}
+
+// Invariant 9: the rank's attention plan is section 11's for the tokens it computed (the split of
+// section 2). The finding names the segment, request, tokens, field, expected and got.
+void StateChecker::on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments) const {
+  CPKV_ASSERT(batch_ >= 0);
+  const auto finding = model::check_attention_plan(*setting_, batch, rank_, segments);
+  if (finding) violation(9, -1, -1, finding->detail());
 }
 
 // Invariant 5: the compose plan is built once per batch. More builds mean a per-layer rebuild; none

@@ -11,6 +11,7 @@
 #include "cpkv/model/content.hpp"
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
+#include "cpkv/sim/attention_plan.hpp"
 
 namespace cpkv::sim {
 
@@ -724,6 +725,10 @@ void RankMachine::run_layer_end(std::int32_t layer) {
 }
 
 void RankMachine::end_batch() {
+  // The attention plan the rank's kernels read once the batch's KV is composed: batch-logical like
+  // the compose plan, built from the rank's own layout and checked once per batch, after the
+  // layers, so a bug of the layout or the split is first what it breaks in the exchange.
+  checker_.on_attention_plan(batch_, rank_attention_plan(layout_, batch_, rank_, mutant_));
   ++batches_ended_;
   world_->position(rank_).layers_done.store(batches_ended_ * options_.layers, std::memory_order_relaxed);
 }

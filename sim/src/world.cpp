@@ -33,7 +33,7 @@ struct Bump {
 
 struct World::Header {
   std::atomic<std::int64_t> violations{0};
-  std::atomic<std::int64_t> by_invariant[9] = {};
+  std::atomic<std::int64_t> by_invariant[harness::kInvariants + 1] = {};
   // Slot i of the kept violations is whole (a rank may read them while another records): the
   // count is bumped before the slot is filled, so a reader takes only the slots marked here.
   std::atomic<std::int32_t> written[World::kViolationsMax] = {};
@@ -288,7 +288,7 @@ StagingStamp& World::dense_stamp(std::int32_t rank, std::int32_t half, std::int6
 }
 
 void World::record(const Violation& violation) const {
-  header()->by_invariant[std::clamp(violation.invariant, 0, 8)].fetch_add(1);
+  header()->by_invariant[std::clamp(violation.invariant, 0, harness::kInvariants)].fetch_add(1);
   const std::int64_t index = header()->violations.fetch_add(1);
   if (index >= kViolationsMax) return;
   region_.at<Violation>(off_.violations)[index] = violation;
@@ -310,7 +310,7 @@ std::vector<Violation> World::whole_violations() const {
 }
 
 std::int64_t World::violation_count() const { return header()->violations.load(); }
-std::int64_t World::violation_count(std::int32_t invariant) const { return header()->by_invariant[std::clamp(invariant, 0, 8)].load(); }
+std::int64_t World::violation_count(std::int32_t invariant) const { return header()->by_invariant[std::clamp(invariant, 0, harness::kInvariants)].load(); }
 
 void World::reset_flags() const {
   for (std::int32_t r = 0; r < geometry_.cp; ++r) {

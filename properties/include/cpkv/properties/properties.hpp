@@ -96,7 +96,7 @@ std::unique_ptr<harness::Backend> scheduled_backend(const Case& c);  // the case
 
 struct Property {
   std::string name;       // e.g. "1_page_writer_exclusivity"
-  std::int32_t invariant; // 1..8 (0: every invariant, free-running)
+  std::int32_t invariant; // 1..9 (0: every invariant, free-running)
   // The body draws its inputs with *gen, notes them (note_case) and fails through RC_FAIL on its own
   // invariant only; `mutant` is the planted bug.
   std::function<void(harness::Mutant)> body;

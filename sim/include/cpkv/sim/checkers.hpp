@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/oracle.hpp"
@@ -49,6 +51,9 @@ class StateChecker {
   void on_plan_out_of_bounds(std::int32_t layer, std::int64_t index, std::int64_t bound, const char* what) const;
   // The plan in use differs from the one this batch gives (invariant 5).
   void on_plan_served(const model::VariantPlan& served, const model::VariantPlan& fresh, std::int64_t slot_count) const;
+  // The attention plan the rank hands its attention kernels this batch (invariant 9), checked
+  // against the plain oracle of PROTOCOL.md section 11 (model/attention.hpp).
+  void on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments) const;
   // A layer starts: the plan must have been built exactly once this batch (invariant 5).
   void on_layer_begin(std::int32_t layer, std::int64_t plan_builds_this_batch);
   // A write into a half that peers read (invariant 2).

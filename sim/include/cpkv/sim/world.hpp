@@ -156,7 +156,7 @@ class World {
   // count is bumped before a slot is filled).
   std::vector<harness::Violation> whole_violations() const;
   std::int64_t violation_count() const;
-  std::int64_t violation_count(std::int32_t invariant) const;  // 1..8, every one, kept or not
+  std::int64_t violation_count(std::int32_t invariant) const;  // 1..9, every one, kept or not
 
   // Resets the per-run shadow and flag state to the start of a run (not the data buffers).
   void reset_flags() const;
