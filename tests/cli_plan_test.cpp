@@ -91,6 +91,25 @@ TEST(CliPlan, TinySampleJsonMatchesHandCalculation) {
   EXPECT_TRUE(b2["ranks"][0]["peer_bytes"].is_null()) << "a rejected batch moves no bytes";
 }
 
+// Each rank's attention plan (PROTOCOL.md section 11), by hand for batch 0 (r0: prefix 8, extend 6;
+// r1: extend 9; P = 4): r0's span is 8 + 2 * 4 = 16 rows, so r1's keys begin at row 16. Rank 0
+// computes r0's page 0 (tokens 0..3, kv_len 8 + 0 + 4 = 12) and r1's page 0 (0..3, kv_len 4); rank 1
+// r0's page 1 (4..5, kv_len 8 + 4 + 2 = 14) and r1's pages 1-2 (4..8, kv_len 9).
+TEST(CliPlan, EveryRanksAttentionPlanIsPrintedAndWrittenAsSection11Says) {
+  const auto batches = plan_json(sample("tiny.jsonl"));
+  ASSERT_EQ(batches.size(), 3u);
+  const auto segment = [](std::int64_t r, std::int64_t q_base, std::int64_t q_len, std::int64_t kv_len, std::int64_t k_base) {
+    return nlohmann::json{{"request", r}, {"q_base", q_base}, {"q_len", q_len}, {"kv_len", kv_len}, {"k_base", k_base}};
+  };
+  EXPECT_EQ(batches[0]["ranks"][0]["attention"], nlohmann::json::array({segment(0, 0, 4, 12, 0), segment(1, 0, 4, 4, 16)}));
+  EXPECT_EQ(batches[0]["ranks"][1]["attention"], nlohmann::json::array({segment(0, 4, 2, 14, 0), segment(1, 4, 5, 9, 16)}));
+  EXPECT_TRUE(batches[2]["ranks"][0]["attention"].is_null()) << "a rejected batch runs no attention";
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --batch 0", sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_NE(run.out.find("rank 0: (0, 0, 4, 12, 0) (1, 0, 4, 4, 16)"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 1: (0, 4, 2, 14, 0) (1, 4, 5, 9, 16)"), std::string::npos) << run.out;
+}
+
 TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
   const auto batches = plan_json(sample("tiny.jsonl"), "--batch 1 --rank 0");
   ASSERT_EQ(batches.size(), 1u);
