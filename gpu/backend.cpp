@@ -111,7 +111,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
     return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
-  report.failure = cuda.exchange ? with_plugin_calls(*boot, cp, launched.failure) : launched.failure;
+  report.failure = cuda.exchange ? with_plugin_calls(*boot, cp, cuda.exchange->name, launched.failure) : launched.failure;
   report.deadlock = launched.deadlock;
   harness::check_unchanged(source);  // one line for the group (launch.cpp: ranks leave it to this check)
   fill_report(*boot, cp, report);

@@ -416,22 +416,27 @@ void exit_inside_call() {
   ::_exit(harness::kRankExitError);
 }
 
-// Marks one plugin call for its scope (g_call and the rank's Bootstrap::plugin_call).
+// Marks one plugin call for its scope (g_call and the rank's Bootstrap::plugin_call: three stores,
+// no formatting, as it brackets every timed compose_layer too).
 class InCall {
  public:
   InCall(PluginHost& h, const char* call, std::int64_t batch, std::int32_t layer) : slot_(h.r.ctx.boot->plugin_call[h.r.ctx.rank]) {
     g_call = CallInFlight{&h, call, batch, layer};
-    std::snprintf(slot_, sizeof(h.r.ctx.boot->plugin_call[0]), "%s", h.where(call, batch, layer).c_str());
+    std::int32_t index = 0;
+    while (index < static_cast<std::int32_t>(std::size(kPluginCalls)) && std::strcmp(kPluginCalls[index], call) != 0) ++index;
+    slot_.batch.store(batch, std::memory_order_relaxed);
+    slot_.layer.store(layer, std::memory_order_relaxed);
+    slot_.call.store(index + 1);
   }
   ~InCall() {
     g_call = CallInFlight{};
-    slot_[0] = '\0';
+    slot_.call.store(0);
   }
   InCall(const InCall&) = delete;
   InCall& operator=(const InCall&) = delete;
 
  private:
-  char* slot_;
+  Bootstrap::PluginCall& slot_;
 };
 
 // One of the plugin's context calls (setup, begin_batch, end_batch, teardown) inside InCall; a
@@ -488,10 +493,12 @@ Verdicts agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
 // a reason where there is none to check.
 std::vector<model::AttentionSegment> read_attention_plan(const cpkv_exchange_ctx& c, std::int64_t tokens, std::string& why) {
   const std::int64_t n = c.attention_segment_count;
-  if (c.attention_segments == nullptr || n <= 0) {
-    why = "the plugin declares CPKV_FLAG_ATTENTION_PLAN but returned no attention plan for the batch (ctx->attention_segments)";
+  if (n < 0 || (n > 0 && c.attention_segments == nullptr)) {
+    why = fmt::format("the plugin declares CPKV_FLAG_ATTENTION_PLAN but returned no attention plan for the batch (ctx->attention_segment_count {}, "
+                      "attention_segments {})", n, static_cast<const void*>(c.attention_segments));
     return {};
   }
+  if (n == 0) return {};  // a rank that writes no current row holds no query
   if (n > tokens) {
     why = fmt::format("the plugin's attention plan has {} segments for the batch's {} current tokens (each holds at least one query)", n, tokens);
     return {};
@@ -616,8 +623,8 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   }
   populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
   h.ctx.batch = &pb.c;
-  h.ctx.attention_segments = nullptr;  // the plugin's plan of this batch, if it returns one (check_attention)
-  h.ctx.attention_segment_count = 0;
+  h.ctx.attention_segments = nullptr;  // the plugin's plan of this batch, if it returns one (check_attention); -1: none returned
+  h.ctx.attention_segment_count = -1;
   const cpkv_status begun = call_plugin(h, h.plugin.table->begin_batch, "begin_batch", index);
   if (begun != CPKV_OVERFLOW) check_call(h, begun, "begin_batch", index, -1);
   const Verdicts verdicts = agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
@@ -671,12 +678,19 @@ void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   r.ctx.boot->plugin_finished[r.ctx.rank].store(1);
 }
 
-std::string with_plugin_calls(const Bootstrap& boot, std::int32_t cp, const std::string& failure) {
+std::string with_plugin_calls(const Bootstrap& boot, std::int32_t cp, const std::string& plugin, const std::string& failure) {
   std::string inside, unfinished;
   for (std::int32_t r = 0; r < cp; ++r) {
-    const std::string call(boot.plugin_call[r], ::strnlen(boot.plugin_call[r], sizeof(boot.plugin_call[r])));
-    if (!call.empty()) inside += fmt::format("{}rank {} ended inside {} (the call never returned)", inside.empty() ? "" : "; ", r, call);
-    if (call.empty() && boot.plugin_finished[r].load() == 0) unfinished += fmt::format("{}{}", unfinished.empty() ? "" : ", ", r);
+    const Bootstrap::PluginCall& c = boot.plugin_call[r];
+    const std::int32_t call = c.call.load();
+    if (call > 0 && call <= static_cast<std::int32_t>(std::size(kPluginCalls))) {
+      std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin, kPluginCalls[call - 1], r);
+      if (c.batch.load() >= 0) at += fmt::format(" batch {}", c.batch.load());
+      if (c.layer.load() >= 0) at += fmt::format(" layer {}", c.layer.load());
+      inside += fmt::format("{}rank {} ended inside {} (the call never returned)", inside.empty() ? "" : "; ", r, at);
+    } else if (boot.plugin_finished[r].load() == 0) {
+      unfinished += fmt::format("{}{}", unfinished.empty() ? "" : ", ", r);
+    }
   }
   if (!failure.empty()) return inside.empty() ? failure : fmt::format("{}; {}", failure, inside);
   if (!inside.empty()) return fmt::format("{}: the process exited with status 0 without its plugin host finishing (a plugin called _exit?)", inside);

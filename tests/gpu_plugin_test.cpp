@@ -182,5 +182,21 @@ TEST(GpuPluginStub, APluginThatFailsIsNamedWithItsOwnTextAndNothingIsLeftRunning
   EXPECT_NE((run.out + run.err).find("refuses to set up (a test plugin)"), std::string::npos) << run.out << run.err;
 }
 
+// A plugin that declares CPKV_FLAG_ATTENTION_PLAN must return its plan: none, or a pointer cpkv
+// cannot read, is invariant 9, named, and the rank lives on to report it (cpkv copies the plan
+// without trusting the pointer).
+TEST(GpuPluginStub, APluginThatDeclaresAnAttentionPlanAndReturnsNoneOrAWildOneIsInvariant9) {
+  CPKV_REQUIRE_GPU();
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --layers 1 --variant staging_direct --exchange ";
+  const test::CliRun none = test::run_cpkv(replay + CPKV_STUB_attnone);
+  EXPECT_EQ(none.status, 1) << none.out << none.err;
+  EXPECT_NE(none.out.find("invariant 9 (attention plan exactness): rank 0 batch 0: the plugin declares CPKV_FLAG_ATTENTION_PLAN but returned no attention plan"),
+            std::string::npos) << none.out;
+  const test::CliRun wild = test::run_cpkv(replay + CPKV_STUB_attwild);
+  EXPECT_EQ(wild.status, 1) << wild.out << wild.err;
+  EXPECT_NE(wild.out.find("ctx->attention_segments (3 segments at 0x10) is not memory this process can read"), std::string::npos) << wild.out;
+  EXPECT_EQ((wild.out + wild.err).find("died from"), std::string::npos) << "no rank crashed\n" << wild.out << wild.err;
+}
+
 }  // namespace
 }  // namespace cpkv

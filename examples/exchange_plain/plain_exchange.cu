@@ -161,8 +161,10 @@ cpkv_status plan_attention(cpkv_exchange_ctx* c, State* s) {
     }
   }
   for (cpkv_attention_segment& g : s->attention) g.kv_len = b->prefix_len[g.request] + g.q_base + g.q_len;
-  c->attention_segments = s->attention.data();
-  c->attention_segment_count = static_cast<int64_t>(s->attention.size());
+  if (CPKV_CTX_HAS(c, attention_segment_count)) {  // a cpkv before revision 3 of the context reads no plan
+    c->attention_segments = s->attention.data();
+    c->attention_segment_count = static_cast<int64_t>(s->attention.size());
+  }
   return CPKV_OK;
 }
 

@@ -225,9 +225,10 @@ struct cpkv_exchange_ctx {
    * closing wait early overwrites pages it still reads. 0: none. A plugin may ignore it. */
   int64_t reader_spin_cycles;
   /* Revision 3 of version 1: the attention plan, for a plugin whose flags have CPKV_FLAG_ATTENTION_PLAN.
-   * cpkv sets both to NULL / 0 before begin_batch; the plugin sets them, for a batch it runs, at any
-   * point from begin_batch to its last compose_layer: this rank's segments, in its query order, in
-   * host memory of its own that stays valid until end_batch is called. cpkv reads them after the
+   * cpkv sets them to NULL and -1 (none returned) before begin_batch; the plugin sets them, for a
+   * batch it runs, at any point from begin_batch to its last compose_layer: this rank's segments, in
+   * its query order (a count of 0 for a rank with no query), in host memory of its own that stays
+   * valid until end_batch is called. cpkv reads them after the
    * batch's layers (the stream synchronized, before end_batch) and checks them against the
    * specification (PROTOCOL.md §11: this rank's queries are the current rows it writes, the page
    * split of §2), then their coverage over the group (every current token a query on exactly one

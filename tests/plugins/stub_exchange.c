@@ -20,7 +20,9 @@
  *   STUB_SETUP_OK      composes nothing: the dense buffers keep cpkv's poison
  *   STUB_REFUSE_RANK1  begin_batch refuses every batch as an overflow on rank 1 only
  *   STUB_EXIT_COMPOSE  compose_layer calls exit(0)
- *   STUB_UNDERSCORE_EXIT_BEGIN  begin_batch calls _exit(0) (no exit handler runs) */
+ *   STUB_UNDERSCORE_EXIT_BEGIN  begin_batch calls _exit(0) (no exit handler runs)
+ *   STUB_ATTENTION=1   declares CPKV_FLAG_ATTENTION_PLAN and returns no plan
+ *   STUB_ATTENTION=2   declares it and returns a wild pointer as its plan (3 segments at address 16) */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +33,11 @@
 #ifndef STUB_VERSION
 #define STUB_VERSION CPKV_EXCHANGE_ABI_VERSION
 #endif
-#if defined(STUB_REFUSE_RANK1) || defined(STUB_EXIT_COMPOSE) || defined(STUB_UNDERSCORE_EXIT_BEGIN)
+#if defined(STUB_REFUSE_RANK1) || defined(STUB_EXIT_COMPOSE) || defined(STUB_UNDERSCORE_EXIT_BEGIN) || defined(STUB_ATTENTION)
 #define STUB_SETUP_OK /* each needs a rank that gets past setup */
+#endif
+#ifdef STUB_ATTENTION
+#define STUB_FLAGS CPKV_FLAG_ATTENTION_PLAN
 #endif
 
 #if defined(STUB_INIT_CRASH) || defined(STUB_INIT_EXIT) || defined(STUB_INIT_HANG)
@@ -70,11 +75,15 @@ static cpkv_status stub_compose(cpkv_exchange_ctx* ctx, int32_t layer, void* str
   return CPKV_ERROR;
 #endif
 }
-#if defined(STUB_REFUSE_RANK1) || defined(STUB_UNDERSCORE_EXIT_BEGIN)
+#if defined(STUB_REFUSE_RANK1) || defined(STUB_UNDERSCORE_EXIT_BEGIN) || defined(STUB_ATTENTION)
 #define STUB_BEGIN stub_begin
 static cpkv_status stub_begin(cpkv_exchange_ctx* ctx) {
 #ifdef STUB_UNDERSCORE_EXIT_BEGIN
   _exit(0);
+#endif
+#if defined(STUB_ATTENTION) && STUB_ATTENTION == 2
+  ctx->attention_segments = (const cpkv_attention_segment*)16;
+  ctx->attention_segment_count = 3;
 #endif
 #ifdef STUB_REFUSE_RANK1
   if (ctx->rank == 1) {
