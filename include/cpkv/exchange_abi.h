@@ -10,7 +10,8 @@
  * `const cpkv_exchange_v1_t` whose `abi_version` is CPKV_EXCHANGE_ABI_VERSION and whose `struct_bytes`
  * is sizeof(cpkv_exchange_v1_t) as the plugin was compiled. cpkv refuses, by name and before any rank
  * starts, a file that is not a shared object, one without the symbol, and one built against another
- * ABI version. A later version adds fields only at the end of both structs and bumps the version.
+ * ABI version; it loads the file and checks its table first in a bounded child process, so a plugin
+ * whose initializers crash, exit (with any status) or hang is refused in one line too. A later version adds fields only at the end of both structs and bumps the version.
  * Within version 1, cpkv may append fields to the end of cpkv_exchange_ctx (never to the table): a
  * plugin reads `ctx_bytes` to know whether a field it wants is there (CPKV_CTX_HAS), so a plugin
  * built against an earlier revision of this header runs unchanged. Revision 2 appended

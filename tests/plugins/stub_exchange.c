@@ -52,7 +52,7 @@ __attribute__((constructor)) static void stub_init(void) {
 }
 #endif
 
-static cpkv_status stub_setup(cpkv_exchange_ctx* ctx) {
+__attribute__((unused)) static cpkv_status stub_setup(cpkv_exchange_ctx* ctx) {  /* unused by STUB_WILD_ENTRY */
 #ifdef STUB_SETUP_OK
   (void)ctx;
   return CPKV_OK;
@@ -61,7 +61,7 @@ static cpkv_status stub_setup(cpkv_exchange_ctx* ctx) {
   return CPKV_ERROR;
 #endif
 }
-static cpkv_status stub_compose(cpkv_exchange_ctx* ctx, int32_t layer, void* stream) {
+__attribute__((unused)) static cpkv_status stub_compose(cpkv_exchange_ctx* ctx, int32_t layer, void* stream) {  /* unused by STUB_NO_COMPOSE */
   (void)layer;
   (void)stream;
 #ifdef STUB_EXIT_COMPOSE
