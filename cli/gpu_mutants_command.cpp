@@ -51,7 +51,7 @@ Row run_row(harness::Backend& backend, const harness::BatchSource& source, const
   try {
     const harness::RunReport report = backend.run(source, options);
     if (!report.passed()) return {true, "yes", cuda::first_finding(report)};
-    if (harness_fault) return {true, "robust", "passes: the plugin does not depend on the input this corrupts (it makes that part itself)"};
+    if (harness_fault) return {true, "robust", "passes: the plugin is robust to it (it does not depend on the input this corrupts: it makes that part itself)"};
     return {false, "NO", cuda::first_finding(report)};
   } catch (const std::exception& e) {
     return {false, "ERROR", e.what()};

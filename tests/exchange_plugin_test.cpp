@@ -333,6 +333,18 @@ TEST(ExchangePluginCli, APluginWhoseLoadingCrashesExitsOrHangsIsOneLineAndExit2)
   test::fs::remove_all(dir.parent_path());
 }
 
+// The real binary takes a plugin's own planted bug under cpkv's name (the request passes its checks
+// and reaches the cuda entry), and refuses it where no plugin runs.
+TEST(ExchangePluginCli, APluginsOwnPlantedBugPassesTheRequestAndNeedsAPluginThatHoldsIt) {
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --mutant address_keyed_plan_cache --exchange ";
+  const test::CliRun own = test::run_cpkv(replay + CPKV_STUB_heldsim);
+  if (own.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << own.err;
+  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--mutant: 'address_keyed_plan_cache' is not held by --backend cuda");
+  test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_ok), "--mutant: exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'");
+  if (own.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run a plugin's own planted bug";
+  test::expect_bad_input(own, "--backend: cuda: no CUDA device is visible on this machine");
+}
+
 // The real binary: a bad plugin is one line and exit 2 before anything runs (a machine with the
 // cuda backend built; without it `--backend cuda` itself is refused, which the test says).
 TEST(ExchangePluginCli, ABadPluginIsOneLineAndExit2BeforeAnyRankStarts) {
