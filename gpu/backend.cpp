@@ -111,7 +111,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
     return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
-  report.failure = launched.failure;
+  report.failure = cuda.exchange ? with_plugin_calls(*boot, cp, cuda.exchange->name, launched.failure) : launched.failure;
   report.deadlock = launched.deadlock;
   harness::check_unchanged(source);  // one line for the group (launch.cpp: ranks leave it to this check)
   fill_report(*boot, cp, report);
@@ -125,7 +125,9 @@ class CudaBackend final : public harness::Backend {
   explicit CudaBackend(CudaOptions options) : options_(options) {}
   std::string name() const override { return "cuda"; }
   harness::RunReport run(const harness::BatchSource& source, const harness::RunOptions& options) override {
-    if (!harness::held_by(options.mutant, harness::kGpuHolds | harness::kHarnessHolds)) {
+    // A plugin's own planted bugs (any bug of an exchange it declared, checked at load) are its to switch on.
+    const bool plugin_holds = options_.exchange && options_.exchange->holds(std::string(harness::to_string(options.mutant)));
+    if (!plugin_holds && !harness::held_by(options.mutant, harness::kGpuHolds | harness::kHarnessHolds)) {
       throw std::invalid_argument(fmt::format("the GPU backend does not hold planted bug '{}'", harness::to_string(options.mutant)));
     }
     return run_group(source, options, options_, nullptr);

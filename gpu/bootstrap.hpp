@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -83,6 +84,25 @@ struct Bootstrap {
   std::atomic<std::int32_t> plugin_refused[kRanksMax];
   // Whether each rank captured the plugin's timed layers into a graph (plugin_bench.cpp): all, or none replays.
   std::atomic<std::int32_t> plugin_captured[kRanksMax];
+  // The plugin call each rank is inside (call: 1 + its index in kPluginCalls, 0 between calls), and
+  // 1 once its plugin host returned from teardown: a rank whose process ended inside a call, or
+  // without finishing (exit status 0 included), is a failure naming the call (plugin_host.cpp).
+  struct PluginCall {
+    std::atomic<std::int32_t> call;
+    std::atomic<std::int32_t> layer;
+    std::atomic<std::int64_t> batch;
+  };
+  PluginCall plugin_call[kRanksMax];
+  std::atomic<std::int32_t> plugin_finished[kRanksMax];
+  // Each rank's attention plan of the batch in flight (the queries of its segments), for the check
+  // of coverage across ranks (invariant 9, plugin_host.cpp: check_attention); count -1: its own
+  // plan was already found wrong on the rank.
+  struct AttentionQueries {
+    std::int32_t request, q_base, q_len;
+  };
+  static constexpr std::int64_t kAttentionSegmentsMax = 8192;  // per rank and batch (a page-split plan: about two per request)
+  std::atomic<std::int64_t> attention_count[kRanksMax];
+  AttentionQueries attention[kRanksMax][kAttentionSegmentsMax];
   BenchRank bench_results[kRanksMax];
   // barrier_stress results
   std::atomic<std::uint64_t> phase_errors[kRanksMax];
@@ -91,6 +111,12 @@ struct Bootstrap {
   double us_per_barrier[kRanksMax];
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// plugin_host.cpp: the run's failure with what the plugin calls left (Bootstrap::plugin_call,
+// plugin_finished): a rank that ended inside a plugin call is named with the call; a rank that ended
+// without finishing, while the launcher saw every rank exit 0, makes the run fail.
+inline constexpr const char* kPluginCalls[] = {"setup", "begin_batch", "compose_layer", "end_batch", "teardown"};
+std::string with_plugin_calls(const Bootstrap& boot, std::int32_t cp, const std::string& plugin, const std::string& failure);
 
 // Keeps the first kViolationsMax violations and counts every one, by invariant.
 void record(Bootstrap* boot, const harness::Violation& v);

@@ -4,7 +4,13 @@
 // allocations over CUDA IPC, a sum all-reduce), and the batch loop around its calls: population,
 // the rows, the rotating slow rank, the byte check after every layer, the overflow verdicts
 // compared over the group (invariant 3), and the planted bugs that live in the harness.
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -16,6 +22,7 @@
 
 #include "batch_run.hpp"
 #include "timeline.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/traces/trace.hpp"
 
@@ -385,6 +392,66 @@ cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int
   return CPKV_OK;
 }
 
+// The plugin call in flight in this rank process. A plugin that ends the process inside a call
+// (exit, quick_exit: status 0 included) must not read as a rank that finished: the exit handler
+// names the call and turns the exit into a failure; a bare _exit, which runs no handler, leaves the
+// call in Bootstrap::plugin_call and plugin_finished 0, which the launching process reports
+// (with_plugin_calls).
+struct CallInFlight {
+  PluginHost* host = nullptr;
+  const char* call = nullptr;
+  std::int64_t batch = -1;
+  std::int32_t layer = -1;
+};
+CallInFlight g_call;
+
+void exit_inside_call() {
+  if (g_call.host == nullptr) return;
+  PluginHost& h = *g_call.host;
+  const std::string line = fmt::format("{} ended the process (exit inside the call): a plugin returns a status, it never exits",
+                                       h.where(g_call.call, g_call.batch, g_call.layer));
+  std::fprintf(stderr, "cpkv: cuda rank %d: %s\n", h.r.ctx.rank, line.c_str());
+  std::snprintf(h.r.ctx.progress.record().error.data(), h.r.ctx.progress.record().error.size(), "%s", line.c_str());
+  std::fflush(stderr);
+  ::_exit(harness::kRankExitError);
+}
+
+// Marks one plugin call for its scope (g_call and the rank's Bootstrap::plugin_call: three stores,
+// no formatting, as it brackets every timed compose_layer too).
+class InCall {
+ public:
+  InCall(PluginHost& h, const char* call, std::int64_t batch, std::int32_t layer) : slot_(h.r.ctx.boot->plugin_call[h.r.ctx.rank]) {
+    g_call = CallInFlight{&h, call, batch, layer};
+    std::int32_t index = 0;
+    while (index < static_cast<std::int32_t>(std::size(kPluginCalls)) && std::strcmp(kPluginCalls[index], call) != 0) ++index;
+    slot_.batch.store(batch, std::memory_order_relaxed);
+    slot_.layer.store(layer, std::memory_order_relaxed);
+    slot_.call.store(index + 1);
+  }
+  ~InCall() {
+    g_call = CallInFlight{};
+    slot_.call.store(0);
+  }
+  InCall(const InCall&) = delete;
+  InCall& operator=(const InCall&) = delete;
+
+ private:
+  Bootstrap::PluginCall& slot_;
+};
+
+// One of the plugin's context calls (setup, begin_batch, end_batch, teardown) inside InCall; a
+// NULL entry (begin_batch may be) is CPKV_OK.
+cpkv_status call_plugin(PluginHost& h, cpkv_status (*entry)(cpkv_exchange_ctx*), const char* call, std::int64_t batch) {
+  if (entry == nullptr) return CPKV_OK;
+  const InCall in(h, call, batch, -1);
+  return entry(&h.ctx);
+}
+
+void watch_exits() {
+  static const bool registered = std::atexit(exit_inside_call) == 0 && std::at_quick_exit(exit_inside_call) == 0;
+  CPKV_ASSERT(registered);
+}
+
 // A call's status: CPKV_OK, or the run ends with the plugin's own line, located (a timeout is
 // invariant 8's). A CUDA error the call left behind (a bad launch) ends it too.
 void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_t batch, std::int32_t layer) {
@@ -400,16 +467,88 @@ void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_
 }
 
 // Every rank's verdict on the batch (refused as an overflow or not) must be the same (invariant 3).
-// True where every rank accepted it (the bench times only such a batch: its timing meets host
-// barriers on every rank).
-bool agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
+// Where they differ, rank 0 reports it naming every rank's verdict, and no rank runs the batch's
+// layers: an accepting rank would wait for a refusing peer that never comes (a liveness timeout
+// far from its cause). Every rank sees every verdict, so all take the same way.
+struct Verdicts {
+  bool all_accepted = false;  // the bench times only such a batch: its timing meets host barriers on every rank
+  bool agreed = false;
+};
+Verdicts agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
   Rank& r = h.r;
   const std::vector<std::int32_t> verdicts = r.share(r.ctx.boot->plugin_refused, refused ? 1 : 0);
-  if (r.ctx.rank != 0 && verdicts[0] != (refused ? 1 : 0)) {
-    record(r.ctx.boot, violation(3, r.ctx.rank, index, 0, fmt::format("rank {} {} the batch, rank 0 {} it", r.ctx.rank, refused ? "refused" : "accepted",
-                                                                          verdicts[0] != 0 ? "refused" : "accepted")));
+  const auto refusing = std::count(verdicts.begin(), verdicts.end(), 1);
+  const Verdicts out{refusing == 0, refusing == 0 || refusing == r.cp()};
+  if (!out.agreed && r.ctx.rank == 0) {
+    std::string each;
+    for (std::int32_t p = 0; p < r.cp(); ++p) each += fmt::format("{}rank {} {}", p == 0 ? "" : ", ", p, verdicts[p] != 0 ? "refused" : "accepted");
+    record(r.ctx.boot, violation(3, 0, index, 0,
+                                 fmt::format("exchange plugin '{}' ranks disagree on the batch's overflow verdict ({}); no rank ran its layers", h.plugin.name, each)));
   }
-  return std::count(verdicts.begin(), verdicts.end(), 0) == r.cp();
+  return out;
+}
+
+// The plugin's attention plan of the batch, copied out of its memory without trusting the pointer
+// (process_vm_readv on this process: a wild pointer is an error, not a crash of the rank). Empty and
+// a reason where there is none to check.
+std::vector<model::AttentionSegment> read_attention_plan(const cpkv_exchange_ctx& c, std::int64_t tokens, std::string& why) {
+  const std::int64_t n = c.attention_segment_count;
+  if (n < 0 || (n > 0 && c.attention_segments == nullptr)) {
+    why = fmt::format("the plugin declares CPKV_FLAG_ATTENTION_PLAN but returned no attention plan for the batch (ctx->attention_segment_count {}, "
+                      "attention_segments {})", n, static_cast<const void*>(c.attention_segments));
+    return {};
+  }
+  if (n == 0) return {};  // a rank that writes no current row holds no query
+  if (n > tokens) {
+    why = fmt::format("the plugin's attention plan has {} segments for the batch's {} current tokens (each holds at least one query)", n, tokens);
+    return {};
+  }
+  std::vector<cpkv_attention_segment> raw(static_cast<std::size_t>(n));
+  const iovec local{raw.data(), raw.size() * sizeof(cpkv_attention_segment)};
+  const iovec remote{const_cast<cpkv_attention_segment*>(c.attention_segments), local.iov_len};
+  if (::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) != static_cast<ssize_t>(local.iov_len)) {
+    why = fmt::format("ctx->attention_segments ({} segments at {}) is not memory this process can read: {}", n,
+                      static_cast<const void*>(c.attention_segments), std::strerror(errno));
+    return {};
+  }
+  std::vector<model::AttentionSegment> out;
+  for (const cpkv_attention_segment& x : raw) out.push_back({x.request, x.q_base, x.q_len, x.kv_len, x.k_base});
+  return out;
+}
+
+// Invariant 9 for a plugin that returns its plan (CPKV_FLAG_ATTENTION_PLAN), after a batch whose
+// layers every rank ran: this rank's plan against the specification (model::check_attention_plan,
+// the page split's queries), then, on rank 0, every rank's queries against one another
+// (model::check_attention_coverage) through the bootstrap segment. Collective: every rank calls it.
+void check_attention(PluginHost& h, const model::Batch& batch, std::int64_t index) {
+  Rank& r = h.r;
+  Bootstrap& boot = *r.ctx.boot;
+  std::int64_t tokens = 0;
+  for (const model::Request& q : batch.requests) tokens += q.extend_len;
+  std::string why;
+  const std::vector<model::AttentionSegment> plan = read_attention_plan(h.ctx, tokens, why);
+  if (why.empty()) {
+    if (const auto finding = model::check_attention_plan(r.ctx.source.setting, batch, r.ctx.rank, plan)) why = finding->detail();
+  }
+  if (why.empty() && static_cast<std::int64_t>(plan.size()) > Bootstrap::kAttentionSegmentsMax) {
+    throw std::runtime_error(fmt::format("{}: its attention plan of {} segments exceeds the {} per rank cpkv compares across ranks",
+                                         h.where("attention plan", index, -1), plan.size(), Bootstrap::kAttentionSegmentsMax));
+  }
+  if (!why.empty()) record(r.ctx.boot, violation(9, r.ctx.rank, index, -1, why));
+  for (std::size_t i = 0; why.empty() && i < plan.size(); ++i) {
+    boot.attention[r.ctx.rank][i] = {static_cast<std::int32_t>(plan[i].request), static_cast<std::int32_t>(plan[i].q_base), static_cast<std::int32_t>(plan[i].q_len)};
+  }
+  boot.attention_count[r.ctx.rank].store(why.empty() ? static_cast<std::int64_t>(plan.size()) : -1);
+  r.barrier();  // every rank's queries are in; the batch's closing barrier keeps them until rank 0 has read them
+  if (r.ctx.rank != 0) return;
+  std::vector<std::vector<model::AttentionSegment>> per_rank(r.cp());
+  for (std::int32_t p = 0; p < r.cp(); ++p) {
+    const std::int64_t n = boot.attention_count[p].load();
+    if (n < 0) return;  // that rank's own plan is reported; coverage over a wrong plan would say it twice
+    for (std::int64_t i = 0; i < n; ++i) per_rank[p].push_back({boot.attention[p][i].request, boot.attention[p][i].q_base, boot.attention[p][i].q_len, 0, 0});
+  }
+  std::int32_t who = 0;
+  if (const auto finding = model::check_attention_coverage(batch, per_rank, &who)) record(r.ctx.boot, violation(9, who, index, -1, finding->detail()));
 }
 
 // The layers of one accepted batch: rows, the slow rank, the plugin's layer, the byte check.
@@ -426,7 +565,12 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
     h.layer = l;
     {
       const TimelineSpan span(r, plugin_span_name(h.plugin.name), l);
-      check_call(h, h.plugin.table->compose_layer(&h.ctx, l, r.stream), "compose_layer", index, l);
+      cpkv_status status = CPKV_OK;
+      {
+        const InCall in(h, "compose_layer", index, l);
+        status = h.plugin.table->compose_layer(&h.ctx, l, r.stream);
+      }
+      check_call(h, status, "compose_layer", index, l);
     }
     h.layer = -1;
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
@@ -443,6 +587,7 @@ void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t*
   const auto rows = [&](std::int32_t l) { write_rows(h, pb, dev, l); };
   const auto compose = [&](std::int32_t l) {
     h.layer = l;
+    const InCall in(h, "compose_layer", index, l);
     const cpkv_status status = h.plugin.table->compose_layer(&h.ctx, l, h.r.stream);
     h.layer = -1;
     return status;
@@ -478,11 +623,13 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
   }
   populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
   h.ctx.batch = &pb.c;
-  const cpkv_status begun = h.plugin.table->begin_batch != nullptr ? h.plugin.table->begin_batch(&h.ctx) : CPKV_OK;
+  h.ctx.attention_segments = nullptr;  // the plugin's plan of this batch, if it returns one (check_attention); -1: none returned
+  h.ctx.attention_segment_count = -1;
+  const cpkv_status begun = call_plugin(h, h.plugin.table->begin_batch, "begin_batch", index);
   if (begun != CPKV_OVERFLOW) check_call(h, begun, "begin_batch", index, -1);
-  const bool all_accepted = agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
-  if (begun == CPKV_OVERFLOW) {
-    ++totals.overflows;
+  const Verdicts verdicts = agree_on_verdict(h, begun == CPKV_OVERFLOW, index);
+  if (begun == CPKV_OVERFLOW || !verdicts.agreed) {
+    if (begun == CPKV_OVERFLOW) ++totals.overflows;
     timeline_overflow(r, index);
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
@@ -495,12 +642,13 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     // The plugin's own counts of the functional layers (the bench's timed layers are not counted).
     totals.bytes_gathered_from_peers += h.ctx.counters.bytes_gathered_from_peers - before.bytes_gathered_from_peers;
     totals.barriers += h.ctx.counters.barriers - before.barriers;
-    if (r.ctx.cuda.timing_reps > 0 && all_accepted) time_plugin_batch(h, pb, dev, index);
+    if (r.ctx.cuda.timing_reps > 0 && verdicts.all_accepted) time_plugin_batch(h, pb, dev, index);
     h.batch = nullptr;
   }
   r.sync_stream();
   timeline_batch_read(r);
-  check_call(h, h.plugin.table->end_batch(&h.ctx), "end_batch", index, -1);
+  if ((h.plugin.table->flags & CPKV_FLAG_ATTENTION_PLAN) != 0 && begun != CPKV_OVERFLOW && verdicts.agreed) check_attention(h, batch, index);
+  check_call(h, call_plugin(h, h.plugin.table->end_batch, "end_batch", index), "end_batch", index, -1);
   h.ctx.batch = nullptr;
   collect_findings(r, index, verify);
   r.barrier();  // nobody rewrites pools or dense buffers a peer still reads
@@ -510,11 +658,12 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
 
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   PluginHost h{r, *r.ctx.cuda.exchange};
+  watch_exits();
   build_context(h);
   allocate_plugin_memory(h);
   r.ctx.progress.step("plugin setup");
   h.in_setup = true;
-  check_call(h, h.plugin.table->setup(&h.ctx), "setup", -1, -1);
+  check_call(h, call_plugin(h, h.plugin.table->setup, "setup", -1), "setup", -1, -1);
   h.in_setup = false;
   std::vector<bool> populated(r.ctx.source.setting.pool_pages_per_rank(), false);
   harness::BatchCursor cursor(r.ctx.source);
@@ -525,7 +674,28 @@ void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
     r.ctx.boot->batches_done[r.ctx.rank].fetch_add(1);
   }
   r.sync_stream();
-  check_call(h, h.plugin.table->teardown(&h.ctx), "teardown", -1, -1);
+  check_call(h, call_plugin(h, h.plugin.table->teardown, "teardown", -1), "teardown", -1, -1);
+  r.ctx.boot->plugin_finished[r.ctx.rank].store(1);
+}
+
+std::string with_plugin_calls(const Bootstrap& boot, std::int32_t cp, const std::string& plugin, const std::string& failure) {
+  std::string inside, unfinished;
+  for (std::int32_t r = 0; r < cp; ++r) {
+    const Bootstrap::PluginCall& c = boot.plugin_call[r];
+    const std::int32_t call = c.call.load();
+    if (call > 0 && call <= static_cast<std::int32_t>(std::size(kPluginCalls))) {
+      std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin, kPluginCalls[call - 1], r);
+      if (c.batch.load() >= 0) at += fmt::format(" batch {}", c.batch.load());
+      if (c.layer.load() >= 0) at += fmt::format(" layer {}", c.layer.load());
+      inside += fmt::format("{}rank {} ended inside {} (the call never returned)", inside.empty() ? "" : "; ", r, at);
+    } else if (boot.plugin_finished[r].load() == 0) {
+      unfinished += fmt::format("{}{}", unfinished.empty() ? "" : ", ", r);
+    }
+  }
+  if (!failure.empty()) return inside.empty() ? failure : fmt::format("{}; {}", failure, inside);
+  if (!inside.empty()) return fmt::format("{}: the process exited with status 0 without its plugin host finishing (a plugin called _exit?)", inside);
+  if (!unfinished.empty()) return fmt::format("rank(s) {} exited with status 0 before the plugin host finished (a plugin's exit between calls?)", unfinished);
+  return failure;
 }
 
 }  // namespace cpkv::cuda

@@ -17,6 +17,14 @@ _Static_assert(offsetof(cpkv_exchange_ctx, produce_rows) > offsetof(cpkv_exchang
 _Static_assert(offsetof(cpkv_exchange_ctx, counters) > offsetof(cpkv_exchange_ctx, produce_rows), "in the order the header documents");
 _Static_assert(offsetof(cpkv_exchange_ctx, reader_spin_cycles) > offsetof(cpkv_exchange_ctx, counters), "in the order the header documents");
 _Static_assert(offsetof(cpkv_exchange_v1_t, flags) == offsetof(cpkv_exchange_v1_t, uses) + sizeof(uint32_t), "flags took reserved's place: the table's size is unchanged");
+/* Revision 3 appends the attention plan to the context, after revision 2's last field; the table
+ * keeps version 1's size (80 bytes on LP64: the size a plugin of any revision declares in
+ * struct_bytes), its new entry being a flag bit and context fields. */
+_Static_assert(offsetof(cpkv_exchange_ctx, attention_segments) > offsetof(cpkv_exchange_ctx, reader_spin_cycles), "revision 3's fields come after revision 2's last");
+_Static_assert(offsetof(cpkv_exchange_ctx, attention_segment_count) > offsetof(cpkv_exchange_ctx, attention_segments), "in the order the header documents");
+_Static_assert(sizeof(void*) != 8 || sizeof(cpkv_exchange_v1_t) == 80, "the table never grows within version 1");
+_Static_assert(sizeof(cpkv_attention_segment) == 5 * sizeof(int64_t), "a segment is five int64 fields, no padding");
+_Static_assert((CPKV_FLAG_ATTENTION_PLAN & CPKV_FLAG_REPLAYABLE) == 0, "each flag bit is its own");
 _Static_assert((CPKV_USES_PRODUCE & (CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE)) == 0, "each uses bit is its own");
 
 int main(void) {
@@ -36,6 +44,17 @@ int main(void) {
   ctx.ctx_bytes = (uint32_t)sizeof(ctx);
   if (!CPKV_CTX_HAS(&ctx, produce_rows) || !CPKV_CTX_HAS(&ctx, counters) || !CPKV_CTX_HAS(&ctx, reader_spin_cycles)) {
     fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-2 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  /* A context of revision 2 (ctx_bytes up to reader_spin_cycles) lacks revision 3's plan. */
+  ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, attention_segments);
+  if (CPKV_CTX_HAS(&ctx, attention_segments) || !CPKV_CTX_HAS(&ctx, reader_spin_cycles)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-2 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  ctx.ctx_bytes = (uint32_t)sizeof(ctx);
+  if (!CPKV_CTX_HAS(&ctx, attention_segments) || !CPKV_CTX_HAS(&ctx, attention_segment_count)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-3 context of %u bytes\n", ctx.ctx_bytes);
     return 1;
   }
   ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, reader_spin_cycles) + 4; /* half a field: not there */

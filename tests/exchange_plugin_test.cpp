@@ -2,6 +2,7 @@
 // objects built from tests/plugins/stub_exchange.c, and what `cpkv replay --exchange` does with a
 // bad one: every refusal is one line naming the file and what is wrong with it, exit 2, before any
 // rank starts (include/cpkv/exchange_abi.h promises this; no GPU is needed for any of it).
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -62,6 +63,50 @@ TEST(ExchangePlugin, AnUnknownVariantAndAMissingFunctionAreRefused) {
 TEST(ExchangePlugin, AnUnknownFlagIsRefused) {
   const std::string why = refusal(CPKV_STUB_badflags);
   EXPECT_NE(why.find("sets unknown bits in flags: 0x80"), std::string::npos) << why;
+}
+
+// The loader runs the plugin's code (its initializers at dlopen, the reads of its table) in a
+// bounded probe child first: whatever that code does there is one refusal naming what it did, and
+// this test process (the loader's caller) lives on.
+TEST(ExchangePluginLoad, AnInitializerThatCrashesIsRefusedNamingTheSignal) {
+  const std::string why = refusal(CPKV_STUB_initcrash);
+  EXPECT_NE(why.find(std::string(CPKV_STUB_initcrash) + ": died from SIGSEGV while it was loaded (dlopen: its initializers)"), std::string::npos) << why;
+}
+
+TEST(ExchangePluginLoad, AnInitializerThatExitsWithStatus0IsRefusedNotTakenForAPass) {
+  const std::string why = refusal(CPKV_STUB_initexit);
+  EXPECT_NE(why.find("exited with status 0 while it was loaded (dlopen: its initializers)"), std::string::npos) << why;
+}
+
+// The stub's initializer never returns, so the bound is what ends the probe: a short one here
+// cannot make a correct plugin fail (the other tests keep the default).
+TEST(ExchangePluginLoad, AnInitializerThatHangsIsRefusedAtTheBound) {
+  try {
+    harness::load_exchange_plugin(CPKV_STUB_inithang, std::chrono::milliseconds(2000));
+    ADD_FAILURE() << "a plugin that hangs in its initializer was accepted";
+  } catch (const RequestError& e) {
+    EXPECT_NE(e.reason().find("did not finish loading within 2000 ms while it was loaded (dlopen: its initializers) (a hang in it?)"), std::string::npos)
+        << e.reason();
+  }
+}
+
+TEST(ExchangePluginLoad, AWildPointerInTheTableIsRefusedWhereverItPoints) {
+  const std::string name = refusal(CPKV_STUB_wildname);
+  EXPECT_NE(name.find("died from SIGSEGV while cpkv read its table"), std::string::npos) << "a name cpkv cannot read: " << name;
+  const std::string entry = refusal(CPKV_STUB_wildentry);
+  EXPECT_NE(entry.find("its setup entry (0x10) points into no loaded object (a wild pointer in the table)"), std::string::npos) << entry;
+}
+
+// The one rule for a plugin's planted bugs, checked at load (docs/plugins.md): a bug of the
+// protocol's (even one only the simulator holds in cpkv) is the plugin's own to hold; a bug of the
+// harness's, or a name given twice, is refused before anything runs.
+TEST(ExchangePluginLoad, APluginHoldsBugsOfTheProtocolNeverTheHarnesssOwn) {
+  const auto held = harness::load_exchange_plugin(CPKV_STUB_heldsim);
+  EXPECT_EQ(held->mutants, std::vector<std::string>{"address_keyed_plan_cache"});
+  EXPECT_TRUE(held->holds("address_keyed_plan_cache"));
+  const std::string harness_bug = refusal(CPKV_STUB_heldharness);
+  EXPECT_NE(harness_bug.find("declares 'unzeroed_rows', a planted bug of the harness"), std::string::npos) << harness_bug;
+  EXPECT_NE(refusal(CPKV_STUB_heldtwice).find("declares planted bug 'no_barrier' twice"), std::string::npos);
 }
 
 TEST(ExchangePlugin, AFileThatIsNotASharedObjectIsRefusedBeforeDlopen) {
@@ -174,6 +219,23 @@ TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
   EXPECT_NE(refused(r, "mutant").find("--exchange inprocess runs no plugin"), std::string::npos);
 }
 
+// A planted bug the plugin holds under a name only cpkv's simulator holds is run as the plugin's
+// own by a backend that runs plugins; without a plugin that holds it, it is refused by name.
+TEST_F(ExchangeRequest, APluginsOwnPlantedBugIsAcceptedUnderCpkvsNameAndRefusedWhereNoPluginHoldsIt) {
+  harness::ReplayRequest r = with("staging_direct", "address_keyed_plan_cache");
+  r.exchange = CPKV_STUB_heldsim;
+  const harness::CheckedRequest c = harness::check_request(r, registry);
+  EXPECT_EQ(c.mutant, harness::Mutant::address_keyed_plan_cache);
+  EXPECT_NE(harness::replay_line(c, model::Variant::staging_direct, 2).find(" --mutant address_keyed_plan_cache"), std::string::npos);
+  r.exchange = CPKV_STUB_ok;
+  EXPECT_NE(refused(r, "mutant").find("exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'"), std::string::npos);
+  r.exchange = harness::kInProcessExchange;
+  EXPECT_NE(refused(r, "mutant").find("'address_keyed_plan_cache' is not held by --backend host"), std::string::npos);
+  r.backend = "other";
+  r.exchange.reset();
+  EXPECT_NO_THROW(harness::check_request(r, registry)) << "the simulator holds it";
+}
+
 TEST_F(ExchangeRequest, TheReplayLineCarriesThePlugin) {
   const harness::CheckedRequest c = harness::check_request(with("staging_direct", "reused_plan"), registry);
   const std::string line = harness::replay_line(c, model::Variant::staging_direct, 2);
@@ -248,6 +310,39 @@ TEST(ExchangePluginCli, BenchRefusesABadPluginOrBackendInOneLineBeforeAnyRankSta
   const test::CliRun good = test::run_cpkv(bench + "--exchange " + CPKV_STUB_ok);
   if (good.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run the bench";
   test::expect_bad_input(good, "--backend: cuda: no CUDA device is visible on this machine");
+}
+
+// The real binary: a plugin whose loading crashes, exits 0 or hangs is one line and exit 2 before
+// any rank starts, and cpkv itself is never the process that dies (CPKV_EXCHANGE_LOAD_MS bounds the
+// hang; the stub never returns, so the bound cannot fail a correct plugin).
+TEST(ExchangePluginCli, APluginWhoseLoadingCrashesExitsOrHangsIsOneLineAndExit2) {
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --exchange ";
+  const test::CliRun probe = test::run_cpkv(replay + CPKV_STUB_initexit);
+  if (probe.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << probe.err;
+  test::expect_bad_input(probe, std::string("--exchange: ") + CPKV_STUB_initexit + ": exited with status 0 while it was loaded");
+  test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_initcrash), "died from SIGSEGV while it was loaded");
+  test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_wildname), "died from SIGSEGV while cpkv read its table");
+  test::RunSetup bounded;
+  bounded.env.push_back(std::string(harness::kLoadMsEnvironment) + "=2000");
+  const test::fs::path dir = test::temp_dir("exchange_plugin_cli") / "hang";
+  const test::CliRun hang = test::spawn({test::cpkv_binary().string(), "replay", "traces/samples/tiny.jsonl", "--backend", "cuda", "--exchange", CPKV_STUB_inithang}, dir, bounded);
+  test::expect_bad_input(hang, "did not finish loading within 2000 ms");
+  bounded.env = {std::string(harness::kLoadMsEnvironment) + "=soon"};
+  test::expect_bad_input(test::spawn({test::cpkv_binary().string(), "replay", "traces/samples/tiny.jsonl", "--backend", "cuda", "--exchange", CPKV_STUB_ok}, dir, bounded),
+                         "CPKV_EXCHANGE_LOAD_MS=soon is not a number of milliseconds");
+  test::fs::remove_all(dir.parent_path());
+}
+
+// The real binary takes a plugin's own planted bug under cpkv's name (the request passes its checks
+// and reaches the cuda entry), and refuses it where no plugin runs.
+TEST(ExchangePluginCli, APluginsOwnPlantedBugPassesTheRequestAndNeedsAPluginThatHoldsIt) {
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --mutant address_keyed_plan_cache --exchange ";
+  const test::CliRun own = test::run_cpkv(replay + CPKV_STUB_heldsim);
+  if (own.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << own.err;
+  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--mutant: 'address_keyed_plan_cache' is not held by --backend cuda");
+  test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_ok), "--mutant: exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'");
+  if (own.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run a plugin's own planted bug";
+  test::expect_bad_input(own, "--backend: cuda: no CUDA device is visible on this machine");
 }
 
 // The real binary: a bad plugin is one line and exit 2 before anything runs (a machine with the

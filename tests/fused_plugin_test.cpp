@@ -1,7 +1,7 @@
 // cpkv's own fused compose as an exchange plugin (gpu/fused/), checked without a GPU: the shared
 // object passes the loader's checks, names itself 'fused', lists every variant of
 // model::kVariantTable (what the cuda backend runs) and, as the planted bugs it holds, exactly the
-// rows of harness::kMutantTable the GPU holds; it exports cpkv_exchange_v1 and nothing else (nm -D);
+// rows of harness::kMutantTable the GPU holds and invariant 9's three; it exports cpkv_exchange_v1 and nothing else (nm -D);
 // the built-in table the cuda backend registers is the same table, reached as `builtin`.
 #include <cstdio>
 #include <set>
@@ -24,20 +24,23 @@ std::vector<model::Variant> every_variant() {
   return out;
 }
 
-std::vector<std::string> gpu_held_mutants() {
+std::vector<std::string> held_mutants() {
   std::vector<std::string> out;
   for (const harness::MutantInfo& row : harness::kMutantTable) {
     if (row.mutant != harness::Mutant::none && (row.backends & harness::kGpuHolds) != 0) out.emplace_back(row.name);
   }
+  // and the three of invariant 9, in the attention plan it returns (PROTOCOL.md section 9).
+  for (const char* name : {"batch_as_one_sequence", "causal_off_by_one", "key_base_skips_prefix"}) out.emplace_back(name);
   return out;
 }
 
 void expect_fused_table(const harness::ExchangePlugin& plugin) {
   EXPECT_EQ(plugin.name, "fused");
   EXPECT_EQ(plugin.variants, every_variant()) << "every variant the cuda backend runs, in kVariantTable order";
-  EXPECT_EQ(plugin.mutants, gpu_held_mutants()) << "the GPU's planted bugs, held by the plugin itself";
+  EXPECT_EQ(plugin.mutants, held_mutants()) << "the GPU's planted bugs and invariant 9's, held by the plugin itself";
   EXPECT_EQ(plugin.uses, CPKV_USES_PRODUCE) << "cpkv's producer writes its rows where it fills (no copy through ctx->rows), and it plans the batch itself";
-  EXPECT_EQ(plugin.table->flags, CPKV_FLAG_REPLAYABLE) << "its layers replay as a CUDA graph (the barrier phase lives on the device)";
+  EXPECT_EQ(plugin.table->flags, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN)
+      << "its layers replay as a CUDA graph (the barrier phase lives on the device), and it returns its attention plan";
 }
 
 TEST(FusedPlugin, TheSharedObjectPassesTheLoadersChecksWithEveryVariantAndTheGpuPlantedBugs) {

@@ -345,9 +345,11 @@ TEST(GpuMutants, OnlyTheGpuMutantsAreOfferedOnTheGpu) {
   cuda::register_backend(registry);
   harness::ReplayRequest request;
   request.backend = "cuda";
+  // (and the planted bugs its default exchange, the built-in plugin, holds itself: invariant 9's three)
+  const auto builtin = harness::find_exchange(harness::kBuiltinExchange);
   for (harness::Mutant mutant : harness::kAllMutants) {
     request.mutant = std::string(harness::to_string(mutant));
-    if (harness::held_by(mutant, harness::kGpuHolds)) {
+    if (harness::held_by(mutant, harness::kGpuHolds) || builtin->holds(request.mutant)) {
       EXPECT_NO_THROW(harness::check_request(request, registry)) << request.mutant;
     } else {
       EXPECT_THROW(harness::check_request(request, registry), harness::RequestError) << request.mutant;

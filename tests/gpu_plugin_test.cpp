@@ -111,6 +111,67 @@ TEST(GpuFusedPlugin, CpkvMutantsCatchesTheGpuPlantedBugsAndTheHarnessOnesThatRea
       EXPECT_TRUE(std::regex_search(run.out, row)) << name << " at cp " << cp << " is " << (name == "none" ? "clean" : "caught") << "\n" << run.out;
     }
   }
+  // Invariant 9's three, in the attention plan it returns: caught by the plugin host's check of the
+  // plan, located by the checker's line (the bytes are right).
+  for (const char* name : {"batch_as_one_sequence", "causal_off_by_one", "key_base_skips_prefix"}) {
+    for (int cp : {2, 4, 8}) {
+      const std::regex row(fmt::format("(^|\n){} +{} +[0-9]+  yes +invariant 9 \\(attention plan exactness\\): rank [0-9]+ batch [0-9]+: segment", name, cp));
+      EXPECT_TRUE(std::regex_search(run.out, row)) << name << " at cp " << cp << " is caught as invariant 9\n" << run.out;
+    }
+  }
+}
+
+// A plugin's own planted bug under a name of cpkv's that only the simulator holds in cpkv
+// (address_keyed_plan_cache, the plain example's) is run to the end of the table and caught; the
+// harness's bugs of inputs it reads are caught, except unzeroed_rows for the build that zeroes its
+// own tails: that one does not depend on cpkv's zeroed tails, is "robust", and the run passes.
+TEST(GpuPluginMutants, APluginsOwnBugsAreCaughtToTheEndOfTheTableAndAnInputItDoesNotNeedIsRobust) {
+  CPKV_REQUIRE_GPU();
+  const test::CliRun run = test::run_cpkv(fmt::format("mutants --backend cuda --exchange {}", CPKV_PLAIN_ZERO_TAILS_PLUGIN));
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  for (int cp : {2, 4, 8}) {
+    for (const auto& [name, verdict] : {std::pair{"none", "passes"}, std::pair{"address_keyed_plan_cache", "yes"}, std::pair{"stale_page_inverse", "yes"},
+                                         std::pair{"reused_plan", "yes"}, std::pair{"unzeroed_rows", "robust"}}) {
+      const std::regex row(fmt::format("(^|\n){} +{} +[0-9]+  {} ", name, cp, verdict));
+      EXPECT_TRUE(std::regex_search(run.out, row)) << name << " at cp " << cp << ": " << verdict << "\n" << run.out;
+    }
+  }
+}
+
+// The byte check of layer 0 through the plugin host: a plugin that composes nothing leaves cpkv's
+// poison in every dense buffer, and the first wrong byte reported is layer 0's.
+TEST(GpuPluginStub, AWrongByteOfLayer0IsReportedAtLayer0) {
+  CPKV_REQUIRE_GPU();
+  const test::CliRun run = test::run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend cuda --layers 2 --variant staging_direct --exchange {}", CPKV_STUB_noop));
+  EXPECT_EQ(run.status, 1) << run.out << run.err;
+  EXPECT_TRUE(std::regex_search(run.out, std::regex("mismatch: rank [0-9]+ batch 0 layer 0 "))) << run.out;
+}
+
+// A plugin that refuses every batch on rank 1 only: the ranks' verdicts differ (invariant 3), which
+// is reported at once, and no rank runs the batch's layers (so nothing waits for the refusing rank,
+// and no wrong byte of a layer that should not have run is reported).
+TEST(GpuPluginStub, APluginRefusingOnOneRankIsInvariant3AtOnce) {
+  CPKV_REQUIRE_GPU();
+  const test::CliRun run = test::run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend cuda --layers 2 --variant staging_direct --exchange {}", CPKV_STUB_refuse1));
+  EXPECT_EQ(run.status, 1) << run.out << run.err;
+  EXPECT_NE(run.out.find("invariant 3 (overflow determinism): rank 0 batch 0"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("ranks disagree on the batch's overflow verdict (rank 0 accepted, rank 1 refused)"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("mismatch: rank"), std::string::npos) << "no layer ran\n" << run.out;
+  EXPECT_EQ((run.out + run.err).find("invariant 8"), std::string::npos) << "not a liveness finding\n" << run.out << run.err;
+}
+
+// A process exit inside a plugin call, status 0 included, is a failure naming the call: exit()
+// (the exit handler names it), and _exit(), which runs no handler (the launching process names it).
+TEST(GpuPluginStub, AnExitInsideAPluginCallIsAFailureNamingTheCall) {
+  CPKV_REQUIRE_GPU();
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --layers 2 --variant staging_direct --exchange ";
+  const test::CliRun exits = test::run_cpkv(replay + CPKV_STUB_exitcompose);
+  EXPECT_EQ(exits.status, 1) << exits.out << exits.err;
+  EXPECT_NE((exits.out + exits.err).find("exchange plugin 'stub' compose_layer on rank"), std::string::npos) << exits.out << exits.err;
+  EXPECT_NE((exits.out + exits.err).find("batch 0 layer 0 ended the process (exit inside the call)"), std::string::npos) << exits.out << exits.err;
+  const test::CliRun bare = test::run_cpkv(replay + CPKV_STUB_underscoreexit);
+  EXPECT_EQ(bare.status, 1) << bare.out << bare.err;
+  EXPECT_NE(bare.out.find("ended inside exchange plugin 'stub' begin_batch on rank"), std::string::npos) << bare.out << bare.err;
 }
 
 TEST(GpuPluginStub, APluginThatFailsIsNamedWithItsOwnTextAndNothingIsLeftRunning) {
@@ -119,6 +180,22 @@ TEST(GpuPluginStub, APluginThatFailsIsNamedWithItsOwnTextAndNothingIsLeftRunning
   EXPECT_EQ(run.status, 1) << run.out << run.err;
   EXPECT_NE((run.out + run.err).find("exchange plugin 'stub' setup on rank"), std::string::npos) << run.out << run.err;
   EXPECT_NE((run.out + run.err).find("refuses to set up (a test plugin)"), std::string::npos) << run.out << run.err;
+}
+
+// A plugin that declares CPKV_FLAG_ATTENTION_PLAN must return its plan: none, or a pointer cpkv
+// cannot read, is invariant 9, named, and the rank lives on to report it (cpkv copies the plan
+// without trusting the pointer).
+TEST(GpuPluginStub, APluginThatDeclaresAnAttentionPlanAndReturnsNoneOrAWildOneIsInvariant9) {
+  CPKV_REQUIRE_GPU();
+  const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --layers 1 --variant staging_direct --exchange ";
+  const test::CliRun none = test::run_cpkv(replay + CPKV_STUB_attnone);
+  EXPECT_EQ(none.status, 1) << none.out << none.err;
+  EXPECT_NE(none.out.find("invariant 9 (attention plan exactness): rank 0 batch 0: the plugin declares CPKV_FLAG_ATTENTION_PLAN but returned no attention plan"),
+            std::string::npos) << none.out;
+  const test::CliRun wild = test::run_cpkv(replay + CPKV_STUB_attwild);
+  EXPECT_EQ(wild.status, 1) << wild.out << wild.err;
+  EXPECT_NE(wild.out.find("ctx->attention_segments (3 segments at 0x10) is not memory this process can read"), std::string::npos) << wild.out;
+  EXPECT_EQ((wild.out + wild.err).find("died from"), std::string::npos) << "no rank crashed\n" << wild.out << wild.err;
 }
 
 }  // namespace

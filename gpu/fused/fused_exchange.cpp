@@ -8,7 +8,8 @@
 // its counting barrier over ctx's flag pads, then the all-reduces (ctx->all_reduce_sum) and the
 // unpack. Everything a launch needs that changes per layer lives on the device (the barrier's
 // phase), so the layers replay as a CUDA graph (CPKV_FLAG_REPLAYABLE). The four GPU planted bugs
-// (ctx->mutant) switch through cuda::GpuMutantPolicy, with its race-window spins.
+// (ctx->mutant) switch through cuda::GpuMutantPolicy, with its race-window spins. Its attention
+// plan (CPKV_FLAG_ATTENTION_PLAN) is cpkv's ragged index plan, and holds invariant 9's three bugs.
 #include "fused_exchange.hpp"
 
 #include <array>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cpkv/harness/mutants.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/variants.hpp"
 #include "cpkv/traces/trace.hpp"
@@ -41,13 +43,19 @@ constexpr std::array<const char*, model::kVariantCount + 1> variant_names() {
   for (std::size_t i = 0; i < model::kVariantCount; ++i) out[i] = model::kVariantTable[i].name.data();
   return out;
 }
-constexpr std::array<const char*, harness::kGpuMutants.size() + 1> gpu_mutant_names() {
-  std::array<const char*, harness::kGpuMutants.size() + 1> out{};
+// Its attention plan's planted bugs (invariant 9): held here, in the plan it returns, as a plugin
+// holds a bug of cpkv's table (docs/plugins.md); the GPU's four switch cpkv's kernels.
+constexpr std::array<harness::Mutant, 3> kPlanMutants = {harness::Mutant::batch_as_one_sequence, harness::Mutant::causal_off_by_one,
+                                                         harness::Mutant::key_base_skips_prefix};
+constexpr std::size_t kHeld = harness::kGpuMutants.size() + kPlanMutants.size();
+constexpr std::array<const char*, kHeld + 1> held_mutant_names() {
+  std::array<const char*, kHeld + 1> out{};
   for (std::size_t i = 0; i < harness::kGpuMutants.size(); ++i) out[i] = harness::to_string(harness::kGpuMutants[i]).data();
+  for (std::size_t i = 0; i < kPlanMutants.size(); ++i) out[harness::kGpuMutants.size() + i] = harness::to_string(kPlanMutants[i]).data();
   return out;
 }
 constexpr std::array<const char*, model::kVariantCount + 1> kVariants = variant_names();
-constexpr std::array<const char*, harness::kGpuMutants.size() + 1> kMutants = gpu_mutant_names();
+constexpr std::array<const char*, kHeld + 1> kMutants = held_mutant_names();
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -75,7 +83,9 @@ struct FusedState {
   kernels::BarrierState* barrier_state = nullptr;
   kernels::BarrierStatus* barrier_status = nullptr;
   std::vector<bool> populated;                // build_batch_plan's bookkeeping (cpkv's harness populates the pools)
+  harness::Mutant held = harness::Mutant::none;  // ctx->mutant (the GPU's four also switch `mutant`)
   std::optional<FusedBatch> batch;
+  std::vector<cpkv_attention_segment> attention;  // the batch's plan, handed over in ctx->attention_segments
 };
 
 FusedState& state_of(cpkv_exchange_ctx* c) { return *static_cast<FusedState*>(c->plugin_state); }
@@ -125,7 +135,8 @@ cpkv_status fused_setup(cpkv_exchange_ctx* c) {
     const std::optional<model::Variant> v = model::parse_variant(c->path_variant);
     if (!v) throw std::runtime_error(std::string("ctx->path_variant '") + c->path_variant + "' is no variant of cpkv's");
     s->variant = *v;
-    s->mutant = cuda::GpuMutantPolicy(mutant_of(c->mutant), c->rank, c->cp);
+    s->held = mutant_of(c->mutant);
+    s->mutant = cuda::GpuMutantPolicy(s->held, c->rank, c->cp);
     s->carve = model::carve_arena(s->setting, c->staging_slots, 0);
     if (c->alloc_symmetric(c, s->carve.staging_bytes, &s->staging) != CPKV_OK) return CPKV_ERROR;
     std::uint64_t compact_bytes = 0;
@@ -211,6 +222,24 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
   return a;
 }
 
+// This rank's attention plan of the batch (PROTOCOL.md section 11): cpkv's ragged index plan of
+// the layout in the neutral form, with the planted bug of invariant 9 it holds switched on:
+// batch_as_one_sequence (kv_len counts every earlier request's keys), causal_off_by_one (kv_len one
+// short), key_base_skips_prefix (k_base at the request's first current row).
+std::vector<cpkv_attention_segment> attention_plan(const model::BatchLayout& layout, const model::Batch& batch, std::int32_t rank, harness::Mutant held) {
+  std::vector<std::int64_t> keys_before(batch.requests.size() + 1, 0);
+  for (std::size_t q = 0; q < batch.requests.size(); ++q) keys_before[q + 1] = keys_before[q] + batch.requests[q].prefix_len + batch.requests[q].extend_len;
+  std::vector<cpkv_attention_segment> out;
+  for (const model::AttentionSegment& g : model::attention_segments(model::ragged_index_plan(layout, batch, rank))) {
+    cpkv_attention_segment x{g.request, g.q_base, g.q_len, g.kv_len, g.k_base};
+    if (held == harness::Mutant::batch_as_one_sequence) x.kv_len += keys_before[g.request];
+    if (held == harness::Mutant::causal_off_by_one) x.kv_len -= 1;
+    if (held == harness::Mutant::key_base_skips_prefix) x.k_base += batch.requests[g.request].prefix_len;
+    out.push_back(x);
+  }
+  return out;
+}
+
 cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   return guarded(c, [&] {
     FusedState& s = state_of(c);
@@ -223,6 +252,11 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
                     static_cast<long long>(b.plan.layout.current_pages_total), static_cast<long long>(c->staging_slots));
       s.batch.reset();
       return CPKV_OVERFLOW;
+    }
+    s.attention = attention_plan(b.plan.layout, batch, c->rank, s.held);
+    if (CPKV_CTX_HAS(c, attention_segment_count)) {
+      c->attention_segments = s.attention.data();
+      c->attention_segment_count = static_cast<std::int64_t>(s.attention.size());
     }
     const bool symm = model::info(s.variant).peer_pages == model::PeerPages::dense;
     b.uploads = std::make_unique<cuda::DeviceUploads>(s.upload_stream);
@@ -335,7 +369,7 @@ cpkv_status fused_teardown(cpkv_exchange_ctx* c) {
 }
 
 constexpr cpkv_exchange_v1_t kTable = {CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t), "fused", kVariants.data(), kMutants.data(),
-                                       CPKV_USES_PRODUCE, CPKV_FLAG_REPLAYABLE, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
+                                       CPKV_USES_PRODUCE, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
 
 }  // namespace
 

@@ -3,17 +3,20 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "cpkv/harness/probe.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/traces/text.hpp"
 
@@ -64,10 +67,63 @@ std::vector<model::Variant> variants_of(const cpkv_exchange_v1_t& t, const std::
   return out;
 }
 
+// Every function of the table points into code some loaded object maps (a wild pointer there would
+// crash the first rank that calls it, far from the table that holds it).
+void check_entries(const cpkv_exchange_v1_t& t, const std::string& label) {
+  const std::pair<const char*, const void*> entries[] = {{"setup", reinterpret_cast<const void*>(t.setup)},
+                                                         {"begin_batch", reinterpret_cast<const void*>(t.begin_batch)},
+                                                         {"compose_layer", reinterpret_cast<const void*>(t.compose_layer)},
+                                                         {"end_batch", reinterpret_cast<const void*>(t.end_batch)},
+                                                         {"teardown", reinterpret_cast<const void*>(t.teardown)}};
+  for (const auto& [call, address] : entries) {
+    Dl_info info{};
+    if (address != nullptr && ::dladdr(address, &info) == 0) {
+      refuse(label, fmt::format("its {} entry ({}) points into no loaded object (a wild pointer in the table)", call, address));
+    }
+  }
+}
+
+// The one rule for the planted bugs a plugin declares (docs/plugins.md, "Planted bugs"): each is a
+// row of cpkv's table, with the meaning and invariant cpkv gives it, and a bug of an exchange (one
+// the protocol's backends hold: the simulator's or the GPU's), which the plugin then holds itself
+// (ctx->mutant). A name of the harness's own (it corrupts what cpkv hands over: cpkv plants those
+// itself, in any plugin that reads the input), "none", an unknown name or one named twice is
+// refused here, at load, so every name that passes can be run to the end of `cpkv mutants`.
+void check_held_mutants(const std::vector<std::string>& names, const std::string& label) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string& m = names[i];
+    const std::optional<Mutant> parsed = parse_mutant(m);
+    if (!parsed || *parsed == Mutant::none) {
+      refuse(label, fmt::format("holds an unknown planted bug '{}' (a plugin holds bugs of cpkv's table: {})", traces::escape_bytes(m),
+                                mutant_names(kSimulatorHolds | kGpuHolds)));
+    }
+    if (!held_by(*parsed, kSimulatorHolds | kGpuHolds)) {
+      refuse(label, fmt::format("declares '{}', a planted bug of the harness (it corrupts what cpkv hands over; cpkv plants it in a plugin whose uses "
+                                "reads that input): a plugin cannot hold it", m));
+    }
+    if (std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i), m) != names.begin() + static_cast<std::ptrdiff_t>(i)) {
+      refuse(label, fmt::format("declares planted bug '{}' twice", m));
+    }
+  }
+}
+
 // The tables compiled into this process, by the word --exchange names them with.
 std::vector<std::pair<std::string, std::shared_ptr<const ExchangePlugin>>>& builtin_tables() {
   static std::vector<std::pair<std::string, std::shared_ptr<const ExchangePlugin>>> tables;
   return tables;
+}
+
+// The loader's bound: kLoadMsMax, or CPKV_EXCHANGE_LOAD_MS (milliseconds, 1..600000) where it is set.
+std::chrono::milliseconds load_limit() {
+  const char* text = std::getenv(kLoadMsEnvironment);
+  if (text == nullptr || text[0] == '\0') return std::chrono::milliseconds(kLoadMsMax);
+  char* end = nullptr;
+  errno = 0;
+  const long long ms = std::strtoll(text, &end, 10);
+  if (errno != 0 || *end != '\0' || ms < 1 || ms > 600000) {
+    throw RequestError("exchange", fmt::format("{}={} is not a number of milliseconds in 1..600000", kLoadMsEnvironment, traces::escape_bytes(text)));
+  }
+  return std::chrono::milliseconds(ms);
 }
 
 }  // namespace
@@ -87,7 +143,7 @@ std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling)
     refuse(spelling, "names cpkv's built-in exchange, which this build lacks (the cuda backend registers it where CUDA and NCCL were found); "
                      "give a plugin's path (a file called builtin: ./builtin)");
   }
-  return load_exchange_plugin(spelling);
+  return load_exchange_plugin(spelling, load_limit());
 }
 
 bool ExchangePlugin::implements(model::Variant v) const { return std::find(variants.begin(), variants.end(), v) != variants.end(); }
@@ -108,29 +164,28 @@ std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v
   const char* missing = t.setup == nullptr ? "setup" : t.compose_layer == nullptr ? "compose_layer" : t.end_batch == nullptr ? "end_batch"
                       : t.teardown == nullptr ? "teardown" : nullptr;
   if (missing != nullptr) refuse(label, fmt::format("has no {} function (only begin_batch may be NULL)", missing));
+  check_entries(t, label);
   if ((t.uses & ~(CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE | CPKV_USES_PRODUCE)) != 0) refuse(label, fmt::format("sets unknown bits in uses: {:#x}", t.uses));
-  if ((t.flags & ~CPKV_FLAG_REPLAYABLE) != 0) refuse(label, fmt::format("sets unknown bits in flags: {:#x}", t.flags));
+  if ((t.flags & ~(CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN)) != 0) refuse(label, fmt::format("sets unknown bits in flags: {:#x}", t.flags));
   auto plugin = std::make_shared<ExchangePlugin>();
   plugin->path = label;
   plugin->table = table;
   plugin->name = t.name;
   plugin->variants = variants_of(t, label);
   plugin->mutants = names_of(t.mutants, label, "mutants");
-  for (const std::string& m : plugin->mutants) {
-    const std::optional<Mutant> parsed = parse_mutant(m);
-    if (!parsed || *parsed == Mutant::none) refuse(label, fmt::format("holds an unknown planted bug '{}' (one of: {})", traces::escape_bytes(m), mutant_names()));
-  }
+  check_held_mutants(plugin->mutants, label);
   plugin->uses = t.uses;
   plugin->builtin = builtin;
   return plugin;
 }
 
-std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path) {
-  if (path.empty()) refuse(path, "an empty path");
-  check_file(path);
+namespace {
+
+// dlopen and dlsym, in whichever process calls it: the file's initializers run here.
+const cpkv_exchange_v1_t* open_table(const std::string& path, void*& handle) {
   // A bare name would be looked up on the library path: name the file the user gave.
   const std::string open_path = path.find('/') == std::string::npos ? "./" + path : path;
-  void* handle = ::dlopen(open_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  handle = ::dlopen(open_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = ::dlerror();
     refuse(path, fmt::format("cannot be loaded: {}", why != nullptr ? why : "dlopen failed"));
@@ -141,8 +196,66 @@ std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& pa
     ::dlclose(handle);
     refuse(path, fmt::format("exports no symbol {} (is it a cpkv exchange plugin? see include/cpkv/exchange_abi.h)", CPKV_EXCHANGE_SYMBOL));
   }
+  return static_cast<const cpkv_exchange_v1_t*>(symbol);
+}
+
+// What the probe child says of the file: refused (with the reason) or its table passed every check.
+struct LoadAnswer {
+  std::int32_t refused = 0;
+  char reason[480] = {};
+};
+
+// Where the child was when it ended (a word in memory shared with it), for a child that gives no answer.
+enum LoadStage : std::int32_t { kStageStart, kStageOpen, kStageTable, kStageDone };
+constexpr const char* kStageWords[] = {"before cpkv loaded it", "while it was loaded (dlopen: its initializers)",
+                                       "while cpkv read its table (a wild pointer in cpkv_exchange_v1?)", "after its table passed"};
+
+// The loader's whole work on a file (dlopen: the plugin's initializers; every table check) first in
+// a probe child bounded by `limit`: a crash, an exit of any status or a hang there is refused in one
+// line naming what it did, and cpkv's own process never ran any of the plugin's code.
+void probe_load(const std::string& path, std::chrono::milliseconds limit) {
+  void* page = ::mmap(nullptr, sizeof(std::int32_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (page == MAP_FAILED) refuse(path, fmt::format("cannot be probed (mmap: {})", std::strerror(errno)));
+  auto* stage = static_cast<volatile std::int32_t*>(page);
+  *stage = kStageStart;
+  LoadAnswer answer;
+  const ProbeOutcome outcome = run_probe<LoadAnswer>([&](LoadAnswer& out) {
+    try {
+      void* handle = nullptr;
+      *stage = kStageOpen;
+      const cpkv_exchange_v1_t* table = open_table(path, handle);
+      *stage = kStageTable;
+      check_exchange_table(table, path, false);
+      *stage = kStageDone;
+    } catch (const RequestError& e) {
+      out.refused = 1;
+      std::snprintf(out.reason, sizeof(out.reason), "%s", e.reason().c_str());
+    }
+  }, answer, limit);
+  const std::int32_t seen = *stage;
+  const std::int32_t where = std::clamp<std::int32_t>(seen, kStageStart, kStageDone);
+  ::munmap(page, sizeof(std::int32_t));
+  if (outcome.answered) {
+    if (answer.refused != 0) throw RequestError("exchange", std::string(answer.reason, ::strnlen(answer.reason, sizeof(answer.reason))));
+    return;
+  }
+  if (outcome.timed_out) {
+    refuse(path, fmt::format("did not finish loading within {} ms {} (a hang in it?); the probe was killed", limit.count(), kStageWords[where]));
+  }
+  if (!outcome.ended.empty()) refuse(path, fmt::format("{} {}", outcome.ended, kStageWords[where]));
+  refuse(path, fmt::format("could not be probed: {}", outcome.failure));
+}
+
+}  // namespace
+
+std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path, std::chrono::milliseconds limit) {
+  if (path.empty()) refuse(path, "an empty path");
+  check_file(path);
+  probe_load(path, limit);
+  void* handle = nullptr;
+  const cpkv_exchange_v1_t* table = open_table(path, handle);
   try {
-    return check_exchange_table(static_cast<const cpkv_exchange_v1_t*>(symbol), path, false);
+    return check_exchange_table(table, path, false);
   } catch (...) {
     ::dlclose(handle);
     throw;

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/harness/launch.hpp"
+#include "registry.hpp"
 
 namespace cpkv::harness {
 
@@ -77,8 +78,13 @@ ProbeOutcome run_probe(const std::function<void(void* answer)>& body, void* answ
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   if (!outcome.answered) {
+    outcome.timed_out = timed_out;
+    // A child that closed the pipe ended on its own (or is ending): how, once reaped. The SIGKILL
+    // above only lands on one still running (or hung), which the limit names.
+    if (!timed_out && WIFEXITED(status)) outcome.ended = fmt::format("exited with status {}", WEXITSTATUS(status));
+    if (!timed_out && WIFSIGNALED(status) && WTERMSIG(status) != SIGKILL) outcome.ended = fmt::format("died from {}", detail::signal_name(WTERMSIG(status)));
     outcome.failure = timed_out ? fmt::format("the probe (pid {}) gave no answer in {} ms", pid, limit.count())
-                                : fmt::format("the probe (pid {}) died before answering", pid);
+                                : fmt::format("the probe (pid {}) died before answering{}", pid, outcome.ended.empty() ? "" : " (" + outcome.ended + ")");
   }
   return outcome;
 }

@@ -70,6 +70,10 @@ const BackendEntry& checked_backend(const ReplayRequest& r, const Registry& regi
   throw RequestError("backend", reason);
 }
 
+std::string not_held(const ReplayRequest& r, const BackendEntry& backend) {
+  return fmt::format("'{}' is not held by --backend {} (it holds: {})", r.mutant, backend.name, mutant_names(backend.mutants));
+}
+
 Mutant checked_mutant(const ReplayRequest& r, const BackendEntry& backend) {
   const auto mutant = parse_mutant(r.mutant);
   if (!mutant) throw RequestError("mutant", fmt::format("unknown mutant '{}' (one of: {})", r.mutant, mutant_names()));
@@ -77,9 +81,10 @@ Mutant checked_mutant(const ReplayRequest& r, const BackendEntry& backend) {
   if (backend.mutants == 0) {
     throw RequestError("mutant", fmt::format("--backend {} moves no content: planted bugs live in the backends that do", backend.name));
   }
-  if (!held_by(*mutant, backend.mutants)) {
-    throw RequestError("mutant", fmt::format("'{}' is not held by --backend {} (it holds: {})", r.mutant, backend.name,
-                                             mutant_names(backend.mutants)));
+  // A backend that runs exchange plugins also runs the planted bugs a plugin holds itself (any bug
+  // of an exchange, exchange_plugin.cpp: check_held_mutants): check_exchange decides with the plugin.
+  if (!held_by(*mutant, backend.mutants) && !((backend.options & kTakesExchange) != 0 && held_by(*mutant, kSimulatorHolds | kGpuHolds))) {
+    throw RequestError("mutant", not_held(r, backend));
   }
   return *mutant;
 }
@@ -132,6 +137,9 @@ void check_exchange(CheckedRequest& c) {
     chosen_by = !d.origin.empty() ? d.origin : fmt::format("the default, {}", d.spelling);
   }
   if (!spelled || *spelled == kInProcessExchange) {
+    if (c.mutant != Mutant::none && !held_by(c.mutant, c.backend->mutants)) {
+      throw RequestError("mutant", fmt::format("{}; a plugin may hold it, and {} runs none", not_held(r, *c.backend), spelled ? chosen_by : "this run"));
+    }
     if (needs != 0) {
       throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin, and {} runs no plugin: give --exchange", r.mutant,
                                                spelled ? chosen_by : "this backend"));

@@ -10,11 +10,14 @@
  * `const cpkv_exchange_v1_t` whose `abi_version` is CPKV_EXCHANGE_ABI_VERSION and whose `struct_bytes`
  * is sizeof(cpkv_exchange_v1_t) as the plugin was compiled. cpkv refuses, by name and before any rank
  * starts, a file that is not a shared object, one without the symbol, and one built against another
- * ABI version. A later version adds fields only at the end of both structs and bumps the version.
+ * ABI version; it loads the file and checks its table first in a bounded child process, so a plugin
+ * whose initializers crash, exit (with any status) or hang is refused in one line too. A later version adds fields only at the end of both structs and bumps the version.
  * Within version 1, cpkv may append fields to the end of cpkv_exchange_ctx (never to the table): a
  * plugin reads `ctx_bytes` to know whether a field it wants is there (CPKV_CTX_HAS), so a plugin
  * built against an earlier revision of this header runs unchanged. Revision 2 appended
- * produce_rows, counters and reader_spin_cycles.
+ * produce_rows, counters and reader_spin_cycles; revision 3 the attention plan (attention_segments,
+ * attention_segment_count), which a plugin returns only where its table's flags say
+ * CPKV_FLAG_ATTENTION_PLAN (the table itself never grows within version 1).
  *
  * Life of one rank process (cpkv forks one per rank, rank r on GPU r % gpu_count, sets the device
  * and creates the stream before `setup`):
@@ -74,10 +77,26 @@ typedef enum cpkv_status {
                                     no host synchronization, and what changes from one launch to the next (a barrier's phase)
                                     lives on the device. `cpkv bench` then also times the layer as a replayed graph, as cpkv
                                     times its own exchange (the "plugin with fill" row) */
+#define CPKV_FLAG_ATTENTION_PLAN 2u  /* the plugin returns its attention plan (PROTOCOL.md §11) of every batch it runs, in
+                                        ctx->attention_segments (revision 3 of the context); cpkv checks it (invariant 9).
+                                        Without the flag cpkv reads no plan: a plugin built before revision 3 loads as it did */
 
 /* Whether the context cpkv handed over holds `field` (appended in a later revision of version 1). */
 #define CPKV_CTX_HAS(ctx, field) \
   ((ctx)->ctx_bytes >= (uint32_t)((const char*)&(ctx)->field - (const char*)(ctx)) + (uint32_t)sizeof((ctx)->field))
+
+/* One segment of a rank's attention plan in the neutral form (PROTOCOL.md §11): its queries are the
+ * current tokens q_base .. q_base + q_len - 1 of request `request` (offsets within the request's
+ * extend), packed in the rank's query order; the last of them sees kv_len keys (prefix_len + q_base
+ * + q_len: causal, per request); key j of the request is dense row k_base + j (the request's first
+ * prefix row, or its first current row when it has no prefix). */
+typedef struct cpkv_attention_segment {
+  int64_t request;
+  int64_t q_base;
+  int64_t q_len;
+  int64_t kv_len;
+  int64_t k_base;
+} cpkv_attention_segment;
 
 /* One buffer kind (PROTOCOL.md §1): main KV, indexer K, ... */
 typedef struct cpkv_kind {
@@ -121,7 +140,7 @@ typedef struct cpkv_batch {
   int64_t own_pages;
   const int64_t* own_current_index;   /* device [own_pages]: the current index of own page j */
   const int32_t* row_request;         /* device [own_pages * page_size]: request of row j*P+o, -1 past its end */
-  const int64_t* row_token;           /* device [own_pages * page_size]: token index in the request, -1 past its end */
+  const int64_t* row_token;           /* device [own_pages * page_size]: token index in the request (prefix included), -1 past its end */
 } cpkv_batch;
 
 /* What a plugin counts of its own traffic for cpkv's report (cpkv sees neither a foreign exchange's
@@ -206,6 +225,17 @@ struct cpkv_exchange_ctx {
    * barrier and its first read of a peer's current pages, so a peer that passes the next layer's
    * closing wait early overwrites pages it still reads. 0: none. A plugin may ignore it. */
   int64_t reader_spin_cycles;
+  /* Revision 3 of version 1: the attention plan, for a plugin whose flags have CPKV_FLAG_ATTENTION_PLAN.
+   * cpkv sets them to NULL and -1 (none returned) before begin_batch; the plugin sets them, for a
+   * batch it runs, at any point from begin_batch to its last compose_layer: this rank's segments, in
+   * its query order (a count of 0 for a rank with no query), in host memory of its own that stays
+   * valid until end_batch is called. cpkv reads them after the
+   * batch's layers (the stream synchronized, before end_batch) and checks them against the
+   * specification (PROTOCOL.md §11: this rank's queries are the current rows it writes, the page
+   * split of §2), then their coverage over the group (every current token a query on exactly one
+   * rank): a wrong plan, or none, is invariant 9's violation with the checker's line. */
+  const cpkv_attention_segment* attention_segments;
+  int64_t attention_segment_count;
 };
 
 typedef struct cpkv_exchange_v1_t {

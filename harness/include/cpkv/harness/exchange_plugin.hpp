@@ -4,6 +4,7 @@
 // a table with a missing entry or an unknown variant. CUDA-free (dlopen only), so CI tests it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -42,8 +43,16 @@ static_assert(input_corrupted_by(Mutant::stale_page_inverse) != 0 && input_corru
               "every planted bug of the harness names the input it corrupts");
 
 // The plugin at `path`, checked; throws RequestError("exchange", "PATH: reason") naming the first
-// thing wrong. The library stays loaded for the life of the process (rank processes fork from it).
-std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path);
+// thing wrong. Everything that runs the plugin's code (dlopen: its initializers; every check of its
+// table) runs first in a probe child (probe.hpp) bounded by `limit`: a crash, an exit of any status
+// or a hang there is that one line ("PATH: exited with status 0 while it was loaded ..."), and only
+// a file that passed there is loaded into this process. The library then stays loaded for the life
+// of the process (rank processes fork from it). The limit: kLoadMsMax, or CPKV_EXCHANGE_LOAD_MS
+// where find_exchange reads it.
+inline constexpr std::int64_t kLoadMsMax = 30000;  // a plugin's dlopen on a loaded laptop takes well under a second
+inline constexpr const char* kLoadMsEnvironment = "CPKV_EXCHANGE_LOAD_MS";
+std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path,
+                                                           std::chrono::milliseconds limit = std::chrono::milliseconds(kLoadMsMax));
 
 // What --exchange names: a built-in table registered under that word (kBuiltinExchange: cpkv's own
 // fused compose, which the cuda backend registers), else a plugin's path (load_exchange_plugin).

@@ -14,7 +14,11 @@ namespace cpkv::harness {
 
 struct ProbeOutcome {
   bool answered = false;
+  bool timed_out = false;  // no answer within the limit (the child was then killed)
   std::string failure;  // why not: "fork failed: ...", "gave no answer in N ms", "died before answering"
+  // How a child that did not answer ended, before it was killed ("exited with status 0", "died from
+  // SIGSEGV"); empty when it answered or was killed for the limit.
+  std::string ended;
 };
 
 // Runs `body(answer)` in a child; `answer` points at `answer_bytes` bytes the caller reads back.
