@@ -34,7 +34,8 @@ void DeviceMilestones::stamp(cudaStream_t stream, std::string work_after) {
 
 std::string DeviceMilestones::place() const {
   if (!context_lost()) return {};
-  const auto it = after_.find(*host_word_);
+  const std::uint64_t reached = *host_word_;
+  const auto it = after_.find(reached);
   return it == after_.end() ? std::string() : it->second;
 }
 

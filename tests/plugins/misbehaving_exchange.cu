@@ -15,6 +15,7 @@
 
 namespace {
 
+#if defined(MISBEHAVE_POOL)
 __global__ void bump_first_own_pool_page(unsigned char* pool, const int* table_index, const int64_t* source_page, int64_t slots, int rank,
                                          unsigned long long page_bytes) {
   for (int64_t s = 0; s < slots; ++s) {
@@ -24,15 +25,16 @@ __global__ void bump_first_own_pool_page(unsigned char* pool, const int* table_i
   }
 }
 
+#endif
+#if defined(MISBEHAVE_FAULT)
 __global__ void store_through_an_illegal_address(int* where) { *where = 1; }
+#endif
 
 cpkv_status misbehaving_compose(cpkv_exchange_ctx* c, int32_t layer, void* stream_ptr) {
   const cpkv_status status = cpkv_plain_inner_v1.compose_layer(c, layer, stream_ptr);
   if (status != CPKV_OK) return status;
-  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-  const int half = layer % 2;
-  (void)half;
-  (void)stream;
+  [[maybe_unused]] cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  [[maybe_unused]] const int half = layer % 2;
 #if defined(MISBEHAVE_PAST_DENSE)
   if (c->kinds[0].active[layer]) cudaMemsetAsync(static_cast<unsigned char*>(c->dense[half * c->kind_count]) + c->slot_count_max * page_bytes(c, 0), 0, 1, stream);
 #elif defined(MISBEHAVE_POOL)
