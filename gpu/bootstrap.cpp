@@ -71,7 +71,10 @@ std::string device_fault_line(const std::string& seen_at, cudaError_t error) {
       }
       if (!step.empty()) place += fmt::format(" (step {})", step);
     }
-    place += context_lost() ? ": a device fault (a kernel of the rank faulted; the host was here when it saw it)" : ": a CUDA call failed";
+    // No milestone says which work faulted (cpkv's in-process exchange, or a plugin host between
+    // its calls): the host's place, where it saw the fault, and the work is cpkv's own kernels
+    // enqueued up to there.
+    place += context_lost() ? ": a device fault in the kernels the rank enqueued up to here (cpkv's own, where no plugin call is named)" : ": a CUDA call failed";
   }
   return fmt::format("{}: CUDA: {} (seen at {})", place, cudaGetErrorString(error), seen_at);
 }

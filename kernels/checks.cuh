@@ -1,7 +1,8 @@
 // Checks at the host/device boundary, DeepEP-style: every failure names file, line and condition.
 // Host: CUDA and NCCL calls and plan assertions print one line to stderr and abort the rank process
-// (the launcher reports which rank died). Device: an assertion prints the same line and traps, so
-// the launch fails with an error the host's next check names.
+// (the launcher reports which rank died); a GPU rank's failed CUDA call is instead one located line
+// through the hook below (where the device faulted, gpu/bootstrap.hpp). Device: an assertion prints
+// the same line and traps, so the launch fails with an error the host's next check names.
 #pragma once
 
 #include <cstdio>

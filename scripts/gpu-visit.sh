@@ -133,14 +133,16 @@ if [[ "$what" == conformance2 ]]; then
   grep -E "^==|graph|capturable|link limit|built-in|not of record|compose per layer|conformance2 .*exit" "$OUT/conformance2.txt"
 fi
 if [[ "$what" == guards ]]; then
-  (cd "$build" && ctest -R 'cpkv.tests.gpu_counters|GpuGuard' --output-on-failure --timeout 300 -j 1) > "$OUT/guards-tests.log" 2>&1
+  (cd "$build" && ctest -R 'GpuCounters|GpuGuard' --output-on-failure --timeout 300 -j 1) > "$OUT/guards-tests.log" 2>&1
   echo "guard tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|Which is|exited with" "$OUT/guards-tests.log" | cut -c1-600 | tail -40
   # Each misbehaving plugin as a user sees it (tests/plugins/misbehaving_exchange.cu), and the fault under memcheck's eyes.
   for m in none past_dense pool counters fault; do
     timeout 120 "$cpkv" replay "$root/traces/samples/tiny.jsonl" --backend cuda --exchange "$build/tests/libcpkv_misbehaving_$m.so" \
-      --variant staging_direct --layers 2 > "$OUT/guards-$m.txt" 2>&1
-    echo "replay misbehaving $m: exit $?"; grep -E "wrote outside|counters|device fault|pass|FAIL|cpkv:" "$OUT/guards-$m.txt" | cut -c1-500 | head -8
+      --variant staging_direct --layers 2 > "$OUT/guards-one.txt" 2>&1
+    echo "replay misbehaving $m: exit $?" | tee -a "$OUT/guards-replays.txt"; cat "$OUT/guards-one.txt" >> "$OUT/guards-replays.txt"
+    grep -E "wrote outside|counters|device fault|pass|FAIL|cpkv:" "$OUT/guards-one.txt" | cut -c1-500 | head -8
   done
+  rm -f "$OUT/guards-one.txt"  # (only so many files come back from a visit)
   (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|Which is|exited with" "$OUT/gpu-tests.log" | cut -c1-400 | tail -40
 fi
