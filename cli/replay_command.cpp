@@ -149,6 +149,28 @@ ByteRange byte_range(const std::vector<harness::Totals>& ranks) {
 
 constexpr const char* kRunRow = "{:<16} {:>7} {:>7} {:>14} {:>14} {:>14} {:>9} {:>11} {:>9} {:>10} {:>10}  {}";
 
+// Through an exchange plugin, whose figure is whose (harness::Totals): the plugin's word beside
+// the model's for the variant, and the ranks where they differ (a figure of 0: not counted).
+void print_counted_by(const harness::RunReport& report) {
+  std::uint64_t model_max = 0, model_min = 0;
+  std::int64_t service = 0;
+  std::string differ;
+  bool plugin = false;
+  for (std::size_t r = 0; r < report.ranks.size(); ++r) {
+    const harness::Totals& t = report.ranks[r];
+    plugin = plugin || t.counters_of_plugin != 0;
+    model_max = std::max(model_max, t.model_bytes_gathered_from_peers);
+    model_min = r == 0 ? t.model_bytes_gathered_from_peers : std::min(model_min, t.model_bytes_gathered_from_peers);
+    service = std::max(service, t.service_barriers);
+    if (t.bytes_gathered_from_peers != 0 && t.bytes_gathered_from_peers != t.model_bytes_gathered_from_peers) differ += fmt::format(" {}", r);
+  }
+  if (!plugin) return;
+  fmt::print("  counters: peer_bytes and barriers are the plugin's own (ctx->counters); collectives and reduced are cpkv's count of all_reduce_sum "
+             "(and {} device barriers of its IPC all-reduce at most); the model's peer_bytes for the variant run ({}): max {} min {}{}\n",
+             service, model::to_string(report.variant), model_max, model_min,
+             differ.empty() ? "" : fmt::format(" -- the plugin's differ on rank(s){}", differ));
+}
+
 void print_run(const harness::VariantRun& run) {
   const harness::RunReport& report = run.report;
   const harness::Totals& r0 = report.ranks.empty() ? harness::Totals{} : report.ranks[0];
@@ -156,6 +178,7 @@ void print_run(const harness::VariantRun& run) {
   fmt::print(fmt::runtime(std::string(kRunRow) + " ({:.2f} s)\n"), model::to_string(run.variant), r0.batches, r0.layers, bytes.peer_max,
              bytes.peer_min, bytes.reduced_max, r0.barriers, r0.collectives, r0.overflows, report.mismatches(), report.violation_count,
              report.passed() ? "pass" : "FAIL", run.seconds);
+  print_counted_by(report);
   if (!report.passed()) {
     for (const std::string& line : harness::failure_lines(report, run.replay_line)) fmt::print("  {}\n", line);
   }

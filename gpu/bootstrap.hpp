@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -127,5 +128,25 @@ void wait_device(harness::RankProgress& progress, cudaStream_t stream);
 
 // Host-side barrier among the rank processes (setup and batch boundaries only, never per layer).
 void host_barrier(Bootstrap* boot, harness::RankProgress& progress, std::int32_t rank, std::int32_t cp, std::uint64_t& phase);
+
+// Device faults named (issue 35, item 4). A kernel that faults leaves a sticky error that the next
+// CUDA call or synchronization of the rank returns, wherever the host is by then; once a rank
+// process calls name_device_faults, such a failed call (CPKV_CUDA_CHECK, checks.cuh) ends the rank
+// with one located line instead of an abort: the rank, the batch and layer, what the device was
+// running when it faulted (`device_place`, where the rank knows it: the plugin host's milestones,
+// gpu/plugin_guards.hpp) or else where the host was, CUDA's text, and the call that saw it.
+struct FaultSite {
+  std::int32_t rank = -1;
+  harness::Progress* progress = nullptr;       // the host's batch, layer and step
+  std::function<std::string()> device_place;   // empty result: not known (the host's place is said)
+};
+FaultSite& fault_site();
+void name_device_faults(std::int32_t rank, harness::Progress& progress);
+// The sticky error the context holds once a kernel faulted (every later call returns it), else
+// cudaSuccess; context_lost: there is one.
+cudaError_t sticky_error();
+bool context_lost();
+// The located line of a CUDA failure seen at `seen_at` ("file:line: call").
+std::string device_fault_line(const std::string& seen_at, cudaError_t error);
 
 }  // namespace cpkv::cuda

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "batch_run.hpp"
+#include "plugin_guards.hpp"
 #include "timeline.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/plan.hpp"
@@ -30,6 +31,7 @@ namespace cpkv::cuda {
 
 static_assert(CPKV_CP_MAX == kRanksMax, "the ABI's rank arrays hold one node's ranks");
 static_assert(CPKV_KINDS_MAX == kernels::kKindsMax, "the ABI's kind count is the kernels'");
+static_assert(CPKV_SYMMETRIC_MAX == kernels::kGuardSymmetricMax, "a guard region past every symmetric allocation");
 
 namespace {
 
@@ -78,6 +80,9 @@ struct PluginHost {
   const std::int64_t* const* produce_dev = nullptr;
   std::int32_t layer = -1;    // the layer compose_layer is running (-1: outside compose_layer)
   bool counting = false;      // the functional layers: the all-reduces are counted (not the bench's timed ones)
+  std::optional<PluginGuards> guards;  // writes outside its buffers (plugin_guards.hpp)
+  DeviceMilestones milestones;         // where the stream got to, for a device fault's name
+  std::vector<std::string> findings;   // this batch's: guards, pool, counters (the first ends the run)
 
   std::string where(const char* call, std::int64_t batch, std::int32_t layer) const {
     std::string at = fmt::format("exchange plugin '{}' {} on rank {}", plugin.name, call, r.ctx.rank);
@@ -96,14 +101,17 @@ cpkv_status fail(cpkv_exchange_ctx* c, const std::string& text) {
 
 // A symmetric allocation: cudaMalloc, `fill` in every byte, the IPC handle through the bootstrap
 // segment, a host barrier, every peer's opened. Collective: every rank makes the same calls.
-SymmetricBlock allocate_symmetric(PluginHost& h, std::uint64_t bytes, int fill) {
+SymmetricBlock allocate_symmetric(PluginHost& h, std::uint64_t bytes, int fill, const std::string& name) {
   Rank& r = h.r;
   const std::size_t n = h.symmetric.size();
   CPKV_ASSERT(n < CPKV_SYMMETRIC_MAX);
   SymmetricBlock block;
   block.bytes = bytes;
-  CPKV_CUDA_CHECK(cudaMalloc(&block.local, std::max<std::uint64_t>(bytes, 256)));
-  CPKV_CUDA_CHECK(cudaMemset(block.local, fill, std::max<std::uint64_t>(bytes, 256)));
+  // The guard's bytes past the allocation (poisoned by add_region), and at least 256 in all.
+  const std::uint64_t guard = r.mem.layout.guard_bytes;
+  CPKV_CUDA_CHECK(cudaMalloc(&block.local, std::max<std::uint64_t>(bytes + guard, 256)));
+  if (bytes > 0) CPKV_CUDA_CHECK(cudaMemset(block.local, fill, bytes));
+  h.guards->add_region(block.local + bytes, name);
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&r.ctx.boot->symmetric[r.ctx.rank][n], block.local));
   CPKV_CUDA_CHECK(cudaDeviceSynchronize());
   r.barrier();
@@ -121,7 +129,7 @@ SymmetricBlock allocate_symmetric(PluginHost& h, std::uint64_t bytes, int fill) 
   return block;
 }
 
-cpkv_status alloc_symmetric(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symmetric* out) {
+cpkv_status alloc_symmetric_body(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symmetric* out) {
   PluginHost& h = *host_of(c);
   if (!h.in_setup) return fail(c, "alloc_symmetric is collective and may be called from setup only");
   if (out == nullptr) return fail(c, "alloc_symmetric: out is NULL");
@@ -129,7 +137,7 @@ cpkv_status alloc_symmetric(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symm
   std::size_t free_bytes = 0, total_bytes = 0;
   CPKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (bytes > free_bytes) return fail(c, fmt::format("alloc_symmetric: {} bytes asked, {} free on device {}", bytes, free_bytes, c->device));
-  const SymmetricBlock block = allocate_symmetric(h, bytes, 0xA5);
+  const SymmetricBlock block = allocate_symmetric(h, bytes, 0xA5, fmt::format("symmetric allocation {} of {} bytes", h.symmetric.size() - 1, bytes));
   *out = cpkv_symmetric{};
   out->local = block.local;
   for (std::int32_t p = 0; p < h.r.cp(); ++p) out->peers[p] = block.peers[p];
@@ -147,7 +155,7 @@ std::optional<std::pair<std::vector<std::uint8_t*>, std::uint64_t>> symmetric_ra
   return std::nullopt;
 }
 
-cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t bytes, void* stream) {
+cpkv_status all_reduce_sum_body(cpkv_exchange_ctx* c, void* buffer, std::uint64_t bytes, void* stream) {
   PluginHost& h = *host_of(c);
   if (stream != static_cast<void*>(h.r.stream)) return fail(c, "all_reduce_sum: enqueue on the stream compose_layer was given");
   auto* own = static_cast<std::uint8_t*>(buffer);
@@ -165,7 +173,27 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
   return CPKV_OK;
 }
 
-cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream);
+// The services run cpkv's code under the plugin's frames (C, maybe without unwind tables): an
+// exception there (a CUDA failure, located by the fault hook, bootstrap.hpp) becomes the service's
+// error and its text, which the plugin passes on or the host's check after the call names.
+template <typename Body>
+cpkv_status served(cpkv_exchange_ctx* c, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return fail(c, e.what());
+  }
+}
+cpkv_status produce_rows_body(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream);
+cpkv_status alloc_symmetric(cpkv_exchange_ctx* c, std::uint64_t bytes, cpkv_symmetric* out) {
+  return served(c, [&] { return alloc_symmetric_body(c, bytes, out); });
+}
+cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t bytes, void* stream) {
+  return served(c, [&] { return all_reduce_sum_body(c, buffer, bytes, stream); });
+}
+cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream) {
+  return served(c, [&] { return produce_rows_body(c, dest, dest_page, zero_tails, stream); });
+}
 
 void describe_setting(PluginHost& h) {
   const model::Setting& setting = h.r.ctx.source.setting;
@@ -238,7 +266,7 @@ void build_context(PluginHost& h) {
 // A flag pad of the plugin's own (not the one cpkv's IPC all-reduce counts on), and the rows buffers.
 void allocate_plugin_memory(PluginHost& h) {
   Rank& r = h.r;
-  const SymmetricBlock pad = allocate_symmetric(h, CPKV_CP_MAX * sizeof(std::uint64_t), 0);
+  const SymmetricBlock pad = allocate_symmetric(h, CPKV_CP_MAX * sizeof(std::uint64_t), 0, "flag pad");
   for (std::uint8_t* p : pad.peers) h.pads.push_back(reinterpret_cast<std::uint64_t*>(p));
   CPKV_CUDA_CHECK(cudaMalloc(&h.pad_table, h.pads.size() * sizeof(std::uint64_t*)));
   CPKV_CUDA_CHECK(cudaMemcpy(h.pad_table, h.pads.data(), h.pads.size() * sizeof(std::uint64_t*), cudaMemcpyHostToDevice));
@@ -250,7 +278,11 @@ void allocate_plugin_memory(PluginHost& h) {
   h.rows.assign(nk, nullptr);
   h.ctx.rows = h.rows.data();
   if ((h.plugin.uses & CPKV_USES_ROWS) == 0 && (h.plugin.uses & CPKV_USES_PRODUCE) != 0) return;  // rows only through produce_rows
-  for (std::size_t k = 0; k < nk; ++k) CPKV_CUDA_CHECK(cudaMalloc(&h.rows_buffer[k], std::max<std::uint64_t>(256, r.ctx.shape.current_pages_max * r.page_bytes(k))));
+  for (std::size_t k = 0; k < nk; ++k) {
+    const std::uint64_t bytes = r.ctx.shape.current_pages_max * r.page_bytes(k);
+    CPKV_CUDA_CHECK(cudaMalloc(&h.rows_buffer[k], bytes + r.mem.layout.guard_bytes));
+    h.guards->add_region(static_cast<std::uint8_t*>(h.rows_buffer[k]) + bytes, fmt::format("rows buffer of {}", h.kind_names[k]));
+  }
 }
 
 // The ABI's view of the batch: PROTOCOL.md sections 2, 3 and 5, from the layout alone.
@@ -381,7 +413,7 @@ void write_rows(PluginHost& h, const PluginBatch& pb, const std::int64_t* const*
 }
 
 // The produce_rows service: the same producer, into the plugin's memory, from inside compose_layer.
-cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream) {
+cpkv_status produce_rows_body(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream) {
   PluginHost& h = *host_of(c);
   if ((h.plugin.uses & CPKV_USES_PRODUCE) == 0) return fail(c, "produce_rows: the plugin's uses lacks CPKV_USES_PRODUCE");
   if (h.batch == nullptr || h.layer < 0) return fail(c, "produce_rows may be called from compose_layer only");
@@ -452,12 +484,23 @@ void watch_exits() {
   CPKV_ASSERT(registered);
 }
 
+// A sticky CUDA error seen after a plugin call: the work that faulted, by the stream's milestones
+// (an earlier call's, maybe: the device runs behind the host), or this call where they do not say.
+[[noreturn]] void throw_device_fault(PluginHost& h, const char* call, std::int64_t batch, std::int32_t layer, cudaError_t error) {
+  kernels::cuda_fault_named = true;
+  std::string line = device_fault_line(fmt::format("the check after {}", h.where(call, batch, layer)), error);
+  if (h.milestones.place().empty()) line = fmt::format("{}: a device fault in the work it enqueued: CUDA: {}", h.where(call, batch, layer), cudaGetErrorString(error));
+  if (h.ctx.error[0] != '\0') line += fmt::format(" (the plugin said: {})", h.ctx.error);
+  throw std::runtime_error(line);
+}
+
 // A call's status: CPKV_OK, or the run ends with the plugin's own line, located (a timeout is
 // invariant 8's). A CUDA error the call left behind (a bad launch) ends it too.
 void check_call(PluginHost& h, cpkv_status status, const char* call, std::int64_t batch, std::int32_t layer) {
   const cudaError_t launch = cudaGetLastError();
   if (status == CPKV_OK && launch == cudaSuccess) return;
   h.ctx.error[CPKV_ERROR_BYTES - 1] = '\0';
+  if (const cudaError_t sticky = sticky_error(); sticky != cudaSuccess) throw_device_fault(h, call, batch, layer, sticky);
   const std::string text = status == CPKV_OK ? fmt::format("left a CUDA error: {}", cudaGetErrorString(launch))
                            : status == CPKV_TIMEOUT ? fmt::format("timed out (invariant 8, liveness): {}", h.ctx.error)
                            : status == CPKV_OVERFLOW ? fmt::format("refused the batch after it started writing or waiting: {}", h.ctx.error)
@@ -563,6 +606,7 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
     write_rows(h, pb, dev, l);
     slow_rank_delay(r, l);
     h.layer = l;
+    h.milestones.stamp(r.stream, fmt::format("{}: a device fault in the work it enqueued", h.where("compose_layer", index, l)));
     {
       const TimelineSpan span(r, plugin_span_name(h.plugin.name), l);
       cpkv_status status = CPKV_OK;
@@ -573,6 +617,10 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
       check_call(h, status, "compose_layer", index, l);
     }
     h.layer = -1;
+    // The guards first: their kernel's milestone says compose_layer's work ended without a fault.
+    h.guards->check_layer(l, h.milestones.word(),
+                          h.milestones.next(fmt::format("rank {} batch {} layer {}: a device fault in cpkv's own kernels after compose_layer (the guard and "
+                                                        "byte checks) or before the next layer's (the rows)", r.ctx.rank, index, l)));
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
       if (setting.kind_active(k, l) && r.ctx.cuda.verify) verify_kind(r, hb, hd, verify, l, k, model::parity_half(l));
     }
@@ -594,6 +642,74 @@ void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t*
   };
   const bool replayable = (h.plugin.table->flags & CPKV_FLAG_REPLAYABLE) != 0;
   time_plugin_layers(h.r, index, replayable, rows, compose, [&](cpkv_status status, std::int32_t l) { check_call(h, status, "compose_layer", index, l); });
+}
+
+// The pool content and the dense buffers' garbage, as populate (batch_run.hpp) writes them but with
+// the dense buffers' guards left poisoned, and the pool pages' reference hashes, all before the
+// host barrier: after it, any rank's plugin code may run and write.
+void populate_guarded(PluginHost& h, const BatchPlan& b, const DevicePlan& d) {
+  Rank& r = h.r;
+  const model::Setting& setting = r.ctx.source.setting;
+  for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
+    for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
+      CPKV_CUDA_CHECK(kernels::launch_populate_pool(r.mem.pool + r.mem.layout.pool_offset[l][k], setting.kinds[k].row_bytes, setting.page_size, d.populate_logical,
+                                                    d.populate_local, static_cast<std::int64_t>(b.populate_logical.size()), r.ctx.options.seed,
+                                                    static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
+    }
+  }
+  h.guards->garbage_dense();
+  h.guards->hash_pool_reference();
+  r.sync_stream();
+  h.milestones.synced();
+  r.barrier();
+}
+
+// The plugin's own counts of the functional layers (the bench's timed layers are not counted),
+// cpkv's of the barriers its services issued, and the model's peer bytes for the variant the group
+// runs beside the plugin's, flagged where the plugin reported a figure and it differs.
+void count_batch(PluginHost& h, const model::BatchLayout& layout, const cpkv_counters& before, std::uint64_t phase_before, std::int64_t index) {
+  Rank& r = h.r;
+  harness::Totals& totals = r.ctx.boot->totals[r.ctx.rank];
+  const std::uint64_t reported = h.ctx.counters.bytes_gathered_from_peers - before.bytes_gathered_from_peers;
+  totals.bytes_gathered_from_peers += reported;
+  totals.barriers += h.ctx.counters.barriers - before.barriers;
+  totals.service_barriers += static_cast<std::int64_t>(r.barrier_phase - phase_before);
+  const std::uint64_t model = model_peer_gather_bytes(r.ctx.source.setting, layout, r.variant, r.ctx.rank, r.ctx.options.layers);
+  totals.model_bytes_gathered_from_peers += model;
+  totals.counters_of_plugin = 1;
+  if (reported == 0 || reported == model) return;  // 0: the plugin counts nothing (the ABI allows it)
+  h.findings.push_back(fmt::format("rank {} batch {}: counters: exchange plugin '{}' reported {} bytes gathered from peers (ctx->counters), the model's {} "
+                                   "moves {} in the batch's {} layer(s) (model::layer_bytes, its gathers)",
+                                   r.ctx.rank, index, h.plugin.name, reported, model::to_string(r.variant), model, r.ctx.options.layers));
+}
+
+// An accepted batch: the layers (with the milestone before layer 0's rows), the counts, the bench.
+void run_accepted(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const PluginBatch& pb, const std::int64_t* const dev[4], kernels::VerifyResult* verify,
+                  std::int64_t index, bool all_accepted) {
+  Rank& r = h.r;
+  h.batch = &pb;
+  h.produce_dev = dev;
+  const cpkv_counters before = h.ctx.counters;
+  const std::uint64_t phase_before = r.barrier_phase;
+  h.milestones.stamp(r.stream, fmt::format("rank {} batch {} layer 0: a device fault in cpkv's own kernels before compose_layer (the rows, the slow rank's spin)",
+                                           r.ctx.rank, index));
+  h.counting = true;
+  run_layers(h, hb, hd, pb, dev, verify, index);
+  h.counting = false;
+  count_batch(h, hb.layout, before, phase_before, index);
+  if (r.ctx.cuda.timing_reps > 0 && all_accepted) {
+    h.milestones.stamp(r.stream, fmt::format("{}: a device fault in the work it enqueued (the bench's timed layers)", h.where("compose_layer", index, -1)));
+    time_plugin_batch(h, pb, dev, index);
+  }
+  h.batch = nullptr;
+}
+
+// The batch's findings of writes outside the buffers and of the counters: the first ends the run
+// (its line is the failure's), the others go to stderr.
+void report_findings(PluginHost& h) {
+  if (h.findings.empty()) return;
+  for (std::size_t i = 1; i < h.findings.size(); ++i) std::fprintf(stderr, "cpkv: cuda rank %d: %s\n", h.r.ctx.rank, h.findings[i].c_str());
+  throw std::runtime_error(h.findings.front());
 }
 
 void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, std::vector<bool>& populated, kernels::VerifyResult* verify) {
@@ -621,7 +737,8 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
       if (h.rows_buffer[k] != nullptr) CPKV_CUDA_CHECK(cudaMemsetAsync(h.rows_buffer[k], 0xA5, r.ctx.shape.current_pages_max * r.page_bytes(k), r.stream));
     }
   }
-  populate(r, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
+  h.guards->begin_batch();
+  populate_guarded(h, hb, hd);  // synchronizes, then a host barrier: every pool is written before anyone reads
   h.ctx.batch = &pb.c;
   h.ctx.attention_segments = nullptr;  // the plugin's plan of this batch, if it returns one (check_attention); -1: none returned
   h.ctx.attention_segment_count = -1;
@@ -633,38 +750,47 @@ void run_plugin_batch(PluginHost& h, const model::Batch& batch, std::int64_t ind
     timeline_overflow(r, index);
     r.ctx.boot->layers_done[r.ctx.rank].fetch_add(r.ctx.options.layers);
   } else {
-    h.batch = &pb;
-    h.produce_dev = dev;
-    const cpkv_counters before = h.ctx.counters;
-    h.counting = true;
-    run_layers(h, hb, hd, pb, dev, verify, index);
-    h.counting = false;
-    // The plugin's own counts of the functional layers (the bench's timed layers are not counted).
-    totals.bytes_gathered_from_peers += h.ctx.counters.bytes_gathered_from_peers - before.bytes_gathered_from_peers;
-    totals.barriers += h.ctx.counters.barriers - before.barriers;
-    if (r.ctx.cuda.timing_reps > 0 && verdicts.all_accepted) time_plugin_batch(h, pb, dev, index);
-    h.batch = nullptr;
+    run_accepted(h, hb, hd, pb, dev, verify, index, verdicts.all_accepted);
   }
-  r.sync_stream();
+  r.sync_stream();  // a device fault is named here by the milestones (bootstrap.hpp: FaultSite)
+  h.milestones.synced();
   timeline_batch_read(r);
   if ((h.plugin.table->flags & CPKV_FLAG_ATTENTION_PLAN) != 0 && begun != CPKV_OVERFLOW && verdicts.agreed) check_attention(h, batch, index);
   check_call(h, call_plugin(h, h.plugin.table->end_batch, "end_batch", index), "end_batch", index, -1);
   h.ctx.batch = nullptr;
   collect_findings(r, index, verify);
+  if (std::string found = h.guards->read_layers(index); !found.empty()) h.findings.push_back(std::move(found));
   r.barrier();  // nobody rewrites pools or dense buffers a peer still reads
+  if (std::string found = h.guards->check_pool(index); !found.empty()) h.findings.push_back(std::move(found));
+  report_findings(h);
 }
+
+}  // namespace
+
+namespace {
+
+// For the life of the plugin host, a device fault is named by its milestones (bootstrap.hpp).
+struct FaultPlace {
+  explicit FaultPlace(PluginHost& h) { fault_site().device_place = [&h] { return h.milestones.place(); }; }
+  ~FaultPlace() { fault_site().device_place = nullptr; }
+  FaultPlace(const FaultPlace&) = delete;
+  FaultPlace& operator=(const FaultPlace&) = delete;
+};
 
 }  // namespace
 
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   PluginHost h{r, *r.ctx.cuda.exchange};
   watch_exits();
+  const FaultPlace place(h);
   build_context(h);
+  h.guards.emplace(r);
   allocate_plugin_memory(h);
   r.ctx.progress.step("plugin setup");
   h.in_setup = true;
   check_call(h, call_plugin(h, h.plugin.table->setup, "setup", -1), "setup", -1, -1);
   h.in_setup = false;
+  h.guards->seal();
   std::vector<bool> populated(r.ctx.source.setting.pool_pages_per_rank(), false);
   harness::BatchCursor cursor(r.ctx.source);
   while (std::optional<model::Batch> batch = cursor.next()) {

@@ -50,11 +50,13 @@ BufferLayout buffer_layout(const model::Setting& setting, std::int32_t layers, c
       b.pool_bytes = align_256(b.pool_bytes + static_cast<std::uint64_t>(b.pool_pages_per_rank) * b.page_bytes[k]);
     }
   }
+  b.guard_bytes = kGuardBytesMin;
+  for (std::size_t k = 0; k < kinds; ++k) b.guard_bytes = std::max(b.guard_bytes, align_256(b.page_bytes[k]));
   b.dense_offset.assign(2, std::vector<std::uint64_t>(kinds));
   for (int h = 0; h < 2; ++h) {
     for (std::size_t k = 0; k < kinds; ++k) {
       b.dense_offset[h][k] = b.dense_bytes;
-      b.dense_bytes = align_256(b.dense_bytes + shape.slot_count_max * b.page_bytes[k]);
+      b.dense_bytes = align_256(b.dense_bytes + shape.slot_count_max * b.page_bytes[k] + b.guard_bytes);
     }
   }
   std::uint64_t page_bytes_max = 0;

@@ -25,7 +25,13 @@ struct BufferLayout {
   std::vector<std::uint64_t> page_bytes;                 // [kind]
   std::int64_t pool_pages_per_rank = 0;
   std::uint64_t pool_bytes = 0, dense_bytes = 0, compact_bytes = 0, staging_bytes = 0, scratch_bytes = 0;
+  // Poisoned bytes past every dense buffer (each half and kind: the gap before the next offset,
+  // at least this many) and past every allocation the plugin host hands a plugin, which it checks
+  // after every layer (gpu/plugin_guards.cpp): one page of the largest kind, so a one-slot overrun
+  // lands in the guard whole, and never less than kGuardBytesMin.
+  std::uint64_t guard_bytes = 0;
 };
+inline constexpr std::uint64_t kGuardBytesMin = 4096;
 BufferLayout buffer_layout(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape);
 
 // A range of a rank's pool reservation backed by one physical allocation.

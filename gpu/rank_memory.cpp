@@ -67,6 +67,9 @@ bool share_pools(Rank& r) {
 }  // namespace
 
 void allocate_memory(Rank& r) {
+  // From here a failed CUDA call of this rank (a device fault's sticky error above all) ends it
+  // with a located line, not an abort (bootstrap.hpp: name_device_faults).
+  name_device_faults(r.ctx.rank, r.ctx.progress.record());
   const model::Setting& setting = r.ctx.source.setting;
   Bootstrap* boot = r.ctx.boot;
   const std::int32_t rank = r.ctx.rank;

@@ -91,4 +91,17 @@ inline constexpr long long kBarrierTimeoutCycles = 1LL << 34;
 // lost on every run rather than once in a while.
 inline constexpr long long kMutantWindowCycles = 1LL << 23;
 
+// The plugin host's page hash: one block of 8 warps per pool page (a 64-row fp8 page is 5,248
+// words, about 20 per thread), grid-stride over the pages, capped like the element kernels; it
+// runs twice per batch, outside the layers (no recorded measurement).
+inline constexpr int kHashThreads = 256;
+inline constexpr int kHashBlocksMax = 4096;
+static_assert(kHashThreads % kWarpThreads == 0, "the hash reduces whole warps");
+// Guard regions the plugin host checks after every layer: two per kind (the dense halves), one
+// per symmetric allocation (the ABI's CPKV_SYMMETRIC_MAX, the flag pad among them) and one per
+// rows buffer.
+inline constexpr int kGuardSymmetricMax = 16;
+inline constexpr int kGuardRegionsMax = 2 * kKindsMax + kGuardSymmetricMax + kKindsMax;
+// Each region's size is the layout's guard_bytes (gpu/pool_backing.hpp).
+
 }  // namespace cpkv::kernels

@@ -183,4 +183,43 @@ cudaError_t launch_stamp(std::uint64_t* word, std::uint64_t value, cudaStream_t 
 cudaError_t launch_check_stamps(const std::uint64_t* const* words, std::int32_t cp, std::uint64_t expected, unsigned long long* errors,
                                 cudaStream_t stream);
 
+// Writes outside an exchange plugin's buffers (gpu/plugin_guards.cpp). A guard region is bytes
+// just past a buffer the host hands a plugin (each dense buffer, each symmetric allocation, each
+// rows buffer), poisoned with guard_byte(offset within the region): a byte pattern of period 256
+// with no two neighbours equal, so a stray store of any constant over two bytes or more is seen,
+// and a one-byte store unless it happens to hold that byte's poison.
+struct GuardRegion {
+  std::uint8_t* base;
+  std::uint64_t bytes;
+};
+__host__ __device__ constexpr std::uint8_t guard_byte(std::uint64_t offset) { return static_cast<std::uint8_t>(0xC3u + 0x9Du * (offset & 0xffu)); }
+// The wrong guard bytes of one check and the first, packed for one atomicMin:
+// (region << 40) | (offset in the region << 8) | actual; ~0 if none.
+struct GuardResult {
+  unsigned long long wrong_bytes;
+  unsigned long long first_wrong;
+};
+// Every region's bytes set to the poison (at allocation, and after a finding: each write is reported once).
+cudaError_t launch_guard_poison(const GuardRegion* regions, std::int32_t count, cudaStream_t stream);
+// Every region compared with the poison, into `result`. First stamps `milestone_value` into the
+// host-mapped word `milestone` (null: none): the kernel started, so the work before it on the
+// stream ended without a device fault.
+cudaError_t launch_guard_check(const GuardRegion* regions, std::int32_t count, GuardResult* result, std::uint64_t* milestone, std::uint64_t milestone_value,
+                               cudaStream_t stream);
+
+// One pool page to hash: `bytes` at `offset` from the slab's base.
+struct HashedPage {
+  std::uint64_t offset;
+  std::uint64_t bytes;
+};
+struct HashCompare {
+  unsigned long long changed;        // pages whose hash differs from the reference
+  unsigned long long first_changed;  // the lowest such page index; ~0 if none
+};
+// A hash per page (a sum of a bijective mix of each 8-byte word with its index: a one-word change
+// always shows). compare false: written into reference[page]; true: compared with it into `result`,
+// and the reference updated (each change is reported once).
+cudaError_t launch_hash_pages(const std::uint8_t* base, const HashedPage* pages, std::int64_t count, std::uint64_t* reference, bool compare,
+                              HashCompare* result, cudaStream_t stream);
+
 }  // namespace cpkv::kernels

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One visit to the GPU machine (the `device` tool): build there, run the gpu-labelled tests, replay
 # the bundled traces on the GPUs, and run the benchmarks; everything it reports lands under $OUT.
-# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|verify26|verify26b|verify26c|perf|lean|quick|probe|benches]
+# Usage (device tool, carry .deps): scripts/gpu-visit.sh [tests|bench|all|check|verify|foreign|conformance|conformance2|plugin|fused|ab21|vmm|bench-plugin|abi24|abi24b|abi24c|tl26|unverified|verify26|verify26b|verify26c|perf|lean|quick|probe|benches|guards]
 # (round, then round2 on the same machine: every gpu test and the GPU mutants; the closing-wait test against its patch,
 #  the conformance harness's --time and overhead on CUDA, the bench at cp 1)
 # (final: the plugin tests, mutants --exchange with the plain plugin, the built-in under --swarm, the GPU mutants)
@@ -38,6 +38,8 @@
 # (verify26c: after the review mends (the pool plan holds the memory kind and reservation): the sparse pool's tests, the
 #  GPU mutants oversubscribed, the counters test, the fused plugin's mutants)
 # (vmm: the production pool at cp 2 and 4 on one GPU, dense before / sparse after, and the sparse pool's tests)
+# (guards: issue 35 items 1, 2, 4: the plugin host's guard regions, pool page hashes, counters beside the model's and named
+#  device faults: the misbehaving plugins' tests and replays, then every gpu test (the dense layout's guards touch them all))
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 what="${1:-all}"
@@ -82,6 +84,8 @@ targets=()
 [[ "$what" == abi24 ]] && targets=(--target cpkv cpkv_python cpkv.tests.gpu_vmm)
 [[ "$what" == tl26 ]] && targets=(--target cpkv)
 [[ "$what" == abi24c ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin cpkv.tests.gpu_plugin)
+[[ "$what" == guards ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_guard cpkv.tests.gpu_counters
+                                   cpkv.tests.gpu_plugin cpkv.tests.gpu cpkv.tests.gpu_vmm cpkv.tests.gpu_bench_plugin)
 [[ "$what" == bench-plugin ]] && targets=(--target cpkv cpkv_exchange_plain cpkv_stub_exchange_ok cpkv.tests.gpu_bench_plugin)
 cmake --build "$build" -j "$(nproc)" "${targets[@]}" > "$OUT/build.log" 2>&1 || { grep -E "error|Error" "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -127,6 +131,20 @@ if [[ "$what" == conformance2 ]]; then
   c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.controls:PrecomputedGather --ranks 1 --time
   c2 "$OUT/tiny-cp1.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 1 --time
   grep -E "^==|graph|capturable|link limit|built-in|not of record|compose per layer|conformance2 .*exit" "$OUT/conformance2.txt"
+fi
+if [[ "$what" == guards ]]; then
+  (cd "$build" && ctest -R 'GpuCounters|GpuGuard' --output-on-failure --timeout 300 -j 1) > "$OUT/guards-tests.log" 2>&1
+  echo "guard tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|Which is|exited with" "$OUT/guards-tests.log" | cut -c1-600 | tail -40
+  # Each misbehaving plugin as a user sees it (tests/plugins/misbehaving_exchange.cu), and the fault under memcheck's eyes.
+  for m in none past_dense pool counters fault; do
+    timeout 120 "$cpkv" replay "$root/traces/samples/tiny.jsonl" --backend cuda --exchange "$build/tests/libcpkv_misbehaving_$m.so" \
+      --variant staging_direct --layers 2 > "$OUT/guards-one.txt" 2>&1
+    echo "replay misbehaving $m: exit $?" | tee -a "$OUT/guards-replays.txt"; cat "$OUT/guards-one.txt" >> "$OUT/guards-replays.txt"
+    grep -E "wrote outside|counters|device fault|pass|FAIL|cpkv:" "$OUT/guards-one.txt" | cut -c1-500 | head -8
+  done
+  rm -f "$OUT/guards-one.txt"  # (only so many files come back from a visit)
+  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "Test +#|tests passed|Failure|Expected|Which is|exited with" "$OUT/gpu-tests.log" | cut -c1-400 | tail -40
 fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.

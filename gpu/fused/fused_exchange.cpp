@@ -281,10 +281,10 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
 // delay the last rank's; skip_zero leaves the tails as the destination held them).
 cpkv_status zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
   const FusedBatch& b = *s.batch;
-  const std::int32_t half = model::parity_half(l), last = c->kind_count - 1;
-  if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) {
-    const std::uint64_t begin = c->dense_offset[half * c->kind_count], end = c->dense_offset[half * c->kind_count + last] + c->slot_count_max * page_bytes(c, last);
-    cuda_ok(cudaMemsetAsync(static_cast<std::uint8_t*>(c->dense[half * c->kind_count]), 0, end - begin, stream), "cudaMemsetAsync(dense half)");
+  const std::int32_t half = model::parity_half(l);
+  // One memset per kind's buffer: the bytes between two are the host's guard, which no plugin writes.
+  for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense && !s.mutant.skips_zero(); ++k) {
+    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
   }
   if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
   std::array<void*, CPKV_KINDS_MAX> dest{};

@@ -37,6 +37,12 @@ nlohmann::json run_json(const RunReport& report, double seconds) {
     ranks.push_back({{"batches", t.batches}, {"layers", t.layers}, {"barriers", t.barriers}, {"collectives", t.collectives},
                      {"overflows", t.overflows}, {"mismatches", t.mismatches}, {"bytes_gathered_from_peers", t.bytes_gathered_from_peers},
                      {"bytes_reduced", t.bytes_reduced}});
+    if (t.counters_of_plugin != 0) {
+      ranks.back()["counted_by"] = {{"bytes_gathered_from_peers", "plugin"}, {"barriers", "plugin"}, {"collectives", "cpkv"}, {"bytes_reduced", "cpkv"},
+                                    {"service_barriers", "cpkv"}, {"model_bytes_gathered_from_peers", "model"}};
+      ranks.back()["service_barriers"] = t.service_barriers;
+      ranks.back()["model_bytes_gathered_from_peers"] = t.model_bytes_gathered_from_peers;
+    }
   }
   run["ranks"] = ranks;
   nlohmann::json violations = nlohmann::json::array();

@@ -52,6 +52,15 @@ inline constexpr std::int32_t kInvariants = 9;
 struct Totals {
   std::int64_t batches = 0, layers = 0, barriers = 0, collectives = 0, overflows = 0, mismatches = 0;
   std::uint64_t bytes_gathered_from_peers = 0, bytes_reduced = 0, steps = 0;
+  // Whose figures these are. By default the backend counts every one itself. Through an exchange
+  // plugin (the cuda backend's plugin host), bytes_gathered_from_peers and barriers are the
+  // plugin's own report (ctx->counters), collectives and bytes_reduced cpkv's count of the
+  // all_reduce_sum calls it served, service_barriers the device barriers cpkv's services issued
+  // (its IPC all-reduce's), and model_bytes_gathered_from_peers the model's figure for the variant
+  // (model::layer_bytes, the gathers), which the plugin's must equal where it reports one.
+  std::int32_t counters_of_plugin = 0;
+  std::int64_t service_barriers = 0;
+  std::uint64_t model_bytes_gathered_from_peers = 0;
   char first_mismatch[240] = {};
   // Adds mismatching kinds; the first non-empty description is kept (truncated to fit).
   void add_mismatches(std::int64_t kinds, std::string_view description);
