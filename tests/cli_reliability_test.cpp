@@ -676,10 +676,23 @@ constexpr const char* kPassedRow1 = R"({"row":1,"section":"seeds","name":"seed 2
 // over the old file. Now a failed write is one line naming the output, exit 1, and the old file is
 // as it was, with no temporary left.
 TEST_F(CliReliability, AFullDiskNeverReplacesAnOldTimelineOrEventLog) {
-  constexpr rlim_t kFileBytesMax = 24 * 1024;  // above the report on stdout, below either output
+  // Above the report on stdout and the run's shared-memory region (a file too), below either output.
+  constexpr rlim_t kFileBytesMax = rlim_t{1} << 20;
+  std::ifstream tiny(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl");
+  std::string header, batch;
+  std::getline(tiny, header);
+  std::getline(tiny, batch);
+  std::ofstream trace(dir_ / "long.jsonl");
+  trace << header << "\n";
+  nlohmann::json b = nlohmann::json::parse(batch);
+  for (int i = 0; i < 1000; ++i) {
+    b["batch"] = i;
+    trace << b.dump() << "\n";
+  }
+  trace.close();
   for (const std::string option : {"--timeline", "--event-log"}) {
     const fs::path target = dir_ / "out.json";
-    const std::vector<std::string> args = {"replay", "traces/samples/tiny.jsonl", "--schedule", "random", "--variant", "v2", option, target.string()};
+    const std::vector<std::string> args = {"replay", (dir_ / "long.jsonl").string(), "--schedule", "random", "--variant", "v2", option, target.string()};
     ASSERT_EQ(cpkv(args).status, 0);
     ASSERT_GT(fs::file_size(target), kFileBytesMax) << option << ": the output must not fit under the limit for this test to mean anything";
     write("out.json", "old\n");
@@ -689,8 +702,9 @@ TEST_F(CliReliability, AFullDiskNeverReplacesAnOldTimelineOrEventLog) {
     EXPECT_EQ(run.status, 1) << option << "\n" << run.out << run.err;
     EXPECT_TRUE(one_line(run.err)) << run.err;
     EXPECT_NE(run.err.find(std::strerror(EFBIG)), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find(target.string()), std::string::npos) << "names the output, not its temporary: " << run.err;
     EXPECT_EQ(slurp(target), "old\n") << option << ": the old output was replaced";
-    EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"out.json", "stderr", "stdout", "tmp"})) << option << ": a temporary was left";
+    EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"long.jsonl", "out.json", "stderr", "stdout", "tmp"})) << option << ": a temporary was left";
     fs::remove(target);
   }
 }

@@ -502,8 +502,9 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
     } catch (...) {
       code = 2;
     }
-    bool empty = true;  // of regions: the reservation lock (cpkv-reserve.lock, shared_region.cpp) stays by design
-    for (const auto& entry : fs::directory_iterator("/dev/shm")) empty = empty && entry.path().filename() == "cpkv-reserve.lock";
+    bool empty = true;  // of regions: this user's reservation lock (cpkv-reserve.<euid>.lock, shared_region.cpp) stays by design
+    const std::string lock = fmt::format("cpkv-reserve.{}.lock", ::geteuid());
+    for (const auto& entry : fs::directory_iterator("/dev/shm")) empty = empty && entry.path().filename() == lock;
     ::_exit(code == 0 && empty ? 0 : 10 + code);
   }
   int raw = 0;

@@ -123,8 +123,10 @@ std::string owned_output_folder(const std::string& option, const std::string& di
   if (!made && errno != EEXIST) throw refuse(fmt::format("cannot create it: {}", std::strerror(errno)));
   // Opened once, the last component never followed; what is checked is what is written into.
   const int fd = ::open(name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0 && errno == ELOOP) throw refuse("a symbolic link (name the folder itself)");
-  if (fd < 0 && errno == ENOTDIR) throw refuse("exists and is not a folder");
+  if (fd < 0 && (errno == ELOOP || errno == ENOTDIR)) {  // O_DIRECTORY|O_NOFOLLOW on a link: ENOTDIR
+    struct stat link {};
+    throw refuse(::lstat(name.c_str(), &link) == 0 && S_ISLNK(link.st_mode) ? "a symbolic link (name the folder itself)" : "exists and is not a folder");
+  }
   if (fd < 0) throw refuse(std::strerror(errno));
   struct stat st {};
   std::string why = ::fstat(fd, &st) != 0 ? std::string(std::strerror(errno)) : unsafe_folder(st);
