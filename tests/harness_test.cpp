@@ -694,7 +694,7 @@ TEST_F(TempFiles, AnOutFolderIsRefusedBehindALinkHoweverSpelledAndWhenOthersCoul
     }
     return "";
   };
-  for (const std::string& spelled : {"link", "link/", "link/.", "link/./", "link//"}) {
+  for (const char* spelled : {"link", "link/", "link/.", "link/./", "link//"}) {
     EXPECT_NE(refusal((dir_ / spelled).string()).find("a symbolic link"), std::string::npos) << spelled;
   }
   const std::string newline = refusal((dir_ / "new\nline").string());
@@ -729,9 +729,11 @@ TEST_F(TempFiles, AFailedAppendMarksTheFileForWhoeverRenamesIt) {
     rlimit small = old;
     small.rlim_cur = 100;
     ::setrlimit(RLIMIT_FSIZE, &small);
-    LineAppender out(path);
-    out.add(std::string(1000, 'x'));
-    ::_exit(0);  // the destructor's flush fails, and is dropped
+    {
+      LineAppender out(path);
+      out.add(std::string(1000, 'x'));
+    }  // the destructor's flush fails, and the error is dropped
+    ::_exit(0);
   }
   int raw = 0;
   ASSERT_EQ(::waitpid(writer, &raw, 0), writer);
