@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -29,7 +30,7 @@ constexpr std::size_t kExtensionCharsMax = 16;
 // Names of temporary files, each followed by "-<creator pid>-" (harness/temp_files.hpp).
 constexpr std::string_view kOutputPrefix = ".cpkv";  // hidden, beside the output it will replace
 
-// The spool files alive in this process and the names the user gave them, for messages.
+// The spool files and output temporaries of this process and the names the user gave them, for messages.
 std::vector<std::pair<std::string, std::string>>& spool_names() {
   static std::vector<std::pair<std::string, std::string>> names;
   return names;
@@ -186,6 +187,8 @@ const std::string& OutputFile::temporary() {
   if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create a temporary file beside {}: {}", option_, path_, errno_text(errno)));
   ::close(fd);
   temporary_ = name;
+  // A writer's error names the temporary (the event log's, the timeline's); the user named the target.
+  spool_names().emplace_back(temporary_, path_);
   return temporary_;
 }
 
@@ -198,12 +201,13 @@ std::ostream& OutputFile::stream() {
 }
 
 void OutputFile::commit() {
-  const auto fail = [&](const std::string& step, int error) {
+  const auto fail_because = [&](const std::string& step, const std::string& why) {
     out_.reset();
     remove_tracked(temporary_);
     temporary_.clear();
-    throw std::runtime_error(fmt::format("{}: cannot write {}: {}: {}; the file was left as it was", option_, path_, step, errno_text(error)));
+    throw std::runtime_error(fmt::format("{}: cannot write {}: {}: {}; the file was left as it was", option_, path_, step, why));
   };
+  const auto fail = [&](const std::string& step, int error) { fail_because(step, errno_text(error)); };
   temporary();
   if (out_) {
     if (!*out_) fail("write", write_errno_ != 0 ? write_errno_ : EIO);
@@ -216,6 +220,13 @@ void OutputFile::commit() {
   }
   const int fd = ::open(temporary_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("reopen", errno);
+  // A writer that appends by itself (the event log, the timeline, a rank process) marked the file
+  // when a write failed: the partial file never replaces the old one (issue 34, item 3).
+  if (const int failed = harness::write_failure(fd, temporary_); failed != 0) {
+    ::close(fd);
+    if (failed > 0) fail("write", failed);
+    fail_because("write", "a rank process's write failed (a full disk or a file size limit)");
+  }
   if (::fsync(fd) != 0) {
     const int error = errno;
     ::close(fd);
@@ -274,6 +285,90 @@ void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::v
   }
 }
 
+namespace {
+
+// Why `text` nests deeper than `depth_max` ([ and { outside strings), or "". Scanned before parsing:
+// nlohmann's parser and its recursive copy, compare and dump of a value would overflow the stack on
+// a file nested 200,000 deep (issue 34, item 4: `cpkv merge` died of SIGSEGV).
+std::string too_deep(std::string_view text, std::size_t depth_max) {
+  std::size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t at = 0; at < text.size(); ++at) {
+    const char c = text[at];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    if ((c == '[' || c == '{') && ++depth > depth_max) return fmt::format("nested deeper than {} levels (at byte {})", depth_max, at);
+    if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return "";
+}
+
+// The whole of a regular file, at most `bytes_max` bytes, or an OptionError "<where>: ...".
+std::string read_bounded(const InputFile& input, const std::string& where, std::size_t bytes_max) {
+  // O_NONBLOCK: a FIFO that slipped past the input check (made after it) never blocks the open.
+  const int fd = ::open(input.path().c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (fd < 0) throw OptionError(fmt::format("{}: cannot read {}: {}", where, input.name(), errno_text(errno)));
+  struct stat st {};
+  std::string why;
+  if (::fstat(fd, &st) != 0) why = errno_text(errno);
+  else if (!S_ISREG(st.st_mode)) why = fmt::format("{}, not a regular file (read only from a file: a pipe could block for good)", kind_of(st.st_mode));
+  else if (static_cast<std::uint64_t>(st.st_size) > bytes_max) why = fmt::format("{} bytes, more than the {} this input may hold", st.st_size, bytes_max);
+  std::string text;
+  char buffer[1 << 16];
+  while (why.empty()) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) why = errno_text(errno);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > bytes_max) why = fmt::format("more than the {} bytes this input may hold (it grew while read)", bytes_max);
+  }
+  ::close(fd);
+  if (!why.empty()) throw OptionError(fmt::format("{}: {}: {}", where, input.name(), why));
+  return text;
+}
+
+}  // namespace
+
+nlohmann::json read_json_input(const InputFile& input, const std::string& where, const JsonLimits& limits) {
+  const std::string text = read_bounded(input, where, limits.bytes_max);
+  if (const std::string why = too_deep(text, limits.depth_max); !why.empty()) throw OptionError(fmt::format("{}: {}: {}", where, input.name(), why));
+  // A key twice in one object: nlohmann keeps the last silently; a callback sees every key.
+  std::vector<std::set<std::string>> keys;
+  std::string twice;
+  const nlohmann::json::parser_callback_t note_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::object_start) keys.emplace_back();
+    if (event == nlohmann::json::parse_event_t::object_end && !keys.empty()) keys.pop_back();
+    if (event == nlohmann::json::parse_event_t::key && !keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && twice.empty()) {
+      twice = parsed.get<std::string>();
+    }
+    return true;
+  };
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(text, note_keys);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw OptionError(fmt::format("{}: {}: not JSON (at byte {})", where, input.name(), e.byte));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // 406: a number a double cannot hold (1e400): out of range, not "not JSON".
+    const std::string what = e.what();  // "[json.exception.out_of_range.406] number overflow parsing '1e400'": the words after the tag
+    const std::size_t tag = what.find("] ");
+    throw OptionError(fmt::format("{}: {}: a number out of range (numbers must be finite doubles): {}", where, input.name(),
+                                  printable_line(tag == std::string::npos ? what : what.substr(tag + 2))));
+  }
+  if (!twice.empty() && limits.unique_keys) {
+    throw OptionError(fmt::format("{}: {}: the key \"{}\" is given twice in one object", where, input.name(), printable_line(twice)));
+  }
+  return json;
+}
+
+std::string printable_line(std::string_view text) { return harness::printable(text); }
+
 std::string with_input_names(std::string text) {
   for (const auto& [spool_path, name] : spool_names()) {
     for (std::size_t at = text.find(spool_path); at != std::string::npos; at = text.find(spool_path, at + name.size())) {
@@ -286,11 +381,12 @@ std::string with_input_names(std::string text) {
 std::string use_out_folder(const std::optional<std::string>& dir) {
   if (!dir) return "";
   try {
-    properties::set_counterexample_folder(harness::owned_output_folder("--out", *dir));
+    const std::string name = harness::owned_output_folder("--out", *dir);  // opened once; its files written through it
+    properties::set_counterexample_folder(name);
+    return name;
   } catch (const std::runtime_error& e) {
     throw OptionError(e.what());
   }
-  return *dir;
 }
 
 }  // namespace cpkv::cli

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace cpkv::cli {
 
 // Where a path leads (stat, following links): the identity same-file checks compare.
@@ -102,13 +104,32 @@ class OutputFile {
 // Null entries (options not given) are skipped.
 void refuse_same_files(const std::vector<const InputFile*>& inputs, const std::vector<const OutputFile*>& outputs);
 
+// The bounds of a JSON input read whole (`cpkv merge` shard files, `--ceilings`).
+struct JsonLimits {
+  std::size_t bytes_max = 0;
+  std::size_t depth_max = 0;
+  bool unique_keys = true;  // a key twice in one object refused
+};
+
+// A JSON input, bounded (issue 34, items 4, 12, 13, 14): read only from a regular file (a FIFO or
+// a device is refused, never read: it could block for good), at most limits.bytes_max bytes, nested
+// at most limits.depth_max deep (checked before parsing), no key twice in an object (with
+// unique_keys), a number past a double named as out of range. Throws OptionError "<where>: FILE: why".
+nlohmann::json read_json_input(const InputFile& input, const std::string& where, const JsonLimits& limits);
+
+// `text` with each control character written \xNN: a file's text printed on a terminal can neither
+// forge a line nor send escape sequences.
+std::string printable_line(std::string_view text);
+
 // For error messages: the spool files' paths replaced by the names the user gave.
 std::string with_input_names(std::string text);
 
 // `--out DIR` of soak, mutants and explore: the counterexamples' folder (harness::owned_output_folder:
-// made 0700 when new, else a real folder this user owns that others cannot write), set for the
-// property suite (properties::set_counterexample_folder). Without it they go to the private per-run
-// folder in $TMPDIR. A bad DIR is an OptionError (one line, exit 2). Returns DIR, or "" without it.
+// made 0700 when new, else a real folder this user owns that others cannot write; opened once and
+// every counterexample file written relative to that descriptor), set for the property suite
+// (properties::set_counterexample_folder). Without it they go to the private per-run folder in
+// $TMPDIR. A bad DIR is an OptionError (one line, exit 2). Returns the folder's name (DIR without a
+// trailing `/` or `/.`), or "" without it.
 std::string use_out_folder(const std::optional<std::string>& dir);
 
 }  // namespace cpkv::cli

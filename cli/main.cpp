@@ -59,6 +59,20 @@ std::string with_subcommands(const CLI::App& app, const std::string& what) {
   return fmt::format("{}: one of {} (see cpkv {}--help)", what, names, at == &app ? "" : at->get_name() + " ");
 }
 
+// The first word of the command line that should name a subcommand and names none (`vllm` in
+// `cpkv import vllm`), or null: each word is looked up among the subcommands of the one before.
+const char* unknown_subcommand(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* at = &app;
+  for (int i = 1; i < argc; ++i) {
+    const auto subcommands = at->get_subcommands([](const CLI::App*) { return true; });
+    if (subcommands.empty() || argv[i][0] == '-') return nullptr;
+    const auto sub = std::find_if(subcommands.begin(), subcommands.end(), [&](const CLI::App* s) { return s->get_name() == argv[i]; });
+    if (sub == subcommands.end()) return argv[i];
+    at = *sub;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 int& cpkv::cli::exit_status() {
@@ -104,10 +118,9 @@ int run(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line naming the option and the reason; CLI11's own text already does that, but for a
     // first word that is no subcommand ("A subcommand is required" named not what was typed).
-    const auto subcommands = app.get_subcommands([](const CLI::App*) { return true; });
-    const bool unknown = argc > 1 && argv[1][0] != '-' &&
-                         std::none_of(subcommands.begin(), subcommands.end(), [&](const CLI::App* sub) { return sub->get_name() == argv[1]; });
-    print_error(with_subcommands(app, unknown ? fmt::format("A subcommand is required; '{}' is none", argv[1]) : e.what()));
+    // At any depth: `cpkv import vllm` named neither `vllm` nor that it is no importer (issue 34).
+    const char* word = unknown_subcommand(app, argc, argv);
+    print_error(with_subcommands(app, word != nullptr ? fmt::format("A subcommand is required; '{}' is none", word) : e.what()));
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::traces::TraceError& e) {
     print_error(e.what());

@@ -31,32 +31,34 @@ struct ShardFile {
   nlohmann::json json;
 };
 
-// A shard file's JSON, or one line naming it.
+// A shard file is a few KiB (mutants) to a few tens of MiB (a soak shard of 100,000 seeds); past
+// this it is no shard file (issue 34, item 13: a 300 MiB string cost 1.5 GB). Its nesting is 4
+// levels; 64 leaves room and is far below what overflows the stack (item 4: 200,000 deep crashed).
+constexpr std::size_t kShardFileBytesMax = std::size_t{64} << 20;
+constexpr std::size_t kShardFileDepthMax = 64;
+
+// A shard file's JSON, read with bounds (files.hpp read_json_input), or one line naming it.
 nlohmann::json parse_file(const InputFile& input) {
-  std::ifstream in(input.path(), std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) throw OptionError(fmt::format("{}: not JSON (a `cpkv mutants`, `soak` or `explore` --json file is)", input.name()));
-  return json;
+  return read_json_input(input, "cpkv merge", JsonLimits{kShardFileBytesMax, kShardFileDepthMax, /*unique_keys=*/true});
 }
 
 ShardFile read_shard_file(const InputFile& input, nlohmann::json json) {
   const std::string& path = input.name();
   ShardFile file{path, {}, 0, std::move(json)};
-  try {
-    if (file.json.value("cpkv_mutants", 0) != 1) throw std::runtime_error("no \"cpkv_mutants\": 1 (not a `cpkv mutants --json` file)");
-    file.run.seed = file.json.at("seed").get<std::uint64_t>();
-    file.run.cases = file.json.at("cases").get<int>();
-    file.run.every_property = file.json.at("every_property").get<bool>();
-    file.suite_rows = file.json.at("suite_rows").get<std::size_t>();
-    file.run.shard = Shard{file.json.at("shard").at("k").get<std::size_t>(), file.json.at("shard").at("n").get<std::size_t>()};
-    if (!file.json.at("rows").is_array()) throw std::runtime_error("\"rows\" is no array");
-  } catch (const nlohmann::json::exception& e) {
-    throw OptionError(fmt::format("{}: {}", path, e.what()));
-  } catch (const std::runtime_error& e) {
-    throw OptionError(fmt::format("{}: {}", path, e.what()));
+  const nlohmann::json& j = file.json;
+  if (!j.is_object() || !j.contains("cpkv_mutants") || j.at("cpkv_mutants") != 1) {
+    throw OptionError(fmt::format("{}: no \"cpkv_mutants\": 1 (not a `cpkv mutants --json` file)", path));
   }
+  const auto at = [&](const char* key) -> const nlohmann::json& { return member(j, key, path); };
+  const auto where = [&](const char* key) { return fmt::format("{}: \"{}\"", path, key); };
+  file.run.seed = whole_number(at("seed"), where("seed"), UINT64_MAX);
+  file.run.cases = static_cast<int>(whole_number(at("cases"), where("cases"), INT32_MAX));
+  file.run.every_property = flag_value(at("every_property"), where("every_property"));
+  file.suite_rows = whole_number(at("suite_rows"), where("suite_rows"), SIZE_MAX);
+  const nlohmann::json& shard = at("shard");
+  file.run.shard = Shard{whole_number(member(shard, "k", where("shard")), where("shard") + " k", SIZE_MAX),
+                         whole_number(member(shard, "n", where("shard")), where("shard") + " n", SIZE_MAX)};
+  if (!at("rows").is_array()) throw OptionError(fmt::format("{} is {}, not an array", where("rows"), json_kind(at("rows"))));
   const std::size_t rows = properties::suite_rows().size();
   if (file.suite_rows != rows) throw OptionError(fmt::format("{}: {} suite rows, but this cpkv has {} (another build's file)", path, file.suite_rows, rows));
   const Shard& s = *file.run.shard;
@@ -84,26 +86,39 @@ struct MergedRow {
   nlohmann::json coverage;
 };
 
+// The coverage of the file that ran `none`, checked before anything is printed: it is judged where
+// `none` ran, and a file without it cannot say the targets were met.
+nlohmann::json checked_coverage(const ShardFile& file) {
+  const nlohmann::json coverage = file.json.value("coverage", nlohmann::json(nullptr));
+  const bool has = coverage.is_object() && coverage.contains("table") && coverage.contains("missed");
+  if (!has) throw OptionError(fmt::format("{}: the row none has no \"coverage\" (table and missed)", file.name));
+  (void)text_value(coverage.at("table"), file.name + ": \"coverage\" table");
+  if (!coverage.at("missed").is_array()) throw OptionError(fmt::format("{}: \"coverage\" missed is {}, not an array", file.name, json_kind(coverage.at("missed"))));
+  return coverage;
+}
+
 // Adds one file's rows to `rows`, refusing a row that is not its shard's or that another file holds.
 void take_rows(const ShardFile& file, std::map<std::size_t, MergedRow>& rows) {
   const std::vector<harness::Mutant> all = properties::suite_rows();
   const Shard& shard = *file.run.shard;
-  for (const nlohmann::json& entry : file.json.at("rows")) {
+  const nlohmann::json& entries = file.json.at("rows");
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const nlohmann::json& entry = entries[i];
     properties::MutantRow row;
     std::size_t index = 0;
     try {
       row = mutant_row_from_json(entry);
-      index = entry.at("row").get<std::size_t>();
     } catch (const std::exception& e) {
-      throw OptionError(fmt::format("{}: {}", file.name, e.what()));
+      throw OptionError(fmt::format("{}: rows[{}]: {}", file.name, i, e.what()));
     }
+    index = whole_number(member(entry, "row", fmt::format("{}: rows[{}]", file.name, i)), fmt::format("{}: rows[{}] \"row\"", file.name, i), SIZE_MAX);
     if (index >= all.size() || all[index] != row.mutant) {
       throw OptionError(fmt::format("{}: row {} is {}, which this cpkv's suite does not hold there", file.name, index, harness::to_string(row.mutant)));
     }
     if (index % shard.n != shard.k - 1) throw OptionError(fmt::format("{}: row {} is not shard {}/{}'s", file.name, index, shard.k, shard.n));
     const auto [at, added] = rows.emplace(index, MergedRow{file.name, row, nullptr});
     if (!added) throw OptionError(fmt::format("{}: row {} ({}) is also in {} (overlapping shards)", file.name, index, harness::to_string(row.mutant), at->second.file));
-    if (row.mutant == harness::Mutant::none) at->second.coverage = file.json.value("coverage", nlohmann::json(nullptr));
+    if (row.mutant == harness::Mutant::none) at->second.coverage = checked_coverage(file);
   }
 }
 
@@ -169,10 +184,7 @@ void run_merge(const MergeOptions& o) {
     tally.add(entry.row);
     rows.push_back(entry.row);
     if (entry.row.mutant != harness::Mutant::none) continue;
-    // The coverage is judged where `none` ran; a file without it cannot say the targets were met.
-    const bool has = entry.coverage.is_object() && entry.coverage.contains("table") && entry.coverage.contains("missed");
-    if (!has) throw OptionError(fmt::format("{}: the row none has no \"coverage\" (table and missed)", entry.file));
-    fmt::print("{}", entry.coverage.at("table").get<std::string>());
+    fmt::print("{}", printable_text(entry.coverage.at("table").get<std::string>()));
     tally.coverage_met = entry.coverage.at("missed").empty();
   }
   exit_status() = print_mutants_summary(tally);

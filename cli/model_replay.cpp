@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,6 +44,11 @@ namespace cpkv::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A --ceilings file is a few hundred bytes (flat) or a cpkv bench JSON of a few hundred KiB; its
+// nesting is 4 levels. Past these bounds it is no ceilings file.
+constexpr std::size_t kCeilingsFileBytesMax = std::size_t{16} << 20;
+constexpr std::size_t kCeilingsFileDepthMax = 32;
 
 // Importing matplotlib takes about a second on a cold cache; 30 s means python3 is stuck.
 constexpr std::chrono::milliseconds kChartProbeLimit{30'000};
@@ -148,15 +154,9 @@ std::optional<std::int64_t> shape_number(const nlohmann::json& j, const char* ke
 model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile* file, CeilingsShape* shape) {
   model::CostParameters c;
   if (o.ceilings_path) {
-    std::ifstream in(file->path());
-    if (!in) throw OptionError(fmt::format("--ceilings: cannot open {}", *o.ceilings_path));
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    } catch (const std::exception& e) {  // a read error (the stream's, not the parser's)
-      throw OptionError(fmt::format("--ceilings: cannot read {}: {}", *o.ceilings_path, e.what()));
-    }
-    if (j.is_discarded() || !j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
+    // Bounded (issue 34, items 12-14): a regular file only, a key given twice refused, 1e400 out of range.
+    const nlohmann::json j = read_json_input(*file, "--ceilings", JsonLimits{kCeilingsFileBytesMax, kCeilingsFileDepthMax, /*unique_keys=*/true});
+    if (!j.is_object()) throw OptionError(fmt::format("--ceilings: {} is not one JSON object", *o.ceilings_path));
     if (shape != nullptr) *shape = {shape_number(j, "cp", *o.ceilings_path), shape_number(j, "page_size", *o.ceilings_path)};
     if (j.contains("ceilings") && j["ceilings"].is_object()) {
       c = bench_ceilings(j["ceilings"], *o.ceilings_path);  // a cpkv bench JSON: what it measured, derived as the bench derives it
@@ -325,28 +325,42 @@ constexpr const char* kVariantColumns[] = {"ms",       "copies_ms", "barrier_ms"
 std::string csv_cell(const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); }
 
 // --per-batch: CSV when the name ends .csv (a rejected variant's cells empty), else JSON Lines.
-void write_per_batch(OutputFile& file, const std::vector<nlohmann::json>& records) {
-  std::ostream& out = file.stream();
-  if (!file.path().ends_with(".csv")) {
-    for (const nlohmann::json& record : records) out << record.dump() << '\n';
-    return file.commit();
-  }
-  std::vector<std::string> header(std::begin(kBatchColumns), std::end(kBatchColumns));
-  for (model::Variant v : model::kAllVariants) {
-    for (const char* column : kVariantColumns) header.push_back(fmt::format("{}_{}", model::to_string(v), column));
-  }
-  out << fmt::format("{}\n", fmt::join(header, ","));
-  for (const nlohmann::json& record : records) {
-    std::vector<std::string> cells;
-    for (const char* column : kBatchColumns) cells.push_back(csv_cell(record[column]));
+// Streamed into the output's temporary file as the replay makes each record (issue 34, item 8:
+// every record was held until the end), and renamed over the target only when the whole replay
+// and every write succeeded (files.hpp OutputFile).
+class PerBatchWriter {
+ public:
+  explicit PerBatchWriter(OutputFile& file) : file_(file), out_(file.stream()), csv_(file.path().ends_with(".csv")) {
+    if (!csv_) return;
+    std::vector<std::string> header(std::begin(kBatchColumns), std::end(kBatchColumns));
     for (model::Variant v : model::kAllVariants) {
-      const nlohmann::json& costs = record["variants"][std::string(model::to_string(v))];
-      for (const char* column : kVariantColumns) cells.push_back(costs.is_null() ? "" : csv_cell(costs[column]));
+      for (const char* column : kVariantColumns) header.push_back(fmt::format("{}_{}", model::to_string(v), column));
     }
-    out << fmt::format("{}\n", fmt::join(cells, ","));
+    out_ << fmt::format("{}\n", fmt::join(header, ","));
   }
-  file.commit();
-}
+  void add(const nlohmann::json& record) {
+    errno = 0;
+    if (!csv_) {
+      out_ << record.dump() << '\n';
+    } else {
+      std::vector<std::string> cells;
+      for (const char* column : kBatchColumns) cells.push_back(csv_cell(record[column]));
+      for (model::Variant v : model::kAllVariants) {
+        const nlohmann::json& costs = record["variants"][std::string(model::to_string(v))];
+        for (const char* column : kVariantColumns) cells.push_back(costs.is_null() ? "" : csv_cell(costs[column]));
+      }
+      out_ << fmt::format("{}\n", fmt::join(cells, ","));
+    }
+    // A full disk stops the replay at once; the temporary goes, the old file stays.
+    if (!out_) throw std::runtime_error(fmt::format("--per-batch: cannot write {}: {}; the file was left as it was", file_.path(), std::strerror(errno != 0 ? errno : EIO)));
+  }
+  void commit() { file_.commit(); }
+
+ private:
+  OutputFile& file_;
+  std::ostream& out_;
+  bool csv_;
+};
 
 }  // namespace
 
@@ -378,11 +392,16 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
   options.staging_mib = o.staging_mib;
   if (o.staging_sweep) options.staging_sweep = parse_staging_sweep(*o.staging_sweep);
   options.per_batch = run.per_batch != nullptr;
+  std::optional<PerBatchWriter> per_batch;
+  if (run.per_batch) {
+    per_batch.emplace(*run.per_batch);
+    options.per_batch_sink = [&per_batch](const nlohmann::json& record) { per_batch->add(record); };
+  }
   harness::ModelReplayOutput out = harness::model_replay(source, run.trace_name, run.ceilings, options);
   if (run.batch && out.json["batches"].get<std::int64_t>() == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
   if (run.json) run.json->write(out.json.dump(2) + "\n");
-  if (run.per_batch) {
-    write_per_batch(*run.per_batch, out.per_batch);
+  if (per_batch) {
+    per_batch->commit();
     out.text += fmt::format("  per batch: {}\n", run.per_batch->path());
   }
   if (run.chart) {

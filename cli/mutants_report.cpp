@@ -7,6 +7,8 @@
 #include <fmt/ranges.h>
 
 #include "commands.hpp"
+#include "files.hpp"
+#include "shard_rows.hpp"
 
 namespace cpkv::cli {
 
@@ -125,22 +127,28 @@ nlohmann::json mutant_row_json(std::size_t index, const properties::MutantRow& r
           {"also_caught_by", row.also_caught_by}};
 }
 
+// Every field checked as shard_rows.hpp reads a shard file's (issue 34, item 10), and every text
+// made printable (item 11: a row's message is printed in the table).
 properties::MutantRow mutant_row_from_json(const nlohmann::json& json) {
-  if (!json.is_object()) throw std::runtime_error(fmt::format("a row is {}, not an object", json.dump()));
+  if (!json.is_object()) throw std::runtime_error(fmt::format("a row is {}, not an object", json_kind(json)));
+  const auto at = [&](const char* key) -> const nlohmann::json& { return member(json, key, "a row"); };
+  const auto where = [](const char* key) { return fmt::format("a row's \"{}\"", key); };
   properties::MutantRow row;
-  const std::string name = field<std::string>(json, "mutant");
+  const std::string name = text_value(at("mutant"), where("mutant"));
   const std::optional<harness::Mutant> mutant = harness::parse_mutant(name);
-  if (!mutant) throw std::runtime_error(fmt::format("a row's mutant '{}' is no planted bug of this build", name));
+  if (!mutant) throw std::runtime_error(fmt::format("a row's mutant '{}' is no planted bug of this build", printable_line(name)));
   row.mutant = *mutant;
-  row.caught = field<bool>(json, "caught");
-  row.seconds = field<double>(json, "seconds");
-  row.message = field<std::string>(json, "message");
-  row.also_caught_by = field<std::vector<std::string>>(json, "also_caught_by");
+  row.caught = flag_value(at("caught"), where("caught"));
+  row.seconds = seconds_value(at("seconds"), where("seconds"));
+  row.message = printable_text(text_value(at("message"), where("message")));
+  const nlohmann::json& also = at("also_caught_by");
+  if (!also.is_array()) throw std::runtime_error(fmt::format("a row's \"also_caught_by\" is {}, not an array", json_kind(also)));
+  for (const nlohmann::json& property : also) row.also_caught_by.push_back(printable_line(text_value(property, where("also_caught_by"))));
   if (!row.caught) return row;
-  row.caught_by = field<std::string>(json, "first_property");
-  row.invariant = json.contains("invariant") && json.at("invariant").is_null() ? 0 : field<std::int32_t>(json, "invariant");
-  row.counterexample_size = field<std::int64_t>(json, "counterexample_size");
-  row.replay = json.contains("replay") && json.at("replay").is_null() ? "" : field<std::string>(json, "replay");
+  row.caught_by = printable_line(text_value(at("first_property"), where("first_property")));
+  row.invariant = at("invariant").is_null() ? 0 : static_cast<std::int32_t>(whole_number(at("invariant"), where("invariant"), harness::kInvariants));
+  row.counterexample_size = static_cast<std::int64_t>(whole_number(at("counterexample_size"), where("counterexample_size"), INT64_MAX));
+  row.replay = at("replay").is_null() ? "" : printable_line(text_value(at("replay"), where("replay")));
   return row;
 }
 

@@ -21,6 +21,7 @@
 #include "options.hpp"
 #include "rejected.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/harness/timeline.hpp"
@@ -265,8 +266,8 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--wait-ms-max", o->request.wait_ms_max, "bound on any single wait of a rank (default: sim 20000, cuda 120000)")->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
   cmd->add_option("--stuck-ms-max", o->request.stuck_ms_max,
                   "rank processes (sim and cuda): end the run when no rank made progress this long, naming the rank that did not "
-                  "(default: cuda 30000, sim twice --wait-ms-max)")
-      ->check(whole_in<std::int64_t>(1, option_limits::wait_ms_max));
+                  "(default: cuda 30000, sim twice --wait-ms-max; at least 100: a shorter silence is a loaded machine's scheduling, not a hang)")
+      ->check(whole_in<std::int64_t>(harness::kStuckMsFloor, option_limits::wait_ms_max));
   cmd->add_option("--ipc-missing-rank", o->request.ipc_missing_rank, "fault: this rank's IPC capability probe fails")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
   cmd->add_flag("--swarm", o->request.swarm,
                 "free-running sim: draw every fault knob (delay probabilities and lengths, the slow rank, where it is slow and how it rotates, "

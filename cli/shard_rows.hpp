@@ -6,8 +6,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,5 +51,21 @@ std::string sharded_junit(const ShardedRun& run);
 // summary. Returns the merged run (the exit status: 1 if a row failed).
 ShardedRun merge_sharded(const std::vector<std::string>& names, const std::vector<nlohmann::json>& files);
 void print_sharded_rows(const ShardedRun& run);
+
+// The fields of a shard file, read strictly (issue 34, item 10: row 1.5 was taken as row 1, 2^64 as
+// row 0, negative seconds printed, a number where a string belongs a raw json.exception). Each
+// throws OptionError "<where> is <what it is>, not <what it must be>"; `where` names the file and
+// the field.
+const nlohmann::json& member(const nlohmann::json& object, const char* key, const std::string& where);
+std::uint64_t whole_number(const nlohmann::json& value, const std::string& where, std::uint64_t max);  // an integer in [0, max], never a float
+double seconds_value(const nlohmann::json& value, const std::string& where);                          // finite, >= 0
+std::string text_value(const nlohmann::json& value, const std::string& where);
+bool flag_value(const nlohmann::json& value, const std::string& where);
+std::string json_kind(const nlohmann::json& value);  // "the number 1.5", "a string", "an object", ...
+
+// A shard file's multi-line text for the terminal (issue 34, item 11): control characters other
+// than the newline written \xNN (no escape sequence reaches the terminal), and a line that starts
+// at the margin indented by two spaces, so that no line from a file can pass for cpkv's own.
+std::string printable_text(std::string_view text);
 
 }  // namespace cpkv::cli

@@ -657,3 +657,188 @@ TEST_F(CliReliability, AReplacedOutputKeepsItsOwnerAndGroup) {
 }
 
 }  // namespace
+
+// --- the third audit, the CLI's items (issue 34) ----------------------------------------------------
+
+namespace {
+
+// A `cpkv soak` shard file as docs/sharding.md describes it, with `rows` as given.
+std::string soak_shard(const std::string& rows, const std::string& asked = R"({"cases":1})") {
+  return fmt::format(R"({{"cpkv_shards":1,"command":"soak","asked":{},"units":2,"shard":{{"k":1,"n":1}},"rows":[{}]}})", asked, rows);
+}
+constexpr const char* kPassedRow0 = R"({"row":0,"section":"seeds","name":"seed 1","passed":true,"text":"seed 1: ok","seconds":0.5})";
+constexpr const char* kPassedRow1 = R"({"row":1,"section":"seeds","name":"seed 2","passed":true,"text":"seed 2: ok","seconds":0.5})";
+
+}  // namespace
+
+// A full disk (the file size limit stands in) emptied the old timeline and event log and exited 0
+// with nothing said: the appender's last flush dropped its error and the empty temporary was renamed
+// over the old file. Now a failed write is one line naming the output, exit 1, and the old file is
+// as it was, with no temporary left.
+TEST_F(CliReliability, AFullDiskNeverReplacesAnOldTimelineOrEventLog) {
+  // Above the report on stdout and the run's shared-memory region (a file too), below either output.
+  constexpr rlim_t kFileBytesMax = rlim_t{1} << 20;
+  std::ifstream tiny(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl");
+  std::string header, batch;
+  std::getline(tiny, header);
+  std::getline(tiny, batch);
+  std::ofstream trace(dir_ / "long.jsonl");
+  trace << header << "\n";
+  nlohmann::json b = nlohmann::json::parse(batch);
+  for (int i = 0; i < 1000; ++i) {
+    b["batch"] = i;
+    trace << b.dump() << "\n";
+  }
+  trace.close();
+  for (const std::string option : {"--timeline", "--event-log"}) {
+    const fs::path target = dir_ / "out.json";
+    const std::vector<std::string> args = {"replay", (dir_ / "long.jsonl").string(), "--schedule", "random", "--variant", "v2", option, target.string()};
+    ASSERT_EQ(cpkv(args).status, 0);
+    ASSERT_GT(fs::file_size(target), kFileBytesMax) << option << ": the output must not fit under the limit for this test to mean anything";
+    write("out.json", "old\n");
+    RunSetup full;
+    full.file_size_max_bytes = kFileBytesMax;
+    const CliRun run = cpkv(args, full);
+    EXPECT_EQ(run.status, 1) << option << "\n" << run.out << run.err;
+    EXPECT_TRUE(one_line(run.err)) << run.err;
+    EXPECT_NE(run.err.find(std::strerror(EFBIG)), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find(target.string()), std::string::npos) << "names the output, not its temporary: " << run.err;
+    EXPECT_EQ(slurp(target), "old\n") << option << ": the old output was replaced";
+    EXPECT_EQ(files_in(dir_), (std::vector<std::string>{"long.jsonl", "out.json", "stderr", "stdout", "tmp"})) << option << ": a temporary was left";
+    fs::remove(target);
+  }
+}
+
+// `--per-batch` streams its records into its temporary file as the model makes them (issue 34,
+// item 8: 5.1 GB held for a 500k-batch trace). Under an address-space limit that the records of
+// this trace overrun when held (measured: 424 MB resident before, 15 MB streamed), the run ends
+// and writes them all; a full disk leaves the old file.
+TEST_F(CliReliability, PerBatchRecordsAreStreamedNotHeld) {
+  constexpr int kBatches = 40000;
+  std::ofstream trace(dir_ / "long.jsonl");
+  std::ifstream tiny(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl");
+  std::string header, batch;
+  std::getline(tiny, header);
+  std::getline(tiny, batch);
+  trace << header << "\n";
+  nlohmann::json b = nlohmann::json::parse(batch);
+  for (int i = 0; i < kBatches; ++i) {
+    b["batch"] = i;
+    trace << b.dump() << "\n";
+  }
+  trace.close();
+  RunSetup small;
+  small.address_space_max_bytes = rlim_t{256} << 20;
+  const fs::path csv = dir_ / "per_batch.csv";
+  const CliRun run = cpkv({"replay", (dir_ / "long.jsonl").string(), "--backend", "model", "--per-batch", csv.string()}, small);
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream in(csv);
+  std::int64_t lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, kBatches + 1) << "a header and a line a batch";
+  write("old.jsonl", "old\n");
+  RunSetup full;
+  full.file_size_max_bytes = rlim_t{8} << 20;  // the trace is read, the records do not fit
+  const CliRun failed = cpkv({"replay", (dir_ / "long.jsonl").string(), "--backend", "model", "--per-batch", (dir_ / "old.jsonl").string()}, full);
+  EXPECT_EQ(failed.status, 1) << failed.err;
+  EXPECT_TRUE(one_line(failed.err)) << failed.err;
+  EXPECT_NE(failed.err.find("--per-batch"), std::string::npos) << failed.err;
+  EXPECT_EQ(slurp(dir_ / "old.jsonl"), "old\n");
+}
+
+// `cpkv merge` reads a shard file with bounds and checks every field (issue 34, items 4, 10, 12,
+// 13): nesting 200,000 deep crashed it (SIGSEGV), a FIFO blocked it for good, any size was read,
+// row 1.5 was row 1, 2^64 was row 0, negative seconds were printed, a unit twice counted once, and
+// a number where a string belongs was a raw json.exception after the table's first lines. Each is
+// now one line naming the file (and the field), exit 2, before anything is printed.
+TEST_F(CliReliability, MergeRefusesDeepOversizeNonRegularAndMalformedShardFiles) {
+  const auto refused = [&](const std::string& name, const std::string& text, const std::string& says) {
+    const fs::path file = write(name, text);
+    const CliRun run = cpkv({"merge", file.string()});
+    expect_bad_input(run, says);
+    EXPECT_NE(run.err.find(name), std::string::npos) << "names the file: " << run.err;
+  };
+  ASSERT_EQ(cpkv({"merge", write("good.json", soak_shard(std::string(kPassedRow0) + "," + kPassedRow1)).string()}).status, 0);
+  refused("deep.json", soak_shard(kPassedRow0, std::string(200000, '[') + std::string(200000, ']')), "nested deeper than");
+  refused("row_float.json", soak_shard(R"({"row":1.5,"passed":true,"text":"x"})"), "\"row\" is the number 1.5");
+  refused("row_huge.json", soak_shard(R"({"row":18446744073709551616,"passed":true,"text":"x"})"), "\"row\"");
+  refused("seconds.json", soak_shard(R"({"row":0,"passed":true,"text":"x","seconds":-3})"), "\"seconds\"");
+  refused("twice.json", soak_shard(std::string(kPassedRow0) + "," + R"({"row":0,"passed":false,"text":"x","failure":"f"})"), "unit 0 is in rows twice");
+  refused("section.json", soak_shard(R"({"row":0,"passed":true,"text":"x","section":7})"), "\"section\" is the number 7, not a string");
+  refused("key_twice.json", R"({"cpkv_shards":1,"cpkv_shards":1})", "given twice");
+  // Past the size cap: refused by its size, never read (a sparse file: no disk is used).
+  const fs::path big = dir_ / "big.json";
+  std::ofstream(big) << "{";
+  fs::resize_file(big, std::uintmax_t{65} << 20);
+  expect_bad_input(cpkv({"merge", big.string()}), "more than the");
+  // A FIFO with no writer: refused at once, not waited on (bounded here by timeout(1) should it block).
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.json").c_str(), 0600), 0);
+  const CliRun fifo = cpkv::test::spawn({"/usr/bin/timeout", "60", cpkv_binary().string(), "merge", (dir_ / "fifo.json").string()}, dir_);
+  expect_bad_input(fifo, "a pipe");
+}
+
+// A shard file's text reached the terminal raw (issue 34, item 11): an escape sequence cleared the
+// screen, a newline forged a line of cpkv's own. Now control characters are written \xNN and a line
+// of the file that starts at the margin is indented.
+TEST_F(CliReliability, MergePrintsAShardFilesTextWithControlCharactersEscaped) {
+  const std::string row = R"({"row":0,"section":"seeds\u001b[2J","name":"seed 1","passed":true,"text":"seed 1: ok\u001b[2J\nmerged: 9 units, 9 passed, 0 failed","seconds":0.5})";
+  const CliRun run = cpkv({"merge", write("esc.json", soak_shard(row + "," + kPassedRow1)).string()});
+  EXPECT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.out.find('\x1b'), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("seed 1: ok\\x1b[2J"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("\nmerged: 9 units"), std::string::npos) << "a forged line: " << run.out;
+  EXPECT_NE(run.out.find("\nmerged: 2 units, 2 passed, 0 failed"), std::string::npos) << run.out;
+}
+
+// `--ceilings` took a key given twice (the last won, unsaid), called 1e400 "not one JSON object",
+// and blocked for good on a FIFO (issue 34, items 12 and 14).
+TEST_F(CliReliability, CeilingsRefuseADuplicatedKeyAnOutOfRangeNumberAndAFifo) {
+  const auto replay = [&](const fs::path& ceilings) {
+    return cpkv::test::spawn({"/usr/bin/timeout", "60", cpkv_binary().string(), "replay", "traces/samples/tiny.jsonl", "--backend", "model", "--ceilings",
+                              ceilings.string()},
+                             dir_);
+  };
+  expect_bad_input(replay(write("twice.json", R"({"peer_gbps":100,"local_gbps":500,"barrier_us":5,"peer_gbps":1})")), "\"peer_gbps\" is given twice");
+  expect_bad_input(replay(write("huge.json", R"({"peer_gbps":1e400,"local_gbps":500,"barrier_us":5})")), "out of range");
+  ASSERT_EQ(::mkfifo((dir_ / "fifo.json").c_str(), 0600), 0);
+  expect_bad_input(replay(dir_ / "fifo.json"), "a pipe");
+}
+
+// `--out DIR` as `link/` or `link/.` wrote through the link (`link` was refused), and a name with
+// a newline broke every replay line naming a counterexample (issue 34, item 20). Refused before
+// any work.
+TEST_F(CliReliability, OutFolderBehindALinkOrWithAControlCharacterIsRefused) {
+  fs::create_directories(dir_ / "real");
+  fs::create_directory_symlink(dir_ / "real", dir_ / "link");
+  for (const std::string spelled : {"link", "link/", "link/."}) {
+    expect_bad_input(cpkv({"explore", "--cp-max", "1", "--layers-max", "1", "--out", (dir_ / spelled).string()}), "a symbolic link");
+  }
+  expect_bad_input(cpkv({"explore", "--cp-max", "1", "--layers-max", "1", "--out", (dir_ / "new\nline").string()}), "control character");
+  EXPECT_TRUE(fs::is_empty(dir_ / "real"));
+  EXPECT_FALSE(fs::exists(dir_ / "new\nline"));
+}
+
+// The previous audit's open lines: --stuck-ms-max 1 was accepted (and raised unseen to the
+// launcher's floor), `cpkv import vllm` did not name `vllm`, and pool_pages 2^64 was "a non-integer
+// number".
+TEST_F(CliReliability, StuckMsBelowTheFloorAnUnknownImporterAndAHugePoolAreNamed) {
+  expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--ranks-as", "processes", "--stuck-ms-max", "1"}), "--stuck-ms-max");
+  const CliRun floor = cpkv({"replay", "traces/samples/tiny.jsonl", "--ranks-as", "processes", "--stuck-ms-max", "99"});
+  EXPECT_NE(floor.err.find("100"), std::string::npos) << "names the floor: " << floor.err;
+  const CliRun vllm = cpkv({"import", "vllm", "x.log"});
+  expect_bad_input(vllm, "'vllm'");
+  EXPECT_NE(vllm.err.find("mooncake"), std::string::npos) << vllm.err;
+  std::ifstream tiny(fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl");
+  std::string header, rest, line;
+  std::getline(tiny, header);
+  while (std::getline(tiny, line)) rest += line + "\n";
+  nlohmann::json h = nlohmann::json::parse(header);
+  const std::string text = h.dump();
+  const std::string key = fmt::format("\"pool_pages\":{}", h.at("pool_pages").dump());
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  const std::string huge = text.substr(0, text.find(key)) + "\"pool_pages\":18446744073709551616" + text.substr(text.find(key) + key.size());
+  const CliRun pool = cpkv({"replay", write("huge_pool.jsonl", huge + "\n" + rest).string(), "--backend", "model"});
+  expect_bad_input(pool, "pool_pages");
+  EXPECT_NE(pool.err.find("out of range"), std::string::npos) << pool.err;
+  EXPECT_EQ(pool.err.find("non-integer"), std::string::npos) << pool.err;
+}

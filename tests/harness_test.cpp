@@ -34,6 +34,7 @@
 #include "cpkv/harness/shared_region.hpp"
 #include "cpkv/harness/source.hpp"
 #include "cpkv/harness/temp_files.hpp"
+#include "cpkv/harness/timeline.hpp"
 
 namespace cpkv::harness {
 namespace {
@@ -650,6 +651,106 @@ TEST_F(TempFiles, ASweepRemovesOnlyTheFilesOfDeadCreators) {
   EXPECT_TRUE(std::filesystem::exists(dir_ / (temp_stem("cpkv-spool") + "abcdef.jsonl")));
   EXPECT_TRUE(std::filesystem::is_symlink(dir_ / fmt::format("cpkv-spool-{}-link", child)));
   EXPECT_TRUE(std::filesystem::exists(dir_ / "other"));
+}
+
+// An --out folder is opened once and written through its descriptor (issue 34, item 9): another
+// user who owns its parent swapped the folder for a link after cpkv checked it, and 42
+// counterexample files went where the link pointed. Here the swap happens after the check, before
+// every kind of write (a new file, a replaced one, an appended timeline, a rename, a removal).
+TEST_F(TempFiles, AnOutFolderSwappedForALinkAfterItsCheckIsStillTheOneWritten) {
+  const std::filesystem::path folder = dir_ / "cx", elsewhere = dir_ / "elsewhere";
+  std::filesystem::create_directories(elsewhere);
+  const std::string name = owned_output_folder("--out", folder.string() + "/");
+  EXPECT_EQ(name, folder.string()) << "DIR/ is DIR";
+  std::filesystem::rename(folder, dir_ / "cx.checked");
+  std::filesystem::create_directory_symlink(elsewhere, folder);
+  write_new_file(name + "/a.jsonl", "new\n");
+  replace_private_file(name + "/b.schedule", "replaced\n");
+  write_new_file(name + "/c.json", "");
+  {
+    LineAppender out(name + "/c.json");
+    out.add("appended");
+  }
+  ASSERT_EQ(rename_file(name + "/c.json", name + "/d.json"), 0) << std::strerror(errno);
+  write_new_file(name + "/e", "x");
+  ASSERT_EQ(remove_file(name + "/e"), 0);
+  EXPECT_TRUE(std::filesystem::is_empty(elsewhere)) << "a write went through the link";
+  EXPECT_EQ(read(dir_ / "cx.checked" / "a.jsonl"), "new\n");
+  EXPECT_EQ(read(dir_ / "cx.checked" / "b.schedule"), "replaced\n");
+  EXPECT_EQ(read(dir_ / "cx.checked" / "d.json"), "appended\n");
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "cx.checked" / "e"));
+}
+
+// `link/` and `link/.` name the link, not a folder behind it (issue 34, item 20), and a name with
+// a control character, a folder writable by another group or owned by another user are refused.
+TEST_F(TempFiles, AnOutFolderIsRefusedBehindALinkHoweverSpelledAndWhenOthersCouldWriteIt) {
+  std::filesystem::create_directories(dir_ / "real");
+  std::filesystem::create_directory_symlink(dir_ / "real", dir_ / "link");
+  const auto refusal = [](const std::string& dir) -> std::string {
+    try {
+      owned_output_folder("--out", dir);
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const char* spelled : {"link", "link/", "link/.", "link/./", "link//"}) {
+    EXPECT_NE(refusal((dir_ / spelled).string()).find("a symbolic link"), std::string::npos) << spelled;
+  }
+  const std::string newline = refusal((dir_ / "new\nline").string());
+  EXPECT_NE(newline.find("control character"), std::string::npos) << newline;
+  EXPECT_EQ(newline.find('\n'), std::string::npos) << "the refusal is one line: " << newline;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "new\nline"));
+  std::filesystem::create_directories(dir_ / "group");
+  const gid_t other_group = ::getegid() + 4242;
+  if (::chown((dir_ / "group").c_str(), static_cast<uid_t>(-1), other_group) == 0) {
+    ::chmod((dir_ / "group").c_str(), 0770);
+    EXPECT_NE(refusal((dir_ / "group").string()).find(fmt::format("writable by group {}", other_group)), std::string::npos);
+    ::chmod((dir_ / "group").c_str(), 0750);
+    EXPECT_EQ(refusal((dir_ / "group").string()), "") << "read-only to the group: no one else can plant links";
+  } else {
+    ADD_FAILURE() << "this test needs to give a folder another group (root, or a member of two groups): " << std::strerror(errno);
+  }
+}
+
+// A writer that appends by itself marks the file when a write fails, so that its rename over an old
+// output is refused whoever renames it (issue 34, item 3: the appender's destructor dropped the
+// error, and the empty timeline replaced the old one). The mark is on the file, seen by a process
+// that never saw the error.
+TEST_F(TempFiles, AFailedAppendMarksTheFileForWhoeverRenamesIt) {
+  const std::string path = (dir_ / "timeline.part").string();
+  write_new_file(path, "");
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const pid_t writer = ::fork();
+  ASSERT_GE(writer, 0);
+  if (writer == 0) {  // another process, as a rank is: its error never reaches the parent's memory
+    std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 100;
+    ::setrlimit(RLIMIT_FSIZE, &small);
+    {
+      LineAppender out(path);
+      out.add(std::string(1000, 'x'));
+    }  // the destructor's flush fails, and the error is dropped
+    ::_exit(0);
+  }
+  int raw = 0;
+  ASSERT_EQ(::waitpid(writer, &raw, 0), writer);
+  ASSERT_TRUE(WIFEXITED(raw) && WEXITSTATUS(raw) == 0) << raw;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_NE(write_failure(fd, path), 0) << "a failed write left no mark";
+  ::close(fd);
+  const std::string clean = (dir_ / "clean").string();
+  write_new_file(clean, "");
+  {
+    LineAppender out(clean);
+    out.add("fits");
+  }
+  const int clean_fd = ::open(clean.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_EQ(write_failure(clean_fd, clean), 0);
+  ::close(clean_fd);
 }
 
 // --- the trace as one snapshot (source.hpp; issue 22, item 2) --------------------------------------

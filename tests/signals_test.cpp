@@ -12,7 +12,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -500,8 +502,9 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
     } catch (...) {
       code = 2;
     }
-    bool empty = true;  // of regions: the reservation lock (cpkv-reserve.lock, shared_region.cpp) stays by design
-    for (const auto& entry : fs::directory_iterator("/dev/shm")) empty = empty && entry.path().filename() == "cpkv-reserve.lock";
+    bool empty = true;  // of regions: this user's reservation lock (cpkv-reserve.<euid>.lock, shared_region.cpp) stays by design
+    const std::string lock = fmt::format("cpkv-reserve.{}.lock", ::geteuid());
+    for (const auto& entry : fs::directory_iterator("/dev/shm")) empty = empty && entry.path().filename() == lock;
     ::_exit(code == 0 && empty ? 0 : 10 + code);
   }
   int raw = 0;
@@ -581,6 +584,108 @@ TEST_F(Signals, ConcurrentReservationsTakeTurnsAndTheLoserNamesTheHolder) {
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 12) << lines;  // one refusal a round
   std::istringstream each(lines);
   for (std::string line; std::getline(each, line);) EXPECT_NE(line.find("another cpkv run holds"), std::string::npos) << line;
+}
+
+// --- the reservation lock (issue 34, item 2) ------------------------------------------------------
+
+// What the child plants at this user's reservation lock before it runs cpkv, in a private /dev/shm.
+enum class Planted { fifo, held, strangers };
+
+// Exec'd in the child: a private mount namespace with its own /dev/shm, the lock planted there
+// (and a FIFO at the old shared name, where the old code would hang for good), then cpkv.
+[[noreturn]] void exec_with_planted_lock(const std::vector<std::string>& args, const CpkvRun& run, Planted planted) {
+  ::setpgid(0, 0);
+  const int out = ::open(run.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err = ::open(run.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(out, STDOUT_FILENO);
+  ::dup2(err, STDERR_FILENO);
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=256m") != 0) {
+    ::_exit(kExitNoNamespace);
+  }
+  const std::string lock = fmt::format("/dev/shm/cpkv-reserve.{}.lock", ::geteuid());
+  if (::mkfifo("/dev/shm/cpkv-reserve.lock", 0666) != 0) ::_exit(126);
+  if (planted == Planted::fifo && ::mkfifo(lock.c_str(), 0600) != 0) ::_exit(126);
+  if (planted != Planted::fifo) {
+    // Not close-on-exec: cpkv inherits the descriptor, so the lock stays held by it for the whole run.
+    const int fd = ::open(lock.c_str(), O_RDONLY | O_CREAT, 0600);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(126);
+    if (planted == Planted::strangers && ::fchown(fd, 65534, 65534) != 0) ::_exit(126);
+  }
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  ::_exit(127);
+}
+
+// A FIFO planted at the lock hung every run after its header, for good; a lock held by someone
+// else made every run wait 10 s a region, silently. Now each is one line on stderr naming the lock,
+// and the run goes on without it to its usual verdict (exit 0). The lock is this user's own file
+// (another user's is refused). A run may wait for a held lock up to its stated bound (10 s) once.
+TEST_F(Signals, AReservationLockThatIsAPipeHeldOrAStrangersIsOneLineAndTheRunGoesOn) {
+  const std::string lock = fmt::format("/dev/shm/cpkv-reserve.{}.lock", ::geteuid());
+  for (const auto& [planted, says] : {std::pair{Planted::fifo, "is not a regular file"}, std::pair{Planted::held, "was held by another run"},
+                                      std::pair{Planted::strangers, "belongs to uid 65534"}}) {
+    CpkvRun run;
+    run.out = dir_ / "out";
+    run.err = dir_ / "err";
+    std::fflush(nullptr);
+    run.pid = ::fork();
+    ASSERT_GE(run.pid, 0);
+    if (run.pid == 0) exec_with_planted_lock({binary().string(), "replay", (fs::path(CPKV_SOURCE_DIR) / "traces" / "samples" / "tiny.jsonl").string(), "--variant", "v2"}, run, planted);
+    const bool ended = run.reap(120000);  // a hang is the failure; 10 s of it is the bound under test
+    if (!ended) ::kill(-run.pid, SIGKILL), run.reap(kExitMsMax);
+    ASSERT_TRUE(ended) << says << ": the run hung\n" << run.stdout_text() << run.stderr_text();
+    if (run.exit_code() == kExitNoNamespace) GTEST_SKIP() << "no private mount namespace here (needs root)";
+    EXPECT_EQ(run.exit_code(), 0) << says << "\n" << run.stderr_text();
+    const std::string err = run.stderr_text();
+    // One line about the lock (the sample's rejected batches have lines of their own).
+    const std::size_t at = err.find("reservation lock");
+    ASSERT_NE(at, std::string::npos) << says << ": " << err;
+    EXPECT_EQ(err.find("reservation lock", at + 1), std::string::npos) << "said once a run: " << err;
+    EXPECT_NE(err.find(lock), std::string::npos) << err;
+    // A stranger's file in the sticky /dev/shm: fs.protected_regular may refuse even root's open.
+    const bool said = err.find(says) != std::string::npos || (planted == Planted::strangers && err.find("cannot be opened") != std::string::npos);
+    EXPECT_TRUE(said) << says << ": " << err;
+    EXPECT_NE(run.stdout_text().find("v2"), std::string::npos) << run.stdout_text();
+  }
+}
+
+// --- the sweep of stale regions across PID namespaces (issue 34, item 19) -----------------------
+
+// A region whose creator's pid does not run here may still be live: its creator may run in another
+// PID namespace sharing /dev/shm (a container), where the pid is another. Removing it broke that
+// run ("removed 1 stale shared-memory regions"). Liveness is the creator's flock on the region,
+// held here by this test for a creator whose pid is dead in this namespace; released, it is stale.
+TEST_F(Signals, ARegionHeldByALiveProcessIsNeverSweptWhateverItsNamesPid) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // its pid is now no process here
+  const std::string name = fmt::format("cpkv.{}.0", child);
+  const fs::path path = fs::path("/dev/shm") / name;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0);
+  ASSERT_EQ(::flock(fd, LOCK_SH), 0);  // as SharedRegion::create holds every region it makes
+  (void)cpkv::harness::sweep_stale_regions();
+  const bool kept = cpkv::harness::region_exists(name);
+  ::close(fd);  // the creator ends
+  EXPECT_TRUE(kept) << name << " was removed while a process held it";
+  (void)cpkv::harness::sweep_stale_regions();
+  EXPECT_FALSE(cpkv::harness::region_exists(name)) << name << " outlived every holder";
+  ::unlink(path.c_str());
+}
+
+// SharedRegion::create holds the lock of every region it makes for as long as the region lives, so
+// a sweep in a namespace where its creator's pid means nothing still sees it live.
+TEST_F(Signals, ARegionMadeByCreateIsHeldWhileItLives) {
+  const cpkv::harness::SharedRegion region = cpkv::harness::SharedRegion::create(4096);
+  const int fd = ::open((fs::path("/dev/shm") / region.name()).c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_NE(::flock(fd, LOCK_EX | LOCK_NB), 0) << "no process holds the region's lock";
+  ::close(fd);
 }
 
 }  // namespace

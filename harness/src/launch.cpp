@@ -49,12 +49,7 @@ constexpr std::int64_t kParentPauseMs = 1000;
 // A rank that is not waiting but has not beaten for this long is silent (a working rank beats at
 // every step, layer or stage, far more often).
 constexpr std::int64_t kSilentMsMin = 100;
-// The shortest no-progress window the watchdog applies, whatever stuck_ms_max asks: a rank that is
-// runnable can wait this long for a CPU on a loaded machine (Linux CFS's latency period is up to
-// 24 ms, several of them with a few runnable processes per core; 200 of the watcher's polls), and
-// silence shorter than that is the scheduler's, not a deadlock: a window of 1 ms turned correct
-// runs into invariant-8 verdicts.
-constexpr std::int64_t kStuckMsFloor = 100;
+// kStuckMsFloor (launch.hpp): the shortest no-progress window the watchdog applies.
 // A silent rank's scheduler state (/proc/PID/stat) is read at most this often: a stop that
 // waitpid did not report to us (a tracer's stop, 't') is still seen well within any window.
 constexpr std::int64_t kStateReadMs = 50;

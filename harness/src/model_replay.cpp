@@ -216,6 +216,10 @@ ModelTotals read_all(const BatchSource& source, const model::Setting& setting, c
     t.evaluations += o.repeat;
     if (o.exact_model) check_against_model(setting, *batch, costs.counts, cursor.index());
     add_batch(setting, costs, coster, o.per_batch, cursor.index(), t);
+    if (o.per_batch_sink) {  // streamed: at most one record held
+      for (const nlohmann::json& record : t.per_batch) o.per_batch_sink(record);
+      t.per_batch.clear();
+    }
     read_start = Clock::now();
   }
   return t;

@@ -1,5 +1,7 @@
 #include "cpkv/harness/request.hpp"
 
+#include "cpkv/harness/launch.hpp"
+
 #include <algorithm>
 #include <chrono>
 
@@ -110,10 +112,13 @@ void check_numbers(const ReplayRequest& r) {
     throw RequestError("layers", fmt::format("{} is not 'all' or a number in 1..{}", *r.layers, model::limits::layer_count_max));
   }
   if (r.batch && *r.batch < 0) throw RequestError("batch", fmt::format("{} is negative", *r.batch));
-  for (const auto& [value, option] : {std::pair{r.wait_ms_max, "wait_ms_max"}, std::pair{r.stuck_ms_max, "stuck_ms_max"}}) {
-    if (value && (*value < 1 || *value > request_limits::wait_ms_max)) {
-      throw RequestError(option, fmt::format("{} is not in 1..{}", *value, request_limits::wait_ms_max));
-    }
+  if (r.wait_ms_max && (*r.wait_ms_max < 1 || *r.wait_ms_max > request_limits::wait_ms_max)) {
+    throw RequestError("wait_ms_max", fmt::format("{} is not in 1..{}", *r.wait_ms_max, request_limits::wait_ms_max));
+  }
+  // Below the launcher's floor a correct run's scheduling jitter would read as a deadlock (launch.hpp).
+  if (r.stuck_ms_max && (*r.stuck_ms_max < kStuckMsFloor || *r.stuck_ms_max > request_limits::wait_ms_max)) {
+    throw RequestError("stuck_ms_max", fmt::format("{} is not in {}..{} (a shorter silence is a loaded machine's scheduling, not a hang)", *r.stuck_ms_max,
+                                                   kStuckMsFloor, request_limits::wait_ms_max));
   }
   if (r.ipc_missing_rank < -1 || r.ipc_missing_rank >= model::limits::cp_max) {
     throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank in 0..{} (-1: none)", r.ipc_missing_rank, model::limits::cp_max - 1));

@@ -23,7 +23,7 @@ namespace cpkv::harness {
 
 LineAppender::LineAppender(std::string path) : path_(std::move(path)) {
   if (path_.empty()) return;
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+  fd_ = open_file(path_, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);  // through an --out folder's descriptor when in one
   if (fd_ < 0) throw std::runtime_error(fmt::format("cannot append to {}: {}", path_, std::strerror(errno)));
   buffer_.reserve(kAppendBufferBytes);
 }
@@ -52,7 +52,11 @@ void LineAppender::flush() {
   if (fd_ < 0 || buffer_.empty()) return;
   const int error = write_all(fd_, buffer_);
   buffer_.clear();
-  if (error != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path_, std::strerror(error)));
+  if (error == 0) return;
+  // Marked on the file, so that the rename over the old output is refused whoever renames it,
+  // even when this error is dropped (the destructor) or is a rank process's.
+  mark_write_failed(fd_, path_, error);
+  throw std::runtime_error(fmt::format("cannot write {}: {}", path_, std::strerror(error)));
 }
 
 std::string_view describe(TimelineClock clock) {

@@ -1,5 +1,6 @@
 #include "cpkv/properties/properties.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,9 +153,15 @@ void write_timeline(const Case& c, harness::Mutant mutant, const std::string& pa
       run_case(c, mutant, true, recording);
     }
     sim::end_timeline(fresh, free_running ? sim::TimelineClock::wall_us : sim::TimelineClock::steps);
-    if (::rename(fresh.c_str(), path.c_str()) != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+    // Written through the --out folder's descriptor when in one (harness/temp_files.hpp), and never
+    // renamed over an earlier timeline when one of its writes failed (a rank's, or a dropped one).
+    const int fd = harness::open_file(fresh, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    const int failed = fd < 0 ? errno : harness::write_failure(fd, fresh);
+    if (fd >= 0) ::close(fd);
+    if (failed != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path, failed > 0 ? std::strerror(failed) : "a rank process's write failed"));
+    if (harness::rename_file(fresh, path) != 0) throw std::runtime_error(fmt::format("cannot write {}: {}", path, std::strerror(errno)));
   } catch (...) {
-    ::unlink(fresh.c_str());
+    harness::remove_file(fresh);
     throw;
   }
 }

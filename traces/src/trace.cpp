@@ -4,6 +4,7 @@
 // the trace's field names. Every refusal is one TraceError: `FILE:LINE: FIELD: REASON`.
 #include "cpkv/traces/trace.hpp"
 
+#include <cmath>
 #include <algorithm>
 #include <charconv>
 #include <cerrno>
@@ -57,6 +58,12 @@ std::string quote_name(const std::string& name) { return clip(name, limits::quot
 std::string describe_type(const json& value) {
   if (value.is_null()) return "null";
   if (value.is_boolean()) return fmt::format("a boolean ({})", quote_value(value));
+  // A whole number past 64 bits reaches us as a double (nlohmann): out of range, not "non-integer"
+  // (issue 34: pool_pages 2^64 was "a non-integer number (1.8446744073709552e+19)").
+  if (value.is_number_float() && std::isfinite(value.get<double>()) && std::fabs(value.get<double>()) >= 0x1p63 &&
+      std::trunc(value.get<double>()) == value.get<double>()) {
+    return fmt::format("a number out of range ({} does not fit in 64 bits)", quote_value(value));
+  }
   if (value.is_number_float()) return fmt::format("a non-integer number ({})", quote_value(value));
   if (value.is_number()) return fmt::format("a number ({})", quote_value(value));
   if (value.is_string()) return fmt::format("a string ({})", quote_value(value));

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@ struct ModelReplayOptions {
   bool exact_model = false;      // also build every rank's plan with the model and check the bytes agree
   std::optional<std::int64_t> staging_mib;  // staging size for the verdict, MiB (overrides the trace's caps)
   bool per_batch = false;        // fill ModelReplayOutput::per_batch (one record per batch, with components)
+  // With per_batch: each record handed here as soon as it is made, and ModelReplayOutput::per_batch
+  // left empty, so that memory stays bounded on any trace (issue 34, item 8: 5.1 GB held for 500k
+  // batches). A throw stops the replay and leaves model_replay.
+  std::function<void(const nlohmann::json& record)> per_batch_sink;
   std::vector<std::int64_t> staging_sweep;  // staging sizes (MiB) to count overflows at; empty: no sweep
 };
 

@@ -1,7 +1,9 @@
 // A named POSIX shared-memory region (Boost.Interprocess) that outlives fork() and is removed when its
-// owner goes away. Names are unique per run: "cpkv.<pid>.<serial>". A region whose creator process is
-// dead is stale and removed by sweep_stale_regions(), so a crashed or killed run never leaves a name
-// behind for the next one.
+// owner goes away. Names are unique per run: "cpkv.<pid>.<serial>". The creator holds a shared flock
+// on the region's file from before its first byte, inherited by its forked ranks; a region that no
+// process holds and whose creator pid does not run is stale and removed by sweep_stale_regions(), so
+// a crashed or killed run never leaves a name behind for the next one, and a live run in another PID
+// namespace sharing /dev/shm (a container) never loses its region.
 #pragma once
 
 #include <cstddef>
@@ -50,10 +52,11 @@ class SharedRegion {
   }
 
  private:
-  SharedRegion(std::string name, boost::interprocess::mapped_region region, int owner_pid);
+  SharedRegion(std::string name, boost::interprocess::mapped_region region, int owner_pid, int alive_fd);
   std::string name_;
   boost::interprocess::mapped_region region_;
   int owner_pid_;
+  int alive_fd_ = -1;  // holds the liveness flock (LOCK_SH) while this region lives
 };
 
 // Bytes free in /dev/shm now (UINT64_MAX if it cannot be asked).
@@ -62,7 +65,9 @@ std::uint64_t shm_free_bytes();
 // A size for a message, never "0 MiB" for a few KiB (issue 22, item 23): "512 KiB", "3.2 MiB", "40 MiB".
 std::string size_text(std::uint64_t bytes);
 
-// Removes every cpkv region whose creator process no longer exists. Returns how many it removed.
+// Removes every cpkv region that is stale: its creator's pid does not run in this PID namespace, no
+// process holds its liveness flock, and it is not empty (an empty one may be a creator's between
+// making and locking it). Returns how many it removed.
 int sweep_stale_regions();
 
 // True if a region of that name exists now (tests use it to prove nothing is left behind).

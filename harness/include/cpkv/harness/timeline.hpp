@@ -18,7 +18,8 @@ namespace cpkv::harness {
 inline constexpr std::size_t kAppendBufferBytes = 64 * 1024;
 
 // Buffered whole-line appends to a file (empty path: off). flush() writes the buffer with one
-// write(2); a failed write throws std::runtime_error naming the file and the reason. The file is
+// write(2); a failed write marks the file (temp_files.hpp mark_write_failed: its rename over an old
+// output is then refused) and throws std::runtime_error naming the file and the reason. The file is
 // opened O_APPEND, so processes and threads appending to one file never split a line.
 class LineAppender {
  public:
