@@ -107,6 +107,8 @@ void bind_segment(py::module_& m) {
       .value("pages", model::QuerySplit::pages)
       .value("zigzag_tokens", model::QuerySplit::zigzag_tokens)
       .value("continuous_tokens", model::QuerySplit::continuous_tokens);
+  // pybind11 gives the enum's `value` property no docstring; every public name of the package has one.
+  m.attr("QuerySplit").attr("value").attr("__doc__") = "The split's number (0 pages, 1 zigzag_tokens, 2 continuous_tokens).";
   m.attr("QUERY_SPLITS") = py::make_tuple("pages", "zigzag_tokens", "continuous_tokens");
 }
 
