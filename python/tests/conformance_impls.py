@@ -46,7 +46,7 @@ class WritesPastDense(StagingDirect):
     def compose_layer(self, ctx, layer):
         out = super().compose_layer(ctx, layer)
         if layer == 1:
-            for kind, dense in out.items():
+            for dense in (out[kind] for kind in ctx.kinds_on(layer)):  # the dense buffers, not the "attention" plan beside them
                 past = torch.as_strided(dense, (dense.shape[0] + ctx.setting.page_size, dense.shape[1]), (dense.shape[1], 1))
                 past[dense.shape[0]:] = 0x11
         return out
