@@ -16,6 +16,13 @@ Differential checking
     ``current_rows``); ``expected_dense`` as a NumPy array; ``compare_dense``, ``check_dense``,
     ``first_mismatch`` and ``assert_dense_equal`` name the first wrong rank, slot, row and byte.
 
+Attention plans (PROTOCOL.md section 11; docs/attention.md)
+    ``RaggedSegment`` (request, q_base, q_len, kv_len, k_base), ``expected_attention_plan`` (the
+    plain oracle of a rank's plan), ``check_attention_plan`` (invariant 9 on one rank: None or a
+    located ``AttentionFinding``), ``check_attention_coverage`` (over the group), ``rank_queries``,
+    ``request_key_base``, ``QuerySplit``; ``cpkv.attention``: converters from engines' forms
+    (FlashAttention, FlashInfer, zigzag halves) and a bit-reproducible reference attention.
+
 Property tests
     ``cpkv.strategies``: Hypothesis strategies (``settings()``, ``batches()``, ``cases()``) that
     draw what the C++ generators draw.
@@ -47,8 +54,10 @@ from ._check import assert_dense_equal, first_mismatch
 from ._cpkv import (
     BUFFER_KINDS,
     FORMAT_NAME,
+    AttentionFinding,
     FORMAT_VERSION,
     LIMITS,
+    QUERY_SPLITS,
     SKIP,
     SPLIT_POLICIES,
     VARIANTS,
@@ -60,7 +69,9 @@ from ._cpkv import (
     LayerBytes,
     Mismatch,
     PageInverse,
+    QuerySplit,
     RaggedIndexPlan,
+    RaggedIndexSegment,
     RaggedSegment,
     Request,
     RowSource,
@@ -72,10 +83,13 @@ from ._cpkv import (
     TraceWriter,
     VariantPlan,
     Verdict,
+    check_attention_coverage,
+    check_attention_plan,
     check_dense,
     compare_dense,
     current_row_key,
     current_rows,
+    expected_attention_plan,
     expected_dense,
     expected_row,
     layer_bytes,
@@ -85,7 +99,9 @@ from ._cpkv import (
     prefix_page_rows,
     prefix_row_key,
     ragged_index_plan,
+    rank_queries,
     read_trace,
+    request_key_base,
     MUTANTS,
     replay,
     replay_batches,
@@ -112,7 +128,10 @@ __all__ = [
     "layout_batch", "BatchLayout", "Slot", "CurrentPage", "row_source", "RowSource",
     "staging_capacity", "StagingCapacity", "overflow_verdict", "Verdict",
     "variant_plan", "VariantPlan", "staging_direct_plan", "ZERO_FILL", "SKIP",
-    "page_inverse", "PageInverse", "ragged_index_plan", "RaggedIndexPlan", "RaggedSegment", "layer_bytes", "LayerBytes",
+    "page_inverse", "PageInverse", "ragged_index_plan", "RaggedIndexPlan", "RaggedIndexSegment", "layer_bytes", "LayerBytes",
+    # attention plans (invariant 9)
+    "RaggedSegment", "QuerySplit", "QUERY_SPLITS", "AttentionFinding", "expected_attention_plan", "check_attention_plan",
+    "check_attention_coverage", "rank_queries", "request_key_base",
     # content and checking
     "prefix_row_key", "current_row_key", "row_content", "prefix_page_rows", "current_rows",
     "expected_row", "expected_dense", "compare_dense", "check_dense", "Mismatch", "first_mismatch", "assert_dense_equal",

@@ -6,6 +6,8 @@ Options
     ``--cpkv-swarm``        draw every delay knob from the seed (as ``cpkv replay --swarm``)
     ``--cpkv-window S``     the bound of every wait of a conformance run (default 20 s)
     ``--cpkv-counterexamples DIR``  where a failing case is written as a trace (default: pytest's tmp)
+    ``--cpkv-require-attention``  every layer must return an "attention" plan (docs/attention.md)
+    ``--cpkv-attention-output``  also compare cpkv.attention.reference over each rank's plan with the single device
 
 Fixtures
     ``cpkv_seed``, ``cpkv_swarm``: the options' values.
@@ -13,6 +15,7 @@ Fixtures
     ``cpkv_conformance``: ``run(impl, setting, batches, **options)`` runs an implementation under the
     conformance harness with the session's seed and swarm; on failure it shrinks the case, writes it
     as a trace, and fails the test with the located lines, the trace's path and a one-line reproducer.
+    A wrong attention plan (invariant 9) fails it as a wrong byte does, with the checker's line.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ def pytest_addoption(parser) -> None:
     group.addoption("--cpkv-swarm", action="store_true", help="draw every delay knob from the seed")
     group.addoption("--cpkv-window", type=float, default=20.0, help="seconds before a wait is reported")
     group.addoption("--cpkv-counterexamples", default=None, help="directory for failing cases, as traces")
+    group.addoption("--cpkv-require-attention", action="store_true", help='every layer must return an "attention" plan')
+    group.addoption("--cpkv-attention-output", action="store_true",
+                    help="compare cpkv.attention.reference over each rank's plan with the single device, bit for bit")
 
 
 def pytest_report_header(config) -> str:
@@ -74,6 +80,8 @@ def cpkv_conformance(request, tmp_path):
         options.setdefault("seed", config.getoption("--cpkv-seed"))
         options.setdefault("swarm", config.getoption("--cpkv-swarm"))
         options.setdefault("window_s", config.getoption("--cpkv-window"))
+        options.setdefault("require_attention", config.getoption("--cpkv-require-attention"))
+        options.setdefault("attention_output", config.getoption("--cpkv-attention-output"))
         spec = conformance.case(impl, setting, batches, **options)
         outcome = conformance.run_cases([spec])[0]
         if outcome.passed:

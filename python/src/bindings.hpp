@@ -103,6 +103,7 @@ class SpooledInput {
 void bind_errors(py::module_& m);
 void bind_files(py::module_& m);
 void bind_model(py::module_& m);
+void bind_attention(py::module_& m);
 void bind_content(py::module_& m);
 void bind_traces(py::module_& m);
 void bind_sim(py::module_& m);

@@ -104,6 +104,7 @@ PYBIND11_MODULE(_cpkv, m) {
       "Import the package `cpkv`, not this module.";
   cpkv::python::bind_errors(m);
   cpkv::python::bind_model(m);
+  cpkv::python::bind_attention(m);
   cpkv::python::bind_content(m);
   cpkv::python::bind_files(m);
   cpkv::python::bind_traces(m);

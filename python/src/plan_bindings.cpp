@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 
 namespace cpkv::python {
@@ -197,7 +198,9 @@ void bind_inverse_and_ragged(py::module_& m) {
     return model::page_inverse(l, b, require_rank(rank, l.cp), target == "dense" ? model::InverseTarget::dense : model::InverseTarget::staging);
   }, py::arg("layout"), py::arg("batch"), py::arg("rank"), py::arg("target") = "dense",
         "The page inverse of a rank: dense rows (slot * P + offset) or staging-remapped rows (i * P + offset).");
-  py::class_<model::RaggedSegment>(m, "RaggedSegment", "One segment of the indexer's ragged index plan.")
+  // The neutral segment of section 11 is cpkv.RaggedSegment (attention_bindings.cpp); this one carries
+  // the ragged index plan's own extra rows (q_start, current_base).
+  py::class_<model::RaggedSegment>(m, "RaggedIndexSegment", "One segment of the indexer's ragged index plan (cpkv.RaggedSegment is its neutral form).")
       .def_readonly("request", &model::RaggedSegment::request, "The request of the segment.")
       .def_readonly("q_start", &model::RaggedSegment::q_start, "First row of the segment in this rank's packed query tokens.")
       .def_readonly("q_len", &model::RaggedSegment::q_len, "Query tokens in the segment.")
@@ -208,7 +211,9 @@ void bind_inverse_and_ragged(py::module_& m) {
   py::class_<model::RaggedIndexPlan>(m, "RaggedIndexPlan", "The per-batch ragged index plan of the indexer on one rank.")
       .def_readonly("rank", &model::RaggedIndexPlan::rank, "The rank this plan is for.")
       .def_readonly("q_tokens_total", &model::RaggedIndexPlan::q_tokens_total, "Query tokens this rank computes.")
-      .def_readonly("segments", &model::RaggedIndexPlan::segments, "One segment per maximal run of consecutive current pages of one request this rank writes.");
+      .def_readonly("segments", &model::RaggedIndexPlan::segments, "One segment per maximal run of consecutive current pages of one request this rank writes.")
+      .def("attention_segments", [](const model::RaggedIndexPlan& p) { return model::attention_segments(p); },
+           "The plan in the neutral form of PROTOCOL.md section 11: a list of cpkv.RaggedSegment.");
   m.def("ragged_index_plan", [](const model::BatchLayout& l, const model::Batch& b, std::int32_t rank) {
     require_same_batch(l, b);
     return model::ragged_index_plan(l, b, require_rank(rank, l.cp));

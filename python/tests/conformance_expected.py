@@ -15,8 +15,16 @@ EXPECTED = {
     "skip_idle_barrier": {"invariant 4", "raised", "liveness"},
     "address_keyed_plan_cache": {"bytes", "contract", "raised"},
     "rank_local_overflow": {"invariant 3", "raised", "liveness"},
+    # The plan bugs of invariant 9 leave every byte right: only the plan check sees them (section 11).
+    "batch_as_one_sequence": {"invariant 9"},
+    "causal_off_by_one": {"invariant 9"},
+    "key_base_skips_prefix": {"invariant 9"},
+    # Last (as in reference.MUTANTS): its timed-out collectives leave the session's gloo group broken.
     "unagreed_capability": {"raised", "liveness", "bytes"},
 }
+# The bugs whose first check must be exactly invariant 9, with nothing else fired.
+PLAN_BUGS = ("batch_as_one_sequence", "causal_off_by_one", "key_base_skips_prefix")
 
 # On a GPU the byte check and the event checker both run; the bugs the GPU test plants are these.
-GPU_BUGS = ("single_half", "no_barrier", "skip_zero", "token_split", "arrive_before_fill", "skip_idle_barrier")
+GPU_BUGS = ("single_half", "no_barrier", "skip_zero", "token_split", "arrive_before_fill", "skip_idle_barrier",
+            "batch_as_one_sequence", "causal_off_by_one", "key_base_skips_prefix")

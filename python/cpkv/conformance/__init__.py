@@ -55,13 +55,17 @@ def _impl_name(impl: Union[str, type]) -> str:
 def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
         layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
         window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None,
-        timing: bool = False, timeline: Optional[Union[str, "os.PathLike[str]"]] = None) -> Outcome:
+        timing: bool = False, timeline: Optional[Union[str, "os.PathLike[str]"]] = None, require_attention: bool = False,
+        attention_output: bool = False) -> Outcome:
     """Run `impl` (a 'module:Class' string, or an importable class) over the batches, one spawned
     process per rank; returns the Outcome (passed, mismatches, findings, failure, positions).
     timing: --time (checks, delays and event hooks off; each layer's compose time in the records).
-    timeline: write the run's timeline (Chrome trace events, one track per rank) to this file."""
+    timeline: write the run's timeline (Chrome trace events, one track per rank) to this file.
+    require_attention: every layer must return an "attention" plan; attention_output: run
+    cpkv.attention.reference over each rank's plan against the single device (docs/attention.md)."""
     spec = case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
-                window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing)
+                window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing,
+                require_attention=require_attention, attention_output=attention_output)
     if timeline is None:
         return launch(spec)
     return run_with_timeline(spec, timeline, launch)
@@ -85,7 +89,7 @@ def run_with_timeline(spec: RunSpec, timeline: Union[str, "os.PathLike[str]"], l
 def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.Batch], *, seed: int = 1, device: str = "cpu",
          layers: Optional[int] = None, swarm: bool = False, delays: bool = True, mutant: Optional[str] = None,
          window_s: float = DEFAULT_WINDOW_S, ipc_fail_rank: int = -1, impl_kwargs: Optional[Dict[str, Any]] = None,
-         timing: bool = False) -> RunSpec:
+         timing: bool = False, require_attention: bool = False, attention_output: bool = False) -> RunSpec:
     """One case, checked, for run_cases (the arguments are run()'s)."""
     batches = list(batches)
     if not batches:
@@ -96,7 +100,8 @@ def case(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv
         raise _cpkv_input_error("device", f"'{device}' is not cpu or cuda")
     return RunSpec(impl=_impl_name(impl), setting=setting, batches=batches, layers=layers_for(setting, layers), seed=seed, device=device,
                    swarm=swarm, delays=delays and not timing, mutant=mutant, window_s=window_s, ipc_fail_rank=ipc_fail_rank,
-                   impl_kwargs=dict(impl_kwargs or {}), timing=timing)
+                   impl_kwargs=dict(impl_kwargs or {}), timing=timing, require_attention=require_attention,
+                   attention_output=attention_output)
 
 
 def run_cases(cases: List[RunSpec]) -> List[Outcome]:

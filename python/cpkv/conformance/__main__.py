@@ -55,6 +55,10 @@ def parse(argv: List[str]) -> argparse.Namespace:
                         "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
     p.add_argument("--cpkv-bin", metavar="PATH", help="the `cpkv` binary --time runs for the built-in staging_direct "
                    "(default $CPKV_BIN, else cpkv on PATH)")
+    p.add_argument("--require-attention", action="store_true",
+                   help='fail an implementation whose compose_layer returns no "attention" plan (docs/attention.md)')
+    p.add_argument("--attention-output", action="store_true",
+                   help="run cpkv.attention.reference over each rank's buffer and plan, compared bit for bit with the single device")
     p.add_argument("--json", metavar="F", help="write the result as JSON to F (`cpkv replay --json`'s schema)")
     p.add_argument("--timeline", metavar="F", help="write a timeline to F (Chrome trace event format: Perfetto, chrome://tracing; docs/event-log.md)")
     return p.parse_args(argv)
@@ -70,6 +74,8 @@ def reproducer(a: argparse.Namespace) -> str:
     parts += ["--swarm"] if a.swarm else []
     parts += ["--no-delays"] if a.no_delays else []
     parts += ["--time"] if a.time else []
+    parts += ["--require-attention"] if a.require_attention else []
+    parts += ["--attention-output"] if a.attention_output else []
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -108,7 +114,7 @@ def spec_of(a: argparse.Namespace, setting: _cpkv.Setting, batches: List[_cpkv.B
     layers = a.layers or setting.layer_count
     return RunSpec(impl=a.impl, setting=setting, batches=batches, layers=layers, seed=a.seed, device=a.device, swarm=a.swarm,
                    delays=not (a.no_delays or a.time), mutant=a.mutant, window_s=a.window, ipc_fail_rank=a.ipc_fail_rank,
-                   timing=a.time)
+                   timing=a.time, require_attention=a.require_attention, attention_output=a.attention_output)
 
 
 def run_torchrun(spec: RunSpec) -> Optional[Outcome]:

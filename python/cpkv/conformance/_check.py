@@ -11,18 +11,27 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Optional
 
+import numpy as np
 import torch
 import torch.utils.dlpack
 
 from .. import _cpkv
+from .. import attention as _attention
+from . import _probes
 from ._context import Context, ContractError
+
+INVARIANT_9 = "invariant 9 (attention plan exactness)"
+
+
+def _foreign_array(value) -> bool:
+    return hasattr(value, "__dlpack__") or hasattr(value, "__cuda_array_interface__") or hasattr(value, "__array_interface__")
 
 
 def _as_dense(ctx: Context, kind: str, tensor) -> torch.Tensor:
     """The output of one kind as (rows, row_bytes) uint8 where it lives; ContractError if it is not one."""
     rows, row_bytes = ctx.dense_rows(), ctx.row_bytes[kind]
     if not isinstance(tensor, torch.Tensor):
-        if hasattr(tensor, "__dlpack__") or hasattr(tensor, "__cuda_array_interface__") or hasattr(tensor, "__array_interface__"):
+        if _foreign_array(tensor):
             tensor = torch.as_tensor(tensor) if not hasattr(tensor, "__dlpack__") else torch.utils.dlpack.from_dlpack(tensor)
         else:
             raise ContractError(f"kind {kind}: compose_layer returned {type(tensor).__name__}, expected a torch.uint8 tensor")
@@ -36,7 +45,8 @@ def _as_dense(ctx: Context, kind: str, tensor) -> torch.Tensor:
     return tensor.reshape(rows, row_bytes)
 
 
-def _outputs(ctx: Context, layer: int, out) -> Dict[str, torch.Tensor]:
+def outputs(ctx: Context, layer: int, out) -> Dict[str, torch.Tensor]:
+    """The dense buffers of the layer's kinds as (rows, row_bytes) uint8; ContractError if one is missing or wrong."""
     if not isinstance(out, Mapping):
         raise ContractError(f"compose_layer returned {type(out).__name__}, expected a dict of kind name -> dense tensor")
     wanted = ctx.kinds_on(layer)
@@ -91,7 +101,7 @@ def _explained(ctx: Context, layer: int, kind: str, line: str, slot: int, row: i
 def check_layer(ctx: Context, oracle, layer: int, out, expected_cache: Optional[dict] = None) -> List[str]:
     """Every dense byte of the layer's outputs against the oracle: one located line per wrong kind."""
     lines = []
-    for kind, dense in _outputs(ctx, layer, out).items():
+    for kind, dense in outputs(ctx, layer, out).items():
         if ctx.device.type == "cuda":
             line = _check_cuda(ctx, oracle, layer, kind, dense, expected_cache if expected_cache is not None else {})
         else:
@@ -99,6 +109,65 @@ def check_layer(ctx: Context, oracle, layer: int, out, expected_cache: Optional[
         if line:
             lines.append(line)
     return lines
+
+
+# --- the attention plan (invariant 9, PROTOCOL.md section 11) --------------------------------------
+
+PLAN_FORM = "an int64 tensor (n, 5) [request, q_base, q_len, kv_len, k_base] or a list of cpkv.RaggedSegment"
+
+
+def attention_plan(out) -> Optional[np.ndarray]:
+    """compose_layer's "attention" value as an (n, 5) int64 host array (a CUDA tensor is copied to
+    the host), None when it returned none; ContractError (one line) when it is not a plan."""
+    if not isinstance(out, Mapping) or "attention" not in out:
+        return None
+    value = out["attention"]
+    if not isinstance(value, (torch.Tensor, list, tuple)) and _foreign_array(value):
+        value = torch.as_tensor(value) if not hasattr(value, "__dlpack__") else torch.utils.dlpack.from_dlpack(value)
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.int64 or value.dim() != 2 or value.shape[1] != 5:
+            raise ContractError(f"attention: dtype {value.dtype} shape {tuple(value.shape)}, expected {PLAN_FORM}")
+        with _probes.uncounted():  # the harness's copy, not the implementation's synchronization
+            return value.detach().cpu().numpy().copy()
+    if isinstance(value, (list, tuple)):
+        bad = next((i for i, s in enumerate(value) if not isinstance(s, _cpkv.RaggedSegment)), None)
+        if bad is not None:
+            raise ContractError(f"attention: item {bad} is a {type(value[bad]).__name__}, expected {PLAN_FORM}")
+        return _attention.as_array(list(value))
+    raise ContractError(f"attention: compose_layer returned {type(value).__name__}, expected {PLAN_FORM}")
+
+
+def plan_line(ctx: Context, layer: int, plan: np.ndarray) -> Optional[str]:
+    """Invariant 9 on this rank and layer: the model's checker's line, located, or None."""
+    found = _cpkv.check_attention_plan(ctx.setting, ctx.batch, ctx.rank, plan, ctx.query_split)
+    return None if found is None else f"{INVARIANT_9}: rank {ctx.rank} batch {ctx.batch_index} layer {layer}: {found.detail()}"
+
+
+def coverage_findings(index: int, batch: _cpkv.Batch, summaries: List[dict]) -> List[str]:
+    """Invariant 9 over the group, on the first layer on which every rank returned a plan and some
+    current token is a query on no rank or on two."""
+    layers = set.intersection(*(set(s["plans"]) for s in summaries)) if summaries else set()
+    for layer in sorted(layers):
+        plans = [np.asarray(s["plans"][layer], dtype=np.int64).reshape(-1, 5) for s in summaries]
+        found = _cpkv.check_attention_coverage(batch, plans)
+        if found is not None:
+            finding, rank = found
+            return [f"{INVARIANT_9}: rank {rank} batch {index} layer {layer}: {finding.detail()}"]
+    return []
+
+
+def attention_output_line(ctx: Context, oracle, layer: int, dense: torch.Tensor, plan: np.ndarray) -> Optional[str]:
+    """--attention-output: cpkv.attention.reference over this rank's composed buffer (the layer's
+    first kind: the main KV, what attention reads) with its plan, against the single-device result
+    of the whole batch over the oracle's buffer (cpkv.attention.output_difference). None when every
+    query's row is equal bit for bit."""
+    kind = ctx.kinds_on(layer)[0]
+    expected = torch.from_numpy(oracle.dense(ctx.setting, ctx.seed, layer, kind)).to(ctx.device).reshape(dense.shape)
+    with _probes.uncounted():  # the harness's own work, not the implementation's synchronization
+        found = _attention.output_difference(ctx.setting, ctx.batch, dense, expected, plan)
+    if found is None:
+        return None
+    return f"{INVARIANT_9}: rank {ctx.rank} batch {ctx.batch_index} layer {layer}: attention output (kind {kind}): {found}"
 
 
 # --- the batch-level checks, on rank 0 over every rank's summary -----------------------------------

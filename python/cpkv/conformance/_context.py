@@ -147,6 +147,8 @@ class Context:
         # of the harness's for it, and a layer can be captured into a CUDA graph. Not to be modified.
         self._batch_cache: Dict[str, torch.Tensor] = {}
         self._pool_guard = None  # the harness's copy of this rank's pool slabs (_guards.PoolGuard)
+        # Whose tokens this rank's queries are (PROTOCOL.md sections 11, 12): what the attention plan is checked against.
+        self.query_split = "pages"
 
     # --- what the implementation may call -------------------------------------------------------
 
@@ -168,6 +170,24 @@ class Context:
         if (device or self.device.type) == "cuda":
             return self._alloc_cuda(name, int(nbytes))
         return self._alloc_cpu(name, int(nbytes), poison=True)
+
+    def split(self, name: str) -> None:
+        """Say which tokens this rank computes, so that the attention plan compose_layer returns is
+        checked against them: "pages" (default: cpkv's page-aligned split, section 2),
+        "zigzag_tokens" or "continuous_tokens" (a token split, section 12). Call it in setup or
+        before a batch's first layer."""
+        if name not in _cpkv.QUERY_SPLITS:
+            raise ContractError(f"ctx.split({name!r}): not one of {', '.join(_cpkv.QUERY_SPLITS)}")
+        self.query_split = name
+
+    def attention_plan(self) -> torch.Tensor:
+        """cpkv's attention plan of this rank for the page-aligned split (the model's ragged index
+        plan in section 11's neutral form): (n, 5) int64 [request, q_base, q_len, kv_len, k_base]."""
+        def make() -> torch.Tensor:
+            segments = _cpkv.ragged_index_plan(self.layout, self.batch, self.rank).attention_segments()
+            return torch.from_numpy(np.ascontiguousarray(_cpkv.attention_plan_array(segments)))
+
+        return self._cached("attention_plan", make)
 
     def pause_point(self, name: str) -> None:
         """Where the harness may inject a delay: 'before_fill', 'after_fill', 'before_barrier',
@@ -262,7 +282,7 @@ class Context:
 
     def _warm(self, layer: int) -> None:
         """Every helper's tensors of this batch and layer made before a capture (they copy from the host)."""
-        self.plan(), self.writers(), self.current_slots(), self.page_inverse("staging")
+        self.plan(), self.writers(), self.current_slots(), self.page_inverse("staging"), self.attention_plan()
         for kind in self.kinds_on(layer):
             self.rows(kind)
 

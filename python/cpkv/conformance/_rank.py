@@ -59,6 +59,8 @@ class RunSpec:
     link_limit: bool = True        # --time: each layer's link limit timed after it (_timing.link_limit_s)
     capture_only: bool = False     # CUDA: only the graph-capture probe, from batch capture_from on (run_capture_case)
     capture_from: int = 0
+    require_attention: bool = False  # --require-attention: every composed layer must return an "attention" plan
+    attention_output: bool = False  # --attention-output: cpkv.attention.reference over each rank's plan vs the single device
 
 
 class Reporter:
@@ -242,13 +244,17 @@ class BatchOutcome:
         self.compose_spans: List[tuple] = []  # per layer: (layer, begin ns, end ns) of compose_layer, CLOCK_MONOTONIC
         self.mismatch_at: Optional[tuple] = None  # (ns, layer) of the first mismatching layer's check
         self.limit_s: List[float] = []  # --time, per layer: the same bytes copied plainly (_timing.link_limit_s)
+        self.attention: List[str] = []  # invariant 9 on this rank: the first wrong layer's line (plan, then output)
+        self.attention_wrong_layers = 0  # layers whose plan (or output) was wrong
+        self.plans: Dict[int, list] = {}  # per layer: the plan returned, as (n, 5) rows (the coverage check's input)
 
     def summary(self, ctx: Context) -> dict:
         return {"rank": ctx.rank, "refused_at": self.refused_at, "mismatches": self.mismatches, "contract": self.contract, "error": self.error, "error_ns": self.error_ns,
                 "wrote_before_refusal": self.wrote_before_refusal, "events": ctx.events.log, "events_used": ctx.events.used,
                 "compose_s": self.compose_s, "limit_s": self.limit_s, "host_syncs": self.host_syncs, "mismatch_kinds": self.mismatch_kinds,
                 "arrivals": sum(1 for e in ctx.events.log if e[1] == "arrive"),
-                "compose_spans": self.compose_spans, "mismatch_at": self.mismatch_at}
+                "compose_spans": self.compose_spans, "mismatch_at": self.mismatch_at, "attention": self.attention,
+                "attention_wrong_layers": self.attention_wrong_layers, "plans": self.plans}
 
 
 def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
@@ -280,7 +286,7 @@ def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch,
             outcome.error = f"rank {ctx.rank} batch {index} layer {layer} raised in compose_layer: {_first_line(error)} (at {_where_in_impl(error)})"
             return outcome
         if not spec.timing:
-            check_one_layer(ctx, oracle, index, layer, out, outcome)
+            check_one_layer(ctx, oracle, index, layer, out, outcome, spec)
     impl.end_batch(ctx)
     if ctx._pool_guard is not None:
         outcome.contract = outcome.contract or ctx._pool_guard.check(ctx, index)
@@ -295,7 +301,7 @@ def _link_limit(ctx: Context, layer: int, timer) -> float:
     return seconds
 
 
-def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: BatchOutcome) -> None:
+def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: BatchOutcome, spec: Optional[RunSpec] = None) -> None:
     ctx.events._add("layer_end")
     ctx._publish(adv.STAGE_CHECK)
     try:
@@ -310,6 +316,30 @@ def check_one_layer(ctx: Context, oracle, index: int, layer: int, out, outcome: 
     if found and not outcome.mismatches:
         outcome.mismatches = found
         outcome.mismatch_at = (time.monotonic_ns(), layer)
+    try:
+        check_attention(ctx, oracle, layer, out, outcome, spec, bytes_right=not found)
+    except ContractError as error:
+        outcome.contract = outcome.contract or f"rank {ctx.rank} batch {index} layer {layer}: {error}"
+
+
+def check_attention(ctx: Context, oracle, layer: int, out, outcome: BatchOutcome, spec: Optional[RunSpec], bytes_right: bool) -> None:
+    """Invariant 9 on this layer: the plan compose_layer returned (if any) against the model's
+    checker, and with --attention-output (where the layer's bytes are right: wrong bytes are already
+    invariant 6) the reference attention over it against the single device."""
+    plan = _check.attention_plan(out)
+    if plan is None:
+        if spec is not None and spec.require_attention:
+            raise ContractError('--require-attention: compose_layer returned no "attention" plan (PROTOCOL.md section 11)')
+        return
+    outcome.plans[layer] = [tuple(row) for row in plan.tolist()]
+    lines = [_check.plan_line(ctx, layer, plan)]
+    if spec is not None and spec.attention_output and bytes_right:
+        dense = _check.outputs(ctx, layer, out)[ctx.kinds_on(layer)[0]]
+        lines.append(_check.attention_output_line(ctx, oracle, layer, dense, plan))
+    lines = [line for line in lines if line]
+    if lines:
+        outcome.attention_wrong_layers += 1
+        outcome.attention = outcome.attention or lines  # the first wrong layer's lines: the plan's, the output's
 
 
 def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, replay, reporter: Reporter) -> List[bool]:
@@ -325,12 +355,14 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
         raised = [s["error"] for s in sorted(summaries, key=lambda s: s["error_ns"]) if s["error"]]
         findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)
         findings += replay.replay(index, summaries)
+        coverage = _check.coverage_findings(index, ctx.batch, summaries)
+        findings += [line for s in summaries for line in s["attention"]] + coverage
         mismatches = [line for s in summaries for line in s["mismatches"]]
         record = {"mismatches": mismatches, "findings": findings, "raised": raised,
                   "refused": [s["refused_at"] is not None for s in summaries],
                   "current_pages_total": ctx.layout.current_pages_total, "declared_staging_slots": declared,
-                  "events": sum(len(s["events"]) for s in summaries)}
-        for key in ("compose_s", "limit_s", "host_syncs", "mismatch_kinds", "arrivals"):
+                  "events": sum(len(s["events"]) for s in summaries), "attention_coverage": coverage}
+        for key in ("compose_s", "limit_s", "host_syncs", "mismatch_kinds", "arrivals", "attention_wrong_layers"):
             record[key] = [s[key] for s in summaries]  # one entry per rank
         reporter.send("batch", index, record)
         if spec.timeline:

@@ -74,6 +74,19 @@ def rejected(spec: RunSpec, o: Outcome) -> List[dict]:
     return out
 
 
+def violations_by_invariant(o: Outcome) -> Dict[str, int]:
+    """Per invariant 1..9 (PROTOCOL.md section 9), the violations found: for invariant 6 the wrong
+    dense buffers (layer, kind, rank), for invariant 9 the wrong plans (layer, rank) and coverage
+    findings, for the others every finding line."""
+    counts = {str(i): 0 for i in range(1, 10)}
+    counts["6"] += sum(sum(b.get("mismatch_kinds", [])) for b in o.batches)
+    counts["9"] += sum(sum(b.get("attention_wrong_layers", [])) + len(b.get("attention_coverage", [])) for b in o.batches)
+    for line in o.findings:
+        if line.startswith("invariant ") and line.split(" ")[1] in counts and line.split(" ")[1] != "9":
+            counts[line.split(" ")[1]] += 1
+    return counts
+
+
 def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
     mismatch_lines = [f"invariant 6 (byte exactness): {line}" for line in o.mismatches]
     cuda = spec.device == "cuda"
@@ -81,6 +94,7 @@ def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
             "violations": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches) + len(o.findings),
             "deadlock": o.failure_kind == "hang", "failure": o.failure or "", "steps": None, "seconds": o.seconds,
             "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings,
+            "violations_by_invariant": violations_by_invariant(o),
             "compose_ms": compose_ms(o, spec.device), "host_syncs_per_layer": host_syncs(o) if cuda else "n/a",
             "graph_capturable": summarize_capture(o.capture) if cuda and o.capture else "n/a",
             "link_limit_ms": _timing.limit_ms(o.batches) if spec.timing else None,

@@ -110,6 +110,8 @@ def reproducer(spec: RunSpec, trace: str) -> str:
         parts.append("--swarm")
     if spec.ipc_fail_rank >= 0:
         parts += ["--ipc-fail-rank", str(spec.ipc_fail_rank)]
+    parts += ["--require-attention"] if spec.require_attention else []
+    parts += ["--attention-output"] if spec.attention_output else []
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -27,7 +27,7 @@ DEFAULT_SETTING = dict(cp=2, page_size=4, kinds=["kv_fp8", "indexer_k"], layer_p
 
 
 def search(impl: str, mutant: Optional[str], setting: _cpkv.Setting, seed: int, max_examples: int, window_s: float,
-           out_dir: str) -> Optional[str]:
+           out_dir: str, require_attention: bool = False, attention_output: bool = False) -> Optional[str]:
     """None if every example passed, else the report of the shrunk failure (its lines, trace, reproducer)."""
     found: List[str] = []
     with Session() as session:
@@ -38,7 +38,8 @@ def search(impl: str, mutant: Optional[str], setting: _cpkv.Setting, seed: int, 
             # The trace format rejects a page repeated within one request's prefix, which the
             # strategies can draw; such a batch could not be written as the counterexample.
             assume(all(len(set(r.prefix_pages)) == len(r.prefix_pages) for b in batches for r in b.requests))
-            spec = case(impl, setting, batches, seed=seed, mutant=mutant, window_s=window_s)
+            spec = case(impl, setting, batches, seed=seed, mutant=mutant, window_s=window_s, require_attention=require_attention,
+                        attention_output=attention_output)
             outcome = session.run(spec)
             if not outcome.passed:
                 trace = write_trace(spec, counterexample_path(out_dir, spec), f"hypothesis: {outcome.first_check()}")
@@ -63,8 +64,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-examples", type=int, default=20)
     p.add_argument("--window", type=float, default=3.0)
     p.add_argument("--out", default="conformance-counterexamples")
+    p.add_argument("--require-attention", action="store_true", help='every layer must return an "attention" plan')
+    p.add_argument("--attention-output", action="store_true", help="compare cpkv.attention.reference over each plan with the single device")
     a = p.parse_args(argv)
-    report = search(a.impl, a.mutant, _cpkv.Setting(**DEFAULT_SETTING), a.seed, a.max_examples, a.window, a.out)
+    report = search(a.impl, a.mutant, _cpkv.Setting(**DEFAULT_SETTING), a.seed, a.max_examples, a.window, a.out,
+                    a.require_attention, a.attention_output)
     print(report or f"no failure in {a.max_examples} examples")
     return 1 if report else 0
 

@@ -37,17 +37,19 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--window", type=float, default=3.0)
     p.add_argument("--impl", action="append", choices=sorted(IMPLS))
+    p.add_argument("--mutant", action="append", choices=sorted(MUTANTS), help="only these planted bugs (default: every one)")
     p.add_argument("--out", default="conformance-counterexamples")
     a = p.parse_args(argv)
     reader = _cpkv.read_trace(a.trace)
     setting, batches = reader.setting, batches_for(reader.setting, list(reader))
     print(f"mutation table: {a.trace} (+ the cp 2 extra batches) | seed {a.seed} | window {a.window} s | "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
-    print("| implementation | bug | caught | checks fired (first first) | size before (batches, requests, pages, layers) | shrunk to | reproducer |")
-    print("|---|---|---|---|---|---|---|")
+    print("| implementation | bug | caught | checks fired (first first) | size before (batches, requests, pages, layers) | shrunk to | "
+          "first line of the shrunk case | reproducer |")
+    print("|---|---|---|---|---|---|---|---|")
     for name in a.impl or sorted(IMPLS):
         specs = [case(IMPLS[name], setting, batches, seed=a.seed, mutant=m, window_s=a.window,
-                      ipc_fail_rank=1 if m == "unagreed_capability" else -1) for m in MUTANTS]
+                      ipc_fail_rank=1 if m == "unagreed_capability" else -1) for m in MUTANTS if not a.mutant or m in a.mutant]
         for spec, outcome in zip(specs, launch_cases([s for s in specs])):
             row(name, spec, outcome, a.out)
     return 0
@@ -56,13 +58,15 @@ def main(argv=None) -> int:
 def row(name: str, spec, outcome, out_dir: str) -> None:
     fired = outcome.checks_fired()
     if outcome.passed:
-        print(f"| {name} | {spec.mutant} | no | - | {size(spec)} | - | - |", flush=True)
+        print(f"| {name} | {spec.mutant} | no | - | {size(spec)} | - | - | - |", flush=True)
         return
     before = size(spec)
-    small, _, rounds = shrink(spec, fired[0])
+    small, small_outcome, rounds = shrink(spec, fired[0])
+    shown = small_outcome or outcome
+    first = next(iter(shown.mismatches + shown.findings + [shown.failure or ""]))
     trace = write_trace(small, counterexample_path(out_dir, small), f"{name} {spec.mutant}: {fired[0]}")
-    print(f"| {name} | {spec.mutant} | yes | {', '.join(fired)} | {before} | {size(small)} ({rounds} rounds) | `{reproducer(small, trace)}` |",
-          flush=True)
+    print(f"| {name} | {spec.mutant} | yes | {', '.join(fired)} | {before} | {size(small)} ({rounds} rounds) | {first[:200]} | "
+          f"`{reproducer(small, trace)}` |", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ implementation. The harness must catch every planted bug (python/tests/test_conf
 - ``StagingDirect``: section 5. Zero and fill this rank's pages of staging half l % 2, a counting
   barrier over host flag memory, then ONE slot-dense gather per kind over the pointer table of 2*cp
   entries (pool bases, then staging bases).
+Both return their attention plan beside the dense buffers (``"attention"``: the model's plan of the
+page-aligned split, ``ctx.attention_plan()``, section 11), where the plan bugs of invariant 9 live.
+
 - ``V2``: section 7. The prefix pages by one gather from the pool (current slots zero), the current
   pages through a compact buffer of every current page, writer-exclusive, summed over the group.
   The sum is a one-shot all-reduce over IPC (each rank reads every peer's compact buffer after a
@@ -36,8 +39,16 @@ MUTANTS = {
     "skip_idle_barrier": "a rank with no current page to write skips the barrier",
     "address_keyed_plan_cache": "the compose plan is cached on the dense buffer's address, not on the batch",
     "rank_local_overflow": "the overflow verdict from this rank's own pages times cp, not from the batch",
+    # Invariant 9: the attention plan compose_layer returns beside the dense buffers (its bytes stay right).
+    "batch_as_one_sequence": "the attention plan takes the batch's requests as one causal sequence: kv_len counts the earlier requests' keys",
+    "causal_off_by_one": "the attention plan's kv_len is one short: a query does not see itself",
+    "key_base_skips_prefix": "the attention plan's k_base is the request's first current row: its prefix keys are skipped",
+    # Last: its mismatched collectives time out, and a gloo group that timed out is broken for the
+    # cases a session runs after it on the same ranks (the next case's setup raises).
     "unagreed_capability": "the IPC capability is not agreed over the group (no MIN)",
 }
+# The bugs that live in the attention plan only.
+PLAN_MUTANTS = ("batch_as_one_sequence", "causal_off_by_one", "key_base_skips_prefix")
 # Bugs that need more than one layer: the harness runs at least two layers for them.
 MULTI_LAYER = ("single_half",)
 # How long a barrier waiter sleeps between polls of the peers' counters.
@@ -178,9 +189,26 @@ class _Exchange:
     def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
         if layer == 0:
             self.refuse_overflow(ctx)
-        if not self.ipc:
-            return fallback_compose(ctx, layer)
-        return self.compose(ctx, layer, self.half(layer), ctx.kinds_on(layer))
+        out = fallback_compose(ctx, layer) if not self.ipc else self.compose(ctx, layer, self.half(layer), ctx.kinds_on(layer))
+        out["attention"] = self.attention(ctx)
+        return out
+
+    def attention(self, ctx: Context) -> torch.Tensor:
+        """This rank's attention plan (section 11): the model's, with the planted plan bugs."""
+        plan = ctx.attention_plan()
+        if self.mutant not in PLAN_MUTANTS:
+            return plan
+        plan = plan.clone()
+        requests = plan[:, 0]
+        prefix = torch.tensor([r.prefix_len for r in ctx.batch.requests], dtype=torch.int64, device=plan.device)
+        if self.bug("batch_as_one_sequence"):
+            keys = torch.tensor([r.prefix_len + r.extend_len for r in ctx.batch.requests], dtype=torch.int64, device=plan.device)
+            plan[:, 3] += (torch.cumsum(keys, 0) - keys)[requests]  # every earlier request's keys, as one sequence would count them
+        elif self.bug("causal_off_by_one"):
+            plan[:, 3] -= 1
+        elif self.bug("key_base_skips_prefix"):
+            plan[:, 4] += prefix[requests]
+        return plan
 
     def zero_slots(self, ctx: Context, own: torch.Tensor) -> torch.Tensor:
         """The slots of this rank's half zeroed before its fill."""
