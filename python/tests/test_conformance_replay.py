@@ -67,7 +67,7 @@ def test_constructor_arguments_are_python_literals_never_code():
     assert parse_impl("m:C(bug='skip_zero', n=3, t=(1, 2))") == ("m:C", {"bug": "skip_zero", "n": 3, "t": (1, 2)})
     assert parse_impl("pkg/file.py:C") == ("pkg/file.py:C", {})
     assert parse_impl_args(["flag=True", "name='x'"]) == {"flag": True, "name": "x"}
-    assert format_impl("m:C", {"n": 3, "bug": "skip_zero"}) == "m:C(bug='skip_zero', n=3)"
+    assert format_impl("m:C", {"n": 3, "bug": "skip_zero"}) == 'm:C(bug="skip_zero", n=3)'
     assert parse_impl(format_impl("m:C", {"d": {"a": [1, None]}})) == ("m:C", {"d": {"a": [1, None]}})
     for bad in ("m:C(x=__import__('os').system('true'))", "m:C(1)", "m:C(**k)", "m:C(x=open)"):
         with pytest.raises(ContractError):
@@ -89,7 +89,7 @@ def test_a_replay_line_keeps_constructor_arguments_window_and_delays_and_fails_a
     done = cli([TINY, "--impl", impl, "--ranks", "2", "--seed", "4", "--window", "7", "--no-delays"], shell_env)
     assert done.returncode == 1, done.stdout + done.stderr
     line = replay_line(done.stdout)
-    for kept in ("--window 7", "--no-delays", "--seed 4", "bug='skip_zero'", "note='kept'"):
+    for kept in ("--window 7", "--no-delays", "--seed 4", 'bug="skip_zero"', 'note="kept"'):
         assert kept in line, line
     again = run_line(line, shell_env)
     assert again.returncode == 1, again.stdout + again.stderr
@@ -99,7 +99,7 @@ def test_a_replay_line_keeps_constructor_arguments_window_and_delays_and_fails_a
 def test_impl_arg_passes_the_same_arguments(shell_env):
     done = cli([TINY, "--impl", f"{RACES}:Configurable", "--impl-arg", "bug='skip_zero'", "--ranks", "2", "--no-delays"], shell_env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "Configurable(bug='skip_zero')" in replay_line(done.stdout)
+    assert 'Configurable(bug="skip_zero")' in replay_line(done.stdout)
 
 
 def test_a_planted_bug_in_an_environment_variable_is_named_in_the_replay_line(shell_env):
@@ -133,6 +133,6 @@ def test_the_pytest_plugin_names_a_foreign_bugs_counterexample_by_its_bug_and_it
     shown = [part.split("replay: ", 1)[1] for part in done.stdout.splitlines() if "replay: " in part]
     assert shown, done.stdout
     line = shown[0]
-    assert "bug='skip_zero'" in line and "--no-delays" in line and "--window 7" in line, line
+    assert 'bug="skip_zero"' in line and "--no-delays" in line and "--window 7" in line, line
     again = run_line(line, shell_env)
     assert again.returncode == 1 and "FAIL: bytes" in again.stdout, again.stdout + again.stderr

@@ -78,20 +78,14 @@ def reproducer(a: argparse.Namespace) -> str:
     parts += ["--no-delays"] if a.no_delays else []
     parts += ["--time"] if a.time else []
     parts += ["--window", f"{a.window:g}"] if a.window != 20.0 else []
-    return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(_loaded(a.impl)))
-
-
-def _loaded(impl: str):
-    try:
-        return load_impl(impl)
-    except ContractError:
-        return None
+    return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(a.impl))
 
 
 def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: int) -> List[str]:
     knob = adv.knobs(a.seed, a.swarm)
+    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
     return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
-            f"{setting.layer_count} layers | impl {_impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
+            f"{setting.layer_count} layers | impl {impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
             "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp)]
 
 

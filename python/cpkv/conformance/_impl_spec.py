@@ -13,10 +13,12 @@ so that every replay line reproduces its run (issue 35, 7e).
 from __future__ import annotations
 
 import ast
-import inspect
+import importlib.util
+import json
 import os
 import re
 import shlex
+from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._context import ContractError
@@ -82,31 +84,37 @@ def resolve(impl: str, impl_args: Optional[List[str]]) -> Tuple[str, Dict[str, A
     return name, kwargs
 
 
+def _written(value: Any) -> str:
+    # A string in double quotes (JSON's escapes are Python's too), so a shell's single quotes around
+    # the whole --impl stay readable; anything else as repr, which literal_eval reads back.
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
 def format_impl(impl: str, kwargs: Dict[str, Any]) -> str:
-    """The --impl text that passes these arguments: 'module:Class(k=v, ...)' (repr of each value,
-    which literal_eval reads back), or the bare name without arguments."""
+    """The --impl text that passes these arguments: 'module:Class(k=v, ...)', or the bare name."""
     if not kwargs:
         return impl
-    return f"{impl}({', '.join(f'{k}={v!r}' for k, v in sorted(kwargs.items()))})"
+    return f"{impl}({', '.join(f'{k}={_written(v)}' for k, v in sorted(kwargs.items()))})"
 
 
-def _source_of(cls: type) -> str:
+def _source_of(impl: str) -> str:
+    """The text of the file that defines `impl` ('file.py:Class' or 'module:Class'), found without
+    running it (importlib finds a module's file; its package's __init__ may run, as any import's)."""
+    module, _, _ = impl.rpartition(":")
     try:
-        path = inspect.getsourcefile(cls)
+        path = module if module.endswith(".py") else (importlib.util.find_spec(module) or SimpleNamespace(origin=None)).origin
         with open(path or "", encoding="utf-8") as f:
             return f.read()
-    except (OSError, TypeError):
+    except (OSError, ImportError, ValueError, AttributeError):
         return ""
 
 
-def environment_read(cls: Optional[type]) -> Dict[str, str]:
-    """Every environment variable set now whose name the class's source file spells as a string
-    literal (the variables it may read), except the harness's and torch's own."""
-    if cls is None:
-        return {}
+def environment_read(impl: str) -> Dict[str, str]:
+    """Every environment variable set now whose name the implementation's source file spells as a
+    string literal (the variables it may read), except the harness's and torch's own."""
     try:
-        tree = ast.parse(_source_of(cls))
-    except SyntaxError:
+        tree = ast.parse(_source_of(impl))
+    except (SyntaxError, ValueError):
         return {}
     names = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     return {name: os.environ[name] for name in sorted(names)
@@ -143,13 +151,4 @@ def spec_reproducer(spec, trace: str) -> str:
     parts += ["--no-delays"] if not spec.delays and not spec.timing else []
     parts += ["--ipc-fail-rank", str(spec.ipc_fail_rank)] if spec.ipc_fail_rank >= 0 else []
     parts += ["--window", f"{spec.window_s:g}"] if spec.window_s != 20.0 else []
-    return with_environment(" ".join(shlex.quote(p) for p in parts), environment_read(_class_of(spec.impl)))
-
-
-def _class_of(impl: str) -> Optional[type]:
-    from ._rank import load_impl  # late: _rank imports the context this module's errors come from
-
-    try:
-        return load_impl(impl)
-    except ContractError:
-        return None
+    return with_environment(" ".join(shlex.quote(p) for p in parts), environment_read(spec.impl))
