@@ -40,7 +40,7 @@ def test_the_table_counts_only_composed_layers_names_the_impl_whole_and_says_wal
     outcome = Outcome(batches=[record(0, False, 2), record(1, True, 2), record(2, False, 2)], seconds=3.5)
     header, row = _report.table(spec, outcome)[:2]
     cells = row.split()
-    assert cells[0] == f"{long_impl}(bug='x')", row
+    assert cells[0] == f'{long_impl}(bug="x")', row
     assert cells[1:4] == ["3", "4", "1"], row  # 3 batches, 2 x 2 layers composed (the refused batch none), 1 refused
     assert row.endswith("pass (3.50 s wall)"), row
 
