@@ -27,6 +27,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 # Race lines reported per batch (the first ones; the rest are counted): one hazard repeats on every
 # slot and layer, and the first says what is wrong.
 RACES_PER_BATCH_MAX = 4
+# Race pairs kept per batch for those lines: a racy exchange on a large batch races on every slot of
+# every layer, and the first few say what is wrong (memory stays bounded whatever the batch).
+RACES_KEPT_MAX = 10_000
 
 Location = Tuple[int, int, int]  # (owner rank, parity half, current index)
 
@@ -94,15 +97,19 @@ class Clocks:
         cell = self.cells.setdefault(location, Cell())
         for read in cell.reads.values():
             if not self._before(read, rank):
-                self.races.append((access, read, location))
+                self._race(access, read, location)
         cell.write, cell.reads = access, {}
 
     def read(self, rank: int, location: Location, layer: int) -> None:
         access = Access(rank, self._tick(rank), layer, "read")
         cell = self.cells.setdefault(location, Cell())
         if cell.write is not None and not self._before(cell.write, rank):
-            self.races.append((cell.write, access, location))
+            self._race(cell.write, access, location)
         cell.reads[rank] = access
+
+    def _race(self, write: Access, read: Access, location: Location) -> None:
+        if len(self.races) < RACES_KEPT_MAX:
+            self.races.append((write, read, location))
 
 
 def race_lines(batch: int, races: List[Tuple[Access, Access, Location]], limit: int = RACES_PER_BATCH_MAX) -> List[str]:
