@@ -71,7 +71,8 @@ def cpkv_swarm(request) -> bool:
 @pytest.fixture
 def cpkv_conformance(request, tmp_path):
     from cpkv import conformance
-    from cpkv.conformance._shrink import counterexample_path, reproducer, shrink, size, write_trace
+    from cpkv.conformance._impl_spec import spec_reproducer
+    from cpkv.conformance._shrink import shrink, size, write_trace
 
     config = request.config
     directory = config.getoption("--cpkv-counterexamples") or str(tmp_path)
@@ -88,10 +89,20 @@ def cpkv_conformance(request, tmp_path):
             return outcome
         small, small_outcome, _ = shrink(spec, outcome.first_check())
         shown = small_outcome or outcome
-        trace = write_trace(small, counterexample_path(directory, small), f"{spec.impl}: {outcome.first_check()}")
+        trace = write_trace(small, _counterexample_path(directory, small), f"{spec.impl}: {outcome.first_check()}")
         lines = (shown.mismatches + shown.findings + [shown.failure or ""])[:6]
         pytest.fail("\n".join([f"cpkv conformance: {', '.join(outcome.checks_fired())} (shrunk {size(spec)} -> {size(small)})",
                                *[line for line in lines if line], f"counterexample: {os.path.abspath(trace)}",
-                               f"replay: {reproducer(small, trace)}"]), pytrace=False)
+                               f"replay: {spec_reproducer(small, trace)}"]), pytrace=False)
 
     return run
+
+
+def _counterexample_path(directory: str, spec) -> str:
+    """counterexample-CLASS-BUG-seedS.jsonl: BUG is the planted bug (--mutant, or the implementation's
+    own argument naming it: a foreign bug is named by its bug, not 'nomutant')."""
+    from cpkv.conformance._impl_spec import bug_name
+
+    os.makedirs(directory, exist_ok=True)
+    impl = spec.impl.rpartition(":")[2] or "impl"
+    return os.path.join(directory, f"counterexample-{impl}-{bug_name(spec.mutant, spec.impl_kwargs)}-seed{spec.seed}.jsonl")

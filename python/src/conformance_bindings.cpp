@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include <fmt/format.h>
@@ -106,12 +107,65 @@ std::string layer_relation(std::int32_t found, std::int32_t expected) {
                      other_half ? "the other parity half's layer" : "the same half, an earlier or later layer");
 }
 
+// A row of some batch whose 8-byte word around the wrong byte is the wrong row's: its layer, request,
+// token and whether it is a prefix row (then its logical page).
+struct RowMatch {
+  std::int32_t layer = 0;
+  std::size_t request = 0;
+  std::int64_t token = 0;
+  bool prefix = false;
+  std::int64_t page = -1;
+};
+
+// The first row of `batch` (every layer, every request, prefix and current tokens) whose word at
+// `byte` is that of `actual`. Rows are keyed as section 8 says (no batch index in the key).
+std::optional<RowMatch> find_batch_row(const model::Setting& s, const model::Batch& batch, std::uint64_t seed, std::uint32_t k,
+                                       const std::uint8_t* actual, std::uint32_t row_bytes, std::uint32_t byte) {
+  for (std::int32_t l = 0; l < s.layer_count(); ++l) {
+    if (!s.kind_active(k, l)) continue;
+    for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+      const model::Request& req = batch.requests[r];
+      for (std::int64_t t = 0; t < req.prefix_len + req.extend_len; ++t) {
+        const bool prefix = t < req.prefix_len;
+        const std::int64_t page = prefix ? req.prefix_pages[t / s.page_size] : -1;
+        const std::uint64_t key = prefix ? model::prefix_row_key(seed, l, k, page, t % s.page_size)
+                                         : model::current_row_key(seed, l, k, static_cast<std::uint32_t>(r), t);
+        if (word_matches(key, actual, row_bytes, byte)) return RowMatch{l, r, t, prefix, page};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::string describe_row(const RowMatch& m) {
+  return fmt::format("request {} token {} ({})", m.request, m.token, m.prefix ? fmt::format("prefix page {}", m.page) : "current");
+}
+
+// A pool page the batch does not name (a stale or foreign plan), searched when the pool is small.
+std::optional<std::string> find_pool_row(const model::Setting& s, std::uint64_t seed, std::uint32_t k, std::int32_t layer,
+                                         const std::uint8_t* actual, std::uint32_t row_bytes, std::uint32_t byte) {
+  if (s.pool_pages * s.page_size > kPoolSearchRowsMax) return std::nullopt;
+  for (std::int32_t l = 0; l < s.layer_count(); ++l) {
+    if (!s.kind_active(k, l)) continue;
+    for (std::int64_t g = 0; g < s.pool_pages; ++g) {
+      for (std::int32_t r = 0; r < s.page_size; ++r) {
+        if (!word_matches(model::prefix_row_key(seed, l, k, g, r), actual, row_bytes, byte)) continue;
+        return fmt::format("a pool row the batch does not name: logical page {} row {}, {} (a stale or foreign plan)", g, r, layer_relation(l, layer));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // What the wrong byte is: the matching row of some token of the batch on some layer (searched over
-// every layer), zeros, staging poison, or nothing the batch holds. Rows are keyed as section 8 says.
+// every layer), a row of the previous batch (a stale row: staging or a plan not rewritten for this
+// batch), zeros, staging poison, a pool row, or nothing either batch holds.
 std::string explain_row(const model::Setting& s, const model::Batch& batch, std::uint64_t seed, std::int32_t layer, const py::object& kind,
-                        std::int64_t slot, std::int32_t row, std::uint32_t byte, const py::bytes& actual_row) {
+                        std::int64_t slot, std::int32_t row, std::uint32_t byte, const py::bytes& actual_row,
+                        const std::optional<model::Batch>& previous, std::int64_t batch_index) {
   const std::uint32_t k = require_kind(s, kind);
   require_valid(s, batch);
+  if (previous) require_valid(s, *previous);
   const std::string text = actual_row;
   const std::uint32_t row_bytes = s.kinds[k].row_bytes;
   if (text.size() != row_bytes || byte >= row_bytes) throw InputError("actual_row", fmt::format("{} bytes, expected {}", text.size(), row_bytes));
@@ -124,34 +178,18 @@ std::string explain_row(const model::Setting& s, const model::Batch& batch, std:
   }
   const model::spec::ByteOracle oracle(s.page_size, batch);
   const model::spec::DenseSlot& want = oracle.slot(slot);
-  for (std::int32_t l = 0; l < s.layer_count(); ++l) {
-    if (!s.kind_active(k, l)) continue;
-    for (std::size_t r = 0; r < batch.requests.size(); ++r) {
-      const model::Request& req = batch.requests[r];
-      for (std::int64_t t = 0; t < req.prefix_len + req.extend_len; ++t) {
-        const bool prefix = t < req.prefix_len;
-        const std::uint64_t key = prefix ? model::prefix_row_key(seed, l, k, req.prefix_pages[t / s.page_size], t % s.page_size)
-                                         : model::current_row_key(seed, l, k, static_cast<std::uint32_t>(r), t);
-        if (!word_matches(key, actual, row_bytes, byte)) continue;
-        const bool same_token = static_cast<std::int32_t>(r) == want.request && t == want.first_token + row;
-        const std::string who = fmt::format("request {} token {} ({})", r, t, prefix ? fmt::format("prefix page {}", req.prefix_pages[t / s.page_size]) : "current");
-        if (same_token) return fmt::format("another layer's row: the right token, {}", layer_relation(l, layer));
-        return fmt::format("another token's row: {}, {}", who, layer_relation(l, layer));
-      }
+  if (const auto m = find_batch_row(s, batch, seed, k, actual, row_bytes, byte)) {
+    const bool same_token = static_cast<std::int32_t>(m->request) == want.request && m->token == want.first_token + row;
+    if (same_token) return fmt::format("another layer's row: the right token, {}", layer_relation(m->layer, layer));
+    return fmt::format("another token's row: {}, {}", describe_row(*m), layer_relation(m->layer, layer));
+  }
+  if (previous) {
+    if (const auto m = find_batch_row(s, *previous, seed, k, actual, row_bytes, byte)) {
+      return fmt::format("a row of batch {} (the previous batch, stale: not rewritten for this one): {}, {}",
+                         batch_index >= 1 ? fmt::format("{}", batch_index - 1) : std::string("B-1"), describe_row(*m), layer_relation(m->layer, layer));
     }
   }
-  // A pool page the batch does not name (a stale or foreign plan), searched when the pool is small.
-  if (s.pool_pages * s.page_size <= kPoolSearchRowsMax) {
-    for (std::int32_t l = 0; l < s.layer_count(); ++l) {
-      if (!s.kind_active(k, l)) continue;
-      for (std::int64_t g = 0; g < s.pool_pages; ++g) {
-        for (std::int32_t r = 0; r < s.page_size; ++r) {
-          if (!word_matches(model::prefix_row_key(seed, l, k, g, r), actual, row_bytes, byte)) continue;
-          return fmt::format("a pool row the batch does not name: logical page {} row {}, {} (a stale or foreign plan)", g, r, layer_relation(l, layer));
-        }
-      }
-    }
-  }
+  if (const auto pool = find_pool_row(s, seed, k, layer, actual, row_bytes, byte)) return *pool;
   return "no row of this batch on any layer (garbage: a sum of several rows, or memory nobody wrote)";
 }
 
@@ -207,7 +245,8 @@ void bind_oracle(py::module_& m) {
   m.def("poison", &poison, py::arg("out"), py::arg("bytes"), "Fill a new buffer with the 0xa5 staging poison.");
   m.attr("POISON_BYTE") = kPoisonByte;
   m.def("explain_row", &explain_row, py::arg("setting"), py::arg("batch"), py::arg("seed"), py::arg("layer"), py::arg("kind"), py::arg("slot"),
-        py::arg("row"), py::arg("byte"), py::arg("actual_row"), "What the wrong row holds: another token's or layer's row, zeros, poison.");
+        py::arg("row"), py::arg("byte"), py::arg("actual_row"), py::arg("previous") = py::none(), py::arg("batch_index") = -1,
+        "What the wrong row holds: another token's or layer's row, a row of the previous batch (previous: that batch), zeros, poison.");
 }
 
 py::dict knobs(const sim::FaultOptions& f) {

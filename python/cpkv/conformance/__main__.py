@@ -22,6 +22,7 @@ from typing import List, Optional
 from .. import _cpkv
 from .._errors import InputError, TraceError
 from . import _adversity as adv
+from . import _impl_spec
 from . import _report
 from . import _shm
 from . import _timeline
@@ -39,7 +40,10 @@ REQUIRED_METHODS = ("setup", "compose_layer", "end_batch", "teardown")
 def parse(argv: List[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
     p.add_argument("trace", help="a batch trace (format v1)")
-    p.add_argument("--impl", required=True, help="module:Class or path/to/file.py:Class")
+    p.add_argument("--impl", required=True, help="module:Class or path/to/file.py:Class, optionally with constructor arguments: "
+                   "'module:Class(k=v, ...)' (each value a Python literal)")
+    p.add_argument("--impl-arg", action="append", metavar="NAME=VALUE", help="a constructor argument of the implementation (VALUE "
+                   "a Python literal, read with ast.literal_eval; repeatable)")
     p.add_argument("--ranks", type=int, help="ranks to spawn (the trace's cp; omit under torchrun)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--seed", type=int, default=1, help="content and delay seed (printed; every random choice comes from it)")
@@ -65,7 +69,10 @@ def parse(argv: List[str]) -> argparse.Namespace:
 
 
 def reproducer(a: argparse.Namespace) -> str:
-    parts = [*PROG.split(), a.trace, "--impl", a.impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
+    """The command line that reproduces this run, whole: constructor arguments, --window, and the
+    environment variables the implementation's source names (_impl_spec)."""
+    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
+    parts = [*PROG.split(), a.trace, "--impl", impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
     for flag, value in (("--layers", a.layers), ("--batch", a.batch), ("--mutant", a.mutant)):
         if value is not None:
             parts += [flag, str(value)]
@@ -76,14 +83,16 @@ def reproducer(a: argparse.Namespace) -> str:
     parts += ["--time"] if a.time else []
     parts += ["--require-attention"] if a.require_attention else []
     parts += ["--attention-output"] if a.attention_output else []
-    return " ".join(shlex.quote(p) for p in parts)
+    parts += ["--window", f"{a.window:g}"] if a.window != 20.0 else []
+    return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(a.impl))
 
 
 def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: int) -> List[str]:
     knob = adv.knobs(a.seed, a.swarm)
+    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
     return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
-            f"{setting.layer_count} layers | impl {a.impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
-            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm)]
+            f"{setting.layer_count} layers | impl {impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
+            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp)]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -114,7 +123,8 @@ def spec_of(a: argparse.Namespace, setting: _cpkv.Setting, batches: List[_cpkv.B
     layers = a.layers or setting.layer_count
     return RunSpec(impl=a.impl, setting=setting, batches=batches, layers=layers, seed=a.seed, device=a.device, swarm=a.swarm,
                    delays=not (a.no_delays or a.time), mutant=a.mutant, window_s=a.window, ipc_fail_rank=a.ipc_fail_rank,
-                   timing=a.time, require_attention=a.require_attention, attention_output=a.attention_output)
+                   timing=a.time, require_attention=a.require_attention, attention_output=a.attention_output,
+                   impl_kwargs=dict(getattr(a, "impl_kwargs", {})))
 
 
 def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
@@ -143,6 +153,7 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
 def main(argv: Optional[List[str]] = None) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
+        a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
         check_impl(a)
         reader = _cpkv.read_trace(a.trace)
         batches = list(reader)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -190,7 +191,13 @@ class Adversity:
         return False
 
 
-def describe(knob: Dict[str, object], swarm: bool) -> str:
-    return (f"{'swarm knobs' if swarm else 'fault knobs'}: {knob['describe']} (the harness bounds each hold to "
-            f"[{HOLD_US_MIN}, {HOLD_US_MAX}] us)")
+def describe(knob: Dict[str, object], swarm: bool, cp: Optional[int] = None) -> str:
+    """The knobs in one line. With cp, the slow roles are named as the ranks they fall on (a drawn
+    slow_rank of 5 is rank 1 at cp 2: Adversity.slow_rank takes it modulo cp), so the line never names
+    a rank the run does not have."""
+    text = str(knob["describe"])
+    if cp:
+        producer, offset = int(knob["slow_rank"]) % cp, int(knob["slow_reader_offset"]) % cp
+        text = re.sub(r"rank -?\d+ reader \+-?\d+", f"rank {producer} reader +{offset}", text, count=1)
+    return f"{'swarm knobs' if swarm else 'fault knobs'}: {text} (the harness bounds each hold to [{HOLD_US_MIN}, {HOLD_US_MAX}] us)"
 

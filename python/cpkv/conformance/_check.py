@@ -94,7 +94,8 @@ def _check_cuda(ctx: Context, oracle, layer: int, kind: str, dense: torch.Tensor
 
 def _explained(ctx: Context, layer: int, kind: str, line: str, slot: int, row: int, byte: int, actual_row: torch.Tensor) -> str:
     why = _cpkv.conformance.explain_row(ctx.setting, ctx.batch, ctx.seed, layer, kind, slot, row, byte,
-                                        bytes(actual_row.cpu().contiguous().numpy().tobytes()))
+                                        bytes(actual_row.cpu().contiguous().numpy().tobytes()),
+                                        previous=getattr(ctx, "_previous_batch", None), batch_index=ctx.batch_index)
     return f"{line}; the wrong row is {why}"
 
 

@@ -146,7 +146,7 @@ class Launcher:
 
     def run(self) -> List[Outcome]:
         """The outcomes of the cases run: all of them, or up to and including the one that failed."""
-        started = time.monotonic()
+        self.case_begun = time.monotonic()
         try:
             self.start()
             self.watch()
@@ -154,8 +154,16 @@ class Launcher:
             self.teardown()
         ran = self.outcomes[: self.case + 1] if self.failed() else self.outcomes
         for outcome in ran:
-            outcome.seconds = outcome.seconds or time.monotonic() - started
+            outcome.seconds = outcome.seconds or self.case_wall_s()
         return ran
+
+    def case_wall_s(self) -> float:
+        """Outcome.seconds, the same on a pass and a failure: the wall time of the case the ranks are in,
+        from its start (the launch's, the processes' start included, for a launch's first case; the end
+        of the case before it for the others) to now (every rank done, or the failure seen)."""
+        now = time.monotonic()
+        seconds, self.case_begun = now - self.case_begun, now
+        return seconds
 
     @property
     def outcome(self) -> Outcome:
@@ -187,7 +195,7 @@ class Launcher:
         elif what == "done":
             self.done[case].add(message[2])
             if len(self.done[case]) == self.cp:
-                outcome.seconds = message[3]
+                outcome.seconds = self.case_wall_s()
                 if case + 1 < len(self.specs):
                     self.case = case + 1
         elif what == "error" and not self.fatal:
@@ -355,11 +363,11 @@ class SessionLauncher(Launcher):
             q.put(self.specs[-1])
 
     def run_one(self, spec: RunSpec) -> Outcome:
+        self.case_begun = time.monotonic()
         self.submit(spec)
-        started = time.monotonic()
         self.watch()
         outcome = self.outcomes[-1]
-        outcome.seconds = outcome.seconds or time.monotonic() - started
+        outcome.seconds = outcome.seconds or self.case_wall_s()
         return outcome
 
     def close(self) -> None:

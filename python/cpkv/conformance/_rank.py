@@ -26,6 +26,7 @@ from .. import _cpkv
 from . import _adversity as adv
 from . import _check
 from . import _guards
+from . import _happens_before
 from . import _probes
 from . import _shm
 from . import _timeline
@@ -259,6 +260,7 @@ class BatchOutcome:
 
 def run_batch(ctx: Context, impl, spec: RunSpec, index: int, batch: _cpkv.Batch, oracle) -> BatchOutcome:
     outcome = BatchOutcome()
+    ctx._previous_batch = ctx.batch  # a stale row of it is explained as such (_check._explained)
     ctx._begin_batch(index, batch)
     ctx.events.log = []
     timer = _probes.LayerTimer(ctx.device)
@@ -416,13 +418,18 @@ def run_capture_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> No
     reporter.send("done", rank, time.monotonic() - started)
 
 
+def _event_judges(spec: RunSpec):
+    """Rank 0's batch-level event checks: the state checker's replay, then happens-before."""
+    return _happens_before.Judges(_check.EventReplay(spec.setting, spec.layers, spec.batches), spec.setting.cp)
+
+
 def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
     started = time.monotonic()
     ctx = setup_rank(spec, rank, *groups)
     impl = make_impl(spec)
     impl.setup(ctx)
     ctx.events.enabled = not spec.timing
-    replay = _check.EventReplay(spec.setting, spec.layers, spec.batches) if rank == 0 else None
+    replay = _event_judges(spec) if rank == 0 else None
     stop, composed = False, None
     for index, batch in enumerate(spec.batches):
         oracle = _cpkv.conformance.ByteOracle(spec.setting, batch)

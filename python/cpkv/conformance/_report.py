@@ -150,15 +150,37 @@ def _syncs_cell(o: Outcome, device: str) -> str:
     return f"{counts['max']}" if device == "cuda" and counts else "n/a"
 
 
+def impl_cell(spec: RunSpec) -> str:
+    """The whole implementation, class name and constructor arguments (as --impl takes them)."""
+    from ._impl_spec import format_impl
+
+    return format_impl(spec.impl, spec.impl_kwargs)
+
+
+def layers_run(o: Outcome) -> int:
+    """The layers every rank composed, summed over the batches run: a refused batch composes none (its
+    layers are not run), a batch a rank left early counts the layers all ranks finished."""
+    total = 0
+    for b in o.batches:
+        if any(b.get("refused", [])):
+            continue
+        per_rank = b.get("compose_s", [])
+        total += min((len(c) for c in per_rank), default=0)
+    return total
+
+
 def table(spec: RunSpec, o: Outcome) -> List[str]:
     """The table (`cpkv replay`'s columns that apply, plus the host synchronizations and the CUDA-graph
     capturable layers), and under it each layer's capture verdict and the --time figures."""
     refused = sum(1 for b in o.batches if any(b["refused"]))
     result = "pass" if o.passed else f"FAIL: {', '.join(o.checks_fired())}"
-    lines = [f"{'impl':40s} {'batches':>8s} {'layers':>7s} {'overflow':>9s} {'mismatch':>9s} {'violation':>10s} "
+    impl = impl_cell(spec)
+    width = max(40, len(impl))
+    lines = [f"{'impl':{width}s} {'batches':>8s} {'layers':>7s} {'overflow':>9s} {'mismatch':>9s} {'violation':>10s} "
              f"{'syncs/layer':>12s} {'graph':>6s}  result",
-             f"{spec.impl[:40]:40s} {len(o.batches):8d} {len(o.batches) * spec.layers:7d} {refused:9d} {len(o.mismatches):9d} "
-             f"{len(o.findings):10d} {_syncs_cell(o, spec.device):>12s} {_capture_cell(o, spec.device):>6s}  {result} ({o.seconds:.2f} s)"]
+             f"{impl:{width}s} {len(o.batches):8d} {layers_run(o):7d} {refused:9d} {len(o.mismatches):9d} "
+             f"{len(o.findings):10d} {_syncs_cell(o, spec.device):>12s} {_capture_cell(o, spec.device):>6s}  {result} "
+             f"({o.seconds:.2f} s wall)"]
     counts = host_syncs(o)
     if spec.device == "cuda" and counts:
         lines.append(f"host synchronizations per layer (torch's GPU trace hooks): max {counts['max']}, mean {counts['mean']:.1f} "
