@@ -25,7 +25,6 @@ import pytest
 pytest.importorskip("torch")
 
 import cpkv  # noqa: E402
-from cpkv import _outputs  # noqa: E402
 from cpkv import conformance  # noqa: E402
 from cpkv.conformance import _launch, _shm  # noqa: E402
 
@@ -123,6 +122,8 @@ def _bad_outputs(tmp_path):
 
 
 def test_an_output_that_cannot_be_a_file_is_refused_by_the_clis_rules(tmp_path):
+    from cpkv import _outputs
+
     for what, path in _bad_outputs(tmp_path).items():
         with pytest.raises(cpkv.InputError) as error:
             _outputs.check_output("--json", path)
@@ -310,17 +311,24 @@ def test_what_an_implementation_forks_ends_with_a_passing_run(tmp_path, monkeypa
 def test_the_sweep_keeps_a_live_launchs_files_and_removes_a_dead_ones():
     """Item 19: liveness by the launch's held lock, not its pid (a pid of another PID namespace, or
     one that was never alive here, says nothing)."""
+    import fcntl
+
     run = _shm.run_id(2 ** 22 + 12345, 7)  # above any pid_max: the old sweep judged this launch dead
-    lock = _shm.RunLock(run)
+    lock_path = os.path.join(_shm.SHM_DIR, f"{_shm.PREFIX}{run}.lock")  # what a launch holds (RunLock)
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     path = _shm.path_of(run, "positions", 0)
     _shm.create_file(path, 64)
     try:
         _shm.sweep_stale()
         assert os.path.exists(path), "a live launch's file was swept"
     finally:
-        os.close(lock.fd)  # the launch dies without its teardown: the lock is free, its file stays
+        os.close(lock)  # the launch dies without its teardown: the lock is free, its files stay
     _shm.sweep_stale()
-    assert not os.path.exists(path) and not os.path.exists(lock.path)
+    left = [p for p in (path, lock_path) if os.path.exists(p)]
+    for p in left:
+        os.unlink(p)
+    assert left == [], "a dead launch's files were not swept"
 
 
 # --- issue 35, item 7: (a) no false death at the end, (f) a death named first, (d) the group rebuilt ---
@@ -345,6 +353,18 @@ def test_a_rank_that_dies_is_named_before_its_peers_consequent_error(setting_bat
     assert outcome.failure_kind == "died", outcome.failure
     assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: " + words), outcome.failure
     assert outcome.leftovers == []
+
+
+def test_after_a_raise_and_a_peers_timeout_the_next_case_passes(setting_batches):
+    """(d) the raising case's peer runs into its barrier's timeout (1.5 s); the next, correct case of
+    the same run_cases (its own window generous) runs in a fresh group and passes. The old launcher
+    kept the session's broken group for it."""
+    setting, batches = setting_batches
+    raising = conformance.case(f"{RANKS}:RaisesWhilePeerWaits", setting, batches[:1], layers=2, window_s=WINDOW_S)
+    correct = conformance.case(REFERENCE, setting, batches[:2], layers=2, window_s=600)
+    first, second = conformance.run_cases([raising, correct])
+    assert first.failure_kind == "raised", first.failure
+    assert second.passed, second.failure
 
 
 def test_a_raise_is_reported_at_once_and_the_next_case_runs_in_a_fresh_group(setting_batches):
