@@ -46,6 +46,30 @@ def conformance_cli(*args: str, env=None, timeout=CLI_TIMEOUT_S):
                           env=dict(os.environ, **(env or {})))
 
 
+class Done:
+    """What main() did in-process: returncode, stdout, stderr (as subprocess.run's result)."""
+
+    def __init__(self, returncode, stdout, stderr) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+    def __repr__(self) -> str:
+        return f"Done({self.returncode}, stdout={self.stdout!r}, stderr={self.stderr!r})"
+
+
+def main_in_process(capsys, *args: str) -> Done:
+    """`python3 -m cpkv.conformance ARGS` as a call of its main() here: every refusal before a rank
+    starts is the same code, without another interpreter importing torch (the suite's time)."""
+    from cpkv.conformance.__main__ import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's refusals
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return Done(code, out, err)
+
+
 def one_error_line(done, code=2) -> str:
     assert done.returncode == code, done
     lines = done.stderr.strip().splitlines()
@@ -131,15 +155,15 @@ def test_an_output_that_cannot_be_a_file_is_refused_by_the_clis_rules(tmp_path):
 
 
 @pytest.mark.parametrize("option, what", [("--json", "a FIFO"), ("--timeline", "/proc"), ("--json", "a missing folder")])
-def test_an_output_that_cannot_be_a_file_is_one_line_before_any_rank(tmp_path, option, what):
+def test_an_output_that_cannot_be_a_file_is_one_line_before_any_rank(tmp_path, capsys, option, what):
     path = _bad_outputs(tmp_path)[what]
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, "--ranks", "2", option, path))
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE, "--ranks", "2", option, path))
     assert f"{option}: " in line and path in line, line
 
 
-def test_two_outputs_naming_one_file_are_refused(tmp_path):
+def test_two_outputs_naming_one_file_are_refused(tmp_path, capsys):
     target = tmp_path / "x.json"
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, "--ranks", "2", "--json", str(target), "--timeline", str(target)))
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE, "--ranks", "2", "--json", str(target), "--timeline", str(target)))
     assert "--timeline" in line and "is the same file as --json" in line
 
 
@@ -178,36 +202,44 @@ BAD_OPTIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_OPTIONS))
-def test_a_bad_option_is_one_line_and_exit_2_before_any_rank(name):
+def test_a_bad_option_is_one_line_and_exit_2_before_any_rank(capsys, name):
     extra, option = BAD_OPTIONS[name]
     ranks = [] if "--ranks" in extra else ["--ranks", "2"]
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, *ranks, *extra))
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE, *ranks, *extra))
     assert option in line, line
 
 
-def test_no_ranks_names_the_option_and_the_traces_cp():
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE))
+def test_a_bad_option_from_the_command_line_is_one_line():
+    """The same from a shell: argparse's usage dump replaced, nothing else printed."""
+    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, "--ranks", "2", "--window", "nan"))
+    assert "--window: nan is not a number of seconds" in line
+
+
+def test_no_ranks_names_the_option_and_the_traces_cp(capsys):
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE))
     assert "--ranks: required" in line and "cp is 2" in line and "None" not in line
 
 
-def test_a_world_size_that_is_not_a_number_is_one_line():
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, env={"WORLD_SIZE": "abc", "RANK": "0"}))
+def test_a_world_size_that_is_not_a_number_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    monkeypatch.setenv("RANK", "0")
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE))
     assert "WORLD_SIZE: 'abc' is not a number of ranks" in line
 
 
-def test_a_header_only_trace_is_one_line(tmp_path):
+def test_a_header_only_trace_is_one_line(tmp_path, capsys):
     header = tmp_path / "header.jsonl"
     header.write_text(open(TINY).readline())
-    line = one_error_line(conformance_cli(str(header), "--impl", REFERENCE, "--ranks", "2"))
+    line = one_error_line(main_in_process(capsys, str(header), "--impl", REFERENCE, "--ranks", "2"))
     assert "holds no batch" in line
 
 
-def test_device_cuda_without_a_gpu_is_refused_before_any_rank():
+def test_device_cuda_without_a_gpu_is_refused_before_any_rank(capsys):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: nothing to refuse")
-    line = one_error_line(conformance_cli(TINY, "--impl", REFERENCE, "--ranks", "2", "--device", "cuda"))
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", REFERENCE, "--ranks", "2", "--device", "cuda"))
     assert "--device: cuda: no CUDA device" in line
 
 
@@ -223,20 +255,23 @@ BAD_IMPORTS = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_IMPORTS))
-def test_an_impl_whose_import_misbehaves_is_one_line_and_exit_2(tmp_path, name):
+def test_an_impl_whose_import_misbehaves_is_one_line_and_exit_2(tmp_path, capsys, name):
+    """In-process main(), as a test suite calls it: the import runs in the probe child, so even
+    os._exit(0) cannot end this process."""
     body, words = BAD_IMPORTS[name]
     module = tmp_path / "engine.py"
     module.write_text(body)
-    line = one_error_line(conformance_cli(TINY, "--impl", f"{module}:Exchange", "--ranks", "2"))
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", f"{module}:Exchange", "--ranks", "2"))
     assert f"--impl {module}:Exchange" in line and words in line, line
 
 
-def test_an_impl_that_hangs_at_import_is_bounded(tmp_path):
+def test_an_impl_that_hangs_at_import_is_bounded(tmp_path, capsys, monkeypatch):
     module = tmp_path / "engine.py"
     marker = f"cpkv-import-hang-{os.getpid()}"
     module.write_text(f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}])\n"
                       "time.sleep(600)\n")
-    line = one_error_line(conformance_cli(TINY, "--impl", f"{module}:Exchange", "--ranks", "2", env={"CPKV_IMPORT_S_MAX": "3"}))
+    monkeypatch.setenv("CPKV_IMPORT_S_MAX", "3")
+    line = one_error_line(main_in_process(capsys, TINY, "--impl", f"{module}:Exchange", "--ranks", "2"))
     assert "did not finish within 3 s" in line
     wait_for(lambda: not processes_with(marker), "the process the import started")
 

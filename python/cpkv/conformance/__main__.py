@@ -213,9 +213,8 @@ def _stop(signum: int, _frame) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Ctrl-C: one line and exit 130, every rank stopped (the launcher's teardown runs on the way out);
-    SIGTERM and SIGHUP the same, exit 128 + the signal (issue 34, item 18)."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _stop)
+    SIGTERM and SIGHUP the same, exit 128 + the signal (issue 34, item 18), once command_line() has
+    installed their handlers (a caller of main() in-process keeps its own)."""
     try:
         return run_main(argv)
     except KeyboardInterrupt:
@@ -264,5 +263,11 @@ def run_main(argv: Optional[List[str]]) -> int:
     return 0 if outcome.passed else 1
 
 
+def command_line() -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command_line())
