@@ -57,6 +57,12 @@ def _exiting(pid: Optional[int]) -> bool:
     return fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING != 0
 
 
+def _timed_out(line: str) -> bool:
+    """A raise that is a wait's timeout (ctx's TimeoutError, gloo's "Timed out"): maybe a consequence."""
+    text = line.lower()
+    return "timeouterror" in text or "timed out" in text or "timeout" in text
+
+
 def exit_words(code: int) -> str:
     """An exit status as words: exit code N, or the signal by name (SIGKILL: also the OOM killer's)."""
     if code >= 0:
@@ -222,9 +228,12 @@ class Launcher:
         elif what == "batch":
             record = outcome.record(message)
             if record["raised"] and outcome.failure is None:
-                # Raised inside a batch and reported through the batch sync: every rank is still in
-                # step, so the session goes on to the next case.
+                # Raised inside a batch and reported through the batch sync (a wait of the
+                # implementation's that timed out, the first raiser named): the launch ends here,
+                # since a gloo group whose collective timed out is broken, and reusing it failed the
+                # next, correct case (issue 35, item 7d); the next case starts fresh processes.
                 outcome.failure_kind, outcome.failure = "raised", record["raised"][0]
+                self.fatal = True
         elif what == "done":
             self.done[case].add(message[2])
             if len(self.done[case]) == self.cp:
@@ -243,9 +252,11 @@ class Launcher:
                                   f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
             else:
                 self.fail_for(kind, rank, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
-        elif what == "raising" and not self.fatal:
+        elif what == "raising" and not self.fatal and not _timed_out(message[3]):
             # Sent as a rank raised in compose_layer, before its batch sync: reported now, not when the
             # peers' waits on it time out, and the group torn down (its collectives are out of step).
+            # A timeout is left to the batch sync, where the harness's own wait names the rank it
+            # waited for (a peer that never returned) when there is one.
             self.fail_for("raised", message[2], message[3])
 
     def all_done(self) -> bool:
