@@ -12,7 +12,6 @@ gone) under a generous bound, which only a broken launcher reaches.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
