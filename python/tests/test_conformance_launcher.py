@@ -399,6 +399,7 @@ def test_after_a_raise_and_a_peers_timeout_the_next_case_passes(setting_batches)
     first, second = conformance.run_cases([raising, correct])
     assert first.failure_kind == "raised", first.failure
     assert second.passed, second.failure
+    assert [b["batch"] for b in second.batches] == [0, 1], "the second case was not run"
 
 
 def test_a_raise_is_reported_at_once_and_the_next_case_runs_in_a_fresh_group(setting_batches):
@@ -412,6 +413,7 @@ def test_a_raise_is_reported_at_once_and_the_next_case_runs_in_a_fresh_group(set
     assert first.failure.startswith("rank 1 batch 0 layer 0 raised in compose_layer: ValueError: engine bug"), first.failure
     assert first.seconds < 600, "reported at the window's end"
     assert second.passed, second.failure
+    assert [b["batch"] for b in second.batches] == [0, 1], "the second case was not run"
 
 
 def test_a_session_of_another_cp_is_a_clear_input_error(setting_batches):

@@ -238,7 +238,7 @@ class Launcher:
             self.done[case].add(message[2])
             if len(self.done[case]) == self.cp:
                 outcome.seconds = message[3]
-                if case + 1 < len(self.specs):
+                if case + 1 < len(self.specs) and not self.fatal:  # a failed case ends the launch: the next is not run here
                     self.case = case + 1
         elif what == "error" and not self.fatal:
             _, _, rank, kind, line, where = message
