@@ -148,7 +148,9 @@ if [[ "$what" == guards ]]; then
 fi
 if [[ "$what" == verify ]]; then
   # The gpu tests (planted GPU bugs and the verify self-test among them), then the GPU mutation run.
-  (cd "$build" && ctest -L gpu --output-on-failure --timeout 300 -j 1) > "$OUT/gpu-tests.log" 2>&1
+  # VERIFY_JOBS: gpu tests run side by side on the one GPU (they are oversubscribed correctness runs,
+  # never timed), bounded as a whole by VERIFY_S so the visit leaves its answer within one call.
+  (cd "$build" && timeout "${VERIFY_S:-400}" ctest -L gpu --output-on-failure --timeout 300 -j "${VERIFY_JOBS:-1}") > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests: exit $?"; grep -E "Passed|Failed|Skipped|tests passed" "$OUT/gpu-tests.log" | tail -30
   timeout 240 "$cpkv" mutants --backend cuda > "$OUT/gpu-mutants.txt" 2>&1
   echo "mutants --backend cuda: exit $?"; cat "$OUT/gpu-mutants.txt"

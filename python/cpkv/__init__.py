@@ -37,16 +37,16 @@ Every number comes from the C++ model; this package only converts and arranges.
 
 from __future__ import annotations
 
-import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
 
-# PyTorch first, where it is installed: measured on the GPU machine (PyTorch 2.11, pybind11 3.1,
-# 2026-12-01), `import cpkv` and then `import torch` aborts inside torch's import ("free(): invalid
-# pointer"; both extensions share pybind11's internals, and torch's must be the first made), while
-# `import torch` and then `import cpkv` works. CPKV_IMPORT_TORCH_FIRST=0 turns this off.
-if (_os.environ.get("CPKV_IMPORT_TORCH_FIRST", "1") != "0" and "torch" not in _sys.modules
-        and _importlib_util.find_spec("torch") is not None):
+# No torch here (issue 34, item 22): a trace library paid 2.4 s and 234 MB for it; only
+# cpkv.conformance imports torch. An `import cpkv` then `import torch` aborted inside torch's import on
+# the GPU machine (PyTorch 2.11, pybind11 3.1: "free(): invalid pointer") because both extensions
+# shared one set of pybind11 internals; the module now keeps its own (PYBIND11_COMPILER_TYPE is
+# cpkv's, python/CMakeLists.txt), so the order no longer matters. CPKV_IMPORT_TORCH_FIRST=1 brings
+# the old order back, should another build of torch need it.
+if _os.environ.get("CPKV_IMPORT_TORCH_FIRST", "0") == "1" and "torch" not in _sys.modules:
     import torch as _torch  # noqa: F401
 
 from . import _cpkv

@@ -49,9 +49,12 @@ std::optional<std::int32_t> checked_layers(const py::object& layers) {
   if (!PyLong_Check(layers.ptr()) || PyBool_Check(layers.ptr())) {  // 2.5 and None were pybind11's RuntimeError (issue 22, item 24)
     throw py::type_error(fmt::format("layers: expected an int or 'all', not {}", Py_TYPE(layers.ptr())->tp_name));
   }
-  const auto value = layers.cast<std::int64_t>();
-  if (value < 1 || value > model::limits::layer_count_max) {
-    throw InputError("layers", fmt::format("{} is not 'all' or a number in 1..{}", value, model::limits::layer_count_max));
+  // An int beyond 64 bits (2**64) was pybind11's "Unable to cast" RuntimeError (issue 34, item 21).
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(layers.ptr(), &overflow);
+  if (overflow != 0 || value < 1 || value > model::limits::layer_count_max) {
+    const std::string text = py::str(layers).cast<std::string>();
+    throw InputError("layers", fmt::format("{} is not 'all' or a number in 1..{}", text, model::limits::layer_count_max));
   }
   return static_cast<std::int32_t>(value);
 }

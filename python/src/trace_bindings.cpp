@@ -50,6 +50,13 @@ nlohmann::json python_to_json(const py::object& value, const char* parameter) {
   throw py::error_already_set();
 }
 
+// A trace that cannot be written where the caller asked: cpkv.InputError("path", ...) naming the
+// path, the step and errno's text (a bare FileNotFoundError or PermissionError named no step).
+[[noreturn]] void throw_unwritable(const std::string& path, const std::string& step, const std::string& tail = "") {
+  const int error = errno;
+  throw InputError("path", fmt::format("cannot write {}: {}: {}{}", traces::escape_bytes(path), step, std::strerror(error), tail));
+}
+
 // The files open for reading through TraceReader, by device and inode: a TraceWriter aimed at one
 // truncated the reader's input under it (issue 22, item 9). Every change holds the GIL.
 std::multiset<std::pair<dev_t, ino_t>>& open_inputs() {
@@ -130,11 +137,12 @@ class TraceFileWriter {
     if (!writer_) return;
     writer_.reset();
     const int fd = std::exchange(fd_, -1);
-    if (::close(fd) != 0 || ::rename(temporary_.c_str(), path_.c_str()) != 0) {
+    const bool closed = ::close(fd) == 0;
+    if (!closed || ::rename(temporary_.c_str(), path_.c_str()) != 0) {
       const int error = errno;
       ::unlink(temporary_.c_str());
       errno = error;
-      raise_os_error(path_);
+      throw_unwritable(path_, closed ? "rename" : "close", "; the file was left as it was");  // its folder removed meanwhile, say
     }
   }
 
@@ -176,7 +184,8 @@ void TraceFileWriter::open_temporary() {
   harness::sweep_dead_temporaries(folder, ".cpkv");
   temporary_ = folder + "/" + harness::temp_stem(".cpkv") + "XXXXXX.jsonl";
   fd_ = ::mkostemps(temporary_.data(), 6, O_CLOEXEC);
-  if (fd_ < 0) raise_os_error(path_);
+  // A missing or read-only folder, /proc: the caller's path, one line (issue 34, item 21), as the CLI says it.
+  if (fd_ < 0) throw_unwritable(path_, fmt::format("cannot create a file in {}", folder));
   struct stat st {};
   mode_t mode = 0;
   if (::stat(path_.c_str(), &st) == 0) {

@@ -332,3 +332,32 @@ def test_a_trace_at_the_pool_limit_is_refused_up_front_naming_what_it_needs(tmp_
         assert run.stderr.count("\n") == 1, run.stderr
         assert "would map" in run.stderr and "/dev/shm has" in run.stderr and "GiB one process can map" in run.stderr, run.stderr
 
+
+
+@pytest.mark.parametrize("layers", [2 ** 64, -(2 ** 64), 2 ** 63])
+def test_layers_beyond_64_bits_are_an_input_error_naming_the_range(layers):
+    """Issue 34, item 21: 2**64 was pybind11's 'Unable to cast' RuntimeError."""
+    with pytest.raises(cpkv.InputError, match=rf"layers: {layers} is not 'all' or a number in 1\.\."):
+        cpkv.replay(str(TINY), layers=layers)
+
+
+IMPORT_CHILD = r"""
+import resource, sys, time
+started = time.perf_counter()
+import cpkv
+print("torch" in sys.modules, time.perf_counter() - started, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+import torch  # after cpkv: the order that aborted where both shared pybind11's internals
+print(cpkv.layer_bytes is not None and torch.zeros(1).numel() == 1)
+"""
+
+
+def test_import_cpkv_does_not_import_torch_and_torch_imports_after_it():
+    """Issue 34, item 22: `import cpkv` imported torch where installed (2.4 s, 234 MB for a trace
+    library); only cpkv.conformance does now, and torch still imports after cpkv."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k != "CPKV_IMPORT_TORCH_FIRST"}
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHILD], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done
+    first, second = done.stdout.splitlines()
+    assert first.split()[0] == "False", done.stdout
+    assert second == "True"

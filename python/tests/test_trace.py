@@ -8,6 +8,7 @@ line, field and reason as the command does.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 
@@ -89,11 +90,23 @@ def test_an_invalid_setting_is_refused_with_the_models_field_and_reason():
     assert error.value.reason == 'unknown buffer kind "kv_fp4" (known: kv_fp8, kv_bf16, indexer_k)'
 
 
-def test_an_unwritable_path_is_an_oserror_naming_the_path(tmp_path):
+def test_an_unwritable_path_is_an_input_error_naming_the_path(tmp_path):
+    """Issue 34, item 21: a missing folder, /proc, a folder removed before close() are one InputError
+    line naming the path (they were bare FileNotFoundError / PermissionError)."""
     setting = cpkv.Setting(cp=1, page_size=1, kinds=["kv_fp8"], layer_pattern="S", pool_pages=1)
-    with pytest.raises(OSError) as error:
+    with pytest.raises(cpkv.InputError) as error:
         cpkv.TraceWriter(str(tmp_path / "no" / "such" / "dir.jsonl"), setting)
-    assert error.value.filename.endswith("dir.jsonl")
+    assert error.value.field == "path" and "dir.jsonl" in str(error.value) and "No such file or directory" in str(error.value)
+    with pytest.raises(cpkv.InputError, match="cannot write /proc/t.jsonl: cannot create a file in /proc"):
+        cpkv.TraceWriter("/proc/t.jsonl", setting)
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    writer = cpkv.TraceWriter(str(folder / "t.jsonl"), setting)
+    for name in os.listdir(folder):
+        os.unlink(folder / name)
+    folder.rmdir()
+    with pytest.raises(cpkv.InputError, match="t.jsonl: rename: No such file or directory; the file was left as it was"):
+        writer.close()
 
 
 BAD_LINE = '{"batch":1,"requests":[{"prefix_len":4,"extend_len":1,"prefix_pages":[99]}]}\n'

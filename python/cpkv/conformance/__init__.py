@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Iterable, List, Optional, Union
 
-from .. import _cpkv
+from .. import _cpkv, _outputs
 from . import _timeline
 from ._context import Context, ContractError, Events, SharedBuffer, StagingOverflow
 from ._launch import Outcome, Session, launch, launch_cases
@@ -63,19 +63,21 @@ def run(impl: Union[str, type], setting: _cpkv.Setting, batches: Iterable[_cpkv.
     timeline: write the run's timeline (Chrome trace events, one track per rank) to this file.
     require_attention: every layer must return an "attention" plan; attention_output: run
     cpkv.attention.reference over each rank's plan against the single device (docs/attention.md)."""
+    output = None if timeline is None else _outputs.check_output("timeline", timeline)  # before any rank starts
     spec = case(impl, setting, batches, seed=seed, device=device, layers=layers, swarm=swarm, delays=delays, mutant=mutant,
                 window_s=window_s, ipc_fail_rank=ipc_fail_rank, impl_kwargs=impl_kwargs, timing=timing,
                 require_attention=require_attention, attention_output=attention_output)
-    if timeline is None:
+    if output is None:
         return launch(spec)
-    return run_with_timeline(spec, timeline, launch)
+    return run_with_timeline(spec, output, launch)
 
 
-def run_with_timeline(spec: RunSpec, timeline: Union[str, "os.PathLike[str]"], launcher) -> Any:
+def run_with_timeline(spec: RunSpec, timeline: Union[str, "os.PathLike[str]", _outputs.Output], launcher) -> Any:
     """launcher(spec) with its timeline appended to a temporary file beside `timeline`, renamed over
     it when the run ends (also when it failed; a run that raised leaves no file)."""
     label = f"conformance {spec.impl}" + (f" mutant {spec.mutant}" if spec.mutant else "")
-    file = _timeline.TimelineFile(os.fspath(timeline), spec.setting.cp, label)
+    output = timeline if isinstance(timeline, _outputs.Output) else _outputs.check_output("timeline", timeline)
+    file = _timeline.TimelineFile(output, spec.setting.cp, label)
     spec.timeline = file.path
     try:
         outcome = launcher(spec)
@@ -113,7 +115,10 @@ def run_cases(cases: List[RunSpec]) -> List[Outcome]:
 
 
 def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:
-    """run() over a trace file's setting and batches (or only batch `batch`)."""
+    """run() over a trace file's setting and batches (or only batch `batch`). A timeline that is the
+    trace itself is refused (InputError) before anything is read or run."""
+    if options.get("timeline") is not None:
+        _outputs.refuse_same_files([("trace", path)], [_outputs.check_output("timeline", options["timeline"])])
     reader = _cpkv.read_trace(path)
     batches = list(reader)
     if batch is not None:

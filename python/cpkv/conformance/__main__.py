@@ -12,33 +12,45 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
+import signal
 import sys
 import time
 from dataclasses import replace
 from typing import List, Optional
 
-from .. import _cpkv
+from .. import _cpkv, _outputs
 from .._errors import InputError, TraceError
 from . import _adversity as adv
 from . import _impl_spec
+from . import _impl_loader
 from . import _report
 from . import _shm
-from . import _timeline
 from . import run_with_timeline
 from . import _timing
 from ._context import ContractError
 from ._launch import Outcome, launch
-from ._rank import Reporter, RunSpec, drive, load_impl
+from ._rank import Reporter, RunSpec, drive
 from .reference import MUTANTS
 
 PROG = "python3 -m cpkv.conformance"
-REQUIRED_METHODS = ("setup", "compose_layer", "end_batch", "teardown")
+# --window: a wait's bound in seconds. Above an hour a wait is no bound (and gloo's timedelta overflows near 1e300).
+WINDOW_S_MAX = 3600.0
+SEED_MAX = (1 << 64) - 1  # seeds are the model's uint64
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's usage dump for a bad value replaced by one line and exit 2 (issue 34, item 15)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"cpkv conformance: error: {message} (see {PROG} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def parse(argv: List[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
+    p = _Parser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
     p.add_argument("trace", help="a batch trace (format v1)")
     p.add_argument("--impl", required=True, help="module:Class or path/to/file.py:Class, optionally with constructor arguments: "
                    "'module:Class(k=v, ...)' (each value a Python literal)")
@@ -104,13 +116,48 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
 
 
 def check_impl(a: argparse.Namespace) -> None:
-    """The class imports and has the four methods: checked before any rank starts (exit 2)."""
-    cls = load_impl(a.impl)
-    missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
-    if missing:
-        raise ContractError(f"--impl {a.impl}: {cls.__name__} has no {', '.join(missing)}")
-    if a.mutant and cls.__module__ != "cpkv.conformance.reference":
-        raise ContractError(f"--mutant {a.mutant}: planted bugs exist only in cpkv.conformance.reference, not {a.impl}")
+    """The class imports and has the four methods, tried in a bounded child process before any rank
+    starts (exit 2): an import that exits, hangs or is interrupted cannot end or stall the launcher."""
+    _impl_loader.probe_impl(a.impl, a.mutant)
+
+
+def check_options(a: argparse.Namespace) -> None:
+    """Every number in range before any rank starts (issue 34, item 15)."""
+    if not math.isfinite(a.window) or not 0 < a.window <= WINDOW_S_MAX:
+        raise InputError("--window", f"{a.window} is not a number of seconds in (0, {WINDOW_S_MAX:.0f}]")
+    if not 0 <= a.seed <= SEED_MAX:
+        raise InputError("--seed", f"{a.seed} is not in 0..2^64-1")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise InputError("--device", "cuda: no CUDA device is visible to torch (run with --device cpu)")
+
+
+def ranks_of(a: argparse.Namespace, setting: _cpkv.Setting, torchrun: bool) -> int:
+    if torchrun:
+        text = os.environ["WORLD_SIZE"]
+        if not text.strip().isdigit():
+            raise InputError("WORLD_SIZE", f"'{text}' is not a number of ranks")
+        ranks = int(text)
+    elif a.ranks is None:
+        raise InputError("--ranks", f"required: the ranks to spawn (this trace's cp is {setting.cp})")
+    else:
+        ranks = a.ranks
+    if ranks != setting.cp:
+        raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
+    if not -1 <= a.ipc_fail_rank < ranks:
+        raise InputError("--ipc-fail-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
+    return ranks
+
+
+def check_outputs(a: argparse.Namespace) -> List[Optional[_outputs.Output]]:
+    """--json and --timeline checked as the cpkv command checks its outputs, before any rank starts:
+    never the trace, never each other, never a pipe, folder, device or /proc file."""
+    outs = [_outputs.check_output("--json", a.json) if a.json else None,
+            _outputs.check_output("--timeline", a.timeline) if a.timeline else None]
+    _outputs.refuse_same_files([("trace", a.trace)], outs)
+    return outs
 
 
 def spec_of(a: argparse.Namespace, setting: _cpkv.Setting, batches: List[_cpkv.Batch]) -> RunSpec:
@@ -150,35 +197,65 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
     return outcome if rank == 0 or outcome.failure else None
 
 
+def prepare(a: argparse.Namespace):
+    """Everything checked before any rank starts: the spec, the outputs, and whether this is torchrun."""
+    check_options(a)
+    a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
+    outs = check_outputs(a)
+    torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if a.timeline and torchrun:
+        raise InputError("--timeline", "not under torchrun (rank 0 alone would write it)")
+    reader = _cpkv.read_trace(a.trace)
+    batches = list(reader)
+    setting = reader.setting
+    if not batches:
+        raise InputError("trace", f"{a.trace} holds no batch (only its header)")
+    a.ranks = ranks_of(a, setting, torchrun)
+    spec = spec_of(a, setting, batches)
+    check_impl(a)
+    return spec, setting, outs, torchrun
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP to the launcher: unwinds like Ctrl-C, so the teardown stops every rank."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame) -> None:
+    raise _Stopped(signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    """Ctrl-C: one line and exit 130, every rank stopped (the launcher's teardown runs on the way out);
+    SIGTERM and SIGHUP the same, exit 128 + the signal (issue 34, item 18), once command_line() has
+    installed their handlers (a caller of main() in-process keeps its own)."""
+    try:
+        return run_main(argv)
+    except KeyboardInterrupt:
+        print("cpkv conformance: interrupted (every rank stopped)", file=sys.stderr)
+        return 130
+    except _Stopped as stopped:
+        print(f"cpkv conformance: stopped by {signal.Signals(stopped.signum).name} (every rank stopped)", file=sys.stderr)
+        return 128 + stopped.signum
+
+
+def run_main(argv: Optional[List[str]]) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
-        a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
-        check_impl(a)
-        reader = _cpkv.read_trace(a.trace)
-        batches = list(reader)
-        setting = reader.setting
-        torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
-        ranks = int(os.environ["WORLD_SIZE"]) if torchrun else a.ranks
-        if ranks != setting.cp:
-            raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
-        a.ranks = ranks
-        spec = spec_of(a, setting, batches)
-        if a.timeline:
-            _timeline.check_target(a.timeline)
+        spec, setting, outs, torchrun = prepare(a)
     except (InputError, TraceError, ContractError) as error:
         print(f"cpkv conformance: error: {error}", file=sys.stderr)
         return 2
     quiet = torchrun and int(os.environ["RANK"]) != 0
     if not quiet:
         print("\n".join(header(a, setting, len(spec.batches), spec.layers)), flush=True)
-    if a.timeline and torchrun:
-        print("cpkv conformance: error: --timeline: not under torchrun (rank 0 alone would write it)", file=sys.stderr)
-        return 2
     if torchrun:
         outcome = run_torchrun(spec)
     else:
-        outcome = run_with_timeline(spec, a.timeline, launch) if a.timeline else launch(spec)
+        outcome = run_with_timeline(spec, outs[1], launch) if outs[1] else launch(spec)
     if outcome is None:
         return 0
     if a.time and a.device == "cuda":
@@ -190,14 +267,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"replay: {reproducer(a)}")
     if outcome.leftovers:
         print(f"cpkv conformance: left behind: {', '.join(outcome.leftovers)}", file=sys.stderr)
-    if a.json:
-        with open(a.json, "w") as f:
-            mode = "torchrun" if torchrun else "processes"
-            json.dump(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a)), f, indent=2, sort_keys=True)
+    if outs[0] is not None:
+        mode = "torchrun" if torchrun else "processes"
+        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a)), indent=2, sort_keys=True)
+        try:
+            _outputs.write_output(outs[0], text.encode())
+        except _outputs.OutputWriteError as error:
+            print(f"cpkv conformance: error: {error}", file=sys.stderr)
+            return 1
     if outcome.failure_kind == "contract" and outcome.failure and outcome.failure.split(": ", 1)[-1].startswith("--"):
         return 2
     return 0 if outcome.passed else 1
 
 
+def command_line() -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command_line())

@@ -15,6 +15,7 @@ import itertools
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .._errors import InputError
 from . import _adversity as adv
+from . import _lifeline
 from . import _shm
 from ._rank import RunSpec, harness_timeout_s, rank_main
 
@@ -35,7 +38,42 @@ POLL_S = 0.05
 # Setup (process-group rendezvous, importing torch in a fresh interpreter) on a loaded machine.
 STARTUP_S_MAX = 120.0
 
+# A rank seen exiting (PF_EXITING) is reaped within this bound (a bound only: exiting takes milliseconds).
+DEATH_S_MAX = 30.0
+PF_EXITING = 0x4  # include/linux/sched.h: set at the start of do_exit, before the process's files close
+
 _serial = itertools.count()
+
+
+def _exiting(pid: Optional[int]) -> bool:
+    """The process is a zombie or inside exit (/proc/PID/stat: state Z or X, or flags PF_EXITING)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return True  # gone
+    return fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING != 0
+
+
+def _timed_out(line: str) -> bool:
+    """A raise that is a wait's timeout (ctx's TimeoutError, gloo's "Timed out"): maybe a consequence."""
+    text = line.lower()
+    return "timeouterror" in text or "timed out" in text or "timeout" in text
+
+
+def exit_words(code: int) -> str:
+    """An exit status as words: exit code N, or the signal by name (SIGKILL: also the OOM killer's)."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+    if -code == signal.SIGKILL:
+        return f"signal {-code} {name}: killed from outside it, the kernel's OOM killer among others"
+    return f"signal {-code} {name}"
 
 
 @dataclass
@@ -115,6 +153,7 @@ class Launcher:
     def __init__(self, specs: List[RunSpec]) -> None:
         _shm.sweep_stale()
         base = _shm.run_id(os.getpid(), next(_serial))
+        self.lock = _shm.RunLock(base)  # held while this launch lives: a sweep judges liveness by it, not by a pid
         port = free_port()
         for case, spec in enumerate(specs):
             spec.run, spec.positions_run = f"{base}-c{case}", base
@@ -127,11 +166,14 @@ class Launcher:
         _shm.create_file(path, self.cp * adv.POSITION_COLUMNS * 8)
         self.positions = _shm.map_file(path, self.cp * adv.POSITION_COLUMNS * 8).view(torch.int64).view(self.cp, adv.POSITION_COLUMNS)
         self.context = multiprocessing.get_context("spawn")
+        # The ranks' lifeline: only this process holds the write end, so its death (any signal) is EOF in every rank.
+        self.lifeline, self.lifeline_end = self.context.Pipe(duplex=False)
         self.queue = self.context.Queue()
         self.processes: List[multiprocessing.Process] = []
         self.outcomes = [Outcome() for _ in specs]
         self.done: List[set] = [set() for _ in specs]
         self.fatal = False
+        self.finished: set = set()  # ranks that exited 0 after reporting every case
         self.case = 0  # the case the ranks are in (the lowest not yet done by every rank)
 
     # What each spawned rank runs (a benchmark swaps in a loop of its own, keeping the watchdog and teardown).
@@ -139,10 +181,15 @@ class Launcher:
 
     def start(self) -> None:
         for rank in range(self.cp):
-            p = self.context.Process(target=self.rank_target, args=(rank, self.specs, self.queue), name=f"cpkv-conformance-rank{rank}",
-                                     daemon=True)
-            p.start()
-            self.processes.append(p)
+            self.spawn(rank, self.rank_target, (rank, self.specs, self.queue))
+
+    def spawn(self, rank: int, target, args: tuple) -> None:
+        """One rank process, tied to this launcher (_lifeline: its own session, a death signal and a
+        pipe it watches, a subreaper of what its implementation forks)."""
+        p = self.context.Process(target=_lifeline.rank_entry, args=(target, self.lifeline, os.getpid(), *args),
+                                 name=f"cpkv-conformance-rank{rank}", daemon=True)
+        p.start()
+        self.processes.append(p)
 
     def run(self) -> List[Outcome]:
         """The outcomes of the cases run: all of them, or up to and including the one that failed."""
@@ -189,24 +236,36 @@ class Launcher:
         elif what == "batch":
             record = outcome.record(message)
             if record["raised"] and outcome.failure is None:
-                # Raised inside a batch and reported through the batch sync: every rank is still in
-                # step, so the session goes on to the next case.
+                # Raised inside a batch and reported through the batch sync (a wait of the
+                # implementation's that timed out, the first raiser named): the launch ends here,
+                # since a gloo group whose collective timed out is broken, and reusing it failed the
+                # next, correct case (issue 35, item 7d); the next case starts fresh processes.
                 outcome.failure_kind, outcome.failure = "raised", record["raised"][0]
+                self.fatal = True
         elif what == "done":
             self.done[case].add(message[2])
             if len(self.done[case]) == self.cp:
                 outcome.seconds = self.case_wall_s()
-                if case + 1 < len(self.specs):
+                if case + 1 < len(self.specs) and not self.fatal:  # a failed case ends the launch: the next is not run here
                     self.case = case + 1
         elif what == "error" and not self.fatal:
             _, _, rank, kind, line, where = message
             culprit = self.culprit(rank)
-            if culprit is not None:
+            dead = self.dying_peer(rank)
+            if dead is not None:
+                self.fail("died", self.death_line(dead, self.processes[dead].exitcode))
+            elif culprit is not None:
                 # A harness wait timed out: the rank to name is the one that never came to it.
                 self.fail("hang", f"rank {culprit} {self.where(culprit)}: never returned (rank {rank} timed out waiting for it "
                                   f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
             else:
-                self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+                self.fail_for(kind, rank, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+        elif what == "raising" and not self.fatal and not _timed_out(message[3]):
+            # Sent as a rank raised in compose_layer, before its batch sync: reported now, not when the
+            # peers' waits on it time out, and the group torn down (its collectives are out of step).
+            # A timeout is left to the batch sync, where the harness's own wait names the rank it
+            # waited for (a peer that never returned) when there is one.
+            self.fail_for("raised", message[2], message[3])
 
     def all_done(self) -> bool:
         return len(self.done[-1]) == self.cp
@@ -256,16 +315,55 @@ class Launcher:
                 return
 
     def check_exits(self) -> bool:
+        """True when the watch is over: a rank died (named, with its exit status or signal) or every
+        case is done. A rank that exited 0 after reporting every case is not a failure, however late
+        a slower peer's report is (issue 35, item 7a): its own reports are in the queue's pipe before it
+        exits (rank_main joins the queue's feeder first), so one drain without waiting reads them."""
         for rank, p in enumerate(self.processes):
-            if p.exitcode is None:
+            if p.exitcode is None or rank in self.finished:
                 continue
-            self.drain(0.5)  # its own report may still be in the queue
-            if self.all_done() or self.failed():
+            self.drain_now()
+            if self.failed():
                 return True
-            how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit code {p.exitcode}"
-            self.fail("died", f"rank {rank} {self.where(rank)}: died ({how}) without a report")
+            if p.exitcode == 0 and all(rank in done for done in self.done):
+                self.finished.add(rank)
+                continue
+            self.fail("died", self.death_line(rank, p.exitcode))
             return True
-        return False
+        return self.all_done()
+
+    def drain_now(self) -> None:
+        """Every report already in the queue, without waiting."""
+        try:
+            while True:
+                self.handle(self.queue.get_nowait())
+        except queue_module.Empty:
+            pass
+
+    def death_line(self, rank: int, code: int) -> str:
+        return f"rank {rank} {self.where(rank)}: died ({exit_words(code)}) without a report"
+
+    def dying_peer(self, reporter: int) -> Optional[int]:
+        """A rank other than `reporter` that died or is dying without a report: the cause to name
+        before the reporter's consequent error (a gloo "Connection reset by peer" comes from a peer's
+        death; issue 35, item 7f). A dying process is flagged PF_EXITING before its sockets close, so
+        the peer's error can never be seen before the flag: no wall-clock window is involved."""
+        for rank, p in enumerate(self.processes):
+            if rank == reporter or rank in self.finished:
+                continue
+            if p.exitcode is not None or _exiting(p.pid):
+                p.join(DEATH_S_MAX)  # it is exiting: its status comes within the bound
+                if p.exitcode is not None and not (p.exitcode == 0 and all(rank in done for done in self.done)):
+                    return rank
+        return None
+
+    def fail_for(self, kind: str, rank: int, line: str) -> None:
+        """A rank's failure, unless a peer's death caused it: then the death is what is named."""
+        dead = self.dying_peer(rank)
+        if dead is not None:
+            self.fail("died", self.death_line(dead, self.processes[dead].exitcode))
+        else:
+            self.fail(kind, line)
 
     def hang_line(self) -> str:
         # The rank that has been where it is longest is the one the others wait on.
@@ -280,6 +378,7 @@ class Launcher:
         if self.failed() or not self.all_done():
             for p in self.processes:
                 if p.is_alive():
+                    _lifeline.kill_descendants(p.pid)  # alive, so not reaped: the pid is still the rank's
                     p.terminate()
         deadline = time.monotonic() + KILL_GRACE_S
         for p in self.processes:
@@ -290,6 +389,10 @@ class Launcher:
                 p.join(KILL_GRACE_S)
         if not self.failed():
             self.drain(0.0)
+        for p in self.processes:
+            _lifeline.kill_group(p.pid)  # what the implementation forked into the rank's group, and nothing else
+        self.lifeline.close()
+        self.lifeline_end.close()
         codes = [p.exitcode for p in self.processes]
         if not self.failed() and any(c != 0 for c in codes):
             self.fail("died", f"ranks exited with {codes}")
@@ -297,6 +400,7 @@ class Launcher:
         for spec in self.specs:
             _shm.remove_run(spec.run)
         _shm.remove_run(self.base)
+        self.lock.release()
         self.queue.close()
         left = [path for spec in self.specs for path in _shm.leftovers(spec.run)] + _shm.leftovers(self.base)
         self.outcome.leftovers = left + [f"rank {r} pid {p.pid}" for r, p in enumerate(self.processes) if p.is_alive()]
@@ -343,10 +447,7 @@ class SessionLauncher(Launcher):
 
     def start(self) -> None:
         for rank in range(self.cp):
-            p = self.context.Process(target=rank_main, args=(rank, self.case_queues[rank], self.queue),
-                                     name=f"cpkv-conformance-rank{rank}", daemon=True)
-            p.start()
-            self.processes.append(p)
+            self.spawn(rank, rank_main, (rank, self.case_queues[rank], self.queue))
         self.started = True
 
     def submit(self, spec: RunSpec) -> None:
@@ -392,7 +493,8 @@ class Session:
         if self.launcher is None:
             self.launcher = SessionLauncher(spec)
         elif spec.setting.cp != self.launcher.cp:
-            raise ValueError(f"a session of cp {self.launcher.cp} cannot run a case of cp {spec.setting.cp}")
+            raise InputError("spec", f"a session of cp {self.launcher.cp} cannot run a case of cp {spec.setting.cp} "
+                                     "(every case of a session has the session's cp; use another Session)")
         outcome = self.launcher.run_one(spec)
         outcome.capture_batch = None  # a session (a search) runs no capture probe: it would start new ranks per case
         if self.launcher.failed():

@@ -9,8 +9,6 @@ harness collective can never be matched against one of the implementation's.
 from __future__ import annotations
 
 import datetime
-import importlib
-import importlib.util
 import os
 import sys
 import time
@@ -27,11 +25,13 @@ from . import _adversity as adv
 from . import _check
 from . import _guards
 from . import _happens_before
+from . import _lifeline
 from . import _probes
 from . import _shm
 from . import _timeline
 from . import _timing
 from ._context import Context, ContractError, StagingOverflow
+from ._impl_loader import load_impl  # noqa: F401  (the rank's loader; __main__ and tests import it from here)
 from ._probes import _first_line
 
 
@@ -78,28 +78,6 @@ class Reporter:
             self.queue.put(message)
         else:
             self.messages.append(message)
-
-
-def load_impl(text: str):
-    """The class named by 'module:Class' or 'file.py:Class'; a ContractError line when it cannot be."""
-    module_name, sep, class_name = text.rpartition(":")
-    if not sep or not module_name or not class_name:
-        raise ContractError(f"--impl {text}: expected module:Class or path/to/file.py:Class")
-    try:
-        if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(f"cpkv_impl_{os.getpid()}", module_name)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except Exception as error:  # any import failure is the user's input, reported in one line
-        raise ContractError(f"--impl {text}: cannot import {module_name}: {type(error).__name__}: {error}") from None
-    cls = getattr(module, class_name, None)
-    if cls is None:
-        raise ContractError(f"--impl {text}: {module_name} has no {class_name}")
-    return cls
 
 
 def make_impl(spec: RunSpec):
@@ -434,6 +412,8 @@ def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
     for index, batch in enumerate(spec.batches):
         oracle = _cpkv.conformance.ByteOracle(spec.setting, batch)
         outcome = run_batch(ctx, impl, spec, index, batch, oracle)
+        if outcome.error:  # the launcher names it now, not when the peers' waits on this rank time out
+            reporter.send("raising", rank, outcome.error)
         stop, everyone_composed = _batch_sync(ctx, spec, index, outcome, replay, reporter)
         composed = (index, batch) if everyone_composed else composed
         if stop:
@@ -487,4 +467,5 @@ def rank_main(rank: int, specs, queue, body=None) -> None:
     if queue is not None:
         queue.close()
         queue.join_thread()  # the reports are in the pipe before the process goes
+    _lifeline.end_rank()  # what the implementation started (at import, in compose_layer, detached) goes with the rank
     os._exit(code)  # no atexit handler may wait on a peer that is gone

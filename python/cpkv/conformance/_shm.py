@@ -3,14 +3,15 @@
 CPU: a sparse file in /dev/shm per (run, buffer, rank), mapped by every rank with
 ``torch.from_file(shared=True)``; every rank unlinks its own file as soon as all peers have mapped
 it, so a run that is killed afterwards leaves nothing behind (the mappings die with the
-processes). Names carry the launching process's pid, so the files of a run whose launcher died
-early are swept by the next run. CUDA: the tensor is allocated by the caching allocator and shared
+processes). Each launch holds a lock file (RunLock), so the files of a run whose launcher died
+early are swept by the next run, and a live run's never are. CUDA: the tensor is allocated by the caching allocator and shared
 through CUDA IPC (``torch.multiprocessing.reductions.reduce_tensor``), the handles exchanged over
 the harness's own process group.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 from typing import List, Optional
@@ -63,24 +64,67 @@ def leftovers(run: Optional[str] = None) -> List[str]:
     return sorted(glob.glob(os.path.join(SHM_DIR, pattern)))
 
 
-def _pid_alive(pid: int) -> bool:
+class RunLock:
+    """A launch's liveness, valid across PID namespaces (containers sharing /dev/shm): the file
+    cpkv-conf.<run>.lock, held with flock(LOCK_EX) while the launch lives (the kernel drops the lock
+    when its process dies, however it died). Made under a temporary name, locked, then renamed into
+    place, so a sweep never sees it unlocked while its launch lives (issue 34, item 19)."""
+
+    def __init__(self, run: str) -> None:
+        self.path = path_of(run, "lock", 0)[: -len(".0")]
+        temporary = os.path.join(SHM_DIR, f".{PREFIX}{run}.lock.new")  # hidden: no sweep's pattern matches it
+        self.fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(temporary, self.path)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            unlink_quietly(self.path)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _run_of(path: str) -> Optional[str]:
+    """The launch a file belongs to: '<pid>-<serial>' of cpkv-conf.<pid>-<serial>[-c<case>].<name>..., or None."""
+    parts = os.path.basename(path)[len(PREFIX):].split(".", 1)[0].split("-")
+    return "-".join(parts[:2]) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+def _run_alive(run: str) -> bool:
+    """Whether the launch's lock is held. No lock file: no live launch made the file (a launch
+    makes its lock before any other file and removes it last)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path_of(run, "lock", 0)[: -len(".0")], os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return False
-    except PermissionError:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
         return True
-    return True
+    except OSError:
+        return True  # cannot tell: keep it
+    finally:
+        os.close(fd)
+    return False
 
 
 def sweep_stale() -> int:
-    """Remove the files of runs whose launcher is dead (a run killed before its ranks unlinked)."""
+    """Remove the files of launches that no longer run (killed before their ranks unlinked), judged
+    by each launch's lock (RunLock), never by a pid (another PID namespace's pid means nothing here)."""
     removed = 0
+    verdicts: dict = {}
     for path in glob.glob(os.path.join(SHM_DIR, f"{PREFIX}*")):
-        pid_text = os.path.basename(path)[len(PREFIX):].split("-", 1)[0]
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+        run = _run_of(path)
+        if run is None:
+            continue
+        if run not in verdicts:
+            verdicts[run] = _run_alive(run)
+        if not verdicts[run] and not os.path.basename(path).endswith(".lock"):
             unlink_quietly(path)
             removed += 1
+    for run, alive in verdicts.items():  # the locks last: a dead launch's lock, once its files are gone
+        if not alive:
+            unlink_quietly(path_of(run, "lock", 0)[: -len(".0")])
     return removed
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Union
+
+from .. import _outputs
 
 CLOCK = "wall time: ts is CLOCK_MONOTONIC microseconds (the event hooks' clock)"
 
@@ -29,13 +30,13 @@ def _instant(name: str, ts_ns: int, tid: int, args: Dict[str, Any], cat: str) ->
 
 
 class TimelineFile:
-    """The temporary file beside `target`, its head written; close() writes the tail and renames."""
+    """The temporary file beside `target`, its head written; close() writes the tail and renames
+    (cpkv._outputs: the CLI's output rules; the old file stays whole until the rename)."""
 
-    def __init__(self, target: str, cp: int, label: str) -> None:
-        self.target = check_target(target)
-        folder = os.path.dirname(self.target)
-        fd, self.path = tempfile.mkstemp(dir=folder, prefix=".cpkv-timeline-", suffix=".json")
-        os.close(fd)
+    def __init__(self, target: Union[str, _outputs.Output], cp: int, label: str) -> None:
+        self.output = target if isinstance(target, _outputs.Output) else _outputs.check_output("timeline", target)
+        self.target = self.output.target
+        self.path = _outputs.temporary_beside(self.output, ".json")
         meta = [json.dumps({"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "ts": 0, "args": {"name": label}}) + ","]
         for rank in range(cp):
             meta.append(json.dumps({"name": "thread_name", "ph": "M", "pid": 1, "tid": rank, "ts": 0, "args": {"name": f"rank {rank}"}}) + ",")
@@ -44,21 +45,15 @@ class TimelineFile:
     def close(self) -> None:
         tail = json.dumps({"name": "clock", "ph": "M", "pid": 0, "tid": 0, "ts": 0, "args": {"clock": CLOCK}})
         append(self.path, [tail, '],"displayTimeUnit":"ns","otherData":' + json.dumps({"clock": CLOCK}) + "}"])
-        os.replace(self.path, self.target)
+        _outputs.commit(self.output, self.path)
 
     def discard(self) -> None:
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        _outputs.discard(self.path)
 
 
 def check_target(target: str) -> str:
-    """The target's absolute path: a regular file or a new name in an existing folder, else InputError."""
-    path = os.path.abspath(os.fsdecode(target))
-    if (os.path.exists(path) and not os.path.isfile(path)) or not os.path.isdir(os.path.dirname(path)):
-        from .._errors import InputError
-
-        raise InputError("timeline", f"{target}: not a regular file or a new name in an existing folder")
-    return path
+    """The target's absolute path, checked by the CLI's output rules (cpkv._outputs), else InputError."""
+    return _outputs.check_output("timeline", target).target
 
 
 def append(path: str, lines: Iterable[str]) -> None:
