@@ -1,0 +1,178 @@
+#include "cpkv/properties/footprint.hpp"
+
+#include "cpkv/model/assert.hpp"
+
+namespace cpkv::properties {
+
+bool conflict(const Footprint& a, const Footprint& b) {
+  if (a.top || b.top) return true;
+  if (a.writes.intersects(b.reads) || a.writes.intersects(b.writes) || a.writes.intersects(b.ors) || a.writes.intersects(b.adds)) return true;
+  if (b.writes.intersects(a.reads) || b.writes.intersects(a.ors) || b.writes.intersects(a.adds)) return true;
+  // An OR-write and an add do not commute with a read of the same location (the value read differs).
+  if (a.ors.intersects(b.reads) || b.ors.intersects(a.reads) || a.adds.intersects(b.reads) || b.adds.intersects(a.reads)) return true;
+  return a.ors.intersects(b.adds) || b.ors.intersects(a.adds);
+}
+
+Footprints::Footprints(std::int32_t cp, std::int32_t layers, std::int64_t fillers_per_half, harness::Mutant mutant)
+    : cp_(cp), layers_(layers), fillers_per_half_(fillers_per_half), mutant_(mutant) {
+  CPKV_ASSERT(cp >= 1 && cp * kPerRank <= 128);
+  CPKV_ASSERT(fillers_per_half >= 1);
+}
+
+// Layers past 32 share a location with layer % 32, and fillers words share 95 locations: a shared
+// location only adds dependencies (more interleavings explored), never removes one.
+std::int32_t Footprints::shadow_location(std::int32_t layer) const { return 128 + (layer < 0 ? 0 : layer % 32); }
+std::int32_t Footprints::fillers_location(std::int32_t half, std::int64_t index) const {
+  return 161 + static_cast<std::int32_t>((half * fillers_per_half_ + (index < 0 ? 0 : index)) % 95);
+}
+namespace {
+constexpr std::int32_t kResetLocation = 160;
+}
+
+void Footprints::all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const {
+  for (std::int32_t p = 0; p < cp_; ++p) {
+    if (p != except) set.add(rank_location(p, what));
+  }
+}
+
+// What each op of machine.cpp reads and writes in the World, its checker's reads included (the
+// RankMachine::run_* functions and the StateChecker::on_* they call). Keep in step with them:
+// Explorer.FootprintsCoverEveryWrite checks the writes against the bytes each step changes.
+Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
+  Footprint f;
+  const std::int32_t r = m.rank();
+  const std::int32_t h = m.half(s.layer);
+  const auto staging = [&](std::int32_t rank) { return rank_location(rank, h == 0 ? staging0 : staging1); };
+  const auto dense = [&](std::int32_t rank) { return rank_location(rank, h == 0 ? dense0 : dense1); };
+  const model::VariantPlan& plan = m.plan();
+  const bool peers_read_dense = model::info(m.path_variant()).peer_pages == model::PeerPages::dense;
+  switch (s.op) {
+    case sim::Op::probe:
+    case sim::Op::choose_path: f.top = true; break;  // the prologue: run in one fixed order, never reduced
+    case sim::Op::batch_begin:
+      f.writes.add(rank_location(r, dense0));
+      f.writes.add(rank_location(r, dense1));
+      f.writes.add(rank_location(r, pool));
+      f.writes.add(rank_location(r, verdict));
+      break;
+    case sim::Op::layer_begin:
+    case sim::Op::batch_end: break;
+    case sim::Op::zero_dense: f.writes.add(dense(r)); break;
+    case sim::Op::local_prefix:
+      f.reads.add(rank_location(r, pool));
+      f.writes.add(dense(r));
+      break;
+    case sim::Op::zero_own:
+    case sim::Op::fill:
+      if (plan.fill_to_staging) {
+        f.writes.add(staging(r));
+        all_ranks(f.reads, reading, r);
+      } else {
+        f.writes.add(dense(r));
+        if (peers_read_dense) all_ranks(f.reads, reading, r);
+      }
+      if (s.op == sim::Op::fill) f.writes.add(fillers_location(h, std::get<sim::FillStep>(s.operands).current_index));
+      break;
+    case sim::Op::pack:
+      f.reads.add(dense(r));
+      f.writes.add(rank_location(r, compact));
+      break;
+    case sim::Op::gather: {
+      const auto& g = std::get<sim::GatherStep>(s.operands);
+      f.writes.add(dense(r));
+      if (g.table_index == model::SlotDescriptor::kZeroFill) break;
+      const std::int32_t source = g.table_index % cp_;
+      if (g.table_index < cp_) {
+        f.reads.add(rank_location(source, pool));
+        break;
+      }
+      f.reads.add(peers_read_dense ? dense(source) : staging(source));
+      if (source != r) f.writes.add(rank_location(r, reading));
+      break;
+    }
+    case sim::Op::publish:
+      f.reads.add(dense(r));
+      f.writes.add(staging(r));
+      all_ranks(f.reads, reading, r);
+      break;
+    case sim::Op::arrive:
+      f.writes.add(rank_location(r, barrier));
+      f.ors.add(shadow_location(s.layer));
+      if (mutant_.uses_reset_barrier()) f.adds.add(kResetLocation);
+      break;
+    case sim::Op::wait:
+      all_ranks(f.reads, barrier, -1);
+      f.reads.add(shadow_location(s.layer));
+      if (mutant_.uses_reset_barrier()) f.writes.add(kResetLocation);  // its guard reads it, its body stores 0
+      break;
+    case sim::Op::coll_arrive: f.writes.add(rank_location(r, collective)); break;
+    case sim::Op::coll_wait:
+      all_ranks(f.reads, collective, -1);
+      all_ranks(f.reads, path, -1);
+      break;
+    case sim::Op::reduce: {
+      const bool compact_range = std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact;
+      for (std::int32_t p = 0; p < cp_; ++p) f.reads.add(compact_range ? rank_location(p, compact) : dense(p));
+      break;  // its scratch is this rank's alone
+    }
+    case sim::Op::store: {
+      const bool compact_range = std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact;
+      f.writes.add(compact_range ? rank_location(r, compact) : dense(r));
+      break;
+    }
+    case sim::Op::unpack:
+      f.reads.add(rank_location(r, compact));
+      f.writes.add(dense(r));
+      break;
+    case sim::Op::layer_end:
+      f.writes.add(rank_location(r, reading));
+      f.reads.add(dense(r));
+      break;
+    case sim::Op::batch_arrive: f.writes.add(rank_location(r, batch)); break;
+    case sim::Op::batch_wait:
+      all_ranks(f.reads, batch, -1);
+      all_ranks(f.reads, verdict, -1);
+      all_ranks(f.reads, path, -1);
+      break;
+  }
+  return f;
+}
+
+void Footprints::written_objects(const sim::RankMachine& m, const sim::Step& s, std::vector<std::uint32_t>& out) const {
+  const std::uint32_t base = static_cast<std::uint32_t>(m.rank()) * kObjectsPerRank;
+  const std::uint32_t dense = m.half(s.layer) == 0 ? obj_dense0 : obj_dense1;
+  switch (s.op) {
+    case sim::Op::probe:
+    case sim::Op::choose_path:
+    case sim::Op::layer_begin:
+    case sim::Op::arrive:
+    case sim::Op::wait:
+    case sim::Op::coll_arrive:
+    case sim::Op::coll_wait:
+    case sim::Op::layer_end:
+    case sim::Op::batch_arrive:
+    case sim::Op::batch_wait:
+    case sim::Op::batch_end: return;  // flags and shadows only
+    case sim::Op::batch_begin:
+      out.push_back(base + obj_dense0);
+      out.push_back(base + obj_dense1);
+      out.push_back(base + obj_pool);
+      return;
+    case sim::Op::zero_own:
+    case sim::Op::fill:
+    case sim::Op::publish:
+      out.push_back(base + (m.plan().fill_to_staging || s.op == sim::Op::publish ? obj_staging : dense));
+      return;
+    case sim::Op::pack: out.push_back(base + obj_compact); return;
+    case sim::Op::reduce: out.push_back(base + obj_scratch); return;
+    case sim::Op::store:
+      out.push_back(base + (std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact ? obj_compact : dense));
+      return;
+    case sim::Op::zero_dense:
+    case sim::Op::local_prefix:
+    case sim::Op::gather:
+    case sim::Op::unpack: out.push_back(base + dense); return;
+  }
+}
+
+}  // namespace cpkv::properties
