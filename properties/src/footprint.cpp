@@ -15,18 +15,39 @@ bool conflict(const Footprint& a, const Footprint& b) {
 
 Footprints::Footprints(std::int32_t cp, std::int32_t layers, std::int64_t fillers_per_half, harness::Mutant mutant)
     : cp_(cp), layers_(layers), fillers_per_half_(fillers_per_half), mutant_(mutant) {
-  CPKV_ASSERT(cp >= 1 && cp * kPerRank <= 128);
+  CPKV_ASSERT(cp >= 1 && cp * kPerRank <= 256);
   CPKV_ASSERT(fillers_per_half >= 1);
 }
 
 // Layers past 32 share a location with layer % 32, and fillers words share 95 locations: a shared
 // location only adds dependencies (more interleavings explored), never removes one.
-std::int32_t Footprints::shadow_location(std::int32_t layer) const { return 128 + (layer < 0 ? 0 : layer % 32); }
+std::int32_t Footprints::shadow_location(std::int32_t layer) const { return 256 + (layer < 0 ? 0 : layer % 32); }
 std::int32_t Footprints::fillers_location(std::int32_t half, std::int64_t index) const {
-  return 161 + static_cast<std::int32_t>((half * fillers_per_half_ + (index < 0 ? 0 : index)) % 95);
+  return 289 + static_cast<std::int32_t>((half * fillers_per_half_ + (index < 0 ? 0 : index)) % 223);
 }
 namespace {
-constexpr std::int32_t kResetLocation = 160;
+constexpr std::int32_t kResetLocation = 288;
+}
+
+// The read epoch (StateChecker::on_shared_write). A write into half h for layer M reports a peer p
+// only if p's epoch holds a layer L != M of half h; p sets its epoch to L (its gathers of layer L)
+// and back to -1 (its layer end), so only p's steps of such a layer L can change what the write
+// finds: the writer reads "p's epoch is L" for those L, p's steps of layer L write it. With more
+// than 16 layers the epoch is one location (every such pair dependent).
+void Footprints::read_epochs(Footprint& f, std::int32_t rank, std::int32_t layer, std::int32_t half) const {
+  for (std::int32_t p = 0; p < cp_; ++p) {
+    if (p == rank) continue;
+    if (layers_ > kEpochLayers) {
+      f.reads.add(rank_location(p, reading));
+      continue;
+    }
+    for (std::int32_t l = 0; l < layers_; ++l) {
+      if (l != layer && (mutant_.halves() == 1 || model::parity_half(l) == half)) f.reads.add(rank_location(p, reading + 1 + l));
+    }
+  }
+}
+void Footprints::write_epoch(Footprint& f, std::int32_t rank, std::int32_t layer) const {
+  f.writes.add(layers_ > kEpochLayers ? rank_location(rank, reading) : rank_location(rank, reading + 1 + layer));
 }
 
 void Footprints::all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const {
@@ -66,10 +87,10 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
     case sim::Op::fill:
       if (plan.fill_to_staging) {
         f.writes.add(staging(r));
-        all_ranks(f.reads, reading, r);
+        read_epochs(f, r, s.layer, h);
       } else {
         f.writes.add(dense(r));
-        if (peers_read_dense) all_ranks(f.reads, reading, r);
+        if (peers_read_dense) read_epochs(f, r, s.layer, h);
       }
       if (s.op == sim::Op::fill) f.writes.add(fillers_location(h, std::get<sim::FillStep>(s.operands).current_index));
       break;
@@ -87,13 +108,13 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
         break;
       }
       f.reads.add(peers_read_dense ? dense(source) : staging(source));
-      if (source != r) f.writes.add(rank_location(r, reading));
+      if (source != r) write_epoch(f, r, s.layer);
       break;
     }
     case sim::Op::publish:
       f.reads.add(dense(r));
       f.writes.add(staging(r));
-      all_ranks(f.reads, reading, r);
+      read_epochs(f, r, s.layer, h);
       break;
     case sim::Op::arrive:
       f.writes.add(rank_location(r, barrier));
@@ -125,7 +146,7 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
       f.writes.add(dense(r));
       break;
     case sim::Op::layer_end:
-      f.writes.add(rank_location(r, reading));
+      write_epoch(f, r, s.layer);
       f.reads.add(dense(r));
       break;
     case sim::Op::batch_arrive: f.writes.add(rank_location(r, batch)); break;

@@ -16,7 +16,7 @@
 
 namespace cpkv::properties {
 
-inline constexpr std::int32_t kLocations = 256;
+inline constexpr std::int32_t kLocations = 512;
 
 struct LocationSet {
   std::array<std::uint64_t, kLocations / 64> bits{};
@@ -66,13 +66,17 @@ class Footprints {
 
   // Location ids (exposed for tests and the closure).
   std::int32_t rank_location(std::int32_t rank, std::int32_t what) const { return rank * kPerRank + what; }
-  static constexpr std::int32_t kPerRank = 16;
-  enum : std::int32_t { staging0 = 0, staging1, dense0, dense1, pool, compact, barrier, collective, batch, reading, verdict, path };
+  static constexpr std::int32_t kPerRank = 32;
+  // reading: the read epoch as a whole; reading + 1 + L: its being L (16 layers, then as a whole).
+  enum : std::int32_t { staging0 = 0, staging1, dense0, dense1, pool, compact, barrier, collective, batch, verdict, path, reading = 15 };
+  static constexpr std::int32_t kEpochLayers = 16;
 
  private:
   std::int32_t shadow_location(std::int32_t layer) const;
   std::int32_t fillers_location(std::int32_t half, std::int64_t index) const;
   void all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const;
+  void read_epochs(Footprint& f, std::int32_t rank, std::int32_t layer, std::int32_t half) const;
+  void write_epoch(Footprint& f, std::int32_t rank, std::int32_t layer) const;
 
   std::int32_t cp_;
   std::int32_t layers_;
