@@ -259,12 +259,31 @@ void Explorer::verify_step(std::uint32_t r, const std::vector<std::uint8_t>& bef
       if (std::memcmp(before.data() + span.offset, world.region().base() + span.offset, span.bytes) == 0) continue;
       const std::uint32_t id = static_cast<std::uint32_t>(p) * kObjectsPerRank + o;
       const bool in_objects = std::find(named.begin(), named.end(), id) != named.end();
-      const bool in_footprint = location == -2 ? p == static_cast<std::int32_t>(r)
+      const bool in_footprint = location == -2   ? p == static_cast<std::int32_t>(r)
                                 : location == -1 ? f.writes.has(footprints.rank_location(p, Footprints::staging0)) ||
                                                        f.writes.has(footprints.rank_location(p, Footprints::staging1))
-                                                 : f.writes.has(footprints.rank_location(p, location));
+                                : location == Footprints::dense0 ? footprints.writes_dense(f, p, 0)
+                                : location == Footprints::dense1 ? footprints.writes_dense(f, p, 1)
+                                                                 : f.writes.has(footprints.rank_location(p, location));
       if (!in_objects || !in_footprint) {
         throw std::logic_error(fmt::format("explore: rank {} step '{}' changed object {} of rank {} outside its footprint", r, sim::to_string(s), o, p));
+      }
+    }
+  }
+  // Dense writes by slot: each changed slot's location is written.
+  for (std::int32_t p = 0; p < options.setting.cp; ++p) {
+    for (std::int32_t half = 0; half < 2; ++half) {
+      for (std::size_t k = 0; k < options.setting.kinds.size(); ++k) {
+        const std::uint64_t page = world.geometry().page_bytes(k);
+        for (std::int64_t slot = 0; slot < world.geometry().slot_count_max; ++slot) {
+          const std::uint64_t at = static_cast<std::uint64_t>(world.dense_page(p, half, k, slot) - world.region().base());
+          if (std::memcmp(before.data() + at, world.region().base() + at, page) == 0) continue;
+          Footprint one;
+          footprints.dense_slot(one.writes, p, half, slot);
+          if (!one.writes.intersects(f.writes)) {
+            throw std::logic_error(fmt::format("explore: rank {} step '{}' changed dense slot {} of rank {} half {} outside its footprint", r, sim::to_string(s), slot, p, half));
+          }
+        }
       }
     }
   }

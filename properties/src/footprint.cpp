@@ -1,5 +1,7 @@
 #include "cpkv/properties/footprint.hpp"
 
+#include <algorithm>
+
 #include "cpkv/model/assert.hpp"
 
 namespace cpkv::properties {
@@ -15,18 +17,18 @@ bool conflict(const Footprint& a, const Footprint& b) {
 
 Footprints::Footprints(std::int32_t cp, std::int32_t layers, std::int64_t fillers_per_half, harness::Mutant mutant)
     : cp_(cp), layers_(layers), fillers_per_half_(fillers_per_half), mutant_(mutant) {
-  CPKV_ASSERT(cp >= 1 && cp * kPerRank <= 256);
+  CPKV_ASSERT(cp >= 1 && cp * kPerRank <= 512);
   CPKV_ASSERT(fillers_per_half >= 1);
 }
 
 // Layers past 32 share a location with layer % 32, and fillers words share 95 locations: a shared
 // location only adds dependencies (more interleavings explored), never removes one.
-std::int32_t Footprints::shadow_location(std::int32_t layer) const { return 256 + (layer < 0 ? 0 : layer % 32); }
+std::int32_t Footprints::shadow_location(std::int32_t layer) const { return 512 + (layer < 0 ? 0 : layer % 32); }
 std::int32_t Footprints::fillers_location(std::int32_t half, std::int64_t index) const {
-  return 289 + static_cast<std::int32_t>((half * fillers_per_half_ + (index < 0 ? 0 : index)) % 223);
+  return 545 + static_cast<std::int32_t>((half * fillers_per_half_ + (index < 0 ? 0 : index)) % 479);
 }
 namespace {
-constexpr std::int32_t kResetLocation = 288;
+constexpr std::int32_t kResetLocation = 544;
 }
 
 // The read epoch (StateChecker::on_shared_write). A write into half h for layer M reports a peer p
@@ -50,6 +52,20 @@ void Footprints::write_epoch(Footprint& f, std::int32_t rank, std::int32_t layer
   f.writes.add(layers_ > kEpochLayers ? rank_location(rank, reading) : rank_location(rank, reading + 1 + layer));
 }
 
+void Footprints::dense_half(LocationSet& set, std::int32_t rank, std::int32_t half) const {
+  for (std::int32_t slot = 0; slot < kDenseSlots; ++slot) set.add(rank_location(rank, (half == 0 ? dense0 : dense1) + slot));
+}
+void Footprints::dense_slot(LocationSet& set, std::int32_t rank, std::int32_t half, std::int64_t slot) const {
+  if (slot < 0) return dense_half(set, rank, half);
+  set.add(rank_location(rank, (half == 0 ? dense0 : dense1) + static_cast<std::int32_t>(std::min<std::int64_t>(slot, kDenseSlots - 1))));
+}
+bool Footprints::writes_dense(const Footprint& f, std::int32_t rank, std::int32_t half) const {
+  for (std::int32_t slot = 0; slot < kDenseSlots; ++slot) {
+    if (f.writes.has(rank_location(rank, (half == 0 ? dense0 : dense1) + slot))) return true;
+  }
+  return false;
+}
+
 void Footprints::all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const {
   for (std::int32_t p = 0; p < cp_; ++p) {
     if (p != except) set.add(rank_location(p, what));
@@ -64,24 +80,23 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
   const std::int32_t r = m.rank();
   const std::int32_t h = m.half(s.layer);
   const auto staging = [&](std::int32_t rank) { return rank_location(rank, h == 0 ? staging0 : staging1); };
-  const auto dense = [&](std::int32_t rank) { return rank_location(rank, h == 0 ? dense0 : dense1); };
   const model::VariantPlan& plan = m.plan();
   const bool peers_read_dense = model::info(m.path_variant()).peer_pages == model::PeerPages::dense;
   switch (s.op) {
     case sim::Op::probe:
     case sim::Op::choose_path: f.top = true; break;  // the prologue: run in one fixed order, never reduced
     case sim::Op::batch_begin:
-      f.writes.add(rank_location(r, dense0));
-      f.writes.add(rank_location(r, dense1));
+      dense_half(f.writes, r, 0);
+      dense_half(f.writes, r, 1);
       f.writes.add(rank_location(r, pool));
       f.writes.add(rank_location(r, verdict));
       break;
     case sim::Op::layer_begin:
     case sim::Op::batch_end: break;
-    case sim::Op::zero_dense: f.writes.add(dense(r)); break;
+    case sim::Op::zero_dense: dense_half(f.writes, r, h); break;
     case sim::Op::local_prefix:
       f.reads.add(rank_location(r, pool));
-      f.writes.add(dense(r));
+      dense_slot(f.writes, r, h, std::get<sim::SlotStep>(s.operands).slot);
       break;
     case sim::Op::zero_own:
     case sim::Op::fill:
@@ -89,30 +104,34 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
         f.writes.add(staging(r));
         read_epochs(f, r, s.layer, h);
       } else {
-        f.writes.add(dense(r));
+        dense_half(f.writes, r, h);  // the page inverse's rows: the slot is the layout's (not known here)
         if (peers_read_dense) read_epochs(f, r, s.layer, h);
       }
       if (s.op == sim::Op::fill) f.writes.add(fillers_location(h, std::get<sim::FillStep>(s.operands).current_index));
       break;
     case sim::Op::pack:
-      f.reads.add(dense(r));
+      dense_half(f.reads, r, h);
       f.writes.add(rank_location(r, compact));
       break;
     case sim::Op::gather: {
       const auto& g = std::get<sim::GatherStep>(s.operands);
-      f.writes.add(dense(r));
+      dense_slot(f.writes, r, h, g.slot);
       if (g.table_index == model::SlotDescriptor::kZeroFill) break;
       const std::int32_t source = g.table_index % cp_;
       if (g.table_index < cp_) {
         f.reads.add(rank_location(source, pool));
         break;
       }
-      f.reads.add(peers_read_dense ? dense(source) : staging(source));
+      if (peers_read_dense) {
+        dense_slot(f.reads, source, h, g.source_page);
+      } else {
+        f.reads.add(staging(source));
+      }
       if (source != r) write_epoch(f, r, s.layer);
       break;
     }
     case sim::Op::publish:
-      f.reads.add(dense(r));
+      dense_half(f.reads, r, h);
       f.writes.add(staging(r));
       read_epochs(f, r, s.layer, h);
       break;
@@ -133,21 +152,36 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
       break;
     case sim::Op::reduce: {
       const bool compact_range = std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact;
-      for (std::int32_t p = 0; p < cp_; ++p) f.reads.add(compact_range ? rank_location(p, compact) : dense(p));
+      const auto& range = std::get<sim::CollectiveStep>(s.operands);
+      for (std::int32_t p = 0; p < cp_; ++p) {
+        if (compact_range) {
+          f.reads.add(rank_location(p, compact));
+          continue;
+        }
+        for (std::int64_t slot = range.slot_begin; slot < range.slot_end; ++slot) dense_slot(f.reads, p, h, slot);
+        if (range.slot_begin < 0 || range.slot_end < range.slot_begin) dense_half(f.reads, p, h);  // a bad range: the step reports it
+      }
       break;  // its scratch is this rank's alone
     }
     case sim::Op::store: {
       const bool compact_range = std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact;
-      f.writes.add(compact_range ? rank_location(r, compact) : dense(r));
+      const auto& range = std::get<sim::CollectiveStep>(s.operands);
+      if (compact_range) {
+        f.writes.add(rank_location(r, compact));
+      } else if (range.slot_begin < 0 || range.slot_end < range.slot_begin) {
+        dense_half(f.writes, r, h);
+      } else {
+        for (std::int64_t slot = range.slot_begin; slot < range.slot_end; ++slot) dense_slot(f.writes, r, h, slot);
+      }
       break;
     }
     case sim::Op::unpack:
       f.reads.add(rank_location(r, compact));
-      f.writes.add(dense(r));
+      dense_half(f.writes, r, h);
       break;
     case sim::Op::layer_end:
       write_epoch(f, r, s.layer);
-      f.reads.add(dense(r));
+      dense_half(f.reads, r, h);
       break;
     case sim::Op::batch_arrive: f.writes.add(rank_location(r, batch)); break;
     case sim::Op::batch_wait:

@@ -16,7 +16,7 @@
 
 namespace cpkv::properties {
 
-inline constexpr std::int32_t kLocations = 512;
+inline constexpr std::int32_t kLocations = 1024;
 
 struct LocationSet {
   std::array<std::uint64_t, kLocations / 64> bits{};
@@ -66,10 +66,17 @@ class Footprints {
 
   // Location ids (exposed for tests and the closure).
   std::int32_t rank_location(std::int32_t rank, std::int32_t what) const { return rank * kPerRank + what; }
-  static constexpr std::int32_t kPerRank = 32;
-  // reading: the read epoch as a whole; reading + 1 + L: its being L (16 layers, then as a whole).
-  enum : std::int32_t { staging0 = 0, staging1, dense0, dense1, pool, compact, barrier, collective, batch, verdict, path, reading = 15 };
+  static constexpr std::int32_t kPerRank = 64;
+  // dense0 + slot, dense1 + slot: one dense slot of half 0 / 1 (bytes and dense stamp; slots past 7
+  // share slot 7's location); the half as a whole is every one of them. reading: the read epoch as
+  // a whole; reading + 1 + L: its being L (16 layers, then as a whole).
+  static constexpr std::int32_t kDenseSlots = 8;
+  enum : std::int32_t { staging0 = 0, staging1, dense0 = 2, dense1 = 10, pool = 18, compact, barrier, collective, batch, verdict, path, reading = 31 };
   static constexpr std::int32_t kEpochLayers = 16;
+  // Every slot of a dense half, or one slot.
+  void dense_half(LocationSet& set, std::int32_t rank, std::int32_t half) const;
+  void dense_slot(LocationSet& set, std::int32_t rank, std::int32_t half, std::int64_t slot) const;
+  bool writes_dense(const Footprint& f, std::int32_t rank, std::int32_t half) const;
 
  private:
   std::int32_t shadow_location(std::int32_t layer) const;
