@@ -70,7 +70,7 @@ TEST(ExplorerFootprints, CoverEveryWriteOverTheShapesAndEveryPlantedBug) {
         ExploreOptions o = options_for(shape, 2, mutant);
         o.verify_footprints = true;
         o.collect_all = true;
-        o.states_max = cp == 2 ? 3000 : 300;
+        o.states_max = cp == 2 ? 1500 : 300;
         SCOPED_TRACE(fmt::format("{} cp {} {}", shape.name, cp, harness::to_string(mutant)));
         EXPECT_NO_THROW(explore(o));
       }
