@@ -532,6 +532,12 @@ std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   shapes.push_back(overflow);
   // Two batches of different shapes in the same buffers: the plan must be rebuilt for the second.
   shapes.push_back(shape("two_batches", cp, {exploration_batch(), one_request(2, 4, {3})}, model::Variant::staging_direct));
+  // Every rank writes: 2 cp current pages, two per rank under the zigzag split (caps raised to fit).
+  ExploreShape every = shape("every_rank_writes", cp, {one_request(0, 4 * cp, {})}, model::Variant::staging_direct);
+  every.setting.caps.max_total_extend_tokens = 4 * cp;
+  every.setting.caps.max_batch_requests = 1;
+  every.setting.pool_pages = std::max(8, 2 * cp);
+  shapes.push_back(every);
   // The last rank's IPC probe fails: the group agrees on the fallback (all-reduce, no barrier).
   ExploreShape fallback = shape("capability_fallback", cp, {exploration_batch()}, model::Variant::staging_direct);
   fallback.ipc_missing_rank = cp - 1;

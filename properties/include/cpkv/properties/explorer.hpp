@@ -76,9 +76,10 @@ ExploreResult explore(const ExploreOptions& options);
 model::Setting exploration_setting(std::int32_t cp);
 model::Batch exploration_batch();
 
-// The shapes `cpkv explore` proves for small groups: every variant with a barrier, a rank with
-// nothing to write, an overflowing batch followed by a normal one, two batches in a row (the plan
-// cache's test), and the capability fallback (one rank's IPC probe fails).
+// The shapes `cpkv explore` proves (a table: one row per shape): every variant with a barrier, a
+// rank with nothing to write (and, in the exploration batch, idle ranks from cp 4 on), an
+// overflowing batch followed by a normal one, two batches in a row (the plan cache's test), every
+// rank writing two pages, and the capability fallback (one rank's IPC probe fails).
 struct ExploreShape {
   std::string name;
   model::Setting setting;
