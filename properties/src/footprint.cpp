@@ -135,6 +135,16 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
       f.writes.add(staging(r));
       read_epochs(f, r, s.layer, h);
       break;
+    default: sync_of(m, s, f); break;
+  }
+  return f;
+}
+
+// The barrier, collective and layer-end steps (the rest of Footprints::of).
+void Footprints::sync_of(const sim::RankMachine& m, const sim::Step& s, Footprint& f) const {
+  const std::int32_t r = m.rank();
+  const std::int32_t h = m.half(s.layer);
+  switch (s.op) {
     case sim::Op::arrive:
       f.writes.add(rank_location(r, barrier));
       f.ors.add(shadow_location(s.layer));
@@ -189,8 +199,8 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
       all_ranks(f.reads, verdict, -1);
       all_ranks(f.reads, path, -1);
       break;
+    default: f.top = true; break;  // Footprints::of's ops: not reached
   }
-  return f;
 }
 
 void Footprints::written_objects(const sim::RankMachine& m, const sim::Step& s, std::vector<std::uint32_t>& out) const {

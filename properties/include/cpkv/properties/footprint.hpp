@@ -82,6 +82,7 @@ class Footprints {
   std::int32_t shadow_location(std::int32_t layer) const;
   std::int32_t fillers_location(std::int32_t half, std::int64_t index) const;
   void all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const;
+  void sync_of(const sim::RankMachine& machine, const sim::Step& step, Footprint& f) const;
   void read_epochs(Footprint& f, std::int32_t rank, std::int32_t layer, std::int32_t half) const;
   void write_epoch(Footprint& f, std::int32_t rank, std::int32_t layer) const;
 
