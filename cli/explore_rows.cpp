@@ -1,5 +1,6 @@
 #include "explore_rows.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <stdexcept>
 
@@ -11,11 +12,17 @@
 
 namespace cpkv::cli {
 
-std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, std::int32_t cp_top) {
+std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction) {
   std::size_t units = static_cast<std::size_t>(cp_max) * static_cast<std::size_t>(layers_max) + 3;
-  if (!shapes) return units;
-  for (std::int32_t cp = 1; cp <= cp_top; ++cp) units += properties::exploration_shapes(cp).size();
-  return units + std::size(harness::kAllMutants);
+  const std::size_t mutants = std::size(harness::kAllMutants);
+  if (shapes) {
+    for (std::int32_t cp = 1; cp <= cp_max; ++cp) units += properties::exploration_shapes(cp).size();
+    units += mutants;
+  }
+  if (check_reduction) {
+    for (std::int32_t cp = 1; cp <= std::min(4, cp_max); ++cp) units += properties::exploration_shapes(cp).size() * (mutants + 1);
+  }
+  return units;
 }
 
 ExploreCounterexample keep_explore_counterexample(const properties::ExploreOptions& options, const properties::ExploreResult& r, const std::string& stem) {

@@ -13,8 +13,9 @@
 namespace cpkv::cli {
 
 // The explorations of a run: the grid (cp 1..cp_max x layers 1..layers_max), the three planted bugs
-// at cp 2, then, with the shapes, every shape of cp 1..cp_top and one hunt per planted bug.
-std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, std::int32_t cp_top);
+// at cp 2, then, with the shapes, every shape of cp 1..cp_max and one hunt per planted bug, then,
+// with --check-reduction, one comparison per shape of cp 1..min(4, cp_max) and per mutant (none first).
+std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction);
 
 // What a found exploration left behind: the `cpkv replay` line of its batches and schedule, and its
 // timeline (the replayed schedule's steps: docs/event-log.md). Each is written or says why not, on

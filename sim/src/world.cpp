@@ -287,6 +287,18 @@ StagingStamp& World::dense_stamp(std::int32_t rank, std::int32_t half, std::int6
   return region_.at<StagingStamp>(off_.dense_stamps)[(rank * 2 + half) * per_half + slot];
 }
 
+std::vector<World::ByteSpan> World::flag_spans() const {
+  return {{off_.barrier, off_.totals - off_.barrier}, {off_.fillers, off_.violations - off_.fillers}};
+}
+World::ByteSpan World::pool_span(std::int32_t rank) const { return {off_.pool + rank * off_.pool_rank, off_.pool_rank}; }
+World::ByteSpan World::staging_span(std::int32_t rank) const { return {off_.staging + rank * off_.staging_rank, off_.staging_rank}; }
+World::ByteSpan World::dense_span(std::int32_t rank, std::int32_t half) const {
+  return {off_.dense + rank * off_.dense_rank + half * off_.dense_half, off_.dense_half};
+}
+World::ByteSpan World::compact_span(std::int32_t rank) const { return {off_.compact + rank * off_.compact_rank, off_.compact_rank}; }
+World::ByteSpan World::record_span() const { return {off_.header, off_.positions - off_.header}; }
+World::ByteSpan World::scratch_span(std::int32_t rank) const { return {off_.scratch + rank * off_.scratch_rank, off_.scratch_rank}; }
+
 void World::record(const Violation& violation) const {
   header()->by_invariant[std::clamp(violation.invariant, 0, harness::kInvariants)].fetch_add(1);
   const std::int64_t index = header()->violations.fetch_add(1);

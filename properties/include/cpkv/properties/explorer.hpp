@@ -1,21 +1,34 @@
-// Exhaustive exploration of every interleaving of the rank step machines for small settings, with a
-// visited-state set. A state is the vector of every rank's program counter: everything the checkers of
-// invariants 2 and 4 look at when a step runs (stamps, read epochs, barrier counters) is a function of
-// it, so two paths that reach the same vector have the same futures as far as those checks go, and
-// every transition out of every reachable state is executed and checked once. Data bytes are not a
-// function of it (a stale read leaves different bytes), so byte exactness is not proved this way.
+// Exhaustive exploration of the interleavings of the rank step machines, with a visited-state set
+// keyed on a 128-bit fingerprint of everything a future step can read: every byte of the World's
+// flags, shadows and buffers (positions, totals and the violation records aside: nothing a step
+// reads), and every rank machine's steps taken and batch (a machine's own state is a function of
+// them: its program is built from the batch alone, and its only read that steers it, the path
+// choice, runs in the fixed prologue). Two paths into the same fingerprint have the same futures,
+// so each transition out of each distinct state is executed and checked once. Independent steps
+// are explored in one order only (persistent sets over the locations each step reads and writes,
+// properties/footprint.hpp, plus sleep sets); docs/properties.md argues why that loses no
+// violation and no deadlock, and Explorer.ReducedAndFullAgree* check it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/setting.hpp"
+#include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/mutant.hpp"
+#include "cpkv/sim/world.hpp"
 
 namespace cpkv::properties {
+
+enum class Reduction { none, partial_order };
+// full_state: the sound key above. program_counters: the old key (the vector of steps taken), kept
+// to show what it misses (Explorer.OldKeyMissesWhatTheStateKeyFinds).
+enum class StateKey { full_state, program_counters };
 
 struct ExploreOptions {
   model::Setting setting;
@@ -26,16 +39,33 @@ struct ExploreOptions {
   harness::Mutant mutant = harness::Mutant::none;
   std::uint64_t states_max = 3'000'000;  // stop (incomplete) past this many distinct states
   double seconds_max = 120.0;            // ... or past this much time
+  Reduction reduction = Reduction::partial_order;
+  StateKey key = StateKey::full_state;
+  // 0: exhaustive (a table of 128-bit fingerprints). k > 0: bitstate (supertrace) hashing over 2^k
+  // bits, three bits per state: for settings past exhaustive reach; a state whose three bits are
+  // all set is taken as visited, so coverage is partial (ExploreResult::coverage_estimate).
+  std::int32_t bitstate_log2 = 0;
+  // Go on past a violation and collect every distinct finding (the reduced-versus-full checks).
+  bool collect_all = false;
+  // Check after every step that it changed no byte outside the objects its footprint names, and
+  // that the undo log restores every byte (tests).
+  bool verify_footprints = false;
+  // Test-only: called after every step with the rank that took it (a planted order-dependent write;
+  // every object is then saved in the undo log).
+  std::function<void(sim::World&, const std::vector<sim::RankMachine>&, std::uint32_t)> after_step;
 };
 
 struct ExploreResult {
-  std::uint64_t states = 0;       // distinct program-counter vectors visited
+  std::uint64_t states = 0;       // distinct states visited (fingerprints)
   std::uint64_t transitions = 0;  // steps executed
   bool complete = false;          // every interleaving explored (no limit hit, no violation)
   double seconds = 0.0;
   bool found = false;             // a violation or deadlock was reached
   std::string finding;            // what was found
   std::vector<std::uint32_t> schedule;  // choices that reach it, for `cpkv replay --schedule FILE`
+  std::set<std::string> findings;        // collect_all: every distinct violation and deadlock
+  double coverage_estimate = 1.0;        // bitstate: estimated share of the reachable states visited
+  double states_per_second() const { return seconds > 0 ? static_cast<double>(states) / seconds : 0.0; }
 };
 
 ExploreResult explore(const ExploreOptions& options);
@@ -46,9 +76,10 @@ ExploreResult explore(const ExploreOptions& options);
 model::Setting exploration_setting(std::int32_t cp);
 model::Batch exploration_batch();
 
-// The shapes `cpkv explore` proves for small groups: every variant with a barrier, a rank with
-// nothing to write, an overflowing batch followed by a normal one, two batches in a row (the plan
-// cache's test), and the capability fallback (one rank's IPC probe fails).
+// The shapes `cpkv explore` proves (a table: one row per shape): every variant with a barrier, a
+// rank with nothing to write (and, in the exploration batch, idle ranks from cp 4 on), an
+// overflowing batch followed by a normal one, two batches in a row (the plan cache's test), every
+// rank writing two pages, and the capability fallback (one rank's IPC probe fails).
 struct ExploreShape {
   std::string name;
   model::Setting setting;

@@ -109,6 +109,15 @@ class RankMachine {
   // What this rank did, summed over the run (steps included): the harness's one Totals.
   const harness::Totals& totals() const { return totals_; }
   std::uint64_t steps_taken() const { return totals_.steps; }
+  // For the explorer's dependency relation (properties/src/footprint.cpp): the program, where the
+  // rank is in it, its arrivals so far, and the plan and path the program was built from.
+  const std::vector<Step>& program() const { return program_; }
+  std::size_t pc() const { return pc_; }
+  std::uint64_t barriers_arrived() const { return barriers_arrived_; }
+  std::uint64_t collectives_arrived() const { return collectives_arrived_; }
+  std::uint64_t batches_arrived() const { return batches_arrived_; }
+  const model::VariantPlan& plan() const { return plan_; }
+  model::Variant path_variant() const { return path_variant_; }
 
  private:
   // Program construction, once per batch.

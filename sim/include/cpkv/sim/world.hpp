@@ -161,6 +161,22 @@ class World {
   // Resets the per-run shadow and flag state to the start of a run (not the data buffers).
   void reset_flags() const;
 
+  // The region by object, as offsets into region(), for the explorer's state hash and undo log
+  // (properties/src/explorer.cpp): what a step can read later, apart from positions (written for
+  // reports only), totals (published by the runners) and the violation records (a finding ends
+  // an exploration).
+  struct ByteSpan {
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+  };
+  std::vector<ByteSpan> flag_spans() const;  // counters, probes, verdicts, epochs, logs, stamps, shadows, fillers
+  ByteSpan pool_span(std::int32_t rank) const;
+  ByteSpan staging_span(std::int32_t rank) const;  // both halves
+  ByteSpan dense_span(std::int32_t rank, std::int32_t half) const;
+  ByteSpan compact_span(std::int32_t rank) const;
+  ByteSpan scratch_span(std::int32_t rank) const;
+  ByteSpan record_span() const;  // the violation counts (an exploration that goes on past a finding restores them)
+
  private:
   struct Header;
   struct Offsets {

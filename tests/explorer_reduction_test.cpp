@@ -1,0 +1,140 @@
+// The explorer's state identity and reductions (issue 38): the visited set is keyed on everything a
+// future step can read, so two interleavings that reach the same program counters with different
+// memory are both explored; the partial-order reduction explores independent steps in one order and
+// still finds every violation and deadlock the full exploration finds; every step's footprint names
+// every byte it writes (the undo log and the state hash rely on it).
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include <fmt/format.h>
+
+#include "cpkv/harness/mutants.hpp"
+#include "cpkv/properties/explorer.hpp"
+
+namespace cpkv::properties {
+namespace {
+
+ExploreOptions base(std::int32_t cp, std::int32_t layers) {
+  ExploreOptions o;
+  o.setting = exploration_setting(cp);
+  o.batches = {exploration_batch()};
+  o.layers = layers;
+  return o;
+}
+
+// A test-only planted condition (no planted bug of harness::kMutantTable has this shape: each is
+// seen on the transition that makes it, or at quiescence, which is checked on every path): when
+// rank 1 has filled its current page and reaches its layer-0 barrier arrival before rank 0 has
+// arrived, one byte of that staged page goes bad. Nothing reads it until the gathers after the
+// barrier (rank 0's layer end then sees the byte), by when the bad path has merged with a good one
+// at the same program counters (rank 0 waiting, rank 1 at its arrival) that the search, taking
+// rank 0 first, visited before.
+void flip_if_rank_one_arrives_first(sim::World& world, const std::vector<sim::RankMachine>& machines, std::uint32_t stepped) {
+  if (stepped != 1 || machines[0].barriers_arrived() != 0) return;
+  const sim::Step* next = machines[1].next_step();
+  if (next == nullptr || next->op != sim::Op::arrive || next->layer != 0) return;
+  world.staging_page(1, 0, 0, 1)[0] ^= 0x80;  // staging_direct: rank 1 fills current page 1
+}
+
+// Every interleaving (no reduction: the planted write reads rank 0's barrier counter, which no
+// footprint says, so the reduction's independence does not hold for it).
+TEST(ExplorerStateKey, OldKeyMissesWhatTheStateKeyFinds) {
+  {
+    ExploreOptions o = base(2, 1);
+    o.reduction = Reduction::none;
+    o.after_step = flip_if_rank_one_arrives_first;
+    o.key = StateKey::program_counters;
+    const ExploreResult old_key = explore(o);
+    EXPECT_FALSE(old_key.found) << old_key.finding;
+    EXPECT_TRUE(old_key.complete);
+    o.key = StateKey::full_state;
+    const ExploreResult full = explore(o);
+    ASSERT_TRUE(full.found) << "the state key missed the order-dependent byte";
+    EXPECT_NE(full.finding.find("invariant 6"), std::string::npos) << full.finding;
+    EXPECT_NE(full.finding.find("kv_fp8 slot 2 row 0 byte 0"), std::string::npos) << full.finding;
+    EXPECT_GT(full.states, old_key.states / 2);
+  }
+}
+
+// Every byte a step changes lies in an object its footprint writes, and the undo log puts every
+// byte back (verify_footprints throws otherwise), over the shapes, the correct protocol and every
+// planted bug (going on past each finding, so the buggy paths' steps are checked too).
+TEST(ExplorerFootprints, CoverEveryWriteOverTheShapesAndEveryPlantedBug) {
+  std::vector<harness::Mutant> mutants = {harness::Mutant::none};
+  mutants.insert(mutants.end(), std::begin(harness::kAllMutants), std::end(harness::kAllMutants));
+  for (std::int32_t cp : {2, 3}) {
+    for (const ExploreShape& shape : exploration_shapes(cp)) {
+      for (harness::Mutant mutant : mutants) {
+        if (cp == 3 && mutant != harness::Mutant::none) continue;  // kept short for CI
+        ExploreOptions o = options_for(shape, 2, mutant);
+        o.verify_footprints = true;
+        o.collect_all = true;
+        o.states_max = cp == 2 ? 1500 : 300;
+        SCOPED_TRACE(fmt::format("{} cp {} {}", shape.name, cp, harness::to_string(mutant)));
+        EXPECT_NO_THROW(explore(o));
+      }
+    }
+  }
+}
+
+// Soundness of the reduction, checked: on every shape the reduced and the full exploration find
+// the same set of violations and deadlocks (each described with its rank, batch, layer, slot and
+// step), for the correct protocol (none) and every planted bug: cp 1..2 here at 2 layers, and cp 3
+// for the correct protocol (CI is kept short); `cpkv explore --check-reduction` runs the same
+// comparison for every planted bug up to cp 4 (docs/properties.md).
+TEST(ExplorerReduction, ReducedAndFullFindTheSameViolationsAndDeadlocks) {
+  std::vector<harness::Mutant> mutants = {harness::Mutant::none};
+  mutants.insert(mutants.end(), std::begin(harness::kAllMutants), std::end(harness::kAllMutants));
+  std::map<harness::Mutant, bool> some_finding;
+  for (std::int32_t cp = 1; cp <= 3; ++cp) {
+    for (const ExploreShape& shape : exploration_shapes(cp)) {
+      for (harness::Mutant mutant : mutants) {
+        if (cp == 3 && mutant != harness::Mutant::none) continue;  // kept short for CI: --check-reduction runs them
+        SCOPED_TRACE(fmt::format("{} cp {} {}", shape.name, cp, harness::to_string(mutant)));
+        ExploreOptions o = options_for(shape, 2, mutant);
+        o.collect_all = true;
+        o.reduction = Reduction::none;
+        const ExploreResult full = explore(o);
+        o.reduction = Reduction::partial_order;
+        const ExploreResult reduced = explore(o);
+        ASSERT_TRUE(full.complete && reduced.complete);
+        EXPECT_EQ(reduced.findings, full.findings);
+        if (mutant == harness::Mutant::none) EXPECT_TRUE(full.findings.empty()) << *full.findings.begin();
+        if (mutant != harness::Mutant::none && cp == 2) some_finding[mutant] = some_finding[mutant] || !full.findings.empty();
+        EXPECT_LE(reduced.states, full.states);
+      }
+    }
+  }
+  // The comparison has something to compare: every planted bug shows in some shape at cp 2 but
+  // rank_local_overflow, which needs three ranks (its local count must cross the capacity).
+  for (const auto& [mutant, found] : some_finding) EXPECT_TRUE(found || mutant == harness::Mutant::rank_local_overflow) << harness::to_string(mutant);
+}
+
+// The reduction reduces: at cp 3 the barrier variants visit far fewer states than every
+// interleaving (the full counts are the program-counter product the old explorer walked).
+TEST(ExplorerReduction, ExploresFewerStatesThanTheFullSearch) {
+  ExploreOptions o = base(3, 2);
+  o.reduction = Reduction::none;
+  const ExploreResult full = explore(o);
+  o.reduction = Reduction::partial_order;
+  const ExploreResult reduced = explore(o);
+  ASSERT_TRUE(full.complete && reduced.complete);
+  EXPECT_LT(reduced.states * 4, full.states) << reduced.states << " of " << full.states;
+}
+
+// Bitstate mode says how much it covered and never claims a proof.
+TEST(ExplorerBitstate, StatesItsCoverageAndIsNeverComplete) {
+  ExploreOptions o = base(3, 2);
+  o.bitstate_log2 = 20;
+  const ExploreResult r = explore(o);
+  EXPECT_FALSE(r.found) << r.finding;
+  EXPECT_FALSE(r.complete);
+  EXPECT_GT(r.coverage_estimate, 0.99);
+  EXPECT_LE(r.coverage_estimate, 1.0);
+  o.mutant = harness::Mutant::no_barrier;
+  EXPECT_TRUE(explore(o).found);
+}
+
+}  // namespace
+}  // namespace cpkv::properties
