@@ -37,16 +37,28 @@ Every number comes from the C++ model; this package only converts and arranges.
 
 from __future__ import annotations
 
+import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
 
 # No torch here (issue 34, item 22): a trace library paid 2.4 s and 234 MB for it; only
-# cpkv.conformance imports torch. An `import cpkv` then `import torch` aborted inside torch's import on
-# the GPU machine (PyTorch 2.11, pybind11 3.1: "free(): invalid pointer") because both extensions
-# shared one set of pybind11 internals; the module now keeps its own (PYBIND11_COMPILER_TYPE is
-# cpkv's, python/CMakeLists.txt), so the order no longer matters. CPKV_IMPORT_TORCH_FIRST=1 brings
-# the old order back, should another build of torch need it.
-if _os.environ.get("CPKV_IMPORT_TORCH_FIRST", "0") == "1" and "torch" not in _sys.modules:
+# cpkv.conformance imports torch. But an `import cpkv` then `import torch` aborts inside torch's import
+# on the GPU machine (PyTorch 2.11, pybind11 3.1: "free(): invalid pointer"; measured 2026-12-01 and
+# again 2026-12-04 with the module's own PYBIND11_COMPILER_TYPE), so a module built against pybind11
+# 3 or later (_build.TORCH_FIRST, written by python/CMakeLists.txt) imports torch first where it is
+# installed. CPKV_IMPORT_TORCH_FIRST=1 or 0 overrides it.
+def _torch_first() -> bool:
+    forced = _os.environ.get("CPKV_IMPORT_TORCH_FIRST")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        from ._build import TORCH_FIRST
+    except ImportError:  # the source tree, not a build: nothing says so
+        return False
+    return bool(TORCH_FIRST)
+
+
+if "torch" not in _sys.modules and _torch_first() and _importlib_util.find_spec("torch") is not None:
     import torch as _torch  # noqa: F401
 
 from . import _cpkv
