@@ -492,6 +492,12 @@ Case production_case() {
     req.extend_len = *rc::gen::inRange<std::int64_t>(1, 8193);
     batch.requests.push_back(std::move(req));
   }
+  // Caps that admit exactly this batch (staging_slots = its pages + its requests, section 4): a
+  // production batch is exchanged, not refused, and a shrunk counterexample's staging stays small.
+  std::int64_t extend_total = 0;
+  for (const model::Request& req : batch.requests) extend_total += req.extend_len;
+  c.setting.caps.max_total_extend_tokens = extend_total;
+  c.setting.caps.max_batch_requests = static_cast<std::int64_t>(batch.requests.size());
   c.batches.push_back(std::move(batch));
   return c;
 }

@@ -14,11 +14,15 @@ from . import _cpkv
 from ._errors import InputError, TraceError
 
 
-def _rank_bytes(rank: int, row: Optional[List[int]]) -> Dict[str, Any]:
-    """One rank's entry: its row by holder; its own entry is local, the others are pulled."""
+def _rank_bytes(rank: int, row: Optional[List[int]], layout=None, batch=None) -> Dict[str, Any]:
+    """One rank's entry: its row by holder (its own entry is local, the others are pulled) and its
+    attention plan (PROTOCOL.md section 11: the model's ragged index plan in the neutral form)."""
     if row is None:
-        return {"rank": rank, "bytes_pulled_from": None, "local_bytes": None, "peer_bytes": None}
-    return {"rank": rank, "bytes_pulled_from": row, "local_bytes": row[rank], "peer_bytes": sum(row) - row[rank]}
+        return {"rank": rank, "bytes_pulled_from": None, "local_bytes": None, "peer_bytes": None, "attention": None}
+    segments = _cpkv.ragged_index_plan(layout, batch, rank).attention_segments()
+    attention = [{"request": s.request, "q_base": s.q_base, "q_len": s.q_len, "kv_len": s.kv_len, "k_base": s.k_base} for s in segments]
+    return {"rank": rank, "bytes_pulled_from": row, "local_bytes": row[rank], "peer_bytes": sum(row) - row[rank],
+            "attention": attention}
 
 
 def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, rank: Optional[int] = None,
@@ -26,8 +30,8 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
     """The plan of one batch as a dict: current_pages_total, slot_count, staging slots and source, the
     overflow verdict, the writers of each request's current pages, and per rank (or only `rank`) the
     bytes it reads from each rank over all layers (`bytes_pulled_from`, its own entry local),
-    `local_bytes` (that entry) and `peer_bytes` (the rest); None for a rejected batch, which moves
-    nothing.
+    `local_bytes` (that entry), `peer_bytes` (the rest) and `attention` (its attention plan's
+    segments); None for a rejected batch, which moves nothing.
     """
     if variant not in _cpkv.VARIANTS:
         raise InputError("variant", f"unknown variant '{variant}'")
@@ -53,7 +57,7 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
         "writers": writers,
         "variant": variant,
         "layers": setting.layer_count,
-        "ranks": [_rank_bytes(r, None if matrix is None else matrix[r]) for r in ranks],
+        "ranks": [_rank_bytes(r, None if matrix is None else matrix[r], layout, batch) for r in ranks],
     }
 
 

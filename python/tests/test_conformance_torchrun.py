@@ -52,7 +52,7 @@ def run_ranks(*args: str):
 def test_under_torchrun_the_reference_passes_and_rank_0_prints_the_table():
     (code0, text0), (code1, text1) = run_ranks("--impl", "cpkv.conformance.reference:StagingDirect")
     assert code0 == 0 and code1 == 0, text0 + text1
-    assert "cpkv.conformance.reference:StagingDirect        3       6         1         0          0" in text0, text0
+    assert "cpkv.conformance.reference:StagingDirect        3       4         1         0          0" in text0, text0
     assert "pass" in text0 and text1.strip() == "", text1
 
 
