@@ -48,6 +48,9 @@ Reduced layer_collectives(BatchRun& run, std::int32_t l, std::size_t k);
 // the pool content of the pages this rank owns and garbage in the dense buffers; the verify kernel
 // of one kind of a layer over dense half `half`; a violation; what the device found in the batch
 // (the barrier status, wrong bytes), recorded.
+// The pool content of the pages this rank owns, every layer and kind (no synchronization): what
+// populate and the plugin host's guarded populate both write first.
+void populate_pools(Rank& r, const BatchPlan& b, const DevicePlan& d);
 void populate(Rank& r, const BatchPlan& b, const DevicePlan& d);
 void verify_kind(Rank& r, const BatchPlan& b, const DevicePlan& d, kernels::VerifyResult* verify, std::int32_t l, std::size_t k, std::int32_t half);
 harness::Violation violation(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, const std::string& detail);

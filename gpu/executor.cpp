@@ -192,7 +192,7 @@ void run_layer(BatchRun& run, std::int32_t l) {
 
 // Pool content for the pages this rank owns (written once: it never changes), and garbage in the
 // dense buffers, as a fresh allocation would hold; then every pool is populated before anyone gathers.
-void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
+void populate_pools(Rank& r, const BatchPlan& b, const DevicePlan& d) {
   const model::Setting& setting = r.ctx.source.setting;
   for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
     for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
@@ -201,6 +201,10 @@ void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
                                                     static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
     }
   }
+}
+
+void populate(Rank& r, const BatchPlan& b, const DevicePlan& d) {
+  populate_pools(r, b, d);
   CPKV_CUDA_CHECK(cudaMemsetAsync(r.mem.dense, 0x5A, r.mem.layout.dense_bytes, r.stream));
   r.sync_stream();
   r.barrier();

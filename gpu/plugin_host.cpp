@@ -649,14 +649,7 @@ void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t*
 // host barrier: after it, any rank's plugin code may run and write.
 void populate_guarded(PluginHost& h, const BatchPlan& b, const DevicePlan& d) {
   Rank& r = h.r;
-  const model::Setting& setting = r.ctx.source.setting;
-  for (std::int32_t l = 0; l < r.ctx.options.layers; ++l) {
-    for (std::size_t k = 0; k < setting.kinds.size(); ++k) {
-      CPKV_CUDA_CHECK(kernels::launch_populate_pool(r.mem.pool + r.mem.layout.pool_offset[l][k], setting.kinds[k].row_bytes, setting.page_size, d.populate_logical,
-                                                    d.populate_local, static_cast<std::int64_t>(b.populate_logical.size()), r.ctx.options.seed,
-                                                    static_cast<std::uint32_t>(l), static_cast<std::uint32_t>(k), r.stream));
-    }
-  }
+  populate_pools(r, b, d);
   h.guards->garbage_dense();
   h.guards->hash_pool_reference();
   r.sync_stream();

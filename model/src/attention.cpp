@@ -27,35 +27,42 @@ std::optional<QuerySplit> parse_query_split(std::string_view text) {
 
 namespace {
 
-// Section 2's zigzag over `units` units (pages or tokens): 2*cp blocks in order, block j holding
-// units / (2cp) plus one if j < units % (2cp); block j belongs to rank j (j < cp) or 2cp-1-j.
-std::int32_t zigzag_owner(std::int64_t unit, std::int64_t units, std::int32_t cp) {
+// The owner of each of `units` units (pages or tokens) of one request. Section 2's zigzag: 2*cp
+// blocks in order, block j holding units / (2cp) plus one if j < units % (2cp), block j to rank j
+// (j < cp) or 2cp-1-j. contiguous: rank k takes [units*k/cp, units*(k+1)/cp). round_robin: the unit
+// with batch current index first_index + u goes to rank (first_index + u) % cp. continuous tokens
+// (section 12): unit u to rank u % cp, as round_robin from 0.
+enum class UnitSplit : std::uint8_t { zigzag, contiguous, round_robin };
+std::vector<std::int32_t> unit_owners(UnitSplit split, std::int64_t units, std::int64_t first_index, std::int32_t cp) {
+  std::vector<std::int32_t> owner(static_cast<std::size_t>(units), -1);
+  if (split == UnitSplit::round_robin) {
+    for (std::int64_t u = 0; u < units; ++u) owner[u] = static_cast<std::int32_t>((first_index + u) % cp);
+    return owner;
+  }
+  if (split == UnitSplit::contiguous) {
+    for (std::int32_t k = 0; k < cp; ++k) {
+      for (std::int64_t u = units * k / cp; u < units * (k + 1) / cp; ++u) owner[u] = k;
+    }
+    return owner;
+  }
   const std::int64_t blocks = 2 * std::int64_t{cp};
   std::int64_t begin = 0;
   for (std::int64_t j = 0; j < blocks; ++j) {
     const std::int64_t len = units / blocks + (j < units % blocks ? 1 : 0);
-    if (unit < begin + len) return static_cast<std::int32_t>(j < cp ? j : blocks - 1 - j);
+    for (std::int64_t u = begin; u < begin + len; ++u) owner[u] = static_cast<std::int32_t>(j < cp ? j : blocks - 1 - j);
     begin += len;
   }
-  CPKV_ASSERT(false);
-  return -1;
+  CPKV_ASSERT(begin == units);
+  return owner;
 }
 
-// The writer of current page `page` of a request with `pages` current pages whose first page has
-// batch current index `first_index`, under the page policy (section 2).
-std::int32_t page_owner(SplitPolicy policy, std::int64_t page, std::int64_t pages, std::int64_t first_index, std::int32_t cp) {
+UnitSplit unit_split(SplitPolicy policy) {
   switch (policy) {
-    case SplitPolicy::zigzag: return zigzag_owner(page, pages, cp);
-    case SplitPolicy::contiguous: {
-      for (std::int32_t k = 0; k < cp; ++k) {
-        if (page >= pages * k / cp && page < pages * (k + 1) / cp) return k;
-      }
-      CPKV_ASSERT(false);
-      return -1;
-    }
-    case SplitPolicy::round_robin: return static_cast<std::int32_t>((first_index + page) % cp);
+    case SplitPolicy::zigzag: return UnitSplit::zigzag;
+    case SplitPolicy::contiguous: return UnitSplit::contiguous;
+    case SplitPolicy::round_robin: return UnitSplit::round_robin;
   }
-  return -1;
+  return UnitSplit::zigzag;
 }
 
 }  // namespace
@@ -69,14 +76,13 @@ std::vector<QueryToken> rank_queries(const Setting& setting, const Batch& batch,
   for (std::size_t r = 0; r < batch.requests.size(); ++r) {
     const std::int64_t n = batch.requests[r].extend_len;
     const std::int64_t pages = (n + P - 1) / P;
+    // Pages own their tokens (section 2); a token split owns each token itself (section 12).
+    const bool by_page = split == QuerySplit::pages;
+    const std::vector<std::int32_t> owner =
+        by_page ? unit_owners(unit_split(setting.split), pages, first_index, setting.cp)
+                : unit_owners(split == QuerySplit::zigzag_tokens ? UnitSplit::zigzag : UnitSplit::round_robin, n, 0, setting.cp);
     for (std::int64_t t = 0; t < n; ++t) {
-      std::int32_t owner = 0;
-      switch (split) {
-        case QuerySplit::pages: owner = page_owner(setting.split, t / P, pages, first_index, setting.cp); break;
-        case QuerySplit::zigzag_tokens: owner = zigzag_owner(t, n, setting.cp); break;
-        case QuerySplit::continuous_tokens: owner = static_cast<std::int32_t>(t % setting.cp); break;
-      }
-      if (owner == rank) out.push_back({static_cast<std::int32_t>(r), t});
+      if (owner[by_page ? t / P : t] == rank) out.push_back({static_cast<std::int32_t>(r), t});
     }
     first_index += pages;
   }

@@ -208,6 +208,13 @@ def discard(temporary: str) -> None:
         pass
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Every byte of data to fd (os.write may write fewer than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def write_output(out: Output, data: bytes) -> None:
     """data replaces the target whole, or the target is left as it was (OutputWriteError)."""
     try:
@@ -217,9 +224,7 @@ def write_output(out: Output, data: bytes) -> None:
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
         finally:
             os.close(fd)
     except OSError as error:

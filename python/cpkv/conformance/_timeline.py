@@ -61,9 +61,7 @@ def append(path: str, lines: Iterable[str]) -> None:
     data = "".join(line + "\n" for line in lines).encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _outputs.write_all(fd, data)
     finally:
         os.close(fd)
 
