@@ -11,7 +11,9 @@
 # Knobs (environment):
 #   VISIT_S=540        the whole visit's bound in seconds (the device tool stops a command at 600);
 #                      every step's own bound is cut to what is left of it
-#   BUILD_S=360        the build's bound in seconds
+#   BUILD_S=360        the build's bound in seconds; 0 runs the suites on the build already in
+#                      build-gpu/ (a second call on the same warm machine keeps it)
+#   GPU_TESTS_S=420    the gpu suite's bound for all its tests together
 #   GPU_TESTS_JOBS=1   gpu tests run side by side on the GPUs (correctness runs, never timed)
 #   BENCH_CP           the bench's cp (default: 1 on one GPU, so its timings are of record; 2 on two)
 #   BENCH_BASELINE=DIR another tree (e.g. `git archive COMMIT | tar -x -C ab-old`), built the same way
@@ -81,10 +83,11 @@ step() {
   echo "$suite $name: exit $rc (expected $expect) in $(( $(date +%s) - t0 )) s: $verdict" | tee -a "$summary"
   return $rc
 }
-# ctest_step SUITE NAME LIMIT_S CTEST-ARGS...: ctest in the build folder, each test bounded too.
+# ctest_step SUITE NAME LIMIT_S CTEST-ARGS...: ctest in the build folder, each test bounded too; a
+# selection that matches no test is a failure, not a pass.
 ctest_step() {
   local suite="$1" name="$2" limit="$3"; shift 3
-  (cd "$build" && step "$suite" "$name" "$limit" ctest --output-on-failure --timeout 300 "$@")
+  (cd "$build" && step "$suite" "$name" "$limit" ctest --output-on-failure --no-tests=error --timeout 300 "$@")
   local rc=$?
   (( rc == 0 )) || failures=$(( failures + 1 ))
   grep -E "tests passed|Failed|Not Run|\*\*\*Skipped" "$logs/$suite.log" | tail -12
@@ -95,7 +98,7 @@ echo "== $(date -u +%FT%TZ) gpu visit: ${suites[*]} (commit $(git -C "$root" rev
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi: no GPU here"
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-build="$work/build"
+build="$root/build-gpu"  # inside the tree (ignored): the device machine keeps it between calls
 cpkv="$build/cli/cpkv"
 samples="$root/traces/samples"
 
@@ -120,7 +123,7 @@ targets=()
 for s in "${suites[@]}"; do
   for t in $(suite_targets "$s"); do [[ "$t" == - ]] || targets+=("$t"); done
 done
-if (( ${#targets[@]} > 0 )); then
+if (( ${#targets[@]} > 0 && ${BUILD_S:-360} > 0 )); then
   target_args=(); [[ " ${targets[*]} " == *" all "* ]] || target_args=(--target $(printf '%s\n' "${targets[@]}" | sort -u))
   step build project "${BUILD_S:-360}" configure_build "$root" "$build" "${target_args[@]}" \
     || { grep -E "error|Error" "$logs/build.log" | head -30; suites=(); }
@@ -140,16 +143,17 @@ suite_mutants() {
 # baseline tree's when BENCH_BASELINE names one; bench_ab.py gives the per-layer ratio, abi_ratio.py
 # the in-run ABI / in-process ratio.
 suite_bench() {
-  local cp="${BENCH_CP:-$(( gpus >= 2 ? 2 : 1 ))}" base="${BENCH_BASELINE:-}" name side i bin
+  local bench_cp="${BENCH_CP:-$(( gpus >= 2 ? 2 : 1 ))}" base="${BENCH_BASELINE:-}" name side i bin
   local sides=(tree)
   if [[ -n "$base" ]]; then
-    step bench baseline-build "${BUILD_S:-360}" configure_build "$base" "$work/build-baseline" --target cpkv && sides=(baseline tree)
+    (( ${BUILD_S:-360} > 0 )) && step bench baseline-build "${BUILD_S:-360}" configure_build "$base" "$root/build-baseline" --target cpkv
+    [[ -x "$root/build-baseline/cli/cpkv" ]] && sides=(baseline tree)
   fi
   for name in seeds_batch mooncake_slice; do
     for i in 1 2; do
       for side in "${sides[@]}"; do
-        bin="$cpkv"; [[ $side == baseline ]] && bin="$work/build-baseline/cli/cpkv"
-        step bench "$name-$side-$i" 200 "$bin" bench "$samples/$name.jsonl" --backend cuda --cp "$cp" --layers 4 --reps 60 \
+        bin="$cpkv"; [[ $side == baseline ]] && bin="$root/build-baseline/cli/cpkv"
+        step bench "$name-$side-$i" 200 "$bin" bench "$samples/$name.jsonl" --backend cuda --cp "$bench_cp" --layers 4 --reps 60 \
           --json "$logs/bench-$name-$side-$i.json" --markdown "$logs/bench-$name-$side-$i.md"
       done
     done
@@ -170,7 +174,8 @@ suite_conformance() {
   for args in "--impl $impl:StagingDirect" "--impl $impl:V2" "--impl $impl:StagingDirect --swarm --seed 4" \
               "--impl $impl:StagingDirect --time" "=1 --impl $impl:StagingDirect --mutant single_half"; do
     local expect=(); [[ "$args" == =* ]] && { expect=("${args%% *}"); args="${args#* }"; }
-    PYTHONPATH="$build/python" step conformance "${args// /_}" 180 "${expect[@]}" \
+    local name="${args#--impl $impl:}"
+    PYTHONPATH="$build/python" step conformance "${name// /_}" 180 "${expect[@]}" \
       python3 -m cpkv.conformance "$samples/tiny.jsonl" $args --ranks 2 --device cuda --window 10
   done
 }
