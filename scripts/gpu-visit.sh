@@ -28,7 +28,7 @@ SUITES=(
   "mutants     cpkv mutants --backend cuda, through the built-in plugin and in process  cpkv"
   "bench       cpkv bench on the bundled traces, twice, and the per-layer A/B ratio     cpkv"
   "conformance the Python conformance harness on CUDA ranks: its gpu test and its CLI   cpkv cpkv_python"
-  "plugin      the example plugin and the fused .so: tests, replays, memcheck           cpkv cpkv_exchange_plain cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_plugin cpkv.tests.gpu_bench_plugin cpkv.tests.fused_plugin cpkv.tests.gpu"
+  "plugin      the example plugin and the fused .so: tests, replays, memcheck           cpkv cpkv_exchange_plain cpkv_exchange_plain_zero_tails cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_plugin cpkv.tests.gpu_bench_plugin cpkv.tests.fused_plugin"
   "probe       the gather probe (bench/gather_probe.cu, 2 GPUs), no project build       -"
   "vmm         the sparse pool: the production pool at cp 2 and 4 on one GPU, its tests  cpkv cpkv.tests.gpu_vmm cpkv.tests.gpu_pool_backing"
   "guards      the plugin host's guards: misbehaving plugins, counters, device faults    cpkv cpkv.tests.gpu_guard cpkv.tests.gpu_counters cpkv_misbehaving_none cpkv_misbehaving_past_dense cpkv_misbehaving_pool cpkv_misbehaving_counters cpkv_misbehaving_fault"
@@ -53,6 +53,7 @@ done
 OUT="${OUT:-$root/out}"
 work=/tmp/cpkv-visit
 logs="$work/logs"
+rm -rf "$logs"  # a warm machine keeps /tmp: this visit's logs only
 mkdir -p "$OUT" "$logs"
 summary="$OUT/summary.txt"
 exec > >(tee -a "$OUT/visit.log") 2>&1
