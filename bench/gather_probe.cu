@@ -358,8 +358,10 @@ int main(int argc, char** argv) {
   std::printf("direction,page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
   std::fprintf(stderr, "copy engines, contiguous pull of %llu MiB, every GPU at once: %.1f GB/s (%d SMs)\n",
                static_cast<unsigned long long>(kHalf >> 20), sw.ce_gbps, sms);
-  for (std::uint64_t page_bytes : {std::uint64_t{41984}, std::uint64_t{8448}}) {
-    for (std::int64_t count : {std::int64_t{64}, 256, 1024, 4096}) sweep_case(sw, page_bytes, count);
+  const std::uint64_t page_sizes[] = {41984, 8448};  // kv_fp8 and indexer pages of 64 rows
+  const std::int64_t counts[] = {64, 256, 1024, 4096};
+  for (std::uint64_t page_bytes : page_sizes) {
+    for (std::int64_t count : counts) sweep_case(sw, page_bytes, count);
   }
   return 0;
 }
