@@ -23,8 +23,8 @@
 #include "batch_run.hpp"
 #include "plugin_guards.hpp"
 #include "timeline.hpp"
-#include "cpkv/model/attention.hpp"
 #include "cpkv/harness/plugin_json.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/plan.hpp"
 
 namespace cpkv::cuda {

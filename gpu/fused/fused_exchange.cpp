@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "cpkv/harness/mutants.hpp"
+#include "cpkv/harness/plugin_json.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/variants.hpp"
-#include "cpkv/harness/plugin_json.hpp"
 #include "device_plan.hpp"
 #include "launchers.cuh"
 #include "mutant_policy.hpp"
