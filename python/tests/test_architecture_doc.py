@@ -4,7 +4,9 @@ Why it matters: the architecture page is how a new engineer (or an engine team a
 a foreign implementation) finds their way; a page that names files that moved or functions that no
 longer exist sends them to the wrong place. Every backticked path must exist in the repository
 (whole paths from the repository root, as a reader would type them), and every
-backticked `path: name` pair must name an identifier that occurs in that file.
+backticked `path: name` pair must name an identifier that occurs in that file. Its dependency
+table (folder -> the folders it includes, the project libraries it links, the libraries whose
+headers it includes) must be the tree's, both ways.
 """
 
 from __future__ import annotations
