@@ -5,7 +5,7 @@ builds, or cpkv's own exchange against an exchange plugin.
 Usage: bench_ab.py --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--key compose_us_per_layer_median] [--key-b KEY]
 
 --key-b reads B's figure under another key: a plugin's `plugin_compose_us_per_layer_median`
-against the built-in's `compose_us_per_layer_median` (`scripts/gpu-visit.sh bench-plugin`).
+against the built-in's `compose_us_per_layer_median`.
 (The default bench's in-run ABI / in-process ratio is `bench/abi_ratio.py`'s.)
 
 For every (batch, variant) present in every file it prints the median over A's runs, the median

@@ -154,7 +154,7 @@ void BM_SimScheduledTiny(benchmark::State& state) {
 }
 BENCHMARK(BM_SimScheduledTiny)->Unit(benchmark::kMillisecond);
 
-// The trace reader on the trace of docs/benchmarks/2026-11-30-model-replay-throughput.md: the
+// The trace reader on the trace of docs/benchmarks/model-replay-throughput.md: the
 // bundled Mooncake log imported as `cpkv import mooncake LOG --max-total-extend-tokens 5120
 // --max-batches 7000` would (the importer's defaults otherwise), made once in memory. Each
 // iteration reads and checks the whole trace (header, 7,000 batch lines) from a string stream into

@@ -177,19 +177,10 @@ double time_all(std::vector<Gpu>& gpus, int reps, const Launch& launch) {
   return worst;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  int n = 0;
-  PROBE_CHECK(cudaGetDeviceCount(&n));
-  if (n < 2) {
-    std::fprintf(stderr, "gather_probe: needs 2 GPUs with peer access, found %d\n", n);
-    return 1;
-  }
-  n = 2;
+// Every visible GPU's buffers, stream, events, entry list and wrong-word counter; the first n
+// GPUs each with peer access to the next. The SMs per GPU go to `sms`.
+std::vector<Gpu> setup_gpus(int n, int& sms) {
   std::vector<Gpu> gpus(n);
-  int sms = 0;
   for (int d = 0; d < n; ++d) {
     Gpu& g = gpus[d];
     g.device = d;
@@ -207,103 +198,170 @@ int main(int argc, char** argv) {
     PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
   }
   PROBE_CHECK(cudaHostAlloc(&g_gate, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-  const double ce_ms = time_all(gpus, 5, [&](Gpu& g) {
-    PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, kHalf, cudaMemcpyDeviceToDevice, g.stream));
+  return gpus;
+}
+
+// What one sweep holds fixed: the GPUs, the reference rate and the knobs it varies.
+struct Sweep {
+  std::vector<Gpu>& gpus;
+  int sms = 0;
+  double ce_gbps = 0;  // the copy engines' contiguous 256-MiB pull: the reference every rate is a fraction of
+  std::vector<int> unrolls;
+  int loads = 0;
+};
+
+// One case of the sweep: `count` pages of `page_bytes`, and the best exact rate (and its CSV row)
+// pulling [0] and pushing [1].
+struct Case {
+  std::uint64_t page_bytes = 0;
+  std::int64_t count = 0;
+  double best_gbps[2] = {0, 0};
+  char best_line[2][256] = {"", ""};
+};
+
+// One launch shape of the copy kernel.
+struct Shape {
+  int push = 0;
+  std::uint64_t chunk = 0;
+  int chunks = 0;
+  int unroll = 0;
+  int load = 0;
+  int per_sm = 0;
+  int blocks = 0;
+};
+
+// True when every word of every page landed equals the word of the source page its entry names on
+// the other GPU (sources carry their GPU and place; with 2 GPUs the next one is the previous one).
+bool pages_exact(Sweep& sw, const Case& c) {
+  const int n = static_cast<int>(sw.gpus.size());
+  bool exact = true;
+  for (Gpu& g : sw.gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaMemsetAsync(g.wrong, 0, sizeof(unsigned long long), g.stream));
+    check_kernel<<<1024, 256, 0, g.stream>>>(reinterpret_cast<const std::uint64_t*>(g.buffer + kHalf), c.page_bytes, g.entries, c.count,
+                                             static_cast<std::uint64_t>((g.device + 1) % n) + 1, g.wrong);
+    PROBE_CHECK(cudaGetLastError());
+    unsigned long long wrong = 0;
+    PROBE_CHECK(cudaMemcpyAsync(&wrong, g.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, g.stream));
+    PROBE_CHECK(cudaStreamSynchronize(g.stream));
+    exact = exact && wrong == 0;
+  }
+  return exact;
+}
+
+// Times one launch shape on every GPU at once, checks its bytes, prints its CSV row and keeps it
+// as the case's best when it is exact and faster.
+void run_shape(Sweep& sw, Case& c, const Shape& s) {
+  const int n = static_cast<int>(sw.gpus.size());
+  const std::int64_t items = c.count * s.chunks;
+  const KernelFn kernel = pick(s.unroll, s.load);
+  for (Gpu& g : sw.gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaMemsetAsync(g.buffer + kHalf, 0, c.count * c.page_bytes, g.stream));
+    PROBE_CHECK(cudaStreamSynchronize(g.stream));
+  }
+  // Pulling: this GPU's destinations from the next GPU's sources. Pushing: this GPU's sources into
+  // the next GPU's destinations (remote stores).
+  const double ms = time_all(sw.gpus, 10, [&](Gpu& g) {
+    Gpu& next = sw.gpus[(g.device + 1) % n];
+    std::uint8_t* dst = s.push ? next.buffer + kHalf : g.buffer + kHalf;
+    const std::uint8_t* src = s.push ? g.buffer : next.buffer;
+    kernel<<<s.blocks, 256, 0, g.stream>>>(dst, src, c.page_bytes, s.chunk, s.chunks, g.entries, items);
+    PROBE_CHECK(cudaGetLastError());
   });
-  const double ce_gbps = kHalf / (ce_ms * 1e6);
-  std::printf("direction,page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
-  std::fprintf(stderr, "copy engines, contiguous pull of %llu MiB, every GPU at once: %.1f GB/s (%d SMs)\n",
-               static_cast<unsigned long long>(kHalf >> 20), ce_gbps, sms);
-  const std::uint64_t page_sizes[] = {41984, 8448};
-  const std::int64_t counts[] = {64, 256, 1024, 4096};
+  const bool exact = pages_exact(sw, c);
+  const double gbps = static_cast<double>(c.count) * c.page_bytes / (ms * 1e6);
+  char line[256];
+  std::snprintf(line, sizeof(line), "%s,%llu,%lld,%llu,%d,%s,%d,%d,%.1f,%.3f,%d", s.push ? "push" : "pull",
+                static_cast<unsigned long long>(c.page_bytes), static_cast<long long>(c.count), static_cast<unsigned long long>(s.chunk), s.unroll,
+                kLoadNames[s.load], s.per_sm, s.blocks, gbps, gbps / sw.ce_gbps, exact ? 1 : 0);
+  std::printf("%s\n", line);
+  if (exact && gbps > c.best_gbps[s.push]) {
+    c.best_gbps[s.push] = gbps;
+    std::strcpy(c.best_line[s.push], line);
+  }
+}
+
+// Every launch shape for one case: pulled and pushed, each chunk size, loads in flight, load
+// flavour and blocks per SM (a blocks count the work caps is the smaller per_sm's launch: skipped).
+void sweep_shapes(Sweep& sw, Case& c) {
   const std::uint64_t chunk_choices[] = {2048, 4096, 8192, 16384, 1ULL << 30};
   const int per_sm_choices[] = {1, 2, 4, 8};
-  // --quick: the knobs the first full run (2026-11-30) found to make no difference are held at one value.
-  const std::vector<int> unrolls = quick ? std::vector<int>{8} : std::vector<int>{4, 8, 16};
-  const int loads = quick ? 1 : kLoads;
-  for (std::uint64_t page_bytes : page_sizes) {
-    for (std::int64_t count : counts) {
-      const std::int64_t source_pages = static_cast<std::int64_t>(kHalf / page_bytes);
-      std::vector<Entry> entries;
-      for (std::int64_t i = 0; i < count; ++i) entries.push_back({i, (i * 7919) % source_pages});
-      for (Gpu& g : gpus) {
-        PROBE_CHECK(cudaSetDevice(g.device));
-        PROBE_CHECK(cudaMemcpy(g.entries, entries.data(), entries.size() * sizeof(Entry), cudaMemcpyHostToDevice));
-      }
-      const double bytes = static_cast<double>(count) * page_bytes;
-      // The copy engines moving the same bytes in one contiguous copy, pulled and pushed: what the
-      // link gives a transfer this small, latency and launch included.
-      const double ce_pull_same = bytes / (time_all(gpus, 10, [&](Gpu& g) {
-        PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
-      }) * 1e6);
-      const double ce_push_same = bytes / (time_all(gpus, 10, [&](Gpu& g) {
-        PROBE_CHECK(cudaMemcpyAsync(gpus[(g.device + 1) % n].buffer + kHalf, g.buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
-      }) * 1e6);
-      double best[2] = {0, 0};
-      char best_line[2][256] = {"", ""};
-      for (int push = 0; push < 2; ++push) {
-        for (std::uint64_t chunk_wanted : chunk_choices) {
-          const std::uint64_t chunk = std::min(chunk_wanted, page_bytes);
-          if (chunk_wanted != chunk_choices[4] && chunk_wanted >= page_bytes) continue;  // same as a whole page
-          const int chunks = static_cast<int>((page_bytes + chunk - 1) / chunk);
-          const std::int64_t items = count * chunks;
-          for (int unroll : unrolls) {
-            for (int load = 0; load < loads; ++load) {
-              if (push && (unroll != 8 || load != kPlain)) continue;  // pushing: the loads are local
-              int previous_blocks = 0;
-              for (int per_sm : per_sm_choices) {
-                const int blocks = static_cast<int>(std::min<std::int64_t>((items + 7) / 8, std::int64_t{sms} * per_sm));
-                if (blocks == previous_blocks) continue;  // capped by the work: the same launch as the smaller per_sm
-                previous_blocks = blocks;
-                const KernelFn kernel = pick(unroll, load);
-                for (Gpu& g : gpus) {
-                  PROBE_CHECK(cudaSetDevice(g.device));
-                  PROBE_CHECK(cudaMemsetAsync(g.buffer + kHalf, 0, count * page_bytes, g.stream));
-                  PROBE_CHECK(cudaStreamSynchronize(g.stream));
-                }
-                // Pulling: this GPU's destinations from the next GPU's sources. Pushing: this GPU's
-                // sources into the next GPU's destinations (remote stores).
-                const double ms = time_all(gpus, 10, [&](Gpu& g) {
-                  Gpu& next = gpus[(g.device + 1) % n];
-                  std::uint8_t* dst = push ? next.buffer + kHalf : g.buffer + kHalf;
-                  const std::uint8_t* src = push ? g.buffer : next.buffer;
-                  kernel<<<blocks, 256, 0, g.stream>>>(dst, src, page_bytes, chunk, chunks, g.entries, items);
-                  PROBE_CHECK(cudaGetLastError());
-                });
-                // Bytes: every word of every page landed equals the word of the source page its
-                // entry names on the other GPU (sources carry their GPU and place; with 2 GPUs the
-                // next one is the previous one).
-                bool exact = true;
-                for (Gpu& g : gpus) {
-                  PROBE_CHECK(cudaSetDevice(g.device));
-                  PROBE_CHECK(cudaMemsetAsync(g.wrong, 0, sizeof(unsigned long long), g.stream));
-                  check_kernel<<<1024, 256, 0, g.stream>>>(reinterpret_cast<const std::uint64_t*>(g.buffer + kHalf), page_bytes, g.entries, count,
-                                                           static_cast<std::uint64_t>((g.device + 1) % n) + 1, g.wrong);
-                  PROBE_CHECK(cudaGetLastError());
-                  unsigned long long wrong = 0;
-                  PROBE_CHECK(cudaMemcpyAsync(&wrong, g.wrong, sizeof(wrong), cudaMemcpyDeviceToHost, g.stream));
-                  PROBE_CHECK(cudaStreamSynchronize(g.stream));
-                  exact = exact && wrong == 0;
-                }
-                const double gbps = bytes / (ms * 1e6);
-                char line[256];
-                std::snprintf(line, sizeof(line), "%s,%llu,%lld,%llu,%d,%s,%d,%d,%.1f,%.3f,%d", push ? "push" : "pull",
-                              static_cast<unsigned long long>(page_bytes), static_cast<long long>(count), static_cast<unsigned long long>(chunk), unroll,
-                              kLoadNames[load], per_sm, blocks, gbps, gbps / ce_gbps, exact ? 1 : 0);
-                std::printf("%s\n", line);
-                if (exact && gbps > best[push]) {
-                  best[push] = gbps;
-                  std::strcpy(best_line[push], line);
-                }
-              }
-            }
+  for (int push = 0; push < 2; ++push) {
+    for (std::uint64_t chunk_wanted : chunk_choices) {
+      const std::uint64_t chunk = std::min(chunk_wanted, c.page_bytes);
+      if (chunk_wanted != chunk_choices[4] && chunk_wanted >= c.page_bytes) continue;  // same as a whole page
+      const int chunks = static_cast<int>((c.page_bytes + chunk - 1) / chunk);
+      const std::int64_t items = c.count * chunks;
+      for (int unroll : sw.unrolls) {
+        for (int load = 0; load < sw.loads; ++load) {
+          if (push && (unroll != 8 || load != kPlain)) continue;  // pushing: the loads are local
+          int previous_blocks = 0;
+          for (int per_sm : per_sm_choices) {
+            const int blocks = static_cast<int>(std::min<std::int64_t>((items + 7) / 8, std::int64_t{sw.sms} * per_sm));
+            if (blocks == previous_blocks) continue;
+            previous_blocks = blocks;
+            run_shape(sw, c, Shape{push, chunk, chunks, unroll, load, per_sm, blocks});
           }
         }
       }
-      std::fprintf(stderr, "%llu B x %lld pages: copy engines, same bytes contiguous: pull %.3f, push %.3f of the big pull\n  best %s\n  best %s\n",
-                   static_cast<unsigned long long>(page_bytes), static_cast<long long>(count), ce_pull_same / ce_gbps, ce_push_same / ce_gbps,
-                   best_line[0], best_line[1]);
     }
+  }
+}
+
+// One case: its entries uploaded, the copy engines moving the same bytes in one contiguous copy
+// (pulled and pushed: what the link gives a transfer this small, latency and launch included),
+// then every launch shape; the case's line on stderr.
+void sweep_case(Sweep& sw, std::uint64_t page_bytes, std::int64_t count) {
+  const int n = static_cast<int>(sw.gpus.size());
+  const std::int64_t source_pages = static_cast<std::int64_t>(kHalf / page_bytes);
+  std::vector<Entry> entries;
+  for (std::int64_t i = 0; i < count; ++i) entries.push_back({i, (i * 7919) % source_pages});
+  for (Gpu& g : sw.gpus) {
+    PROBE_CHECK(cudaSetDevice(g.device));
+    PROBE_CHECK(cudaMemcpy(g.entries, entries.data(), entries.size() * sizeof(Entry), cudaMemcpyHostToDevice));
+  }
+  const double bytes = static_cast<double>(count) * page_bytes;
+  const double ce_pull_same = bytes / (time_all(sw.gpus, 10, [&](Gpu& g) {
+    PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, sw.gpus[(g.device + 1) % n].buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
+  }) * 1e6);
+  const double ce_push_same = bytes / (time_all(sw.gpus, 10, [&](Gpu& g) {
+    PROBE_CHECK(cudaMemcpyAsync(sw.gpus[(g.device + 1) % n].buffer + kHalf, g.buffer, count * page_bytes, cudaMemcpyDeviceToDevice, g.stream));
+  }) * 1e6);
+  Case c;
+  c.page_bytes = page_bytes;
+  c.count = count;
+  sweep_shapes(sw, c);
+  std::fprintf(stderr, "%llu B x %lld pages: copy engines, same bytes contiguous: pull %.3f, push %.3f of the big pull\n  best %s\n  best %s\n",
+               static_cast<unsigned long long>(page_bytes), static_cast<long long>(count), ce_pull_same / sw.ce_gbps, ce_push_same / sw.ce_gbps,
+               c.best_line[0], c.best_line[1]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  int n = 0;
+  PROBE_CHECK(cudaGetDeviceCount(&n));
+  if (n < 2) {
+    std::fprintf(stderr, "gather_probe: needs 2 GPUs with peer access, found %d\n", n);
+    return 1;
+  }
+  n = 2;
+  int sms = 0;
+  std::vector<Gpu> gpus = setup_gpus(n, sms);
+  const double ce_ms = time_all(gpus, 5, [&](Gpu& g) {
+    PROBE_CHECK(cudaMemcpyAsync(g.buffer + kHalf, gpus[(g.device + 1) % n].buffer, kHalf, cudaMemcpyDeviceToDevice, g.stream));
+  });
+  // --quick: the knobs the first full run (2026-11-30) found to make no difference are held at one value.
+  Sweep sw{gpus, sms, kHalf / (ce_ms * 1e6), quick ? std::vector<int>{8} : std::vector<int>{4, 8, 16}, quick ? 1 : kLoads};
+  std::printf("direction,page_bytes,pages,chunk_bytes,unroll,load,blocks_per_sm,blocks,gbps,of_ce,exact\n");
+  std::fprintf(stderr, "copy engines, contiguous pull of %llu MiB, every GPU at once: %.1f GB/s (%d SMs)\n",
+               static_cast<unsigned long long>(kHalf >> 20), sw.ce_gbps, sms);
+  const std::uint64_t page_sizes[] = {41984, 8448};  // kv_fp8 and indexer pages of 64 rows
+  const std::int64_t counts[] = {64, 256, 1024, 4096};
+  for (std::uint64_t page_bytes : page_sizes) {
+    for (std::int64_t count : counts) sweep_case(sw, page_bytes, count);
   }
   return 0;
 }

@@ -23,9 +23,9 @@
 #include "batch_run.hpp"
 #include "plugin_guards.hpp"
 #include "timeline.hpp"
+#include "cpkv/harness/plugin_json.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/plan.hpp"
-#include "cpkv/traces/trace.hpp"
 
 namespace cpkv::cuda {
 
@@ -206,7 +206,7 @@ void describe_setting(PluginHost& h) {
     for (std::int32_t l = 0; l < layers; ++l) h.active[k][l] = setting.kind_active(k, l) ? 1 : 0;
     h.kinds.push_back(cpkv_kind{h.kind_names[k].c_str(), setting.kinds[k].row_bytes, 0, h.active[k].data()});
   }
-  h.setting_json = traces::header_to_json(traces::TraceHeader{setting, nlohmann::json::object()}).dump();
+  h.setting_json = harness::plugin_setting_json(setting);
   for (std::int32_t p = 0; p < h.r.cp(); ++p) {
     h.pool.push_back(mem.peer_pool[p]);
     h.dense_peer.push_back(mem.peer_dense[p]);
@@ -351,7 +351,7 @@ void fill_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, co
     pb.page_table.insert(pb.page_table.end(), q.prefix_pages.begin(), q.prefix_pages.end());
     pb.page_begin.push_back(static_cast<std::int64_t>(pb.page_table.size()));
   }
-  pb.json = traces::batch_to_json(batch, index).dump();
+  pb.json = harness::plugin_batch_json(batch, index);
   describe_layout(h, batch, layout, pb);
   plant_harness_bug(h, layout, pb);
   cpkv_batch& c = pb.c;

@@ -18,16 +18,15 @@
 #include <exception>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cpkv/harness/mutants.hpp"
+#include "cpkv/harness/plugin_json.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/variants.hpp"
-#include "cpkv/traces/trace.hpp"
 #include "device_plan.hpp"
 #include "launchers.cuh"
 #include "mutant_policy.hpp"
@@ -110,11 +109,9 @@ harness::Mutant mutant_of(const char* name) {
   throw std::runtime_error(std::string("ctx->mutant '") + name + "' is no planted bug cpkv knows");
 }
 
-// The setting from the trace header's JSON cpkv hands over, through cpkv's own trace reader.
+// The setting from the trace header's JSON cpkv hands over, read back as the harness wrote it.
 model::Setting setting_of(const cpkv_exchange_ctx* c) {
-  auto in = std::make_unique<std::istringstream>(std::string(c->setting_json) + "\n");
-  traces::TraceReader reader(std::move(in), "ctx->setting_json");
-  return reader.header().setting;
+  return harness::plugin_setting_from_json(c->setting_json, "ctx->setting_json");
 }
 
 model::Batch batch_of(const cpkv_batch& b) {

@@ -1,7 +1,7 @@
 """bench/bench_ab.py: the A/B of two sides' `cpkv bench --json` files per layer (two builds, or an
 exchange plugin against cpkv's own exchange with --key-b).
 
-Why it matters: `scripts/gpu-visit.sh bench-plugin` and `ab21` report this ratio as a cost; a ratio
+Why it matters: `scripts/gpu-visit.sh bench` reports this ratio (two runs, or a baseline tree against this one); a ratio
 of the wrong rows (another batch, variant, cp or trace) would be a figure of nothing. Hand-made
 reports: the ratio is B's median over A's median of the same (batch, variant), with the geometric
 mean per variant; files of another cp, trace or timed layers are refused (exit 1, naming the field);

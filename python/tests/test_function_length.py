@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(os.environ.get("CPKV_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-FOLDERS = ("model", "traces", "harness", "sim", "properties", "gpu", "kernels", "cli", "python/src")
+FOLDERS = ("model", "traces", "harness", "sim", "properties", "gpu", "kernels", "cli", "python/src", "bench", "examples", "fuzz")
 EXTENSIONS = {".cpp", ".hpp", ".h", ".cc", ".cu", ".cuh"}
 LINES_MAX = 70
 

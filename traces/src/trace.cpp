@@ -368,7 +368,7 @@ void check_batch_number(const LineChecker& checker, std::int64_t index, std::int
 // tests/trace_reader_test.cpp (TraceBatchPaths) and the fuzz targets check that the two paths
 // agree. The scanner replaced a SAX handler on nlohmann's lexer, which spent most of a replay's
 // time copying every character into token strings and converting numbers with strtoull
-// (docs/benchmarks/2026-11-30-model-replay-throughput.md).
+// (docs/benchmarks/model-replay-throughput.md).
 class BatchScanner {
  public:
   // Reads `text` into `line`, reusing the capacity of its vectors; false (and `line` unspecified)
