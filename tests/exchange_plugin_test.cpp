@@ -58,6 +58,27 @@ TEST(ExchangePlugin, AnUnknownVariantAndAMissingFunctionAreRefused) {
   EXPECT_NE(refusal(CPKV_STUB_nocompose).find("has no compose_layer function"), std::string::npos);
 }
 
+// Revision 4 of the header appended the bench's parts to the table. A plugin built against an
+// earlier revision declares the shorter table: it loads, with no parts, and cpkv never reads the
+// bytes past its table (the stub keeps a wild pointer there, which a read would follow). One that
+// offers parts gets them checked: their own version, and CPKV_FLAG_REPLAYABLE (they are replayed).
+TEST(ExchangePlugin, ATableOfAnEarlierRevisionLoadsWithoutTheBenchParts) {
+  const auto old = harness::load_exchange_plugin(CPKV_STUB_rev3);
+  EXPECT_EQ(old->name, "stub");
+  EXPECT_EQ(old->parts, nullptr);
+  EXPECT_EQ(harness::load_exchange_plugin(CPKV_STUB_ok)->parts, nullptr) << "a table of revision 4 with parts NULL offers none";
+}
+
+TEST(ExchangePlugin, TheBenchPartsAreLoadedAndVersionChecked) {
+  const auto plugin = harness::load_exchange_plugin(CPKV_STUB_parts);
+  ASSERT_NE(plugin->parts, nullptr);
+  EXPECT_EQ(plugin->parts->offered, CPKV_PART_BIT(CPKV_PART_FILL) | CPKV_PART_BIT(CPKV_PART_COMPOSE));
+  const std::string v2 = refusal(CPKV_STUB_partsv2);
+  EXPECT_NE(v2.find("offers the bench's parts of version 2; this cpkv reads version 1"), std::string::npos) << v2;
+  const std::string unreplayable = refusal(CPKV_STUB_partsunreplayable);
+  EXPECT_NE(unreplayable.find("does not declare CPKV_FLAG_REPLAYABLE"), std::string::npos) << unreplayable;
+}
+
 // The header defines one flag (CPKV_FLAG_REPLAYABLE, 1): a table setting another bit was built
 // against a header cpkv does not know, and is refused by name rather than half-understood.
 TEST(ExchangePlugin, AnUnknownFlagIsRefused) {

@@ -23,6 +23,7 @@ struct ExchangePlugin {
   std::vector<model::Variant> variants;   // what it implements, in its own order
   std::vector<std::string> mutants;       // the planted bugs it holds itself
   std::uint32_t uses = 0;                 // CPKV_USES_*
+  const cpkv_exchange_parts* parts = nullptr;  // the bench's parts it offers (revision 4's tail), checked; null: none
   bool builtin = false;                   // cpkv's own (compiled in), not a file
 
   bool implements(model::Variant v) const;
