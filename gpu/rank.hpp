@@ -107,9 +107,8 @@ void map_peers_and_agree(Rank& r);
 void join_nccl(Rank& r);
 void leave_group(Rank& r);
 
-// bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
+// bench.cpp: the ceilings (every rank at once).
 void measure_ceilings(Rank& r, BenchRank& out);
-void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 
 // The rotating slow rank of CudaOptions::slow_rank_cycles, before layer l's exchange (executor.cpp).
 void slow_rank_delay(Rank& r, std::int32_t l);

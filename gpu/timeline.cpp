@@ -191,11 +191,6 @@ TimelineSpan::~TimelineSpan() {
   if (index_ >= 0 && r_.timeline != nullptr) r_.timeline->close(index_);
 }
 
-std::string_view compose_note(bool barrier) {
-  return barrier ? "one fused kernel: the signal, each warp's wait on the flag of the peer it reads, and the gather (kernels/compose_kernels.cu)"
-                 : "one fused kernel: the gather (no barrier in this variant's compose)";
-}
-
 std::string plugin_span_name(std::string_view plugin) { return fmt::format("compose_layer (plugin {})", plugin); }
 
 void timeline_batch_begin(Rank& r, std::int64_t batch) {

@@ -232,12 +232,25 @@ TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
   const harness::CheckedRequest e = harness::check_request(r, registry);
   EXPECT_FALSE(e.exchange_by_default);
   EXPECT_NE(harness::replay_line(e, model::Variant::staging_direct, 2).find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos);
-  chosen = {harness::kInProcessExchange, false, ""};
-  const harness::CheckedRequest in_process = harness::check_request([&] { auto x = r; x.mutant = "none"; return x; }(), registry);
-  EXPECT_FALSE(in_process.exchange) << "inprocess is the backend's own exchange, no plugin";
-  EXPECT_NE(refused(r, "mutant").find("the default, inprocess runs no plugin"), std::string::npos);
+}
+
+// The in-process exchange is gone (the plugin host is the cuda backend's one rank loop): asking for
+// it, on the command line or through the backend's default (CPKV_EXCHANGE=inprocess), is one line
+// saying so and what to use, whatever the planted bug.
+TEST_F(ExchangeRequest, TheInProcessExchangeIsRefusedNamingWhatToUse) {
+  harness::ReplayRequest r = with("staging_direct", "none");
   r.exchange = harness::kInProcessExchange;
-  EXPECT_NE(refused(r, "mutant").find("--exchange inprocess runs no plugin"), std::string::npos);
+  const std::string named = refused(r, "exchange");
+  EXPECT_NE(named.find("'inprocess' is gone"), std::string::npos) << named;
+  EXPECT_NE(named.find("--exchange builtin, the default"), std::string::npos) << named;
+  EXPECT_NE(named.find("(--exchange inprocess)"), std::string::npos) << named;
+  r.backend = "defaulted";
+  r.exchange.reset();
+  r.mutant = "single_half";
+  chosen = {harness::kInProcessExchange, true, "CPKV_EXCHANGE=inprocess"};
+  const std::string defaulted = refused(r, "exchange");
+  EXPECT_NE(defaulted.find("'inprocess' is gone"), std::string::npos) << defaulted;
+  EXPECT_NE(defaulted.find("(CPKV_EXCHANGE=inprocess)"), std::string::npos) << defaulted;
 }
 
 // A planted bug the plugin holds under a name only cpkv's simulator holds is run as the plugin's
@@ -250,8 +263,6 @@ TEST_F(ExchangeRequest, APluginsOwnPlantedBugIsAcceptedUnderCpkvsNameAndRefusedW
   EXPECT_NE(harness::replay_line(c, model::Variant::staging_direct, 2).find(" --mutant address_keyed_plan_cache"), std::string::npos);
   r.exchange = CPKV_STUB_ok;
   EXPECT_NE(refused(r, "mutant").find("exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'"), std::string::npos);
-  r.exchange = harness::kInProcessExchange;
-  EXPECT_NE(refused(r, "mutant").find("'address_keyed_plan_cache' is not held by --backend host"), std::string::npos);
   r.backend = "other";
   r.exchange.reset();
   EXPECT_NO_THROW(harness::check_request(r, registry)) << "the simulator holds it";
@@ -360,7 +371,7 @@ TEST(ExchangePluginCli, APluginsOwnPlantedBugPassesTheRequestAndNeedsAPluginThat
   const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --mutant address_keyed_plan_cache --exchange ";
   const test::CliRun own = test::run_cpkv(replay + CPKV_STUB_heldsim);
   if (own.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << own.err;
-  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--mutant: 'address_keyed_plan_cache' is not held by --backend cuda");
+  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--exchange: 'inprocess' is gone");
   test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_ok), "--mutant: exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'");
   if (own.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run a plugin's own planted bug";
   test::expect_bad_input(own, "--backend: cuda: no CUDA device is visible on this machine");
