@@ -83,13 +83,17 @@ def test_replay_on_the_gpu_writes_one_track_per_rank_with_every_layers_compose(t
     check_ranks_share_a_clock(compose)
 
 
+# Variants whose compose launch holds the counting barrier (PROTOCOL.md section 7).
+BARRIER_VARIANTS = {"staging_direct", "staging_publish", "symm_dense"}
+
+
 def check_ranks_share_a_clock(compose, slack_us=10.0):
-    """A compose launch with the counting barrier cannot end before every peer's has begun (each
-    waits for the peers' signals, given inside their launches): on one clock, within the ranks'
-    alignment bounds (align_us), rank r's end >= rank p's begin for every batch and layer."""
+    """A layer whose compose launch holds the counting barrier cannot end before every peer's has
+    begun (each waits for the peers' signals, given inside their launches): on one clock, within the
+    ranks' alignment bounds (align_us), rank r's end >= rank p's begin for every batch and layer."""
     by_layer = {}
     for e in compose:
-        if "wait" in e["args"]["note"]:
+        if e["args"]["variant"] in BARRIER_VARIANTS:
             by_layer.setdefault((e["pid"], e["args"]["batch"], e["args"]["layer"]), []).append(e)
     assert by_layer, "some variant's compose holds the barrier"
     for where, group in by_layer.items():
