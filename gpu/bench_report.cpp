@@ -62,7 +62,7 @@ struct BenchSetup {
   std::int32_t timed_cycle = 0;  // the timing cycle
   std::vector<model::Batch> batches;
   std::vector<harness::RejectedBatch> rejected;
-  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the executor sizes it
+  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the rank sizes it
 };
 
 BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSource& source) {
@@ -92,7 +92,7 @@ BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSourc
 
 // The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
 // ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
-// The dense buffer the executor zeroes holds the trace's largest batch (harness shape.slot_count_max).
+// The dense buffer the exchange zeroes holds the trace's largest batch (harness shape.slot_count_max).
 double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle,
                     const model::CostParameters& ceilings, std::int64_t dense_slots) {
   model::Setting timed = setting;

@@ -1,7 +1,7 @@
 // One GPU rank process: what it was asked (RankContext), its device memory and the peers' mappings
 // (RankMemory), and its running state (Rank: stream, phases, the NCCL communicator). rank_memory.cpp
-// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs the
-// batches on it; bench.cpp times them.
+// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs its
+// life, the plugin host (plugin_host.cpp) its batches; plugin_bench.cpp and bench.cpp time them.
 #pragma once
 
 #include <cstdint>

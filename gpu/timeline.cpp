@@ -32,8 +32,8 @@ struct SpanRecord {
 };
 
 // The trace-event process of a variant's run: the ranks write their parts under it and the merge keeps
-// only those lines, so both sides take it from here. A run through a plugin is a process of its own
-// beside the same variant's in-process run (the default bench runs both).
+// only those lines, so both sides take it from here. Every run goes through a plugin (the plugin
+// host is the backend's one rank loop); the pids of the in-process runs before issue 36 stay unused.
 std::int32_t timeline_pid(const CudaOptions& cuda, model::Variant variant) {
   return 1 + static_cast<std::int32_t>(variant) + (cuda.exchange ? static_cast<std::int32_t>(model::kVariantCount) : 0);
 }

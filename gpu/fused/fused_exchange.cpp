@@ -1,10 +1,10 @@
 // cpkv's own fused compose exchange behind the exchange plugin ABI (fused_exchange.hpp). Per batch
 // (begin_batch): the setting and batch rebuilt from the context's host arrays, cpkv's batch plan
-// (gpu/device_plan.cpp: build_batch_plan, the same entries the in-process executor launches) with
+// (gpu/device_plan.cpp: build_batch_plan) with
 // its pointer tables over the context's pools, dense buffers and the plugin's own symmetric staging
 // and compact buffers. Per layer (compose_layer, enqueue only): the dense half zeroed where the
 // plan says, cpkv's producer writing the layer's rows straight into staging or the dense buffer
-// (ctx->produce_rows, as the in-process executor's producer does), the fused compose launch with
+// (ctx->produce_rows, as the model's KV write lands in serving), the fused compose launch with
 // its counting barrier over ctx's flag pads, then the all-reduces (ctx->all_reduce_sum) and the
 // unpack. Everything a launch needs that changes per layer lives on the device (the barrier's
 // phase), so the layers replay as a CUDA graph (CPKV_FLAG_REPLAYABLE). The four GPU planted bugs
@@ -195,7 +195,7 @@ kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState
   return t;
 }
 
-// Layer l's fused compose launch, as gpu/executor.cpp builds it, over the context's buffers.
+// Layer l's fused compose launch over the context's buffers.
 kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l) {
   const FusedBatch& b = *s.batch;
   kernels::ComposeArgs a{};
@@ -284,16 +284,25 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   });
 }
 
+// The dense half zeroed, every kind's buffer in one launch: the bytes between two buffers are the
+// host's guard, which no plugin writes, and a memset per kind would cost a launch each (the layer
+// loop cpkv ran in process before issue 36 zeroed the half, guards and all, in one memset).
+void zero_dense_half(const cpkv_exchange_ctx* c, std::int32_t half, cudaStream_t stream) {
+  kernels::ZeroRanges ranges{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    ranges.base[ranges.count] = static_cast<std::uint8_t*>(c->dense[half * c->kind_count + k]);
+    ranges.bytes[ranges.count++] = c->slot_count_max * page_bytes(c, k);
+  }
+  cuda_ok(kernels::launch_zero_ranges(ranges, stream), "launch_zero_ranges(dense half)");
+}
+
 // Before the compose launch: the dense half zeroed (all-reduce variants), then cpkv's producer
 // writing the layer's rows where the plan fills (the mutants no_barrier and barrier_passes_early
 // delay the last rank's; skip_zero leaves the tails as the destination held them).
 cpkv_status zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
   const FusedBatch& b = *s.batch;
   const std::int32_t half = model::parity_half(l);
-  // One memset per kind's buffer: the bytes between two are the host's guard, which no plugin writes.
-  for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense && !s.mutant.skips_zero(); ++k) {
-    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
-  }
+  if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) zero_dense_half(c, half, stream);
   if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
   std::array<void*, CPKV_KINDS_MAX> dest{};
   for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[l] != 0 ? fill_destination(c, s, l, k) : nullptr;
@@ -389,9 +398,7 @@ cpkv_status fused_enqueue_part(cpkv_exchange_ctx* c, std::int32_t part, std::int
         return c->produce_rows(c, dest.data(), b.fill_page, b.plan.plan.zero_own_current ? 1 : 0, stream);
       }
       case CPKV_PART_COMPOSE:
-        for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense; ++k) {
-          cuda_ok(cudaMemsetAsync(c->dense[model::parity_half(layer) * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), st), "cudaMemsetAsync(dense half)");
-        }
+        if (b.plan.plan.zero_dense) zero_dense_half(c, model::parity_half(layer), st);
         cuda_ok(kernels::launch_compose(b.compose[layer], st), "launch_compose");
         return collectives(c, s, layer, stream);
       case CPKV_PART_PRE_SIGNAL:
