@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""The ABI's cost per layer from `cpkv bench --json` files of the default bench (no --exchange), in
-which every variant ran in process and then through the built-in plugin, both as replayed graphs.
+"""The ABI's cost per layer from `cpkv bench --json` files of the default bench of cpkv before
+issue 36 (no --exchange), in which every variant ran in process and then through the built-in
+plugin, both as replayed graphs. The in-process exchange is gone since, and today's bench writes no
+such rows: this reads the recorded reports (docs/benchmarks/) only.
 
 Usage: abi_ratio.py BENCH.json [BENCH.json ...]
 

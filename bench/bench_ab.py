@@ -6,7 +6,8 @@ Usage: bench_ab.py --a A1.json [A2.json ...] --b B1.json [B2.json ...] [--key co
 
 --key-b reads B's figure under another key: a plugin's `plugin_compose_us_per_layer_median`
 against the built-in's `compose_us_per_layer_median`.
-(The default bench's in-run ABI / in-process ratio is `bench/abi_ratio.py`'s.)
+Two builds' default benches (the built-in plugin) compare under the default key: compose alone,
+the plugin's CPKV_PART_COMPOSE (before issue 36, the in-process exchange's compose).
 
 For every (batch, variant) present in every file it prints the median over A's runs, the median
 over B's runs and the ratio B/A, then the geometric mean of the ratios per variant. Every file must

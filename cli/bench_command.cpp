@@ -104,8 +104,9 @@ void register_bench(CLI::App& app) {
       ->check(whole_in<std::int32_t>(1, static_cast<std::int32_t>(option_limits::repetitions_max)));
   cmd->add_option("--cp", o->request.cp, "override the trace's cp (one GPU per rank)")->check(whole_in<std::int32_t>(1, model::limits::cp_max));
   cmd->add_option("--exchange", o->request.replay.exchange,
-                  "time this exchange plugin's compose_layer (a shared object exporting cpkv_exchange_v1, include/cpkv/exchange_abi.h) per "
-                  "layer instead of cpkv's own compose, its bytes checked first; 'all' variants: the ones it implements");
+                  "time this exchange plugin (a shared object exporting cpkv_exchange_v1, include/cpkv/exchange_abi.h) instead of cpkv's own "
+                  "(builtin, the default), through the same path: its compose_layer per layer, and the bench parts it offers, its bytes "
+                  "checked first; 'all' variants: the ones it implements");
   cmd->add_flag("--time-sliced", o->request.time_sliced,
                 "run even when ranks outnumber the GPUs (ranks time-slice a GPU): the bytes are checked, the timings measure nothing");
   cmd->add_option("--json", o->json_path, "write the results as JSON (a regular file, replaced only when the run completes)");

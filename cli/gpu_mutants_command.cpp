@@ -63,19 +63,17 @@ Row run_row(harness::Backend& backend, const harness::BatchSource& source, const
 void run_gpu_mutants(const std::optional<std::string>& asked) {
   // --exchange, else CPKV_EXCHANGE, else the built-in plugin (cpkv's own fused compose through the ABI).
   const std::string named = asked ? *asked : cuda::exchange_by_default();
-  const std::optional<std::string> exchange = named == harness::kInProcessExchange ? std::nullopt : std::optional<std::string>(named);
-  std::vector<harness::Mutant> mutants(harness::kGpuMutants.begin(), harness::kGpuMutants.end());
-  cuda::CudaOptions cuda_options;
-  cuda_options.in_process = !exchange;
-  if (exchange) {
-    mutants.clear();
-    cuda_options.exchange = load_plugin(*exchange, mutants);
+  if (named == harness::kInProcessExchange) {
+    throw OptionError(fmt::format("--exchange: {} ({})", harness::kInProcessGone, asked ? "--exchange inprocess" : fmt::format("{}=inprocess", cuda::kExchangeEnvironment)));
   }
+  std::vector<harness::Mutant> mutants;
+  cuda::CudaOptions cuda_options;
+  cuda_options.exchange = load_plugin(named, mutants);
   const int gpus = cuda::gpu_count();
   if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
   fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k{}\n", gpus, cuda::kGpuMutantLayers,
-             exchange ? fmt::format(" | exchange plugin '{}' ({}): two batches, so a first batch's plan or inverse is stale in the second",
-                                    cuda_options.exchange->name, *exchange) : "");
+             fmt::format(" | exchange plugin '{}' ({}): two batches, so a first batch's plan or inverse is stale in the second",
+                         cuda_options.exchange->name, named));
   bool ok = true;
   const cuda::VerifySelfTest self = cuda::verify_self_test();
   const bool located = self.failure.empty() && self.wrong_bytes_clean == 0 && self.wrong_bytes_corrupted == 1 && self.slot == self.planted_slot &&
@@ -89,7 +87,7 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
   fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "mutant", "cp", "gpus", "caught", "first finding");
   auto backend = cuda::make_cuda_backend(cuda_options);
   for (const std::int32_t cp : {2, 4, 8}) {
-    const harness::BatchSource source = exchange ? cuda::gpu_plugin_mutant_source(cp) : cuda::gpu_mutant_source(cp);
+    const harness::BatchSource source = cuda::gpu_plugin_mutant_source(cp);
     harness::RunOptions options;
     options.variant = model::Variant::staging_direct;
     options.layers = cuda::kGpuMutantLayers;
@@ -99,7 +97,7 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
     fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", "none", cp, std::min(gpus, cp), clean.passed() ? "passes" : "FAILS", cuda::first_finding(clean));
     for (harness::Mutant mutant : mutants) {
       options.mutant = mutant;
-      const Row row = run_row(*backend, source, options, harness::held_by(mutant, harness::kHarnessHolds) && exchange.has_value());
+      const Row row = run_row(*backend, source, options, harness::held_by(mutant, harness::kHarnessHolds));
       ok = ok && row.ok;
       fmt::print("{:<22} {:>3} {:>5}  {:<8} {}\n", harness::to_string(mutant), cp, std::min(gpus, cp), row.verdict, row.finding);
       std::fflush(stdout);

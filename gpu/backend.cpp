@@ -80,6 +80,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   report.variant = options.variant;
   report.mode = "cuda";
   const std::int32_t cp = source.setting.cp;
+  if (!cuda.exchange) throw std::invalid_argument("cuda: no exchange table to run (make_cuda_backend fills in the default; run_bench needs one named)");
   if (cp > kRanksMax) throw std::invalid_argument(fmt::format("cp {} exceeds the cuda backend's cap of {} ranks (one node's GPUs)", cp, kRanksMax));
   const DeviceProbe devices = probe_devices();
   if (devices.error[0] != '\0') throw std::runtime_error(fmt::format("cuda: probing the devices: {}", devices.error));
@@ -111,7 +112,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
     return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
-  report.failure = cuda.exchange ? with_plugin_calls(*boot, cp, cuda.exchange->name, launched.failure) : launched.failure;
+  report.failure = with_plugin_calls(*boot, cp, cuda.exchange->name, launched.failure);
   report.deadlock = launched.deadlock;
   harness::check_unchanged(source);  // one line for the group (launch.cpp: ranks leave it to this check)
   fill_report(*boot, cp, report);
@@ -141,10 +142,11 @@ class CudaBackend final : public harness::Backend {
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
   if (options.need_line_printed == nullptr) options.need_line_printed = std::make_shared<std::string>();  // once per size over this backend's runs
-  if (!options.exchange && !options.in_process) {
+  if (!options.exchange) {
     const std::string named = exchange_by_default();
+    if (named == harness::kInProcessExchange) throw std::invalid_argument(fmt::format("{}: {}", kExchangeEnvironment, harness::kInProcessGone));
     harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
-    if (named != harness::kInProcessExchange) options.exchange = harness::find_exchange(named);
+    options.exchange = harness::find_exchange(named);
   }
   return std::make_unique<CudaBackend>(options);
 }
@@ -177,8 +179,7 @@ void register_backend(harness::Registry& registry) {
   harness::BackendEntry cuda;
   cuda.name = "cuda";
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
-                 "cpkv's own fused compose through the plugin ABI (--exchange builtin, the default), a plugin's (--exchange PATH), or in process "
-                 "(--exchange inprocess)";
+                 "every exchange through the plugin ABI: cpkv's own fused compose (--exchange builtin, the default) or a plugin's (--exchange PATH)";
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm |
                   harness::kTakesTimeline;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
@@ -194,8 +195,7 @@ void register_backend(harness::Registry& registry) {
     if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;
     if (c.request.wait_ms_max) options.wait_ms_max = *c.request.wait_ms_max;
     options.on_progress = progress;
-    options.exchange = c.exchange;
-    options.in_process = c.exchange == nullptr;
+    options.exchange = c.exchange;  // never null here: check_request loads the default when none is named
     options.timeline = c.request.timeline.value_or("");
     if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
@@ -203,11 +203,9 @@ void register_backend(harness::Registry& registry) {
   cuda.knobs_line = [](const harness::CheckedRequest& c) {
     std::string line;
     if (c.exchange) {
-      line = fmt::format("exchange: plugin '{}' ({}), ABI version {}", c.exchange->name,
+      line = fmt::format("exchange: plugin '{}' ({}), ABI version {}{}", c.exchange->name,
                          c.exchange_by_default ? fmt::format("{}, the default", harness::kBuiltinExchange) : c.request.exchange.value_or(""),
-                         CPKV_EXCHANGE_ABI_VERSION);
-    } else {
-      line = "exchange: cpkv's own, in the rank process (inprocess, not through the plugin ABI)";
+                         CPKV_EXCHANGE_ABI_VERSION, c.exchange->parts != nullptr ? ", with the bench's parts" : "");
     }
     if (c.request.swarm) {
       line += fmt::format("{}slow rank: (batch + layer) % cp spins {} cycles before its exchange (drawn from seed {})", line.empty() ? "" : " | ",

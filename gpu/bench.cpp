@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "batch_run.hpp"
+#include "plugin_host.hpp"
 #include "device_plan.hpp"
 #include "rank.hpp"
 
@@ -314,26 +314,6 @@ void measure_ceilings(Rank& r, BenchRank& out) {
   allreduce_ceilings(r, start, stop, out);
   gather_sweep(r, start, stop, own, peer, out);
   r.barrier();
-}
-
-// Times the batch just run (its bytes were checked first): every body of kTimingTable, each a
-// captured layer loop replayed `timing_reps` times.
-void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out) {
-  if (batch_index >= kBenchBatchesMax) return;
-  const std::int32_t layers = r.ctx.options.layers;
-  // Consecutive timed layers must alternate parity halves (PROTOCOL.md section 6): cycle over an
-  // even number of layers (the CLI refuses --layers 1 for timing).
-  const std::int32_t cycle = layers % 2 == 0 ? layers : layers - 1;
-  const std::int32_t reps = r.ctx.cuda.timing_reps;
-  // In kTimingTable's order: compose_only's fill is the one the with_fill replays before it left.
-  for (const TimingRow& row : kTimingTable) {
-    if (row.exchange != TimedExchange::built_in) continue;  // a plugin's (gpu/plugin_bench.cpp)
-    double (&t)[kTimingStats][kBenchBatchesMax] = out.timing[timing_index(row.timing)];
-    const std::vector<double> us = graph_layer_us(r, cycle, reps, bodies[timing_index(row.timing)], t[kNodes][batch_index]);
-    t[kMedian][batch_index] = us[us.size() / 2];
-    t[kMin][batch_index] = us.front();
-    t[kMax][batch_index] = us.back();
-  }
 }
 
 namespace {

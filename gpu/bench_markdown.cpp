@@ -19,49 +19,41 @@ void timing_headers(const TimingRow& t, std::vector<std::string>& cells) {
   if (t.json_nodes != nullptr) cells.push_back(fmt::format("launches/layer ({})", t.column));
 }
 
+// A row's figure, or null where the row lacks the key (a report of an older cpkv).
+nlohmann::json figure(const nlohmann::json& row, const std::string& key) { return row.contains(key) ? row.at(key) : nlohmann::json(); }
+
 void timing_cells(const TimingRow& t, const nlohmann::json& row, std::vector<std::string>& cells) {
   const std::string stem = t.json_stem;
-  const bool none = row[stem + "_median"].is_null();
-  cells.push_back(one_decimal_or_dash(row[stem + "_median"]));
-  if (t.spread) cells.push_back(none ? "-" : fmt::format("{:.1f}-{:.1f}", row[stem + "_min"].get<double>(), row[stem + "_max"].get<double>()));
-  if (t.json_nodes != nullptr) cells.push_back(none ? "-" : fmt::format("{:.0f}", row[t.json_nodes].get<double>()));
+  const nlohmann::json median = figure(row, stem + "_median");
+  const bool none = median.is_null();
+  cells.push_back(one_decimal_or_dash(median));
+  if (t.spread) cells.push_back(none ? "-" : fmt::format("{:.1f}-{:.1f}", row.at(stem + "_min").get<double>(), row.at(stem + "_max").get<double>()));
+  if (t.json_nodes != nullptr) cells.push_back(none || figure(row, t.json_nodes).is_null() ? "-" : fmt::format("{:.0f}", row.at(t.json_nodes).get<double>()));
 }
 
-// A timing with a column of its own, timed in this run: the rows hold its keys (a run of cpkv's
-// own exchange has none of a plugin's timings, and the other way round; no rows: cpkv's own columns).
-bool has_column(const TimingRow& t, const nlohmann::json& rows) {
-  if (t.column == nullptr || t.json_stem == nullptr) return false;
-  return rows.empty() ? t.exchange == TimedExchange::built_in : rows[0].contains(std::string(t.json_stem) + "_median");
-}
-
-// The default bench's rows: cpkv's own exchange with the built-in plugin beside it, and their ratio.
-bool has_abi_ratio(const nlohmann::json& rows) { return !rows.empty() && rows[0].contains("abi_over_in_process_with_fill"); }
+// A timing with a column of its own: every exchange's table has them all, '-' where its exchange
+// does not offer the part (a plugin without cpkv_exchange_parts).
+bool has_column(const TimingRow& t) { return t.column != nullptr && t.json_stem != nullptr; }
 
 std::string table_line(const std::vector<std::string>& cells) { return "| " + fmt::format("{}", fmt::join(cells, " | ")) + " |\n"; }
 
-std::string legend(const nlohmann::json& rows, std::int32_t layer_count) {
+std::string legend(std::int32_t layer_count) {
   std::vector<std::string> parts;
   for (const TimingRow& t : kTimingTable) {
-    if (has_column(t, rows)) parts.push_back(fmt::format("{} = {}", t.column, t.legend));
+    if (has_column(t)) parts.push_back(fmt::format("{} = {}", t.column, t.legend));
   }
   return fmt::format(
-      "{}. Figures in {} per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose; "
+      "{}. Figures in {} per layer, median over replays of the batch's captured layer loop (min-max); x ideal and the model are of compose (the plugin compose where the exchange offers no parts); "
       "ms/batch = compose x {} layers; barrier in the layer = compose less the same launch with its barrier taken out (bytes not checked "
-      "there){}.\n\n",
-      fmt::join(parts, "; "), kTimingTable[0].unit, layer_count,
-      has_abi_ratio(rows)
-          ? "; ABI / in-process = the built-in plugin's 'plugin with fill' over cpkv's in-process 'with fill' (the same kernels, both replayed "
-            "graphs, run one after the other in this bench)"
-          : "");
+      "there).\n\n",
+      fmt::join(parts, "; "), kTimingTable[0].unit, layer_count);
 }
 
 std::string rows_table(const nlohmann::json& rows) {
   std::vector<std::string> header = {"batch", "variant"};
   for (const TimingRow& t : kTimingTable) {
-    if (has_column(t, rows)) timing_headers(t, header);
+    if (has_column(t)) timing_headers(t, header);
   }
-  const bool abi = has_abi_ratio(rows);
-  if (abi) header.emplace_back("ABI / in-process (with fill)");
   for (const char* derived : {"ms/batch", "isolated current us (barrier's share)", "barrier in the layer us", "peer MB/rank/layer", "GB/s",
                               "x ideal", "model us", "model error", "exact"}) {
     header.emplace_back(derived);
@@ -70,11 +62,7 @@ std::string rows_table(const nlohmann::json& rows) {
   for (const auto& r : rows) {
     std::vector<std::string> cells = {fmt::format("{}", r["batch"].get<int>()), r["variant"].get<std::string>()};
     for (const TimingRow& t : kTimingTable) {
-      if (has_column(t, rows)) timing_cells(t, r, cells);
-    }
-    if (abi) {
-      const nlohmann::json& ratio = r["abi_over_in_process_with_fill"];
-      cells.push_back(ratio.is_null() ? "-" : fmt::format("{:.3f}", ratio.get<double>()));
+      if (has_column(t)) timing_cells(t, r, cells);
     }
     std::string isolated = one_decimal_or_dash(r["isolated_current_us"]);
     if (!r["barrier_share_us"].is_null()) isolated += fmt::format(" ({:.1f})", r["barrier_share_us"].get<double>());
@@ -124,7 +112,7 @@ std::string gather_table(const model::MeasuredCeilings& ceilings) {
 }  // namespace
 
 std::string bench_markdown(const nlohmann::json& rows, const model::MeasuredCeilings& ceilings, std::int32_t layer_count) {
-  return legend(rows, layer_count) + rows_table(rows) + ceilings_lines(ceilings) + gather_table(ceilings);
+  return legend(layer_count) + rows_table(rows) + ceilings_lines(ceilings) + gather_table(ceilings);
 }
 
 }  // namespace cpkv::cuda

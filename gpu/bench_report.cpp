@@ -1,9 +1,9 @@
 // `cpkv bench` on the GPUs, the cuda backend's bench entry (BackendEntry::bench): every variant of
-// the request timed (cpkv's own exchange or an --exchange plugin's), against the ceilings measured
+// the request timed through one path, the plugin host (the request's exchange table, the built-in
+// plugin by default, and the bench parts it offers), against the ceilings measured
 // in the same run (copy-engine peer pull, local copy, barrier), with the model's bytes and the cost
 // model's prediction, as the JSON rows and the markdown tables.
 #include <algorithm>
-#include <optional>
 #include <string>
 
 #include <fmt/format.h>
@@ -62,7 +62,7 @@ struct BenchSetup {
   std::int32_t timed_cycle = 0;  // the timing cycle
   std::vector<model::Batch> batches;
   std::vector<harness::RejectedBatch> rejected;
-  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the executor sizes it
+  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the rank sizes it
 };
 
 BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSource& source) {
@@ -92,7 +92,7 @@ BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSourc
 
 // The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
 // ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
-// The dense buffer the executor zeroes holds the trace's largest batch (harness shape.slot_count_max).
+// The dense buffer the exchange zeroes holds the trace's largest batch (harness shape.slot_count_max).
 double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle,
                     const model::CostParameters& ceilings, std::int64_t dense_slots) {
   model::Setting timed = setting;
@@ -102,46 +102,47 @@ double predicted_us(const model::Setting& setting, const model::Batch& batch, mo
   return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
 }
 
-// The figures of batch b that kTimingTable names a JSON key for (gpu/bench_timings.hpp), of the
-// timings of the exchange that ran: the median (null where the row says 0 means none), min and
-// max where the row keeps its spread, and the launches per layer.
-void add_timing_keys(const BenchResult& result, TimedExchange exchange, std::size_t b, nlohmann::json& row) {
+// The figures of batch b that kTimingTable names a JSON key for (gpu/bench_timings.hpp): the
+// median (null where the row says 0 means none, and for a part the exchange does not offer), min
+// and max where the row keeps its spread, and the launches per layer.
+void add_timing_keys(const BenchResult& result, const cpkv_exchange_parts* parts, std::size_t b, nlohmann::json& row) {
   for (const TimingRow& timing : kTimingTable) {
-    if (timing.exchange != exchange) continue;
-    const auto figure = [&](TimingStat stat) { return result.per_batch(timing.timing, stat)[b]; };
+    const bool timed = timed_by(timing, parts);
+    const auto figure = [&](TimingStat stat) { return timed ? nlohmann::json(result.per_batch(timing.timing, stat)[b]) : nlohmann::json(); };
     if (timing.json_nodes != nullptr) row[timing.json_nodes] = figure(kNodes);
     if (timing.json_stem == nullptr) continue;
     const std::string stem = timing.json_stem;
-    row[stem + "_median"] = timing.zero_is_none && figure(kMedian) <= 0 ? nlohmann::json() : nlohmann::json(figure(kMedian));
+    const bool none = !timed || (timing.zero_is_none && result.per_batch(timing.timing)[b] <= 0);
+    row[stem + "_median"] = none ? nlohmann::json() : figure(kMedian);
     if (!timing.spread) continue;
-    row[stem + "_min"] = figure(kMin);
-    row[stem + "_max"] = figure(kMax);
+    row[stem + "_min"] = none ? nlohmann::json() : figure(kMin);
+    row[stem + "_max"] = none ? nlohmann::json() : figure(kMax);
   }
 }
 
-// The figures derived from cpkv's own timings (the isolated exchange, the barrier's shares), null
-// for a plugin's run, whose exchange cpkv cannot take apart.
-void add_built_in_shares(const BenchResult& result, model::Variant variant, std::size_t b, double us, bool built_in, nlohmann::json& row) {
+// The figures derived from two timings (the isolated exchange, the barrier's shares), null where the
+// exchange offers no such parts (cpkv cannot take a foreign layer apart unless it does).
+void add_shares(const BenchResult& result, model::Variant variant, std::size_t b, double us, const cpkv_exchange_parts* parts, nlohmann::json& row) {
+  const auto offers = [&](Timing t) { return timed_by(kTimingTable[timing_index(t)], parts); };
   const double isolated_us = result.per_batch(Timing::isolated)[b];
   const double no_barrier_us = result.per_batch(Timing::compose_no_barrier)[b];
   // The isolated current-page exchange exists where current pages move on their own: barrier +
   // gather (staging and symmetric variants) or the compact all-reduce (v2).
-  const bool isolated_applies = built_in && model::info(variant).isolated != model::IsolatedExchange::none;
-  const bool barrier_and_gather = built_in && model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather;
+  const bool isolated_applies = offers(Timing::isolated) && model::info(variant).isolated != model::IsolatedExchange::none;
+  const bool barrier_and_gather = isolated_applies && offers(Timing::isolated_gather_only) && model::info(variant).isolated == model::IsolatedExchange::barrier_and_gather;
   row["isolated_current_us"] = isolated_applies ? nlohmann::json(isolated_us) : nlohmann::json(nullptr);
   row["barrier_share_us"] =
       barrier_and_gather ? nlohmann::json(isolated_us - result.per_batch(Timing::isolated_gather_only)[b]) : nlohmann::json(nullptr);
-  row["barrier_share_in_layer_us"] = built_in && no_barrier_us > 0 ? nlohmann::json(us - no_barrier_us) : nlohmann::json(nullptr);
+  row["barrier_share_in_layer_us"] = offers(Timing::compose_no_barrier) && no_barrier_us > 0 ? nlohmann::json(us - no_barrier_us) : nlohmann::json(nullptr);
 }
 
 // One row per timed batch of one variant's run. The ratio to the ideal is of the compose exchange
-// alone (cpkv's compose, or the plugin's compose_layer), which is what the ideal counts (the fill is
-// the model's own KV write in serving).
-void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchange, const BenchResult& result, const BenchResult* abi, const Ceilings& ceilings,
+// alone (the exchange's compose part where it offers one, else its whole compose_layer), which is
+// what the ideal counts (the fill is the model's own KV write in serving).
+void add_rows(const BenchSetup& s, model::Variant variant, const cpkv_exchange_parts* parts, const BenchResult& result, const Ceilings& ceilings,
               nlohmann::json& rows) {
   const model::CostParameters model_c = model::derive_ceilings(ceilings);
-  const bool built_in = exchange == TimedExchange::built_in;
-  const Timing compose = built_in ? Timing::compose_only : Timing::plugin_compose;
+  const Timing compose = timed_by(kTimingTable[timing_index(Timing::compose_only)], parts) ? Timing::compose_only : Timing::plugin_compose;
   for (std::size_t b = 0; b < result.per_batch(compose).size() && b < s.batches.size(); ++b) {
     // Bytes averaged over the layers the timing cycles through (F and S layers move different kinds).
     const ModelBytes bytes = mean_bytes(s.source.setting, s.batches[b], variant, s.timed_cycle);
@@ -153,9 +154,9 @@ void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchang
     const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
     nlohmann::json row = {{"batch", b},
                           {"variant", model::to_string(variant)},
-                          {"byte_exact", result.report.passed() && (abi == nullptr || abi->report.passed())},
+                          {"byte_exact", result.report.passed()},
                           {"ms_per_batch_compose", us * s.source.setting.layer_count() / 1000.0}};
-    add_built_in_shares(result, variant, b, us, built_in, row);
+    add_shares(result, variant, b, us, parts, row);
     row.update({{"peer_bytes_per_rank_layer", bytes.peer},
                 {"local_bytes_per_rank_layer", bytes.local},
                 {"allreduce_bytes_per_layer", bytes.allreduce},
@@ -164,16 +165,8 @@ void add_rows(const BenchSetup& s, model::Variant variant, TimedExchange exchang
                 {"ratio_to_ideal", us / ideal_us},
                 {"model_us_per_layer", predicted},
                 {"model_error", predicted / us - 1.0},
-                {"host_syncs_per_layer", built_in ? nlohmann::json(result.host_syncs_in_layer_loop) : nlohmann::json(nullptr)}});
-    add_timing_keys(result, exchange, b, row);
-    if (abi != nullptr && b < abi->per_batch(Timing::plugin_compose).size()) {
-      // The same variant through the built-in plugin, run just after: its timings beside cpkv's
-      // in-process ones, and the ABI's cost as the ratio of the two layers with their fill.
-      add_timing_keys(*abi, TimedExchange::plugin, b, row);
-      const double through_abi = abi->per_batch(Timing::plugin_with_fill)[b];
-      const double in_process = result.per_batch(Timing::with_fill)[b];
-      row["abi_over_in_process_with_fill"] = through_abi > 0 && in_process > 0 ? nlohmann::json(through_abi / in_process) : nlohmann::json(nullptr);
-    }
+                {"host_syncs_per_layer", result.host_syncs_in_layer_loop}});
+    add_timing_keys(result, parts, b, row);
     rows.push_back(row);
   }
 }
@@ -219,7 +212,7 @@ nlohmann::json bench_json(const harness::CheckedBench& c, const BenchSetup& s) {
   if (checked.exchange) {
     out["exchange"] = {{"plugin", checked.exchange->name},
                        {"path", checked.exchange_by_default ? std::string(harness::kBuiltinExchange) : checked.request.exchange.value_or("")},
-                       {"beside_in_process", checked.exchange_by_default}};
+                       {"parts", checked.exchange->parts != nullptr}};
   }
   if (s.gpus < s.source.setting.cp) out["time_sliced"] = true;
   return out;
@@ -233,20 +226,13 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
   print.line(fmt::format("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)",
                          checked.request.trace_label, s.source.setting.cp, s.gpus, s.batches.size(), s.layers, c.reps,
                          s.source.setting.layer_count()));
-  // No exchange named: cpkv's own in process (every column of its own), and the built-in plugin
-  // (the same fused compose through the ABI) run just after each variant, beside it.
-  const bool abi_beside = checked.exchange && checked.exchange_by_default;
-  if (abi_beside) {
-    print.line(fmt::format("exchange: cpkv's own in the rank process, and beside it the same fused compose through the plugin ABI (plugin '{}', "
-                           "{}, ABI version {}): the plugin columns and 'ABI / in-process'",
-                           checked.exchange->name, harness::kBuiltinExchange, CPKV_EXCHANGE_ABI_VERSION));
-  } else if (checked.backend->knobs_line) {
+  if (checked.backend->knobs_line) {
     if (const std::string knobs = checked.backend->knobs_line(checked); !knobs.empty()) print.line(knobs);
   }
   if (s.gpus < s.source.setting.cp)
     print.line(fmt::format("TIME-SLICED: {} ranks on {} GPUs: the bytes are checked, the timings measure nothing", s.source.setting.cp, s.gpus));
   print.rejected(s.rejected);
-  const TimedExchange exchange = checked.exchange && !abi_beside ? TimedExchange::plugin : TimedExchange::built_in;
+  const cpkv_exchange_parts* parts = checked.exchange ? checked.exchange->parts : nullptr;
   harness::BenchReport report;
   report.json = bench_json(c, s);
   nlohmann::json rows = nlohmann::json::array();
@@ -261,28 +247,17 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     cuda_options.timing_reps = c.reps;
     cuda_options.measure_ceilings = first;
     cuda_options.need_line_printed = need_line_printed;
-    cuda_options.exchange = abi_beside ? nullptr : checked.exchange;
+    cuda_options.exchange = checked.exchange;
     cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
-    const auto bench_one = [&](const CudaOptions& o, const char* what) {
-      BenchResult result = run_bench(s.source, options, o);
-      if (!result.report.passed()) {
-        report.exact = false;
-        print.line(fmt::format("{}{}: FAILED: {} {}", model::to_string(variant), what, result.report.failure,
-                               result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch));
-      }
-      return result;
-    };
-    const BenchResult result = bench_one(cuda_options, "");
-    std::optional<BenchResult> abi;
-    if (abi_beside) {
-      CudaOptions through = cuda_options;
-      through.measure_ceilings = false;
-      through.exchange = checked.exchange;
-      abi = bench_one(through, " through the ABI");
+    const BenchResult result = run_bench(s.source, options, cuda_options);
+    if (!result.report.passed()) {
+      report.exact = false;
+      print.line(fmt::format("{}: FAILED: {} {}", model::to_string(variant), result.report.failure,
+                             result.report.ranks.empty() ? "" : result.report.ranks[0].first_mismatch));
     }
     if (first) ceilings = result.ceilings;
     first = false;
-    add_rows(s, variant, exchange, result, abi ? &*abi : nullptr, ceilings, rows);
+    add_rows(s, variant, parts, result, ceilings, rows);
   }
   add_ceilings(ceilings, report.json);
   report.json["rows"] = rows;

@@ -1,16 +1,19 @@
 // The bench's measurements in one place. The per-batch timings, one row each (as DeepEP keeps its
 // launch configs in one header): what is timed, whether its spread is kept, the stem of its JSON
-// keys, its unit, and its markdown column and legend. Every rank's record (BenchRank), the folded
-// result (BenchResult), the timing loop (time_batch), the fold over ranks (fold_bench), the bodies
-// (LayerBodies, indexed by Timing), the JSON rows and the markdown columns (cli/bench_markdown.cpp)
-// derive from this table, so adding a timing is one row here and its body. The CLI names the
-// figures derived from two timings (a barrier's share) itself.
+// keys, its unit, its markdown column and legend, and what it times (the table's layer or a part).
+// Every rank's record (BenchRank), the folded result (BenchResult), the timing loop (gpu/plugin_bench.cpp:
+// time_plugin_layers), the fold over ranks (fold_bench), the JSON rows and the markdown columns
+// (gpu/bench_markdown.cpp) derive from this table, so adding a timing is one row here (and, for a part, its cpkv_part in
+// include/cpkv/exchange_abi.h). The CLI names the figures derived from two timings (a barrier's
+// share) itself.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+
+#include "cpkv/exchange_abi.h"
 
 namespace cpkv::cuda {
 
@@ -25,10 +28,11 @@ enum class Timing : int {
   plugin_compose,        // an exchange plugin's compose_layer alone (its rows written before the span)
   plugin_with_fill,      // an exchange plugin's layer (cpkv's rows write, compose_layer) as a replayed CUDA graph
 };
-// Which exchange a timing times: cpkv's own (the bodies of gpu/bench_bodies.cpp) or an exchange
-// plugin's (gpu/plugin_bench.cpp). A run's JSON rows hold the keys of its exchange's timings only,
-// and the markdown shows the columns its rows have.
-enum class TimedExchange : int { built_in, plugin };
+// How a timing is taken, all through the plugin host (gpu/plugin_bench.cpp): the exchange table's
+// own layer (kTheLayer: compose_layer launched from the host, or the cycle's layers replayed as a
+// CUDA graph), or one of the bench's parts a plugin offers (cpkv_exchange_parts, a cpkv_part),
+// replayed as a graph. A part the plugin does not offer is null in the JSON and '-' in the table.
+inline constexpr std::int32_t kTheLayer = -1;
 // What is kept of one timing, per batch: the median, min and max over replays of the batch's
 // captured layer loop (CUDA graph), per layer, and the launches (graph nodes) per layer.
 enum TimingStat : int { kMedian = 0, kMin = 1, kMax = 2, kNodes = 3, kTimingStats = 4 };
@@ -52,29 +56,30 @@ struct TimingRow {
   const char* legend;
   // A median of 0 means the variant has no such part: the JSON holds null, the table "-".
   bool zero_is_none;
-  TimedExchange exchange = TimedExchange::built_in;
+  std::int32_t part = kTheLayer;
 };
 
 inline constexpr TimingRow kTimingTable[] = {
     {Timing::with_fill, "with_fill", true, "with_fill_us_per_layer", "launches_per_layer_with_fill", "us", "with fill",
-     "the layer including the producer step", false},
+     "the layer including the producer step (the table's layer replayed as a CUDA graph: the 'plugin with fill' figure)", true},
     {Timing::compose_only, "compose_only", true, "compose_us_per_layer", "launches_per_layer_compose", "us", "compose",
-     "the exchange alone (the fill done before the timed region)", false},
-    {Timing::isolated, "isolated", false, nullptr, nullptr, "us", nullptr, nullptr, false},
-    {Timing::isolated_gather_only, "isolated_gather_only", false, nullptr, nullptr, "us", nullptr, nullptr, false},
-    {Timing::fill_only, "fill_only", false, "fill_alone_us_per_layer", nullptr, "us", "fill alone", "the producer launch by itself", false},
+     "the exchange alone (the fill done before the timed region; the plugin's part CPKV_PART_COMPOSE)", false, CPKV_PART_COMPOSE},
+    {Timing::isolated, "isolated", false, nullptr, nullptr, "us", nullptr, nullptr, false, CPKV_PART_ISOLATED},
+    {Timing::isolated_gather_only, "isolated_gather_only", false, nullptr, nullptr, "us", nullptr, nullptr, false, CPKV_PART_ISOLATED_NO_BARRIER},
+    {Timing::fill_only, "fill_only", false, "fill_alone_us_per_layer", nullptr, "us", "fill alone", "the producer launch by itself (CPKV_PART_FILL)", false,
+     CPKV_PART_FILL},
     {Timing::pre_only, "pre_only", false, "pre_signal_alone_us_per_layer", nullptr, "us", "pre-signal copies alone",
-     "the compose launch's publish (staging_publish) or pack (v2) launched by itself, no barrier", true},
-    {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr, "us", nullptr, nullptr, false},
+     "the compose launch's publish (staging_publish) or pack (v2) launched by itself, no barrier (CPKV_PART_PRE_SIGNAL)", true, CPKV_PART_PRE_SIGNAL},
+    {Timing::compose_no_barrier, "compose_no_barrier", false, nullptr, nullptr, "us", nullptr, nullptr, false, CPKV_PART_NO_BARRIER},
     {Timing::plugin_compose, "plugin_compose", true, "plugin_compose_us_per_layer", nullptr, "us", "plugin compose",
      "the exchange plugin's compose_layer, between CUDA events on the rank's stream, launched from the host (no graph; the bytes checked "
      "outside the span, and cpkv's rows write into ctx->rows too, but a produce_rows plugin's producer, its fill, is inside it, as in "
      "'with fill': its x ideal then counts the fill)",
-     false, TimedExchange::plugin},
+     false},
     {Timing::plugin_with_fill, "plugin_with_fill", true, "plugin_with_fill_us_per_layer", "launches_per_layer_plugin_with_fill", "us", "plugin with fill",
      "the exchange plugin's layer (cpkv's rows write where it reads ctx->rows, then compose_layer, a produce_rows plugin's producer inside it) "
-     "captured once into a CUDA graph and replayed, as cpkv's own 'with fill'; '-' where the plugin does not declare CPKV_FLAG_REPLAYABLE",
-     true, TimedExchange::plugin},
+     "captured once into a CUDA graph and replayed; '-' where the plugin does not declare CPKV_FLAG_REPLAYABLE",
+     true},
 };
 inline constexpr int kTimings = static_cast<int>(std::size(kTimingTable));
 
@@ -115,7 +120,10 @@ enum CeilingFold : int { kLeast, kMost };
   X(gather_bulk_gbps, bulk_gbps, "bulk_tma_gbps")                \
   X(gather_push_gbps, push_gbps, "push_block_per_page_gbps")
 
-// One body per timing: the layer loop time_batch captures and replays.
-using LayerBodies = std::array<std::function<void(std::int32_t)>, kTimings>;
+// Whether the exchange offers what the row times: the table's layer always, a part where its
+// cpkv_exchange_parts (nullptr: none) offers it.
+constexpr bool timed_by(const TimingRow& row, const cpkv_exchange_parts* parts) {
+  return row.part == kTheLayer || (parts != nullptr && (parts->offered & CPKV_PART_BIT(static_cast<std::uint32_t>(row.part))) != 0);
+}
 
 }  // namespace cpkv::cuda

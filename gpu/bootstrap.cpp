@@ -71,9 +71,8 @@ std::string device_fault_line(const std::string& seen_at, cudaError_t error) {
       }
       if (!step.empty()) place += fmt::format(" (step {})", step);
     }
-    // No milestone says which work faulted (cpkv's in-process exchange, or a plugin host between
-    // its calls): the host's place, where it saw the fault, and the work is cpkv's own kernels
-    // enqueued up to there.
+    // No milestone says which work faulted (the plugin host between its calls): the host's place,
+    // where it saw the fault, and the work is cpkv's own kernels enqueued up to there.
     place += context_lost() ? ": a device fault in the kernels the rank enqueued up to here (cpkv's own, where no plugin call is named)" : ": a CUDA call failed";
   }
   return fmt::format("{}: CUDA: {} (seen at {})", place, cudaGetErrorString(error), seen_at);

@@ -116,7 +116,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 // plugin_host.cpp: the run's failure with what the plugin calls left (Bootstrap::plugin_call,
 // plugin_finished): a rank that ended inside a plugin call is named with the call; a rank that ended
 // without finishing, while the launcher saw every rank exit 0, makes the run fail.
-inline constexpr const char* kPluginCalls[] = {"setup", "begin_batch", "compose_layer", "end_batch", "teardown"};
+inline constexpr const char* kPluginCalls[] = {"setup", "begin_batch", "compose_layer", "end_batch", "teardown", "enqueue_part"};
 std::string with_plugin_calls(const Bootstrap& boot, std::int32_t cp, const std::string& plugin, const std::string& failure);
 
 // Keeps the first kViolationsMax violations and counts every one, by invariant.

@@ -46,10 +46,9 @@ struct CudaOptions {
   // layer without that rank's arrival overwrites what it still reads. -1: none.
   std::int32_t slow_reader_rank = -1;
   // The exchange: a loaded plugin (include/cpkv/exchange_abi.h; cpkv's own fused compose is the
-  // plugin "builtin"), or null: cpkv's own exchange in the rank process (gpu/executor.cpp). Null in
-  // make_cuda_backend means the default (exchange_by_default) unless `in_process` says null is meant.
+  // plugin "builtin"), run by the plugin host, the backend's one rank loop. Null in make_cuda_backend
+  // means the default (exchange_by_default).
   std::shared_ptr<const harness::ExchangePlugin> exchange;
-  bool in_process = false;
   // The memory line (each GPU's need beside its free memory) last printed by the runs that share
   // this, so a request's variants print it once per size; null: print it for every run. The
   // backend a registry entry makes shares one over its runs, as the bench does over its variants.
@@ -79,8 +78,9 @@ struct BenchResult {
 BenchResult run_bench(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda);
 
 // `cpkv bench` (the "cuda" entry's bench, gpu/bench_report.cpp): every variant of the request timed
-// with cpkv's own exchange or the request's plugin, beside the ceilings of the same run and the
-// cost model's prediction; the JSON rows and the markdown.
+// through the request's exchange table (the built-in plugin by default) and the bench parts it
+// offers, beside the ceilings of the same run and the cost model's prediction; the JSON rows and
+// the markdown.
 harness::BenchReport bench_report(const harness::CheckedBench& c, const harness::BatchSource& source, const harness::BenchPrint& print);
 
 // GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
@@ -90,11 +90,10 @@ int gpu_count();
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
 // Which exchange `--backend cuda` runs when none is named: CPKV_EXCHANGE if it is set (a plugin's
-// path, "builtin" or "inprocess"), else "builtin", cpkv's own fused compose through the plugin ABI
-// (gpu/fused/). `replay --backend cuda`, `mutants --backend cuda` and every make_cuda_backend whose
-// CudaOptions::exchange is null and in_process false (the gpu tests) take it; "inprocess" is cpkv's
-// own exchange in the rank process (gpu/executor.cpp), which `cpkv bench` also times beside the
-// built-in plugin when no exchange is named.
+// path or "builtin"), else "builtin", cpkv's own fused compose through the plugin ABI (gpu/fused/).
+// `replay`, `bench` and `mutants --backend cuda` and every make_cuda_backend whose
+// CudaOptions::exchange is null (the gpu tests) take it; "inprocess" is gone and refused
+// (harness::kInProcessGone).
 inline constexpr const char* kExchangeEnvironment = "CPKV_EXCHANGE";
 std::optional<std::string> exchange_from_environment();
 // The environment's choice, else "builtin" (the spelling --exchange would take).

@@ -77,13 +77,12 @@ class DeviceUploads {
 };
 
 // The pages a rank's gathers read from its peers (pools and staging or dense buffers of other
-// ranks), per active kind and layer: the peer-bytes counter of the in-process executor and of the
-// fused plugin alike.
+// ranks), per active kind and layer: the fused plugin's peer-bytes counter.
 std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int32_t rank);
 
 // The barrier of the fused compose launch: none (the variant has none, or the planted bug no_barrier),
 // the signal at its start, or after the publish (the peers read what the publish writes). The
-// in-process executor and the fused plugin both launch with it.
+// fused plugin launches with it.
 kernels::ComposeBarrier compose_barrier(const BatchPlan& b, const GpuMutantPolicy& mutant);
 
 // The batch plan on the device: the 9 uploads.

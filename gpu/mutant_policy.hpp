@@ -1,4 +1,4 @@
-// The one place the GPU executor learns which planted bug is switched on (as sim::MutantPolicy is
+// The one place the fused plugin (gpu/fused/) learns which planted bug is switched on (as sim::MutantPolicy is
 // for the step machine): it asks these named questions and never compares against a Mutant itself.
 // Every answer is the correct protocol's for Mutant::none. The bugs it holds are the rows of
 // harness::kMutantTable marked kGpuHolds; a spin on one rank opens the race window so each bug

@@ -1,5 +1,6 @@
 // The GPU side of the planted bugs: which switches the CUDA backend has (the switches themselves sit
-// in gpu/executor.cpp's layer loop) and the verify kernel's self-test.
+// in the fused plugin's layer, gpu/fused/fused_exchange.cpp, through gpu/mutant_policy.hpp) and the
+// verify kernel's self-test.
 
 
 #include <cstring>

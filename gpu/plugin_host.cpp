@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-#include "batch_run.hpp"
+#include "plugin_host.hpp"
 #include "plugin_guards.hpp"
 #include "timeline.hpp"
 #include "cpkv/harness/plugin_json.hpp"
@@ -630,22 +630,31 @@ void run_layers(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, const 
   timeline_layers_end(r);
 }
 
-// The bench: the plugin's compose_layer timed per layer after the bytes were checked (plugin_bench.cpp).
+// The bench: the table's layer and the parts it offers timed after the bytes were checked (plugin_bench.cpp).
 void time_plugin_batch(PluginHost& h, const PluginBatch& pb, const std::int64_t* const dev[4], std::int64_t index) {
-  const auto rows = [&](std::int32_t l) { write_rows(h, pb, dev, l); };
-  const auto compose = [&](std::int32_t l) {
+  PluginTimedCalls calls;
+  calls.write_rows = [&](std::int32_t l) { write_rows(h, pb, dev, l); };
+  calls.compose_layer = [&](std::int32_t l) {
     h.layer = l;
     const InCall in(h, "compose_layer", index, l);
     const cpkv_status status = h.plugin.table->compose_layer(&h.ctx, l, h.r.stream);
     h.layer = -1;
     return status;
   };
+  calls.enqueue_part = [&](std::int32_t part, std::int32_t l) {
+    h.layer = l;  // produce_rows is served inside a part as inside compose_layer
+    const InCall in(h, "enqueue_part", index, l);
+    const cpkv_status status = h.plugin.parts->enqueue_part(&h.ctx, part, l, h.r.stream);
+    h.layer = -1;
+    return status;
+  };
+  calls.check = [&](cpkv_status status, std::int32_t l) { check_call(h, status, "compose_layer", index, l); };
   const bool replayable = (h.plugin.table->flags & CPKV_FLAG_REPLAYABLE) != 0;
-  time_plugin_layers(h.r, index, replayable, rows, compose, [&](cpkv_status status, std::int32_t l) { check_call(h, status, "compose_layer", index, l); });
+  time_plugin_layers(h.r, index, replayable, h.plugin.parts, calls);
 }
 
-// The pool content and the dense buffers' garbage, as populate (batch_run.hpp) writes them but with
-// the dense buffers' guards left poisoned, and the pool pages' reference hashes, all before the
+// The pool content and the dense buffers' garbage (what a fresh allocation would hold), with the
+// dense buffers' guards left poisoned, and the pool pages' reference hashes, all before the
 // host barrier: after it, any rank's plugin code may run and write.
 void populate_guarded(PluginHost& h, const BatchPlan& b, const DevicePlan& d) {
   Rank& r = h.r;
@@ -687,7 +696,10 @@ void run_accepted(PluginHost& h, const BatchPlan& hb, const DevicePlan& hd, cons
   h.milestones.stamp(r.stream, fmt::format("rank {} batch {} layer 0: a device fault in cpkv's own kernels before compose_layer (the rows, the slow rank's spin)",
                                            r.ctx.rank, index));
   h.counting = true;
+  const std::int64_t syncs_before = r.host_syncs;
   run_layers(h, hb, hd, pb, dev, verify, index);
+  BenchRank& bench = r.ctx.boot->bench_results[r.ctx.rank];
+  bench.host_syncs_in_layer_loop = std::max<std::int64_t>(bench.host_syncs_in_layer_loop, (r.host_syncs - syncs_before) / r.ctx.options.layers);
   h.counting = false;
   count_batch(h, hb.layout, before, phase_before, index);
   if (r.ctx.cuda.timing_reps > 0 && all_accepted) {

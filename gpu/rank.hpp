@@ -1,7 +1,7 @@
 // One GPU rank process: what it was asked (RankContext), its device memory and the peers' mappings
 // (RankMemory), and its running state (Rank: stream, phases, the NCCL communicator). rank_memory.cpp
-// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs the
-// batches on it; bench.cpp times them.
+// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs its
+// life, the plugin host (plugin_host.cpp) its batches; plugin_bench.cpp and bench.cpp time them.
 #pragma once
 
 #include <cstdint>
@@ -107,9 +107,8 @@ void map_peers_and_agree(Rank& r);
 void join_nccl(Rank& r);
 void leave_group(Rank& r);
 
-// bench.cpp: the ceilings (every rank at once) and the timing of the batch just run.
+// bench.cpp: the ceilings (every rank at once).
 void measure_ceilings(Rank& r, BenchRank& out);
-void time_batch(Rank& r, std::int64_t batch_index, const LayerBodies& bodies, BenchRank& out);
 
 // The rotating slow rank of CudaOptions::slow_rank_cycles, before layer l's exchange (executor.cpp).
 void slow_rank_delay(Rank& r, std::int32_t l);

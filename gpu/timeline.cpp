@@ -32,8 +32,8 @@ struct SpanRecord {
 };
 
 // The trace-event process of a variant's run: the ranks write their parts under it and the merge keeps
-// only those lines, so both sides take it from here. A run through a plugin is a process of its own
-// beside the same variant's in-process run (the default bench runs both).
+// only those lines, so both sides take it from here. Every run goes through a plugin (the plugin
+// host is the backend's one rank loop); the pids of the in-process runs before issue 36 stay unused.
 std::int32_t timeline_pid(const CudaOptions& cuda, model::Variant variant) {
   return 1 + static_cast<std::int32_t>(variant) + (cuda.exchange ? static_cast<std::int32_t>(model::kVariantCount) : 0);
 }
@@ -189,11 +189,6 @@ TimelineSpan::TimelineSpan(Rank& r, std::string_view name, std::int32_t layer, s
 
 TimelineSpan::~TimelineSpan() {
   if (index_ >= 0 && r_.timeline != nullptr) r_.timeline->close(index_);
-}
-
-std::string_view compose_note(bool barrier) {
-  return barrier ? "one fused kernel: the signal, each warp's wait on the flag of the peer it reads, and the gather (kernels/compose_kernels.cu)"
-                 : "one fused kernel: the gather (no barrier in this variant's compose)";
 }
 
 std::string plugin_span_name(std::string_view plugin) { return fmt::format("compose_layer (plugin {})", plugin); }

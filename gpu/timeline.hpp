@@ -55,8 +55,6 @@ class TimelineSpan {
   std::int64_t index_ = -1;
 };
 
-// The fused compose's note: the signal, the waits and the gather are one kernel.
-std::string_view compose_note(bool barrier);
 // A plugin's layer: "compose_layer (plugin NAME)".
 std::string plugin_span_name(std::string_view plugin);
 

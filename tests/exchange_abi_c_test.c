@@ -22,7 +22,12 @@ _Static_assert(offsetof(cpkv_exchange_v1_t, flags) == offsetof(cpkv_exchange_v1_
  * struct_bytes), its new entry being a flag bit and context fields. */
 _Static_assert(offsetof(cpkv_exchange_ctx, attention_segments) > offsetof(cpkv_exchange_ctx, reader_spin_cycles), "revision 3's fields come after revision 2's last");
 _Static_assert(offsetof(cpkv_exchange_ctx, attention_segment_count) > offsetof(cpkv_exchange_ctx, attention_segments), "in the order the header documents");
-_Static_assert(sizeof(void*) != 8 || sizeof(cpkv_exchange_v1_t) == 80, "the table never grows within version 1");
+/* Revision 4 appends `parts` to the table: a table of revisions 1 to 3 keeps its 80 bytes (LP64),
+ * the size such a plugin declares in struct_bytes, and every field it knows keeps its offset. */
+_Static_assert(sizeof(void*) != 8 || CPKV_TABLE_BYTES_REVISION_3 == 80, "a table of revisions 1 to 3 is 80 bytes");
+_Static_assert(offsetof(cpkv_exchange_v1_t, parts) == offsetof(cpkv_exchange_v1_t, teardown) + sizeof(void*), "parts comes after revision 3's last");
+_Static_assert(CPKV_PART_COUNT <= 32, "every part has a bit in cpkv_exchange_parts.offered");
+_Static_assert(offsetof(cpkv_exchange_parts, version) == 0, "the parts' version comes first, so any version's can be read for it");
 _Static_assert(sizeof(cpkv_attention_segment) == 5 * sizeof(int64_t), "a segment is five int64 fields, no padding");
 _Static_assert((CPKV_FLAG_ATTENTION_PLAN & CPKV_FLAG_REPLAYABLE) == 0, "each flag bit is its own");
 _Static_assert((CPKV_USES_PRODUCE & (CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE)) == 0, "each uses bit is its own");
@@ -60,6 +65,19 @@ int main(void) {
   ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, reader_spin_cycles) + 4; /* half a field: not there */
   if (CPKV_CTX_HAS(&ctx, reader_spin_cycles)) {
     fprintf(stderr, "CPKV_CTX_HAS takes a field cut in half for present\n");
+    return 1;
+  }
+  /* CPKV_TABLE_HAS: a table of revision 3 lacks `parts`; one of revision 4 has it. */
+  cpkv_exchange_v1_t table;
+  memset(&table, 0, sizeof(table));
+  table.struct_bytes = CPKV_TABLE_BYTES_REVISION_3;
+  if (CPKV_TABLE_HAS(&table, parts) || !CPKV_TABLE_HAS(&table, teardown)) {
+    fprintf(stderr, "CPKV_TABLE_HAS is wrong for a revision-3 table of %u bytes\n", table.struct_bytes);
+    return 1;
+  }
+  table.struct_bytes = (uint32_t)sizeof(table);
+  if (!CPKV_TABLE_HAS(&table, parts)) {
+    fprintf(stderr, "CPKV_TABLE_HAS is wrong for a revision-4 table of %u bytes\n", table.struct_bytes);
     return 1;
   }
   printf("exchange ABI %u: table %zu bytes, context %zu bytes, batch %zu bytes\n", CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t),

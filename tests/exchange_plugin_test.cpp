@@ -58,6 +58,27 @@ TEST(ExchangePlugin, AnUnknownVariantAndAMissingFunctionAreRefused) {
   EXPECT_NE(refusal(CPKV_STUB_nocompose).find("has no compose_layer function"), std::string::npos);
 }
 
+// Revision 4 of the header appended the bench's parts to the table. A plugin built against an
+// earlier revision declares the shorter table: it loads, with no parts, and cpkv never reads the
+// bytes past its table (the stub keeps a wild pointer there, which a read would follow). One that
+// offers parts gets them checked: their own version, and CPKV_FLAG_REPLAYABLE (they are replayed).
+TEST(ExchangePlugin, ATableOfAnEarlierRevisionLoadsWithoutTheBenchParts) {
+  const auto old = harness::load_exchange_plugin(CPKV_STUB_rev3);
+  EXPECT_EQ(old->name, "stub");
+  EXPECT_EQ(old->parts, nullptr);
+  EXPECT_EQ(harness::load_exchange_plugin(CPKV_STUB_ok)->parts, nullptr) << "a table of revision 4 with parts NULL offers none";
+}
+
+TEST(ExchangePlugin, TheBenchPartsAreLoadedAndVersionChecked) {
+  const auto plugin = harness::load_exchange_plugin(CPKV_STUB_parts);
+  ASSERT_NE(plugin->parts, nullptr);
+  EXPECT_EQ(plugin->parts->offered, CPKV_PART_BIT(CPKV_PART_FILL) | CPKV_PART_BIT(CPKV_PART_COMPOSE));
+  const std::string v2 = refusal(CPKV_STUB_partsv2);
+  EXPECT_NE(v2.find("offers the bench's parts of version 2; this cpkv reads version 1"), std::string::npos) << v2;
+  const std::string unreplayable = refusal(CPKV_STUB_partsunreplayable);
+  EXPECT_NE(unreplayable.find("does not declare CPKV_FLAG_REPLAYABLE"), std::string::npos) << unreplayable;
+}
+
 // The header defines one flag (CPKV_FLAG_REPLAYABLE, 1): a table setting another bit was built
 // against a header cpkv does not know, and is refused by name rather than half-understood.
 TEST(ExchangePlugin, AnUnknownFlagIsRefused) {
@@ -211,12 +232,25 @@ TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
   const harness::CheckedRequest e = harness::check_request(r, registry);
   EXPECT_FALSE(e.exchange_by_default);
   EXPECT_NE(harness::replay_line(e, model::Variant::staging_direct, 2).find(std::string(" --exchange ") + CPKV_STUB_ok), std::string::npos);
-  chosen = {harness::kInProcessExchange, false, ""};
-  const harness::CheckedRequest in_process = harness::check_request([&] { auto x = r; x.mutant = "none"; return x; }(), registry);
-  EXPECT_FALSE(in_process.exchange) << "inprocess is the backend's own exchange, no plugin";
-  EXPECT_NE(refused(r, "mutant").find("the default, inprocess runs no plugin"), std::string::npos);
+}
+
+// The in-process exchange is gone (the plugin host is the cuda backend's one rank loop): asking for
+// it, on the command line or through the backend's default (CPKV_EXCHANGE=inprocess), is one line
+// saying so and what to use, whatever the planted bug.
+TEST_F(ExchangeRequest, TheInProcessExchangeIsRefusedNamingWhatToUse) {
+  harness::ReplayRequest r = with("staging_direct", "none");
   r.exchange = harness::kInProcessExchange;
-  EXPECT_NE(refused(r, "mutant").find("--exchange inprocess runs no plugin"), std::string::npos);
+  const std::string named = refused(r, "exchange");
+  EXPECT_NE(named.find("'inprocess' is gone"), std::string::npos) << named;
+  EXPECT_NE(named.find("--exchange builtin, the default"), std::string::npos) << named;
+  EXPECT_NE(named.find("(--exchange inprocess)"), std::string::npos) << named;
+  r.backend = "defaulted";
+  r.exchange.reset();
+  r.mutant = "single_half";
+  chosen = {harness::kInProcessExchange, true, "CPKV_EXCHANGE=inprocess"};
+  const std::string defaulted = refused(r, "exchange");
+  EXPECT_NE(defaulted.find("'inprocess' is gone"), std::string::npos) << defaulted;
+  EXPECT_NE(defaulted.find("(CPKV_EXCHANGE=inprocess)"), std::string::npos) << defaulted;
 }
 
 // A planted bug the plugin holds under a name only cpkv's simulator holds is run as the plugin's
@@ -229,8 +263,6 @@ TEST_F(ExchangeRequest, APluginsOwnPlantedBugIsAcceptedUnderCpkvsNameAndRefusedW
   EXPECT_NE(harness::replay_line(c, model::Variant::staging_direct, 2).find(" --mutant address_keyed_plan_cache"), std::string::npos);
   r.exchange = CPKV_STUB_ok;
   EXPECT_NE(refused(r, "mutant").find("exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'"), std::string::npos);
-  r.exchange = harness::kInProcessExchange;
-  EXPECT_NE(refused(r, "mutant").find("'address_keyed_plan_cache' is not held by --backend host"), std::string::npos);
   r.backend = "other";
   r.exchange.reset();
   EXPECT_NO_THROW(harness::check_request(r, registry)) << "the simulator holds it";
@@ -339,7 +371,7 @@ TEST(ExchangePluginCli, APluginsOwnPlantedBugPassesTheRequestAndNeedsAPluginThat
   const std::string replay = "replay traces/samples/tiny.jsonl --backend cuda --mutant address_keyed_plan_cache --exchange ";
   const test::CliRun own = test::run_cpkv(replay + CPKV_STUB_heldsim);
   if (own.err.find("this build has no cuda backend") != std::string::npos) GTEST_SKIP() << "this build has no cuda backend: " << own.err;
-  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--mutant: 'address_keyed_plan_cache' is not held by --backend cuda");
+  test::expect_bad_input(test::run_cpkv(replay + "inprocess"), "--exchange: 'inprocess' is gone");
   test::expect_bad_input(test::run_cpkv(replay + CPKV_STUB_ok), "--mutant: exchange plugin 'stub' does not hold planted bug 'address_keyed_plan_cache'");
   if (own.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run a plugin's own planted bug";
   test::expect_bad_input(own, "--backend: cuda: no CUDA device is visible on this machine");

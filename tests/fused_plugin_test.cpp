@@ -41,6 +41,8 @@ void expect_fused_table(const harness::ExchangePlugin& plugin) {
   EXPECT_EQ(plugin.uses, CPKV_USES_PRODUCE) << "cpkv's producer writes its rows where it fills (no copy through ctx->rows), and it plans the batch itself";
   EXPECT_EQ(plugin.table->flags, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN)
       << "its layers replay as a CUDA graph (the barrier phase lives on the device), and it returns its attention plan";
+  ASSERT_NE(plugin.parts, nullptr) << "it offers the bench's parts (revision 4's table tail): the bench takes cpkv's own layer apart through it";
+  EXPECT_EQ(plugin.parts->offered, (1u << CPKV_PART_COUNT) - 1) << "every part";
 }
 
 TEST(FusedPlugin, TheSharedObjectPassesTheLoadersChecksWithEveryVariantAndTheGpuPlantedBugs) {

@@ -23,11 +23,9 @@ namespace {
 std::string sample(const std::string& name) { return std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name; }
 
 // Through the default exchange: cpkv's own fused compose as the built-in plugin (the ABI), unless
-// CPKV_EXCHANGE names another; `in_process` runs gpu/executor.cpp instead, which the bench times.
-void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers, bool in_process = false) {
-  cuda::CudaOptions cuda_options;
-  cuda_options.in_process = in_process;
-  auto backend = cuda::make_cuda_backend(cuda_options);
+// CPKV_EXCHANGE names another.
+void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers) {
+  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   for (model::Variant variant : model::kAllVariants) {
     harness::RunOptions options;
     options.variant = variant;
@@ -53,13 +51,6 @@ TEST(GpuBackend, EveryVariantIsByteExactOnTheSeedsBatchWithEightRanksOversubscri
   expect_every_variant_exact(harness::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3);
 }
 
-// cpkv's own exchange in the rank process, not through the ABI (the bench's in-process columns).
-TEST(GpuBackend, TheInProcessExchangeIsByteExactOnTheBundledTraces) {
-  CPKV_REQUIRE_GPU();
-  expect_every_variant_exact(harness::BatchSource::from_trace(sample("tiny.jsonl")), 2, /*in_process=*/true);
-  expect_every_variant_exact(harness::BatchSource::from_trace(sample("seeds_batch.jsonl")), 3, /*in_process=*/true);
-}
-
 // The planted-bug runs' setting with half their token cap (a smaller staging).
 model::Setting small_setting(std::int32_t cp) {
   model::Setting s = cuda::gpu_small_setting(cp);
@@ -69,34 +60,27 @@ model::Setting small_setting(std::int32_t cp) {
 
 // The counters a run reports through the ABI are the plugin's own (ctx->counters: barriers, bytes
 // gathered from peers) and cpkv's count of the all-reduce service's calls (collectives, bytes
-// reduced): for cpkv's own exchange they are the in-process executor's, rank by rank. And they are
-// not empty: a cp 2 batch with pages on both ranks moves bytes between them (by gathers, or by the
-// all-reduce for fused_ar).
-TEST(GpuBackend, TheBuiltInPluginsCountersAreTheInProcessExchangesRankByRank) {
+// reduced): for cpkv's own exchange the bytes gathered are the model's figure for the variant,
+// rank by rank. And they are not empty: a cp 2 batch with pages on both ranks moves bytes between
+// them (by gathers, or by the all-reduce for fused_ar).
+TEST(GpuBackend, TheBuiltInPluginsCountersAreTheModelsRankByRank) {
   CPKV_REQUIRE_GPU();
   if (std::getenv(cuda::kExchangeEnvironment) != nullptr) GTEST_SKIP() << cuda::kExchangeEnvironment << " is set: the default is not the built-in plugin";
   model::Batch batch;
   batch.requests.push_back({32, 70, {3, 17}});
   batch.requests.push_back({48, 130, {9, 40, 63}});
   const harness::BatchSource source = harness::BatchSource::from_batches(small_setting(2), {batch, batch});
-  cuda::CudaOptions in_process_options;
-  in_process_options.in_process = true;
   auto through_abi = cuda::make_cuda_backend(cuda::CudaOptions{});
-  auto in_process = cuda::make_cuda_backend(in_process_options);
   for (model::Variant variant : {model::Variant::staging_direct, model::Variant::v2, model::Variant::fused_ar, model::Variant::symm_dense}) {
     harness::RunOptions options;
     options.variant = variant;
     options.layers = 3;
     const harness::RunReport a = through_abi->run(source, options);
-    const harness::RunReport b = in_process->run(source, options);
     const std::string v(model::to_string(variant));
-    ASSERT_TRUE(a.passed() && b.passed()) << v << ": " << a.failure << b.failure;
-    ASSERT_EQ(a.ranks.size(), b.ranks.size());
+    ASSERT_TRUE(a.passed()) << v << ": " << a.failure;
+    ASSERT_EQ(a.ranks.size(), 2u);
     for (std::size_t r = 0; r < a.ranks.size(); ++r) {
-      EXPECT_EQ(a.ranks[r].barriers, b.ranks[r].barriers) << v << " rank " << r;
-      EXPECT_EQ(a.ranks[r].collectives, b.ranks[r].collectives) << v << " rank " << r;
-      EXPECT_EQ(a.ranks[r].bytes_reduced, b.ranks[r].bytes_reduced) << v << " rank " << r;
-      EXPECT_EQ(a.ranks[r].bytes_gathered_from_peers, b.ranks[r].bytes_gathered_from_peers) << v << " rank " << r;
+      EXPECT_EQ(a.ranks[r].bytes_gathered_from_peers, a.ranks[r].model_bytes_gathered_from_peers) << v << " rank " << r;
     }
     std::int64_t peer = 0, reduced = 0;
     for (const harness::Totals& t : a.ranks) {
@@ -248,15 +232,13 @@ std::optional<harness::BatchSource> batch_without_pages_of(std::int32_t cp, std:
 // Oversubscribed (every rank on one GPU) and, with two GPUs, one rank per GPU at cp 2.
 TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
   CPKV_REQUIRE_GPU();
-  // Through the ABI (the built-in plugin takes the slow reader from ctx->reader_spin_cycles) and in process.
-  for (const bool in_process : {false, true}) {
+  // Through the ABI: the built-in plugin takes the slow reader from ctx->reader_spin_cycles.
   for (std::int32_t cp : {2, 4}) {
     for (std::int32_t idle = 0; idle < cp; ++idle) {
       const std::optional<harness::BatchSource> source = batch_without_pages_of(cp, idle);
       ASSERT_TRUE(source.has_value()) << "no batch leaves rank " << idle << " of " << cp << " without current pages";
       cuda::CudaOptions slow;
       slow.slow_reader_rank = idle;
-      slow.in_process = in_process;
       auto backend = cuda::make_cuda_backend(slow);
       for (model::Variant variant : {model::Variant::staging_direct, model::Variant::staging_publish, model::Variant::symm_dense}) {
         harness::RunOptions options;
@@ -264,7 +246,7 @@ TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
         options.layers = 4;  // layer 2 reuses layer 0's half while the slow rank may still read it
         options.seed = 11;
         const harness::RunReport report = backend->run(*source, options);
-        const std::string where = fmt::format("{} cp {} idle slow rank {} {}", in_process ? "in process" : "through the ABI", cp, idle, model::to_string(variant));
+        const std::string where = fmt::format("cp {} idle slow rank {} {}", cp, idle, model::to_string(variant));
         EXPECT_TRUE(report.failure.empty()) << where << ": " << report.failure;
         for (const harness::Totals& rank : report.ranks) EXPECT_EQ(rank.mismatches, 0) << where << ": " << rank.first_mismatch;
         EXPECT_EQ(report.violation_count, 0) << where << ": " << (report.violations.empty() ? "" : harness::describe(report.violations[0]));
@@ -272,7 +254,6 @@ TEST(GpuBarrier, TheLaunchWaitsForAnIdleSlowReaderItReadsNothingFrom) {
         EXPECT_EQ(report.ranks[idle].layers, 8) << where << ": both batches ran every layer";
       }
     }
-  }
   }
 }
 
@@ -298,11 +279,9 @@ TEST(GpuMutants, VerifyKernelFindsAndLocatesOneCorruptedByte) {
   EXPECT_EQ(t.actual, t.planted_actual);
 }
 
-void expect_every_gpu_mutant_reported(std::int32_t cp, bool in_process) {
+void expect_every_gpu_mutant_reported(std::int32_t cp) {
   const harness::BatchSource source = cuda::gpu_mutant_source(cp);
-  cuda::CudaOptions cuda_options;
-  cuda_options.in_process = in_process;
-  auto backend = cuda::make_cuda_backend(cuda_options);
+  auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   harness::RunOptions options;
   options.variant = model::Variant::staging_direct;
   options.layers = cuda::kGpuMutantLayers;
@@ -325,7 +304,7 @@ void expect_every_gpu_mutant_reported(std::int32_t cp, bool in_process) {
 
 TEST(GpuMutants, EveryGpuPlantedBugIsReportedOneRankPerGpu) {
   if (cuda::gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs: GPU test not run here";
-  for (const bool in_process : {false, true}) expect_every_gpu_mutant_reported(2, in_process);
+  expect_every_gpu_mutant_reported(2);
 }
 
 // More ranks than GPUs: cp 4 and 8 on two GPUs, and on one GPU also cp 2 (every rank shares it).
@@ -333,9 +312,7 @@ TEST(GpuMutants, EveryGpuPlantedBugIsReportedOversubscribed) {
   if (cuda::gpu_count() == 0) GTEST_SKIP() << "no CUDA device visible: GPU test not run here";
   std::vector<std::int32_t> cps = {4, 8};
   if (cuda::gpu_count() == 1) cps.insert(cps.begin(), 2);
-  for (const bool in_process : {false, true}) {
-    for (std::int32_t cp : cps) expect_every_gpu_mutant_reported(cp, in_process);
-  }
+  for (std::int32_t cp : cps) expect_every_gpu_mutant_reported(cp);
 }
 
 // The registry's cuda entry offers exactly the table's GPU rows: a request for any other planted bug

@@ -1,10 +1,10 @@
 // cpkv's own fused compose exchange behind the exchange plugin ABI (fused_exchange.hpp). Per batch
 // (begin_batch): the setting and batch rebuilt from the context's host arrays, cpkv's batch plan
-// (gpu/device_plan.cpp: build_batch_plan, the same entries the in-process executor launches) with
+// (gpu/device_plan.cpp: build_batch_plan) with
 // its pointer tables over the context's pools, dense buffers and the plugin's own symmetric staging
 // and compact buffers. Per layer (compose_layer, enqueue only): the dense half zeroed where the
 // plan says, cpkv's producer writing the layer's rows straight into staging or the dense buffer
-// (ctx->produce_rows, as the in-process executor's producer does), the fused compose launch with
+// (ctx->produce_rows, as the model's KV write lands in serving), the fused compose launch with
 // its counting barrier over ctx's flag pads, then the all-reduces (ctx->all_reduce_sum) and the
 // unpack. Everything a launch needs that changes per layer lives on the device (the barrier's
 // phase), so the layers replay as a CUDA graph (CPKV_FLAG_REPLAYABLE). The four GPU planted bugs
@@ -69,6 +69,8 @@ struct FusedBatch {
   std::uint64_t peer_pages_per_kind = 0;                   // pages its gathers read from peers, per active kind and layer
   std::vector<std::vector<kernels::PointerTable>> tables;  // [layer][kind]
   std::vector<kernels::ComposeArgs> compose;               // [layer]
+  const kernels::GatherEntry* current_only = nullptr;      // device: gather 2's entries of current pages (the bench's isolated part)
+  std::int64_t current_count = 0;
 };
 
 struct FusedState {
@@ -190,7 +192,7 @@ kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState
   return t;
 }
 
-// Layer l's fused compose launch, as gpu/executor.cpp builds it, over the context's buffers.
+// Layer l's fused compose launch over the context's buffers.
 kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l) {
   const FusedBatch& b = *s.batch;
   kernels::ComposeArgs a{};
@@ -262,6 +264,12 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
     b.fill_page = b.uploads->upload(fill_pages(c, s));
     b.peer_pages_per_kind = cuda::peer_pages_per_kind(b.plan, c->cp, c->rank);
+    std::vector<kernels::GatherEntry> current_only;  // the isolated exchange's: pages read from a rank's staging or dense half
+    for (const kernels::GatherEntry& e : b.plan.gather2) {
+      if (e.table_index >= c->cp && e.table_index < 2 * c->cp) current_only.push_back(e);
+    }
+    b.current_only = b.uploads->upload(current_only);
+    b.current_count = static_cast<std::int64_t>(current_only.size());
     b.tables.assign(c->layers, std::vector<kernels::PointerTable>(c->kind_count));
     for (std::int32_t l = 0; l < c->layers; ++l) {
       for (std::int32_t k = 0; k < c->kind_count; ++k) b.tables[l][k] = pointer_table(c, s, l, k);
@@ -273,16 +281,25 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   });
 }
 
+// The dense half zeroed, every kind's buffer in one launch: the bytes between two buffers are the
+// host's guard, which no plugin writes, and a memset per kind would cost a launch each (the layer
+// loop cpkv ran in process before issue 36 zeroed the half, guards and all, in one memset).
+void zero_dense_half(const cpkv_exchange_ctx* c, std::int32_t half, cudaStream_t stream) {
+  kernels::ZeroRanges ranges{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    ranges.base[ranges.count] = static_cast<std::uint8_t*>(c->dense[half * c->kind_count + k]);
+    ranges.bytes[ranges.count++] = c->slot_count_max * page_bytes(c, k);
+  }
+  cuda_ok(kernels::launch_zero_ranges(ranges, stream), "launch_zero_ranges(dense half)");
+}
+
 // Before the compose launch: the dense half zeroed (all-reduce variants), then cpkv's producer
 // writing the layer's rows where the plan fills (the mutants no_barrier and barrier_passes_early
 // delay the last rank's; skip_zero leaves the tails as the destination held them).
 cpkv_status zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
   const FusedBatch& b = *s.batch;
   const std::int32_t half = model::parity_half(l);
-  // One memset per kind's buffer: the bytes between two are the host's guard, which no plugin writes.
-  for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense && !s.mutant.skips_zero(); ++k) {
-    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
-  }
+  if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) zero_dense_half(c, half, stream);
   if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
   std::array<void*, CPKV_KINDS_MAX> dest{};
   for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[l] != 0 ? fill_destination(c, s, l, k) : nullptr;
@@ -326,6 +343,74 @@ cpkv_status fused_compose_layer(cpkv_exchange_ctx* c, std::int32_t layer, void* 
   });
 }
 
+// The bench's parts (cpkv_exchange_parts): pieces of compose_layer, enqueued alone, uncounted.
+
+// The compose launch of layer l changed for a part: its pre-signal copies alone, or without its
+// barrier; nothing where the launch has no such copies or no barrier.
+void compose_variant(const FusedBatch& b, std::int32_t l, cpkv_part part, cudaStream_t stream) {
+  kernels::ComposeArgs a = b.compose[l];
+  if (part == CPKV_PART_PRE_SIGNAL) {
+    if (a.pre_count == 0) return;
+    a.count = a.pre_count;
+    a.order_pre = 0;
+  } else if (a.barrier == kernels::kNoBarrier) {
+    return;
+  }
+  a.barrier = kernels::kNoBarrier;
+  cuda_ok(kernels::launch_compose(a, stream), "launch_compose");
+}
+
+// The isolated current-page exchange (the variant table's `isolated` column, from the plan): the
+// fused launch with only the current pages where the plan has a barrier (with it, or without it:
+// the barrier's share is the difference), the compact all-reduce of the same pages where it has one.
+cpkv_status isolated(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, bool with_barrier, void* stream) {
+  const FusedBatch& b = *s.batch;
+  if (b.plan.plan.barrier) {
+    kernels::ComposeArgs a = b.compose[l];
+    a.entries = b.current_only;
+    a.pre_count = 0;
+    a.count = b.current_count;
+    a.barrier = with_barrier ? kernels::kSignalAtStart : kernels::kNoBarrier;
+    a.order_pre = 0;
+    cuda_ok(kernels::launch_compose(a, static_cast<cudaStream_t>(stream)), "launch_compose(isolated)");
+  }
+  for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.compact_allreduce; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    auto* compact = static_cast<std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+    if (c->all_reduce_sum(c, compact, b.plan.plan.compact_pages * page_bytes(c, k), stream) != CPKV_OK) return CPKV_ERROR;
+  }
+  return CPKV_OK;
+}
+
+cpkv_status fused_enqueue_part(cpkv_exchange_ctx* c, std::int32_t part, std::int32_t layer, void* stream) {
+  return guarded(c, [&] {
+    FusedState& s = state_of(c);
+    if (!s.batch) throw std::runtime_error("enqueue_part without an accepted batch");
+    auto* st = static_cast<cudaStream_t>(stream);
+    const FusedBatch& b = *s.batch;
+    switch (static_cast<cpkv_part>(part)) {
+      case CPKV_PART_FILL: {
+        std::array<void*, CPKV_KINDS_MAX> dest{};
+        for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[layer] != 0 ? fill_destination(c, s, layer, k) : nullptr;
+        return c->produce_rows(c, dest.data(), b.fill_page, b.plan.plan.zero_own_current ? 1 : 0, stream);
+      }
+      case CPKV_PART_COMPOSE:
+        if (b.plan.plan.zero_dense) zero_dense_half(c, model::parity_half(layer), st);
+        cuda_ok(kernels::launch_compose(b.compose[layer], st), "launch_compose");
+        return collectives(c, s, layer, stream);
+      case CPKV_PART_PRE_SIGNAL:
+      case CPKV_PART_NO_BARRIER:
+        compose_variant(b, layer, static_cast<cpkv_part>(part), st);
+        return CPKV_OK;
+      case CPKV_PART_ISOLATED:
+      case CPKV_PART_ISOLATED_NO_BARRIER:
+        return isolated(c, s, layer, part == CPKV_PART_ISOLATED, stream);
+      default:
+        throw std::runtime_error("enqueue_part: part " + std::to_string(part) + " is none the fused exchange offers");
+    }
+  });
+}
+
 // What the device found in the batch: a barrier poll that gave up (invariant 8).
 cpkv_status fused_end_batch(cpkv_exchange_ctx* c) {
   return guarded(c, [&] {
@@ -365,8 +450,12 @@ cpkv_status fused_teardown(cpkv_exchange_ctx* c) {
   });
 }
 
+// Every part of the bench: cpkv's own exchange is the one whose layer the bench takes apart.
+constexpr cpkv_exchange_parts kParts = {CPKV_EXCHANGE_PARTS_VERSION, sizeof(cpkv_exchange_parts), (1u << CPKV_PART_COUNT) - 1, 0, fused_enqueue_part};
+
 constexpr cpkv_exchange_v1_t kTable = {CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t), "fused", kVariants.data(), kMutants.data(),
-                                       CPKV_USES_PRODUCE, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown};
+                                       CPKV_USES_PRODUCE, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN, fused_setup, fused_begin_batch, fused_compose_layer, fused_end_batch, fused_teardown,
+                                       &kParts};
 
 }  // namespace
 

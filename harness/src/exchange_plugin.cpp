@@ -149,6 +149,31 @@ std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling)
 bool ExchangePlugin::implements(model::Variant v) const { return std::find(variants.begin(), variants.end(), v) != variants.end(); }
 bool ExchangePlugin::holds(const std::string& mutant) const { return std::find(mutants.begin(), mutants.end(), mutant) != mutants.end(); }
 
+namespace {
+
+// The bench's parts a table offers (revision 4's tail), read only from a table whose struct_bytes
+// holds the field; refused by name where its own version, size or bits are not this header's.
+const cpkv_exchange_parts* parts_of(const cpkv_exchange_v1_t& t, const std::string& label) {
+  if (!CPKV_TABLE_HAS(&t, parts) || t.parts == nullptr) return nullptr;
+  const cpkv_exchange_parts& p = *t.parts;
+  if (p.version != CPKV_EXCHANGE_PARTS_VERSION) {
+    refuse(label, fmt::format("offers the bench's parts of version {}; this cpkv reads version {} (cpkv_exchange_parts; rebuild it against "
+                              "include/cpkv/exchange_abi.h, or set parts to NULL)", p.version, CPKV_EXCHANGE_PARTS_VERSION));
+  }
+  if (p.struct_bytes != sizeof(cpkv_exchange_parts)) {
+    refuse(label, fmt::format("declares a {}-byte cpkv_exchange_parts; version {}'s is {} bytes", p.struct_bytes, CPKV_EXCHANGE_PARTS_VERSION,
+                              sizeof(cpkv_exchange_parts)));
+  }
+  if ((p.offered & ~((1u << CPKV_PART_COUNT) - 1)) != 0) refuse(label, fmt::format("offers unknown bench parts: {:#x}", p.offered));
+  if (p.enqueue_part == nullptr) refuse(label, "offers the bench's parts without an enqueue_part function");
+  if ((t.flags & CPKV_FLAG_REPLAYABLE) == 0) {
+    refuse(label, "offers the bench's parts but does not declare CPKV_FLAG_REPLAYABLE (the parts are timed as replayed CUDA graphs)");
+  }
+  return t.parts;
+}
+
+}  // namespace
+
 std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v1_t* table, const std::string& label, bool builtin) {
   if (table == nullptr) refuse(label, fmt::format("its {} is a null pointer", CPKV_EXCHANGE_SYMBOL));
   const cpkv_exchange_v1_t& t = *table;
@@ -156,9 +181,10 @@ std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v
     refuse(label, fmt::format("was built against cpkv exchange ABI version {}; this cpkv speaks version {} (rebuild it against include/cpkv/exchange_abi.h)",
                               t.abi_version, CPKV_EXCHANGE_ABI_VERSION));
   }
-  if (t.struct_bytes != sizeof(cpkv_exchange_v1_t)) {
-    refuse(label, fmt::format("declares a {}-byte cpkv_exchange_v1_t; version {}'s is {} bytes (a header from another revision)", t.struct_bytes,
-                              CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t)));
+  // Revisions 1 to 3 of the header made an 80-byte table; revision 4 appended `parts`.
+  if (t.struct_bytes != sizeof(cpkv_exchange_v1_t) && t.struct_bytes != CPKV_TABLE_BYTES_REVISION_3) {
+    refuse(label, fmt::format("declares a {}-byte cpkv_exchange_v1_t; version {}'s is {} bytes, or {} without the bench's parts (a header from another "
+                              "revision)", t.struct_bytes, CPKV_EXCHANGE_ABI_VERSION, sizeof(cpkv_exchange_v1_t), CPKV_TABLE_BYTES_REVISION_3));
   }
   if (t.name == nullptr || t.name[0] == '\0') refuse(label, "has no name (cpkv_exchange_v1.name)");
   const char* missing = t.setup == nullptr ? "setup" : t.compose_layer == nullptr ? "compose_layer" : t.end_batch == nullptr ? "end_batch"
@@ -168,6 +194,7 @@ std::shared_ptr<const ExchangePlugin> check_exchange_table(const cpkv_exchange_v
   if ((t.uses & ~(CPKV_USES_ROWS | CPKV_USES_PLAN | CPKV_USES_INVERSE | CPKV_USES_PRODUCE)) != 0) refuse(label, fmt::format("sets unknown bits in uses: {:#x}", t.uses));
   if ((t.flags & ~(CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN)) != 0) refuse(label, fmt::format("sets unknown bits in flags: {:#x}", t.flags));
   auto plugin = std::make_shared<ExchangePlugin>();
+  plugin->parts = parts_of(t, label);
   plugin->path = label;
   plugin->table = table;
   plugin->name = t.name;

@@ -141,13 +141,13 @@ void check_exchange(CheckedRequest& c) {
     c.exchange_by_default = !d.from_environment;
     chosen_by = !d.origin.empty() ? d.origin : fmt::format("the default, {}", d.spelling);
   }
-  if (!spelled || *spelled == kInProcessExchange) {
+  if (spelled && *spelled == kInProcessExchange) throw RequestError("exchange", fmt::format("{} ({})", kInProcessGone, chosen_by));
+  if (!spelled) {
     if (c.mutant != Mutant::none && !held_by(c.mutant, c.backend->mutants)) {
-      throw RequestError("mutant", fmt::format("{}; a plugin may hold it, and {} runs none", not_held(r, *c.backend), spelled ? chosen_by : "this run"));
+      throw RequestError("mutant", fmt::format("{}; a plugin may hold it, and this run runs none", not_held(r, *c.backend)));
     }
     if (needs != 0) {
-      throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin, and {} runs no plugin: give --exchange", r.mutant,
-                                               spelled ? chosen_by : "this backend"));
+      throw RequestError("mutant", fmt::format("'{}' corrupts what the harness hands an exchange plugin, and this backend runs no plugin: give --exchange", r.mutant));
     }
     return;
   }

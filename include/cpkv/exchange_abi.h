@@ -12,12 +12,26 @@
  * starts, a file that is not a shared object, one without the symbol, and one built against another
  * ABI version; it loads the file and checks its table first in a bounded child process, so a plugin
  * whose initializers crash, exit (with any status) or hang is refused in one line too. A later version adds fields only at the end of both structs and bumps the version.
- * Within version 1, cpkv may append fields to the end of cpkv_exchange_ctx (never to the table): a
- * plugin reads `ctx_bytes` to know whether a field it wants is there (CPKV_CTX_HAS), so a plugin
- * built against an earlier revision of this header runs unchanged. Revision 2 appended
+ * Within version 1, cpkv may append fields to the end of cpkv_exchange_ctx, and optional ones to the
+ * end of the table: a plugin reads `ctx_bytes` to know whether a field it wants is there
+ * (CPKV_CTX_HAS), cpkv reads the table's `struct_bytes` (CPKV_TABLE_HAS), so a plugin built against
+ * an earlier revision of this header runs unchanged. Revision 2 appended
  * produce_rows, counters and reader_spin_cycles; revision 3 the attention plan (attention_segments,
  * attention_segment_count), which a plugin returns only where its table's flags say
- * CPKV_FLAG_ATTENTION_PLAN (the table itself never grows within version 1).
+ * CPKV_FLAG_ATTENTION_PLAN. Revision 4 appended one field to the table, `parts` (the bench's parts,
+ * below): a plugin declares the table's size in struct_bytes, and cpkv reads `parts` only from a
+ * table whose struct_bytes holds it (CPKV_TABLE_HAS), so a plugin built against revision 1 to 3
+ * (struct_bytes CPKV_TABLE_BYTES_REVISION_3) loads and runs as before, with no parts timed.
+ *
+ * The bench's parts (optional, versioned on their own: cpkv_exchange_parts, CPKV_EXCHANGE_PARTS_VERSION):
+ * `cpkv bench` times every exchange through one path, the plugin host. It always times the table's
+ * layer (compose_layer from the host, and as a replayed CUDA graph where the plugin is
+ * CPKV_FLAG_REPLAYABLE); a plugin that wants the bench to take its layer apart (fill alone, compose
+ * alone, the pre-signal copies alone, the compose without its barrier, the isolated current-page
+ * exchange with and without its barrier) offers `parts`, and cpkv times each part it offers the same
+ * way, as a replayed CUDA graph of the cycle's layers, after the batch's layers ran and their bytes
+ * were checked. A part the plugin does not offer (or a plugin without `parts`) is '-' in the bench's
+ * columns. cpkv's own fused exchange (gpu/fused/) offers every part.
  *
  * Life of one rank process (cpkv forks one per rank, rank r on GPU r % gpu_count, sets the device
  * and creates the stream before `setup`):
@@ -40,6 +54,7 @@
 #ifndef CPKV_EXCHANGE_ABI_H
 #define CPKV_EXCHANGE_ABI_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -238,6 +253,42 @@ struct cpkv_exchange_ctx {
   int64_t attention_segment_count;
 };
 
+/* The bench's parts of one layer (cpkv_exchange_parts.enqueue_part's `part`). */
+typedef enum cpkv_part {
+  CPKV_PART_FILL = 0,                  /* the producer alone: the layer's rows written where the exchange reads them */
+  CPKV_PART_COMPOSE = 1,               /* the layer without its fill (zeroing, compose, all-reduces, unpack); the fill is
+                                          the one the layer's replays before it left */
+  CPKV_PART_PRE_SIGNAL = 2,            /* the copies the exchange makes before it signals its barrier (a publish, a pack),
+                                          launched alone, no barrier; nothing where it has none */
+  CPKV_PART_NO_BARRIER = 3,            /* the compose with its barrier taken out (its bytes may be stale); nothing where it
+                                          has no barrier */
+  CPKV_PART_ISOLATED = 4,              /* only the current pages moved between ranks, with their barrier or all-reduce;
+                                          nothing where the exchange has no such step */
+  CPKV_PART_ISOLATED_NO_BARRIER = 5,   /* the same without the barrier (the barrier's share is the difference) */
+  CPKV_PART_COUNT = 6
+} cpkv_part;
+
+#define CPKV_EXCHANGE_PARTS_VERSION 1u
+#define CPKV_PART_BIT(part) (1u << (part))
+
+/* The bench's parts a plugin offers (cpkv_exchange_v1.parts, revision 4; may be NULL). cpkv refuses,
+ * at load, a `parts` of another version or size, with an unknown bit in `offered`, without
+ * enqueue_part, or in a table without CPKV_FLAG_REPLAYABLE (the parts are timed as replayed graphs).
+ * enqueue_part(ctx, part, layer, stream): enqueue part `part` of layer `layer` on `stream`, with no
+ * host synchronization (it is captured into a CUDA graph and replayed, as compose_layer of a
+ * CPKV_FLAG_REPLAYABLE plugin is); called between begin_batch and end_batch of a batch whose layers
+ * ran, only for parts in `offered`, and on every rank alike. Timing only: what it leaves in the dense
+ * buffers is not checked, but every barrier it issues must be met by every rank's same call and
+ * leave its flags drained at teardown. A part the layer does not have enqueues nothing (its figure
+ * is then '-'). */
+typedef struct cpkv_exchange_parts {
+  uint32_t version;                   /* CPKV_EXCHANGE_PARTS_VERSION */
+  uint32_t struct_bytes;              /* sizeof(cpkv_exchange_parts) */
+  uint32_t offered;                   /* CPKV_PART_BIT(part) for every part it times */
+  uint32_t reserved;
+  cpkv_status (*enqueue_part)(cpkv_exchange_ctx* ctx, int32_t part, int32_t layer, void* stream);
+} cpkv_exchange_parts;
+
 typedef struct cpkv_exchange_v1_t {
   uint32_t abi_version;               /* CPKV_EXCHANGE_ABI_VERSION */
   uint32_t struct_bytes;              /* sizeof(cpkv_exchange_v1_t) */
@@ -251,7 +302,15 @@ typedef struct cpkv_exchange_v1_t {
   cpkv_status (*compose_layer)(cpkv_exchange_ctx* ctx, int32_t layer, void* stream);
   cpkv_status (*end_batch)(cpkv_exchange_ctx* ctx);
   cpkv_status (*teardown)(cpkv_exchange_ctx* ctx);
+  /* Revision 4 of version 1 (present where CPKV_TABLE_HAS(table, parts)): the bench's parts, or NULL. */
+  const cpkv_exchange_parts* parts;
 } cpkv_exchange_v1_t;
+
+/* The struct_bytes of a table built against revisions 1 to 3 of version 1 (no `parts`). */
+#define CPKV_TABLE_BYTES_REVISION_3 ((uint32_t)offsetof(cpkv_exchange_v1_t, parts))
+/* Whether a table declares `field` (appended in a later revision of version 1). */
+#define CPKV_TABLE_HAS(table, field) \
+  ((table)->struct_bytes >= (uint32_t)((const char*)&(table)->field - (const char*)(table)) + (uint32_t)sizeof((table)->field))
 
 #ifdef __cplusplus
 }

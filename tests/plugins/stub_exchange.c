@@ -6,6 +6,10 @@
  *   STUB_BAD_VARIANT   names a variant cpkv does not have
  *   STUB_NO_COMPOSE    leaves compose_layer NULL
  *   STUB_FLAGS=N       declares flags N (CPKV_FLAG_*; an unknown bit is refused)
+ *   STUB_REVISION_3    a table as built against revisions 1 to 3 of the header (struct_bytes without
+ *                      `parts`), with a wild pointer where `parts` would be: cpkv must not read it
+ *   STUB_PARTS=N       offers the bench's parts (cpkv_exchange_parts): 1 valid (fill and compose,
+ *                      CPKV_FLAG_REPLAYABLE), 2 of parts version 2, 3 without CPKV_FLAG_REPLAYABLE
  * What runs when it is loaded (its initializer) or read:
  *   STUB_INIT_CRASH    the initializer dies from SIGSEGV
  *   STUB_INIT_EXIT     the initializer calls exit(0)
@@ -149,6 +153,31 @@ static const char* const stub_mutants[] = {"no_barrier", "no_barrier", NULL};
 #define STUB_SETUP stub_setup
 #endif
 
+#if defined(STUB_PARTS)
+static cpkv_status stub_part(cpkv_exchange_ctx* ctx, int32_t part, int32_t layer, void* stream) {
+  (void)ctx;
+  (void)part;
+  (void)layer;
+  (void)stream;
+  return CPKV_OK;
+}
+static const cpkv_exchange_parts stub_parts = {STUB_PARTS == 2 ? 2u : CPKV_EXCHANGE_PARTS_VERSION, sizeof(cpkv_exchange_parts),
+                                               CPKV_PART_BIT(CPKV_PART_FILL) | CPKV_PART_BIT(CPKV_PART_COMPOSE), 0u, stub_part};
+#define STUB_PARTS_TABLE (&stub_parts)
+#undef STUB_FLAGS
+#define STUB_FLAGS (STUB_PARTS == 3 ? 0u : CPKV_FLAG_REPLAYABLE)
+#elif defined(STUB_REVISION_3)
+#define STUB_PARTS_TABLE ((const cpkv_exchange_parts*)16)
+#else
+#define STUB_PARTS_TABLE NULL
+#endif
+
+#ifdef STUB_REVISION_3
+#define STUB_TABLE_BYTES CPKV_TABLE_BYTES_REVISION_3
+#else
+#define STUB_TABLE_BYTES sizeof(cpkv_exchange_v1_t)
+#endif
+
 __attribute__((visibility("default"))) const cpkv_exchange_v1_t STUB_SYMBOL = {
-    STUB_VERSION, sizeof(cpkv_exchange_v1_t), STUB_NAME, stub_variants, STUB_MUTANT_LIST, CPKV_USES_PLAN, STUB_FLAGS, STUB_SETUP, STUB_BEGIN, STUB_COMPOSE,
-    stub_ok, stub_ok};
+    STUB_VERSION, STUB_TABLE_BYTES, STUB_NAME, stub_variants, STUB_MUTANT_LIST, CPKV_USES_PLAN, STUB_FLAGS, STUB_SETUP, STUB_BEGIN, STUB_COMPOSE,
+    stub_ok, stub_ok, STUB_PARTS_TABLE};

@@ -117,9 +117,8 @@ def builtin_staging_direct(trace: str, layers: int, batches: List[int], cp: int,
         return "n/a: no `cpkv` binary (--cpkv-bin PATH or $CPKV_BIN)"
     with tempfile.TemporaryDirectory(prefix="cpkv-conformance-bench-") as tmp:
         out = os.path.join(tmp, "bench.json")
-        # cpkv's exchange in process (its compose column); the default bench would time it a second
-        # time through the plugin ABI, which costs nothing measurable (docs/plugins.md) but doubles the run.
-        command = [binary, "bench", trace, "--backend", "cuda", "--variant", "staging_direct", "--exchange", "inprocess",
+        # cpkv's own exchange, the built-in plugin (the default): its compose part is the compose column.
+        command = [binary, "bench", trace, "--backend", "cuda", "--variant", "staging_direct",
                    "--layers", str(max(2, layers)), "--json", out]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=BENCH_S_MAX)

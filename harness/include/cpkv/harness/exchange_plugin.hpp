@@ -23,6 +23,7 @@ struct ExchangePlugin {
   std::vector<model::Variant> variants;   // what it implements, in its own order
   std::vector<std::string> mutants;       // the planted bugs it holds itself
   std::uint32_t uses = 0;                 // CPKV_USES_*
+  const cpkv_exchange_parts* parts = nullptr;  // the bench's parts it offers (revision 4's tail), checked; null: none
   bool builtin = false;                   // cpkv's own (compiled in), not a file
 
   bool implements(model::Variant v) const;
@@ -59,9 +60,13 @@ std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& pa
 // "builtin" in a build without the cuda backend is refused, naming why; a file called builtin is
 // ./builtin. Throws RequestError("exchange", ...) like load_exchange_plugin.
 inline constexpr const char* kBuiltinExchange = "builtin";
-// What --exchange names for a backend's own exchange run in the rank process, not through the ABI
-// (the cuda backend's gpu/executor.cpp): no plugin at all. A file called inprocess is ./inprocess.
+// A spelling that is gone: the cuda backend's own exchange in the rank process, without the ABI.
+// The plugin host is the backend's one rank loop, so --exchange inprocess (or CPKV_EXCHANGE=inprocess)
+// is refused with kInProcessGone; a file called inprocess is ./inprocess.
 inline constexpr const char* kInProcessExchange = "inprocess";
+inline constexpr const char* kInProcessGone =
+    "'inprocess' is gone: cpkv's own exchange runs only through the plugin ABI, as the built-in plugin (--exchange builtin, the default), "
+    "and `cpkv bench` times its parts (fill alone, compose alone, ...) through the same table";
 std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling);
 // Registers a table compiled into this process under `spelling`, checked as a plugin's would be
 // (check_exchange_table, builtin = true). Called at backend registration; a second call with the
