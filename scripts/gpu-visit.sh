@@ -136,13 +136,12 @@ suite_gpu() {
 
 suite_mutants() {
   step mutants builtin 240 "$cpkv" mutants --backend cuda
-  step mutants inprocess 240 "$cpkv" mutants --backend cuda --exchange inprocess
+  step mutants inprocess-refused 30 =2 "$cpkv" mutants --backend cuda --exchange inprocess
   grep -E "caught|missed|FAIL|self-test" "$logs/mutants.log" | tail -16
 }
 
 # Each bundled trace at BENCH_CP, twice (the same binary's run-to-run spread), interleaved with the
-# baseline tree's when BENCH_BASELINE names one; bench_ab.py gives the per-layer ratio, abi_ratio.py
-# the in-run ABI / in-process ratio.
+# baseline tree's when BENCH_BASELINE names one; bench_ab.py gives the per-layer ratio.
 suite_bench() {
   local bench_cp="${BENCH_CP:-$(( gpus >= 2 ? 2 : 1 ))}" base="${BENCH_BASELINE:-}" name side i bin
   local sides=(tree)
@@ -162,7 +161,6 @@ suite_bench() {
     cp "$logs/bench-$name-tree-1.md" "$OUT/bench-$name.md" 2>/dev/null
     step bench "$name-spread" 30 python3 "$root/bench/bench_ab.py" --label-a "run 1" --label-b "run 2" \
       --a "$logs/bench-$name-tree-1.json" --b "$logs/bench-$name-tree-2.json"
-    step bench "$name-abi" 30 python3 "$root/bench/abi_ratio.py" "$logs"/bench-$name-tree-*.json
     [[ ${#sides[@]} == 2 ]] && step bench "$name-ab" 30 python3 "$root/bench/bench_ab.py" --label-a baseline --label-b tree \
       --a "$logs"/bench-$name-baseline-*.json --b "$logs"/bench-$name-tree-*.json
   done
