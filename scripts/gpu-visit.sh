@@ -25,7 +25,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # suite        what it tests                                                  its build targets
 SUITES=(
   "gpu         every gpu-labelled ctest test                                          all"
-  "mutants     cpkv mutants --backend cuda, through the built-in plugin and in process  cpkv"
+  "mutants     cpkv mutants --backend cuda, through the built-in plugin (in process: refused)  cpkv"
   "bench       cpkv bench on the bundled traces, twice, and the per-layer A/B ratio     cpkv"
   "conformance the Python conformance harness on CUDA ranks: its gpu test and its CLI   cpkv cpkv_python"
   "plugin      the example plugin and the fused .so: tests, replays, memcheck           cpkv cpkv_exchange_plain cpkv_exchange_plain_zero_tails cpkv_exchange_fused cpkv_stub_exchange_ok cpkv.tests.gpu_plugin cpkv.tests.gpu_bench_plugin cpkv.tests.fused_plugin"
