@@ -233,6 +233,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
   print.line(fmt::format("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)",
                          checked.request.trace_label, s.source.setting.cp, s.gpus, s.batches.size(), s.layers, c.reps,
                          s.source.setting.layer_count()));
+  print.line(fmt::format("{}{}--bulk {} ({})", harness::knobs_line(checked), checked.knobs.empty() ? "knobs: " : " | ", c.bulk ? "on" : "off", c.bulk_origin));
   // No exchange named: cpkv's own in process (every column of its own), and the built-in plugin
   // (the same fused compose through the ABI) run just after each variant, beside it.
   const bool abi_beside = checked.exchange && checked.exchange_by_default;
@@ -263,6 +264,8 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     cuda_options.need_line_printed = need_line_printed;
     cuda_options.exchange = abi_beside ? nullptr : checked.exchange;
     cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
+    apply_knobs(checked.request, cuda_options);
+    cuda_options.bench_bulk = c.bulk;
     const auto bench_one = [&](const CudaOptions& o, const char* what) {
       BenchResult result = run_bench(s.source, options, o);
       if (!result.report.passed()) {

@@ -113,6 +113,39 @@ def test_a_planted_bug_in_an_environment_variable_is_named_in_the_replay_line(sh
     assert first_finding(again.stdout) == first_finding(done.stdout), again.stdout
 
 
+def knobs_line(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("knobs: ")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def test_a_knob_from_the_environment_is_in_the_header_and_the_replay_line_and_replays_without_it(shell_env):
+    """Issue 36, item 3: the environment's knobs (CPKV_IMPORT_S_MAX, CPKV_BIN) are read at the command
+    line's edge only, printed in the header with what chose them, and written into the replay line as
+    flags, so the line replays the same run whatever the next shell sets."""
+    env = dict(shell_env, CPKV_IMPORT_S_MAX="90", CPKV_BIN="/nonexistent/cpkv")
+    done = cli([TINY, "--impl", f"{RACES}:Configurable(bug='skip_zero')", "--ranks", "2", "--no-delays", "--layers", "2"], env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "--import-s-max 90 (CPKV_IMPORT_S_MAX)" in knobs_line(done.stdout), done.stdout
+    assert "--cpkv-bin /nonexistent/cpkv (CPKV_BIN)" in knobs_line(done.stdout), done.stdout
+    line = replay_line(done.stdout)
+    assert "--import-s-max 90" in line and "--cpkv-bin /nonexistent/cpkv" in line, line
+    clean = {k: v for k, v in shell_env.items() if k not in ("CPKV_IMPORT_S_MAX", "CPKV_BIN")}
+    again = run_line(line, clean)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "--import-s-max 90 (--import-s-max)" in knobs_line(again.stdout), again.stdout
+    assert "--cpkv-bin /nonexistent/cpkv (--cpkv-bin)" in knobs_line(again.stdout), again.stdout
+    plain = cli([TINY, "--impl", f"{RACES}:Configurable(bug='skip_zero')", "--ranks", "2", "--no-delays", "--layers", "2"], clean)
+    assert "--import-s-max 120 (default)" in knobs_line(plain.stdout), plain.stdout
+    assert "--import-s-max" not in replay_line(plain.stdout)
+
+
+def test_a_bad_knob_in_the_environment_is_one_line_naming_it(shell_env):
+    done = cli([TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2"], dict(shell_env, CPKV_IMPORT_S_MAX="soon"))
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip().count("\n") == 0 and "--import-s-max: CPKV_IMPORT_S_MAX='soon' is not a number of seconds" in done.stderr, done.stderr
+
+
 PLUGIN_TEST = textwrap.dedent('''
     import cpkv
 

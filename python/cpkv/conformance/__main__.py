@@ -49,6 +49,26 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def resolve_knobs(a: argparse.Namespace) -> None:
+    """The knobs the environment may set, resolved at the command line's edge (the only place the
+    package reads CPKV_*): the option, else the variable, else the default; a.knobs keeps each with
+    what chose it, for the header and the reproducer."""
+    a.knobs = []
+    for flag, attr, variable, default in (("--import-s-max", "import_s_max", "CPKV_IMPORT_S_MAX", _impl_loader.IMPORT_S_MAX),
+                                          ("--cpkv-bin", "cpkv_bin", "CPKV_BIN", None)):
+        origin = flag
+        if getattr(a, attr) is None:
+            text = os.environ.get(variable, "")
+            origin = variable if text else "default"
+            setattr(a, attr, text or default)
+        if attr == "import_s_max" and isinstance(a.import_s_max, str):
+            try:
+                a.import_s_max = float(a.import_s_max)
+            except ValueError:
+                raise InputError(flag, f"{variable}='{a.import_s_max}' is not a number of seconds") from None
+        a.knobs.append((flag, getattr(a, attr), origin))
+
+
 def parse(argv: List[str]) -> argparse.Namespace:
     p = _Parser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
     p.add_argument("trace", help="a batch trace (format v1)")
@@ -69,8 +89,14 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--time", action="store_true",
                    help="checks, delays and event hooks off; each layer's compose time measured (median and p90), beside the "
                         "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
-    p.add_argument("--cpkv-bin", metavar="PATH", help="the `cpkv` binary --time runs for the built-in staging_direct "
-                   "(default $CPKV_BIN, else cpkv on PATH)")
+    # The environment's knobs are read here, at the command line's edge, and nowhere below it: the
+    # run gets them as options, and the reproducer writes every non-default one as a flag.
+    p.add_argument("--cpkv-bin", metavar="PATH",
+                   help="the `cpkv` binary --time runs for the built-in staging_direct (default $CPKV_BIN, else the build's, else "
+                        "cpkv on PATH)")
+    p.add_argument("--import-s-max", metavar="S", type=float,
+                   help=f"the bound on importing --impl in its probe child, in seconds (default $CPKV_IMPORT_S_MAX, else "
+                        f"{_impl_loader.IMPORT_S_MAX:.0f})")
     p.add_argument("--require-attention", action="store_true",
                    help='fail an implementation whose compose_layer returns no "attention" plan (docs/attention.md)')
     p.add_argument("--attention-output", action="store_true",
@@ -96,6 +122,8 @@ def reproducer(a: argparse.Namespace) -> str:
     parts += ["--require-attention"] if a.require_attention else []
     parts += ["--attention-output"] if a.attention_output else []
     parts += ["--window", f"{a.window:g}"] if a.window != 20.0 else []
+    for flag, value, origin in getattr(a, "knobs", []):
+        parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if origin != "default" else []
     return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(a.impl))
 
 
@@ -104,7 +132,9 @@ def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: 
     impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
     return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
             f"{setting.layer_count} layers | impl {impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
-            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp)]
+            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp),
+            "knobs: " + " | ".join(f"{flag} {'none' if value is None else format(value, 'g') if isinstance(value, float) else value} ({origin})"
+                                   for flag, value, origin in getattr(a, "knobs", []))]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -118,13 +148,15 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
 def check_impl(a: argparse.Namespace) -> None:
     """The class imports and has the four methods, tried in a bounded child process before any rank
     starts (exit 2): an import that exits, hangs or is interrupted cannot end or stall the launcher."""
-    _impl_loader.probe_impl(a.impl, a.mutant)
+    _impl_loader.probe_impl(a.impl, a.mutant, a.import_s_max)
 
 
 def check_options(a: argparse.Namespace) -> None:
     """Every number in range before any rank starts (issue 34, item 15)."""
     if not math.isfinite(a.window) or not 0 < a.window <= WINDOW_S_MAX:
         raise InputError("--window", f"{a.window} is not a number of seconds in (0, {WINDOW_S_MAX:.0f}]")
+    if not math.isfinite(a.import_s_max) or not 0 < a.import_s_max <= 3600:
+        raise InputError("--import-s-max", f"{a.import_s_max:g} is not a number of seconds in (0, 3600]")
     if not 0 <= a.seed <= SEED_MAX:
         raise InputError("--seed", f"{a.seed} is not in 0..2^64-1")
     if a.device == "cuda":
@@ -245,6 +277,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def run_main(argv: Optional[List[str]]) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
+        resolve_knobs(a)
         spec, setting, outs, torchrun = prepare(a)
     except (InputError, TraceError, ContractError) as error:
         print(f"cpkv conformance: error: {error}", file=sys.stderr)
