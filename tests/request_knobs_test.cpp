@@ -111,8 +111,9 @@ TEST_F(RequestKnobs, DefaultsArePrintedAndLeftOutOfTheReplayLine) {
   for (const KnobCase& k : kCases) EXPECT_EQ(line.find(k.flag), std::string::npos) << line;
 }
 
-// A bad value from the environment is one refusal naming the variable; a backend that does not take
-// the knob ignores the variable (it is not that run's), but refuses the flag.
+// A bad value from the environment is one refusal naming the variable, the first bad knob in the
+// table's order; a backend that does not take the knob ignores the variable (it is not that run's),
+// but refuses the flag.
 TEST_F(RequestKnobs, ABadEnvironmentValueIsRefusedNamingTheVariableAndOtherBackendsIgnoreIt) {
   ::setenv("CPKV_POOL_MEMORY", "half", 1);
   ::setenv("CPKV_COMPOSE_BLOCKS_PER_SM", "many", 1);
@@ -165,7 +166,8 @@ TEST_F(RequestKnobs, TheBinaryReadsTheKnobsAtItsRequestCheck) {
   const test::CliRun sim = test::spawn({cpkv, "replay", "traces/samples/tiny.jsonl", "--backend", "sim", "--variant", "staging_direct", "--layers", "1"},
                                        dir / "sim", setup);
   EXPECT_EQ(sim.status, 0) << sim.out << sim.err;
-  EXPECT_EQ(sim.out.find("knobs:"), std::string::npos) << "sim takes none of the knobs: " << sim.out;
+  EXPECT_EQ(sim.out.find("\nknobs: "), std::string::npos) << "sim takes none of the knobs: " << sim.out;
+  EXPECT_NE(sim.out.find("\nfault knobs: "), std::string::npos) << "the header is the one searched: " << sim.out;
   test::fs::remove_all(dir);
 }
 

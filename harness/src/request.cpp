@@ -158,6 +158,7 @@ void set_knob(ReplayRequest& r, const KnobInfo& knob, const std::string& text) {
     if (!ms) refuse(fmt::format("a number of milliseconds in 1..{}", request_limits::exchange_load_ms_max));
     r.exchange_load_ms_max = *ms;
   } else if (option == "pool_memory") {
+    if (text != "sparse" && text != "dense") throw RequestError(knob.option, fmt::format("{}='{}' is neither sparse nor dense", knob.environment, traces::escape_bytes(text)));
     r.pool_memory = text;
   } else if (option == "compose_blocks_per_sm") {
     const auto blocks = whole_number(text, 1, request_limits::compose_blocks_per_sm_max);
@@ -166,16 +167,10 @@ void set_knob(ReplayRequest& r, const KnobInfo& knob, const std::string& text) {
   }
 }
 
-// The knobs' values, whoever gave them, in range.
-void check_knob_values(const ReplayRequest& r, const std::vector<ResolvedKnob>& knobs) {
-  const auto origin = [&](std::string_view option) {
-    for (const ResolvedKnob& k : knobs) {
-      if (k.option == option && k.origin.rfind("CPKV_", 0) == 0) return fmt::format("{}=", k.origin);
-    }
-    return std::string();
-  };
+// The knobs' values as the options gave them, in range (the environment's are checked as they are read).
+void check_knob_values(const ReplayRequest& r) {
   if (r.pool_memory && *r.pool_memory != "sparse" && *r.pool_memory != "dense") {
-    throw RequestError("pool_memory", fmt::format("{}'{}' is neither sparse nor dense", origin("pool_memory"), traces::escape_bytes(*r.pool_memory)));
+    throw RequestError("pool_memory", fmt::format("'{}' is neither sparse nor dense", traces::escape_bytes(*r.pool_memory)));
   }
   if (r.exchange_load_ms_max && (*r.exchange_load_ms_max < 1 || *r.exchange_load_ms_max > request_limits::exchange_load_ms_max)) {
     throw RequestError("exchange_load_ms_max", fmt::format("{} is not in 1..{}", *r.exchange_load_ms_max, request_limits::exchange_load_ms_max));
@@ -262,7 +257,7 @@ std::vector<ResolvedKnob> resolve_knobs(ReplayRequest& r, const BackendEntry& ba
     }
     knobs.push_back({knob.option, knob_text(r, knob.option).value_or(knob.default_text), origin});
   }
-  check_knob_values(r, knobs);
+  check_knob_values(r);
   return knobs;
 }
 
