@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import signal
 import sys
 import time
@@ -38,6 +37,7 @@ from .reference import MUTANTS
 PROG = "python3 -m cpkv.conformance"
 # --window: a wait's bound in seconds. Above an hour a wait is no bound (and gloo's timedelta overflows near 1e300).
 WINDOW_S_MAX = 3600.0
+WINDOW_S_DEFAULT = 20.0
 SEED_MAX = (1 << 64) - 1  # seeds are the model's uint64
 
 
@@ -84,8 +84,13 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, help="run only this batch of the trace")
     p.add_argument("--mutant", choices=sorted(MUTANTS), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
-    p.add_argument("--ipc-fail-rank", type=int, default=-1, help="this rank's IPC capability probe fails")
-    p.add_argument("--window", type=float, default=20.0, help="seconds before a wait or a silent rank is reported (default 20)")
+    # The names `cpkv replay` gives these options; --ipc-fail-rank and --window (seconds) are the old
+    # spellings, still taken (docs/conformance.md).
+    p.add_argument("--ipc-missing-rank", "--ipc-fail-rank", dest="ipc_fail_rank", type=int, default=-1,
+                   help="this rank's IPC capability probe fails (old spelling: --ipc-fail-rank)")
+    p.add_argument("--wait-ms-max", metavar="MS", type=float,
+                   help="milliseconds before a wait or a silent rank is reported (default 20000)")
+    p.add_argument("--window", metavar="SECONDS", type=float, help="the same bound in seconds (the old spelling of --wait-ms-max)")
     p.add_argument("--time", action="store_true",
                    help="checks, delays and event hooks off; each layer's compose time measured (median and p90), beside the "
                         "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
@@ -106,25 +111,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def reproducer(a: argparse.Namespace) -> str:
-    """The command line that reproduces this run, whole: constructor arguments, --window, and the
-    environment variables the implementation's source names (_impl_spec)."""
-    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
-    parts = [*PROG.split(), a.trace, "--impl", impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
-    for flag, value in (("--layers", a.layers), ("--batch", a.batch), ("--mutant", a.mutant)):
-        if value is not None:
-            parts += [flag, str(value)]
-    if a.ipc_fail_rank >= 0:
-        parts += ["--ipc-fail-rank", str(a.ipc_fail_rank)]
-    parts += ["--swarm"] if a.swarm else []
-    parts += ["--no-delays"] if a.no_delays else []
-    parts += ["--time"] if a.time else []
-    parts += ["--require-attention"] if a.require_attention else []
-    parts += ["--attention-output"] if a.attention_output else []
-    parts += ["--window", f"{a.window:g}"] if a.window != 20.0 else []
-    for flag, value, origin in getattr(a, "knobs", []):
-        parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if origin != "default" else []
-    return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(a.impl))
+def reproducer(a: argparse.Namespace, spec: RunSpec) -> str:
+    """The command line that reproduces this run, whole (_impl_spec.spec_reproducer, the one builder)."""
+    return _impl_spec.spec_reproducer(spec, a.trace, batch=a.batch, knobs=getattr(a, "knobs", ()))
 
 
 def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: int) -> List[str]:
@@ -153,6 +142,14 @@ def check_impl(a: argparse.Namespace) -> None:
 
 def check_options(a: argparse.Namespace) -> None:
     """Every number in range before any rank starts (issue 34, item 15)."""
+    if a.wait_ms_max is not None and a.window is not None:
+        raise InputError("--window", "give --wait-ms-max or its old spelling --window (seconds), not both")
+    if a.wait_ms_max is not None:
+        if not math.isfinite(a.wait_ms_max) or not 0 < a.wait_ms_max <= WINDOW_S_MAX * 1e3:
+            raise InputError("--wait-ms-max", f"{a.wait_ms_max:g} is not a number of milliseconds in (0, {WINDOW_S_MAX * 1e3:.0f}]")
+        a.window = a.wait_ms_max / 1e3
+    elif a.window is None:
+        a.window = WINDOW_S_DEFAULT
     if not math.isfinite(a.window) or not 0 < a.window <= WINDOW_S_MAX:
         raise InputError("--window", f"{a.window} is not a number of seconds in (0, {WINDOW_S_MAX:.0f}]")
     if not math.isfinite(a.import_s_max) or not 0 < a.import_s_max <= 3600:
@@ -179,7 +176,7 @@ def ranks_of(a: argparse.Namespace, setting: _cpkv.Setting, torchrun: bool) -> i
     if ranks != setting.cp:
         raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
     if not -1 <= a.ipc_fail_rank < ranks:
-        raise InputError("--ipc-fail-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
+        raise InputError("--ipc-missing-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
     return ranks
 
 
@@ -297,12 +294,12 @@ def run_main(argv: Optional[List[str]]) -> int:
     print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))
-        print(f"replay: {reproducer(a)}")
+        print(f"replay: {reproducer(a, spec)}")
     if outcome.leftovers:
         print(f"cpkv conformance: left behind: {', '.join(outcome.leftovers)}", file=sys.stderr)
     if outs[0] is not None:
         mode = "torchrun" if torchrun else "processes"
-        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a)), indent=2, sort_keys=True)
+        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a, spec)), indent=2, sort_keys=True)
         try:
             _outputs.write_output(outs[0], text.encode())
         except _outputs.OutputWriteError as error:
