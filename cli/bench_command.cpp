@@ -87,14 +87,21 @@ void run_bench(BenchOptions& o) {
 
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  o->request.replay.backend = "cuda";
+  // The default backend: the first of the registry whose entry benches (none: the first, refused by the check).
+  o->request.replay.backend = backends().entries().front().name;
+  for (const harness::BackendEntry& e : backends().entries()) {
+    if (e.bench) {
+      o->request.replay.backend = e.name;
+      break;
+    }
+  }
   CLI::App* cmd = app.add_subcommand("bench",
                                      "Time every exchange variant per layer on the GPUs, byte-exact checked first: each batch's layer loop is "
                                      "captured once into a CUDA graph and replayed (CUDA events, median/min/max over replays after a "
                                      "warm-up), the compose exchange alone and with the fill, against ceilings measured in the same run "
                                      "and the cost model's prediction with those ceilings.");
   cmd->add_option("trace", o->trace_path, "batch trace")->required();
-  cmd->add_option("--backend", o->request.replay.backend, "a backend that benches (cuda)")->capture_default_str();
+  cmd->add_option("--backend", o->request.replay.backend, "a backend that benches (the default: the first that does)")->capture_default_str();
   cmd->add_option("--variant", o->request.replay.variant, "a variant or 'all'")->capture_default_str();
   cmd->add_option("--layers", o->layers, "layers run (the timing cycles through them)")
       ->capture_default_str()
@@ -107,6 +114,9 @@ void register_bench(CLI::App& app) {
                   "time this exchange plugin (a shared object exporting cpkv_exchange_v1, include/cpkv/exchange_abi.h) instead of cpkv's own "
                   "(builtin, the default), through the same path: its compose_layer per layer, and the bench parts it offers, its bytes "
                   "checked first; 'all' variants: the ones it implements");
+  add_knob_options(cmd, o->request.replay);
+  cmd->add_flag("--bulk,!--no-bulk", o->request.bulk,
+                "also time the bulk-copy (TMA) gather in the ceilings' sweep (default: CPKV_BENCH_BULK set and not 0, else off)");
   cmd->add_flag("--time-sliced", o->request.time_sliced,
                 "run even when ranks outnumber the GPUs (ranks time-slice a GPU): the bytes are checked, the timings measure nothing");
   cmd->add_option("--json", o->json_path, "write the results as JSON (a regular file, replaced only when the run completes)");

@@ -2,6 +2,7 @@
 // barrier_passes_early) on one rank per GPU and oversubscribed, and the verify kernel's self-test.
 // Each bug must be reported with the rank, layer, slot and byte of the first wrong byte (or, for a
 // barrier, a violation); the correct protocol must pass the same runs.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
@@ -10,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "backends.hpp"
 #include "commands.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -21,9 +23,9 @@ namespace {
 
 // The plugin and the planted bugs that reach it: the ones it holds itself, then the harness's that
 // corrupt an input it reads (the request's own check says which).
-std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& path, std::vector<harness::Mutant>& mutants) {
+std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& path, std::chrono::milliseconds limit, std::vector<harness::Mutant>& mutants) {
   try {
-    auto plugin = harness::find_exchange(path);
+    auto plugin = harness::find_exchange(path, limit);
     for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
     for (harness::Mutant m : harness::kHarnessMutants) {
       if ((plugin->uses & harness::input_corrupted_by(m)) != 0) mutants.push_back(m);
@@ -61,19 +63,31 @@ Row run_row(harness::Backend& backend, const harness::BatchSource& source, const
 }  // namespace
 
 void run_gpu_mutants(const std::optional<std::string>& asked) {
-  // --exchange, else CPKV_EXCHANGE, else the built-in plugin (cpkv's own fused compose through the ABI).
-  const std::string named = asked ? *asked : cuda::exchange_by_default();
+  // --exchange, else CPKV_EXCHANGE, else the built-in plugin (cpkv's own fused compose through the
+  // ABI), and the other knobs, resolved by the request check as a replay's are.
+  harness::CheckedRequest knobs;
+  knobs.request.backend = "cuda";
+  knobs.request.exchange = asked;
+  knobs.backend = backends().find("cuda");
+  try {
+    knobs.knobs = harness::resolve_knobs(knobs.request, *knobs.backend);
+  } catch (const harness::RequestError& e) {
+    throw OptionError(e.cli_message());
+  }
+  const std::string named = knobs.request.exchange.value_or(knobs.backend->default_exchange);
   if (named == harness::kInProcessExchange) {
-    throw OptionError(fmt::format("--exchange: {} ({})", harness::kInProcessGone, asked ? "--exchange inprocess" : fmt::format("{}=inprocess", cuda::kExchangeEnvironment)));
+    throw OptionError(fmt::format("--exchange: {} ({})", harness::kInProcessGone, asked ? "--exchange inprocess" : "CPKV_EXCHANGE=inprocess"));
   }
   std::vector<harness::Mutant> mutants;
   cuda::CudaOptions cuda_options;
-  cuda_options.exchange = load_plugin(named, mutants);
+  cuda::apply_knobs(knobs.request, cuda_options);
+  cuda_options.exchange = load_plugin(named, std::chrono::milliseconds(knobs.request.exchange_load_ms_max.value_or(harness::kLoadMsMax)), mutants);
   const int gpus = cuda::gpu_count();
   if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
   fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k{}\n", gpus, cuda::kGpuMutantLayers,
              fmt::format(" | exchange plugin '{}' ({}): two batches, so a first batch's plan or inverse is stale in the second",
                          cuda_options.exchange->name, named));
+  fmt::print("{}\n", harness::knobs_line(knobs));
   bool ok = true;
   const cuda::VerifySelfTest self = cuda::verify_self_test();
   const bool located = self.failure.empty() && self.wrong_bytes_clean == 0 && self.wrong_bytes_corrupted == 1 && self.slot == self.planted_slot &&

@@ -397,7 +397,7 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
     per_batch.emplace(*run.per_batch);
     options.per_batch_sink = [&per_batch](const nlohmann::json& record) { per_batch->add(record); };
   }
-  harness::ModelReplayOutput out = harness::model_replay(source, run.trace_name, run.ceilings, options);
+  harness::ModelReplayOutput out = run.model(source, run.trace_name, run.ceilings, options);
   if (run.batch && out.json["batches"].get<std::int64_t>() == 0) throw OptionError(fmt::format("--batch: {} is not in {}", *run.batch, run.trace_name));
   if (run.json) run.json->write(out.json.dump(2) + "\n");
   if (per_batch) {

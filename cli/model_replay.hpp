@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cpkv/model/costs.hpp"
+#include "cpkv/harness/request.hpp"
 
 namespace cpkv::cli {
 
@@ -55,6 +56,7 @@ void check_chart_tools();
 
 // What cpkv replay checked before the run.
 struct ModelReplayRun {
+  const decltype(harness::BackendEntry::model)& model;  // the entry's model verb
   std::string trace_name;               // as the user gave it (reports)
   std::string trace_path;               // what to open (a spool for a pipe)
   std::optional<std::int64_t> batch;

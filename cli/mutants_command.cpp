@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "backends.hpp"
 #include "commands.hpp"
 #include "mutants_report.hpp"
 #include "options.hpp"
@@ -68,22 +69,32 @@ std::string mutants_json(const MutantsRun& run, const std::vector<std::size_t>& 
   return out.dump(2) + "\n";
 }
 
+// The backend's planted bugs, asked of its registry entry (never of its name): a backend holding
+// the GPU's runs them on the GPUs (cli/gpu_mutants_command.cpp), one holding the simulator's runs
+// the property suite.
+const harness::BackendEntry& mutants_backend(const MutantsOptions& o) {
+  const harness::BackendEntry* entry = backends().find(o.backend);
+  if (entry == nullptr) throw OptionError(fmt::format("--backend: '{}' is not one of {}", o.backend, backends().names()));
+  if (entry->mutants == 0) throw OptionError(fmt::format("--backend {} moves no content: planted bugs live in the backends that do", o.backend));
+  if (o.exchange && (entry->options & harness::kTakesExchange) == 0) {
+    throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on a backend that takes --exchange)", o.backend));
+  }
+  const bool on_gpus = (entry->mutants & harness::kGpuHolds) != 0;
+  if (on_gpus && (o.shard || o.outputs.any())) {
+    throw OptionError(fmt::format("{}: --backend {} does not take it (the simulator's suite does)",
+                                  o.shard ? "--shard" : o.outputs.json_path ? "--json" : o.outputs.junit_path ? "--junit" : "--out", o.backend));
+  }
+  return *entry;
+}
+
 void run_mutants(const MutantsOptions& o) {
   check_rc_params();
-  if (o.exchange && o.backend != "cuda") throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on cuda)", o.backend));
-  if (o.backend == "cuda" && (o.shard || o.outputs.any())) {
-    throw OptionError(fmt::format("{}: --backend cuda does not take it (the simulator's suite does)",
-                                  o.shard ? "--shard" : o.outputs.json_path ? "--json" : o.outputs.junit_path ? "--junit" : "--out"));
-  }
-  if (o.backend == "cuda") {
+  if ((mutants_backend(o).mutants & harness::kGpuHolds) != 0) {
 #if CPKV_HAVE_CUDA_BACKEND
     run_gpu_mutants(o.exchange);
-    return;
-#else
-    throw OptionError("--backend cuda: not available in this build (needs nvcc and NCCL at configure time)");
 #endif
+    return;  // an entry holding the GPU's planted bugs is registered only where the GPU backend is built
   }
-  if (o.backend != "sim") throw OptionError(fmt::format("--backend: '{}' is not one of sim, cuda", o.backend));
   rc::detail::TestParams params = properties::suite_params();
   if (o.seed) params.seed = *o.seed;
   if (o.cases) params.maxSuccess = *o.cases;

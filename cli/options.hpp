@@ -14,6 +14,8 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "cpkv/harness/request.hpp"
+
 namespace cpkv::cli {
 
 // Limits of options that the model's limits (model/limits.hpp) do not already give, with why.
@@ -72,6 +74,10 @@ inline CLI::Validator finite_in(double low, double high, bool low_open) {
       },
       fmt::format("number in [{}, {}]", low_open ? low + option_limits::positive_min : low, high));
 }
+
+// The request's knobs that the environment may also set (harness/request.hpp: kKnobTable), as
+// `cpkv replay` and `cpkv bench` take them; check_request reads the environment where one is not given.
+void add_knob_options(CLI::App* cmd, harness::ReplayRequest& request);
 
 // The one seed of a run: any unsigned 64-bit value, decimal.
 inline CLI::Validator seed_value() { return whole_in<std::uint64_t>(0, std::numeric_limits<std::uint64_t>::max()); }

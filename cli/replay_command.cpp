@@ -77,7 +77,7 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   o.request.trace_label = o.trace_path;
   const harness::Registry& registry = backends();
   const harness::BackendEntry* entry = registry.find(o.request.backend);
-  if (entry && entry->moves_content && o.model.given()) {
+  if (entry && !entry->model && o.model.given()) {
     throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --staging-sweep, --repeat and --exact-model need --backend model");
   }
   if (o.model.staging_sweep) (void)parse_staging_sweep(*o.model.staging_sweep);  // bad input before any output
@@ -86,7 +86,7 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   }
   c.request = checked_request(o.request);
   if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
-  if (!c.request.backend->moves_content) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
+  if (c.request.backend->model) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
   // Every rank reopens the trace: a pipe is read once, into a private spool file.
   c.trace = std::make_unique<InputFile>("trace", o.trace_path, /*spool=*/true);
   if (o.json_path) c.json = std::make_unique<OutputFile>("--json", *o.json_path);
@@ -198,6 +198,7 @@ void run_backend(CheckedReplay& c) {
   const std::unique_ptr<harness::Backend> backend = made_backend(c.request, progress);
   const std::string mode = backend->name();
   fmt::print("{}\n", harness::run_header("cpkv replay", c.request, source, scanned, mode));
+  if (const std::string knobs = harness::knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);  // the resolved configuration
   if (c.request.backend->knobs_line) {
     if (const std::string knobs = c.request.backend->knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);
   }
@@ -238,8 +239,8 @@ void run_backend(CheckedReplay& c) {
 void run_replay(ReplayOptions& o) {
   CheckedReplay c;
   check_replay(o, c);
-  if (!c.request.backend->moves_content) {
-    ModelReplayRun run{o.trace_path, c.trace->path(), o.request.batch, *c.ceilings, c.json.get(), c.chart.get(), c.per_batch.get(), c.ceilings_shape};
+  if (c.request.backend->model) {
+    ModelReplayRun run{c.request.backend->model, o.trace_path, c.trace->path(), o.request.batch, *c.ceilings, c.json.get(), c.chart.get(), c.per_batch.get(), c.ceilings_shape};
     return run_model_replay(run, o.model);
   }
   run_backend(c);
@@ -275,7 +276,8 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--exchange", o->request.exchange,
                   "cuda: run this exchange plugin (a shared object exporting cpkv_exchange_v1, include/cpkv/exchange_abi.h) instead of cpkv's own "
                   "fused compose, under the same checks; its own planted bugs and the harness's (stale_page_inverse, reused_plan, unzeroed_rows) "
-                  "are taken by --mutant");
+                  "are taken by --mutant (default: CPKV_EXCHANGE, else builtin)");
+  add_knob_options(cmd, o->request);
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path,
                   "scheduled runs: write the event log (one step a line, docs/event-log.md) to this file as the run goes (a regular file)");

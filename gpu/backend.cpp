@@ -50,14 +50,14 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
 PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, const harness::SourceShape& shape,
                      const DeviceProbe& devices) {
   PoolShare share;
-  const PoolMemory memory = pool_memory_from(std::getenv("CPKV_POOL_MEMORY"));
+  const PoolMemory memory = cuda.pool_memory;
   const std::int32_t cp = source.setting.cp;
   const std::int32_t used = std::min(devices.count, cp);
   std::uint64_t granularity = 1;
   for (std::int32_t d = 0; d < used; ++d) {
     if (memory == PoolMemory::sparse && devices.vmm[d] == 0) {
       throw DeviceRefusal(fmt::format("cuda: GPU {} does not support virtual memory management with POSIX file descriptors, which a sparse pool needs "
-                                      "(CPKV_POOL_MEMORY=dense allocates every slab whole)", d));
+                                      "(--pool-memory dense allocates every slab whole)", d));
     }
     granularity = std::max<std::uint64_t>(granularity, devices.granularity[d]);
   }
@@ -110,6 +110,7 @@ harness::RunReport run_group(const harness::BatchSource& source, const harness::
     };
   }
   const harness::LaunchResult launched = harness::launch_ranks(launch, [&](std::int32_t r, harness::RankProgress& progress) {
+    kernels::set_compose_blocks_per_sm(cuda.compose_blocks_per_sm);  // in the rank process, before its first launch
     return cuda_rank(RankContext{boot, source, options, cuda, shape, r, gpus, progress, &pools});
   });
   report.failure = with_plugin_calls(*boot, cp, cuda.exchange->name, launched.failure);
@@ -140,13 +141,16 @@ class CudaBackend final : public harness::Backend {
 
 }  // namespace
 
+void apply_knobs(const harness::ReplayRequest& request, CudaOptions& options) {
+  options.pool_memory = pool_memory_from(request.pool_memory.value_or("sparse").c_str());
+  options.compose_blocks_per_sm = request.compose_blocks_per_sm.value_or(0);
+}
+
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options) {
   if (options.need_line_printed == nullptr) options.need_line_printed = std::make_shared<std::string>();  // once per size over this backend's runs
   if (!options.exchange) {
-    const std::string named = exchange_by_default();
-    if (named == harness::kInProcessExchange) throw std::invalid_argument(fmt::format("{}: {}", kExchangeEnvironment, harness::kInProcessGone));
     harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
-    options.exchange = harness::find_exchange(named);
+    options.exchange = harness::find_exchange(harness::kBuiltinExchange);
   }
   return std::make_unique<CudaBackend>(options);
 }
@@ -166,14 +170,6 @@ std::int64_t slow_rank_cycles_of(std::uint64_t seed) {
   return static_cast<std::int64_t>((z ^ (z >> 31)) % 8 + 1) << 20;
 }
 
-std::optional<std::string> exchange_from_environment() {
-  const char* named = std::getenv(kExchangeEnvironment);
-  if (named == nullptr || named[0] == '\0') return std::nullopt;
-  return std::string(named);
-}
-
-std::string exchange_by_default() { return exchange_from_environment().value_or(harness::kBuiltinExchange); }
-
 void register_backend(harness::Registry& registry) {
   harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
   harness::BackendEntry cuda;
@@ -181,14 +177,10 @@ void register_backend(harness::Registry& registry) {
   cuda.summary = "one process per GPU rank (rank r on GPU r % gpu_count), CUDA IPC and NCCL, every dense byte verified on the device; "
                  "every exchange through the plugin ABI: cpkv's own fused compose (--exchange builtin, the default) or a plugin's (--exchange PATH)";
   cuda.options = harness::kTakesWaitMsMax | harness::kTakesStuckMsMax | harness::kTakesIpcFault | harness::kTakesExchange | harness::kTakesSwarm |
-                  harness::kTakesTimeline;
+                  harness::kTakesTimeline | harness::kTakesPoolMemory | harness::kTakesComposeBlocks;
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
-  cuda.default_exchange = [] {
-    const std::optional<std::string> named = exchange_from_environment();
-    return harness::BackendEntry::DefaultExchange{named.value_or(harness::kBuiltinExchange), named.has_value(),
-                                                  named ? fmt::format("{}={}", kExchangeEnvironment, *named) : std::string()};
-  };
+  cuda.default_exchange = harness::kBuiltinExchange;
   cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;
@@ -197,6 +189,7 @@ void register_backend(harness::Registry& registry) {
     options.on_progress = progress;
     options.exchange = c.exchange;  // never null here: check_request loads the default when none is named
     options.timeline = c.request.timeline.value_or("");
+    apply_knobs(c.request, options);
     if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
   };

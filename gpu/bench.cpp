@@ -153,7 +153,7 @@ void gather_sweep(Rank& r, cudaEvent_t start, cudaEvent_t stop, std::uint8_t* ow
       }, 10);
       out.gather_block_gbps[ps][c] = bytes / (block_ms * 1e6);
       out.gather_ce_batch_gbps[ps][c] = ce_batch_gbps(r, start, stop, own + half, peer, entries, kCeilingPageBytes[ps]);
-      if (std::getenv("CPKV_BENCH_BULK") != nullptr) {
+      if (r.ctx.cuda.bench_bulk) {
         out.gather_bulk_gbps[ps][c] = bulk_gbps(r, start, stop, own + half, a.kind[0].table, entries, d_entries, kCeilingPageBytes[ps]);
       }
       out.gather_push_gbps[ps][c] = r.cp() > 1 ? push_gbps(r, start, stop, peer + half, own, entries, d_entries, kCeilingPageBytes[ps]) : 0.0;

@@ -226,6 +226,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
   print.line(fmt::format("cpkv bench: {} | cp {} on {} GPUs | {} batches | {} layers timed x {} reps (of {} in the model)",
                          checked.request.trace_label, s.source.setting.cp, s.gpus, s.batches.size(), s.layers, c.reps,
                          s.source.setting.layer_count()));
+  print.line(fmt::format("{}{}--bulk {} ({})", harness::knobs_line(checked), checked.knobs.empty() ? "knobs: " : " | ", c.bulk ? "on" : "off", c.bulk_origin));
   if (checked.backend->knobs_line) {
     if (const std::string knobs = checked.backend->knobs_line(checked); !knobs.empty()) print.line(knobs);
   }
@@ -249,6 +250,8 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
     cuda_options.need_line_printed = need_line_printed;
     cuda_options.exchange = checked.exchange;
     cuda_options.timeline = checked.request.timeline.value_or("");  // the checked layers only (gpu/timeline.hpp)
+    apply_knobs(checked.request, cuda_options);
+    cuda_options.bench_bulk = c.bulk;
     const BenchResult result = run_bench(s.source, options, cuda_options);
     if (!result.report.passed()) {
       report.exact = false;

@@ -55,7 +55,7 @@ struct BenchRank {
   double gather_gbps[kCeilingPageSizes][kCeilingCounts];        // the fused compose copy (a warp per page, or per 64-KiB chunk)
   double gather_block_gbps[kCeilingPageSizes][kCeilingCounts];  // the single-list gather (block per page)
   double gather_ce_batch_gbps[kCeilingPageSizes][kCeilingCounts];  // copy engines, one cudaMemcpyBatchAsync
-  double gather_bulk_gbps[kCeilingPageSizes][kCeilingCounts];      // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; else 0)
+  double gather_bulk_gbps[kCeilingPageSizes][kCeilingCounts];      // the bulk-copy (TMA) gather (cpkv bench --bulk; else 0)
   double gather_push_gbps[kCeilingPageSizes][kCeilingCounts];      // the same pages pushed: block per page, stores into the peer
   double ce_push_gbps;                                             // cudaMemcpyAsync into the peer's buffer
   std::int64_t host_syncs_in_layer_loop;

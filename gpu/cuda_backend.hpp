@@ -17,6 +17,7 @@
 #include "cpkv/model/costs.hpp"
 #include "cpkv/model/setting.hpp"
 #include "bench_timings.hpp"
+#include "pool_backing.hpp"
 
 namespace cpkv::cuda {
 
@@ -47,7 +48,7 @@ struct CudaOptions {
   std::int32_t slow_reader_rank = -1;
   // The exchange: a loaded plugin (include/cpkv/exchange_abi.h; cpkv's own fused compose is the
   // plugin "builtin"), run by the plugin host, the backend's one rank loop. Null in make_cuda_backend
-  // means the default (exchange_by_default).
+  // means the built-in one.
   std::shared_ptr<const harness::ExchangePlugin> exchange;
   // The memory line (each GPU's need beside its free memory) last printed by the runs that share
   // this, so a request's variants print it once per size; null: print it for every run. The
@@ -59,7 +60,14 @@ struct CudaOptions {
   // --timeline: the timeline's temporary file (its head written by the front end); each rank
   // appends to its part file beside it and the run merges them (gpu/timeline.hpp). Empty: none.
   std::string timeline;
+  // The request's knobs (harness/request.hpp: kKnobTable), resolved by check_request: nothing
+  // below the request reads the environment.
+  PoolMemory pool_memory = PoolMemory::sparse;
+  std::int32_t compose_blocks_per_sm = 0;  // the compose grid's cap per SM; 0: the kernels' kComposeBlocksPerSm
+  bool bench_bulk = false;                 // the bench also times the bulk-copy (TMA) gather
 };
+// The request's knobs into a backend's options (the cuda entry's make and the bench).
+void apply_knobs(const harness::ReplayRequest& request, CudaOptions& options);
 
 // Ceilings measured in the same run (all ranks at once), worst rank: the cost model's own input type.
 using Ceilings = model::MeasuredCeilings;
@@ -89,16 +97,10 @@ int gpu_count();
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 
-// Which exchange `--backend cuda` runs when none is named: CPKV_EXCHANGE if it is set (a plugin's
-// path or "builtin"), else "builtin", cpkv's own fused compose through the plugin ABI (gpu/fused/).
-// `replay`, `bench` and `mutants --backend cuda` and every make_cuda_backend whose
-// CudaOptions::exchange is null (the gpu tests) take it; "inprocess" is gone and refused
-// (harness::kInProcessGone).
-inline constexpr const char* kExchangeEnvironment = "CPKV_EXCHANGE";
-std::optional<std::string> exchange_from_environment();
-// The environment's choice, else "builtin" (the spelling --exchange would take).
-std::string exchange_by_default();
-
+// `--backend cuda` runs cpkv's own fused compose through the plugin ABI ("builtin", gpu/fused/)
+// when neither --exchange nor CPKV_EXCHANGE (read by the request check) names another; so does
+// every make_cuda_backend whose CudaOptions::exchange is null (the gpu tests). "inprocess" is gone
+// and refused (harness::kInProcessGone).
 // Registers "cuda": one process per rank, rank r on GPU r % gpu_count; the planted bugs marked
 // kGpuHolds; wait_ms_max and stuck_ms_max (defaults: CudaOptions'). Refuses a machine with no GPU.
 void register_backend(harness::Registry& registry);

@@ -128,7 +128,7 @@ bool page_backed(const BufferLayout& layout, const std::vector<ByteRun>& runs, s
 PoolMemory pool_memory_from(const char* value) {
   if (value == nullptr || std::string_view(value) == "sparse") return PoolMemory::sparse;
   if (std::string_view(value) == "dense") return PoolMemory::dense;
-  throw std::invalid_argument(fmt::format("CPKV_POOL_MEMORY: '{}' is neither sparse nor dense", value));
+  throw std::invalid_argument(fmt::format("pool memory '{}' is neither sparse nor dense", value));
 }
 
 PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in) {

@@ -65,9 +65,10 @@ class DeviceRefusal : public harness::SharedMemoryFull {
 
 // How the pool slabs are held: sparse (default: the whole slab reserved as address space, only the
 // referenced pages' chunks backed, shared with peers as file descriptors) or dense (the whole slab
-// allocated with cudaMalloc and shared through CUDA IPC, as before). CPKV_POOL_MEMORY picks it.
+// allocated with cudaMalloc and shared through CUDA IPC, as before). The request's pool_memory
+// (--pool-memory, CPKV_POOL_MEMORY: harness/request.cpp reads it) picks it.
 enum class PoolMemory { sparse, dense };
-// "sparse" or "dense" (unset: sparse); anything else throws std::invalid_argument naming the variable.
+// "sparse" or "dense" (null: sparse); anything else throws std::invalid_argument (the request check refuses it first).
 PoolMemory pool_memory_from(const char* value);
 
 // CUDA context, NCCL, per-batch plan uploads and the kernels' own buffers: an allowance per rank

@@ -1,7 +1,7 @@
 // The slot-dense gather through Hopper's bulk-copy engine (TMA: cp.async.bulk, through CCCL's
 // cuda::ptx wrappers): one thread per block moves page chunks global -> shared -> global, two
 // shared stages so a chunk's store overlaps the next chunk's load. Measured beside the SM copy
-// kernels in the bench's gather sweep (cpkv bench with CPKV_BENCH_BULK=1).
+// kernels in the bench's gather sweep (cpkv bench --bulk, or CPKV_BENCH_BULK=1).
 #include "launchers.cuh"
 
 #include <algorithm>

@@ -163,8 +163,12 @@ __global__ void __launch_bounds__(kComposeThreads) compose_kernel(const __grid_c
   }
 }
 
+// The request's cap per SM (set_compose_blocks_per_sm; 0: kComposeBlocksPerSm), read once by the
+// first launch of the process.
+int g_compose_blocks_per_sm = 0;
+
 // The compose grid's cap: every block resident at once (its blocks wait on each other), and at most
-// kComposeBlocksPerSm per SM (CPKV_COMPOSE_BLOCKS_PER_SM overrides it, for the bench's A/B).
+// kComposeBlocksPerSm per SM (--compose-blocks-per-sm overrides it, for the bench's A/B).
 int compose_blocks_max() {
   static const int blocks = [] {
     int device = 0, sms = 0, per_sm = 0;
@@ -172,13 +176,15 @@ int compose_blocks_max() {
     CPKV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     CPKV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compose_kernel, kComposeThreads, 0));
     int wanted = kComposeBlocksPerSm;
-    if (const char* text = std::getenv("CPKV_COMPOSE_BLOCKS_PER_SM"); text != nullptr && std::atoi(text) > 0) wanted = std::atoi(text);
+    if (g_compose_blocks_per_sm > 0) wanted = g_compose_blocks_per_sm;
     return std::max(1, sms * std::min(per_sm, wanted));
   }();
   return blocks;
 }
 
 }  // namespace
+
+void set_compose_blocks_per_sm(int blocks) { g_compose_blocks_per_sm = blocks; }
 
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream) {
   CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax && args.cp >= 1 && args.cp <= kCpMax);  // 0 kinds: a layer that moves nothing still passes its barrier

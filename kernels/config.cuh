@@ -64,7 +64,7 @@ inline constexpr int kCopyUnroll = 8;
 // about the same rate with 1, 2, 4 or 8 blocks per SM (0.867-0.869 of the copy engines at 4096
 // pages of 41,984 B), but in the layers the warps waiting on peers' flags need company: cpkv
 // bench, seeds batch, cp 2, staging_direct 126.3 us with 2 blocks per SM against 118.3 us with
-// every resident block (CPKV_COMPOSE_BLOCKS_PER_SM, same visit).
+// every resident block (--compose-blocks-per-sm, same visit).
 inline constexpr int kComposeBlocksPerSm = 8;
 // A page is cut into chunks of at most this many bytes, one warp each. Measured on 2xH200
 // (2026-11-30, cpkv bench, cp 2): chunks of one warp pass (4 KiB) were slower on real batches than

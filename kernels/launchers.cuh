@@ -147,6 +147,9 @@ struct ComposeArgs {
 // kChunkBytesMax (launch_compose sums the chunks of the kinds).
 void set_page_geometry(ComposeKind& kind, std::uint64_t page_bytes);
 cudaError_t launch_compose(const ComposeArgs& args, cudaStream_t stream);
+// The compose grid's cap per SM for this process (the request's compose_blocks_per_sm; 0: the
+// default kComposeBlocksPerSm); set in a rank process before its first launch_compose.
+void set_compose_blocks_per_sm(int blocks);
 
 // Per slot of the dense buffer, where its rows come from (uploaded once per batch).
 struct SlotSource {

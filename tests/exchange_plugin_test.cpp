@@ -158,17 +158,18 @@ class ExchangeRequest : public ::testing::Test {
     other.mutants = harness::kSimulatorHolds;
     other.make = make;
     registry.add(std::move(other));
-    // A plugin host whose default exchange (no --exchange) is what `chosen` says, as the cuda
-    // backend's is the built-in plugin unless CPKV_EXCHANGE names another or "inprocess".
+    // A plugin host whose default exchange (no --exchange, no CPKV_EXCHANGE) is the stub, as the
+    // cuda backend's is the built-in plugin.
     harness::BackendEntry defaulted;
     defaulted.name = "defaulted";
     defaulted.options = harness::kTakesExchange;
     defaulted.mutants = harness::kGpuHolds | harness::kHarnessHolds;
     defaulted.make = make;
-    defaulted.default_exchange = [this] { return chosen; };
+    defaulted.default_exchange = CPKV_STUB_ok;
     registry.add(std::move(defaulted));
+    ::unsetenv("CPKV_EXCHANGE");  // the shell's choice is not this test's
   }
-  harness::BackendEntry::DefaultExchange chosen{CPKV_STUB_ok, false};
+  void TearDown() override { ::unsetenv("CPKV_EXCHANGE"); }
   std::string refused(const harness::ReplayRequest& r, const std::string& option) {
     try {
       harness::check_request(r, registry);
@@ -225,9 +226,9 @@ TEST_F(ExchangeRequest, TheBackendsDefaultExchangeIsCheckedLikeANamedOne) {
       << "a harness planted bug must reach the default plugin too";
   EXPECT_NE(refused([&] { auto x = r; x.variant = "fused_ar"; return x; }(), "variant").find("exchange plugin 'stub' (the default, "), std::string::npos)
       << "a refusal of a plugin nobody named says what chose it";
-  chosen.from_environment = true;
-  chosen.origin = "CPKV_EXCHANGE=stub.so";
-  EXPECT_NE(refused([&] { auto x = r; x.variant = "fused_ar"; return x; }(), "variant").find("exchange plugin 'stub' (CPKV_EXCHANGE=stub.so) does not implement fused_ar"),
+  ::setenv("CPKV_EXCHANGE", CPKV_STUB_ok, 1);  // read by the request check alone
+  EXPECT_NE(refused([&] { auto x = r; x.variant = "fused_ar"; return x; }(), "variant")
+                .find(fmt::format("exchange plugin 'stub' (CPKV_EXCHANGE={}) does not implement fused_ar", CPKV_STUB_ok)),
             std::string::npos);
   const harness::CheckedRequest e = harness::check_request(r, registry);
   EXPECT_FALSE(e.exchange_by_default);
@@ -247,7 +248,7 @@ TEST_F(ExchangeRequest, TheInProcessExchangeIsRefusedNamingWhatToUse) {
   r.backend = "defaulted";
   r.exchange.reset();
   r.mutant = "single_half";
-  chosen = {harness::kInProcessExchange, true, "CPKV_EXCHANGE=inprocess"};
+  ::setenv("CPKV_EXCHANGE", harness::kInProcessExchange, 1);  // read by the request check alone
   const std::string defaulted = refused(r, "exchange");
   EXPECT_NE(defaulted.find("'inprocess' is gone"), std::string::npos) << defaulted;
   EXPECT_NE(defaulted.find("(CPKV_EXCHANGE=inprocess)"), std::string::npos) << defaulted;
@@ -361,7 +362,11 @@ TEST(ExchangePluginCli, APluginWhoseLoadingCrashesExitsOrHangsIsOneLineAndExit2)
   test::expect_bad_input(hang, "did not finish loading within 2000 ms");
   bounded.env = {std::string(harness::kLoadMsEnvironment) + "=soon"};
   test::expect_bad_input(test::spawn({test::cpkv_binary().string(), "replay", "traces/samples/tiny.jsonl", "--backend", "cuda", "--exchange", CPKV_STUB_ok}, dir, bounded),
-                         "CPKV_EXCHANGE_LOAD_MS=soon is not a number of milliseconds");
+                         "--exchange-load-ms-max: CPKV_EXCHANGE_LOAD_MS=soon is not a number of milliseconds");
+  // The option bounds the load as the variable does, and wins over it.
+  const test::CliRun flagged = test::spawn({test::cpkv_binary().string(), "replay", "traces/samples/tiny.jsonl", "--backend", "cuda", "--exchange-load-ms-max",
+                                            "2000", "--exchange", CPKV_STUB_inithang}, dir, bounded);
+  test::expect_bad_input(flagged, "did not finish loading within 2000 ms");
   test::fs::remove_all(dir.parent_path());
 }
 

@@ -82,7 +82,7 @@ TEST(GpuBenchPlugin, AReplayablePluginIsAlsoTimedAsAReplayedGraph) {
 // 'plugin with fill'), compose alone, fill alone, the isolated exchange and the barrier's shares.
 TEST(GpuBenchPlugin, TheDefaultBenchTimesTheBuiltInPluginAndItsPartsThroughOnePath) {
   CPKV_REQUIRE_GPU();
-  if (std::getenv(cuda::kExchangeEnvironment) != nullptr) GTEST_SKIP() << cuda::kExchangeEnvironment << " is set: the bench's default is another exchange";
+  if (std::getenv("CPKV_EXCHANGE") != nullptr) GTEST_SKIP() << "CPKV_EXCHANGE is set: the bench's default is another exchange";
   const std::filesystem::path json = test::temp_dir("cpkv_gpu_bench_default") / "bench.json";
   const test::CliRun run = test::run_cpkv(fmt::format("bench traces/samples/tiny.jsonl --cp 1 --reps 5 --json {}", json.string()));
   ASSERT_EQ(run.status, 0) << run.out << run.err;

@@ -113,19 +113,6 @@ std::vector<std::pair<std::string, std::shared_ptr<const ExchangePlugin>>>& buil
   return tables;
 }
 
-// The loader's bound: kLoadMsMax, or CPKV_EXCHANGE_LOAD_MS (milliseconds, 1..600000) where it is set.
-std::chrono::milliseconds load_limit() {
-  const char* text = std::getenv(kLoadMsEnvironment);
-  if (text == nullptr || text[0] == '\0') return std::chrono::milliseconds(kLoadMsMax);
-  char* end = nullptr;
-  errno = 0;
-  const long long ms = std::strtoll(text, &end, 10);
-  if (errno != 0 || *end != '\0' || ms < 1 || ms > 600000) {
-    throw RequestError("exchange", fmt::format("{}={} is not a number of milliseconds in 1..600000", kLoadMsEnvironment, traces::escape_bytes(text)));
-  }
-  return std::chrono::milliseconds(ms);
-}
-
 }  // namespace
 
 void register_builtin_exchange(const std::string& spelling, const cpkv_exchange_v1_t* table) {
@@ -135,7 +122,7 @@ void register_builtin_exchange(const std::string& spelling, const cpkv_exchange_
   builtin_tables().emplace_back(spelling, check_exchange_table(table, spelling, true));
 }
 
-std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling) {
+std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling, std::chrono::milliseconds limit) {
   for (const auto& [name, plugin] : builtin_tables()) {
     if (name == spelling) return plugin;
   }
@@ -143,7 +130,7 @@ std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling)
     refuse(spelling, "names cpkv's built-in exchange, which this build lacks (the cuda backend registers it where CUDA and NCCL were found); "
                      "give a plugin's path (a file called builtin: ./builtin)");
   }
-  return load_exchange_plugin(spelling, load_limit());
+  return load_exchange_plugin(spelling, limit);
 }
 
 bool ExchangePlugin::implements(model::Variant v) const { return std::find(variants.begin(), variants.end(), v) != variants.end(); }

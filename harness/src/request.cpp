@@ -3,7 +3,9 @@
 #include "cpkv/harness/launch.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -28,7 +30,7 @@ std::string RequestError::cli_message() const {
 
 void Registry::add(BackendEntry entry) {
   CPKV_ASSERT(find(entry.name) == nullptr);
-  CPKV_ASSERT(!entry.moves_content || entry.make != nullptr);
+  CPKV_ASSERT(entry.make != nullptr || entry.model != nullptr);  // an entry does at least one of the verbs
   entries_.push_back(std::move(entry));
 }
 
@@ -101,7 +103,8 @@ void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
                {r.swarm, kTakesSwarm, "swarm"},                           {r.wait_ms_max.has_value(), kTakesWaitMsMax, "wait_ms_max"},
                {r.stuck_ms_max.has_value(), kTakesStuckMsMax, "stuck_ms_max"}, {r.ipc_missing_rank >= 0, kTakesIpcFault, "ipc_missing_rank"},
                {r.event_log.has_value(), kTakesEventLog, "event_log"},    {r.timeline.has_value(), kTakesTimeline, "timeline"},
-               {r.exchange.has_value(), kTakesExchange, "exchange"}};
+               {r.exchange.has_value(), kTakesExchange, "exchange"},      {r.exchange_load_ms_max.has_value(), kTakesExchange, "exchange_load_ms_max"},
+               {r.pool_memory.has_value(), kTakesPoolMemory, "pool_memory"}, {r.compose_blocks_per_sm.has_value(), kTakesComposeBlocks, "compose_blocks_per_sm"}};
   for (const auto& g : given) {
     if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
   }
@@ -125,6 +128,67 @@ void check_numbers(const ReplayRequest& r) {
   }
 }
 
+// A whole number of the environment's text, or nullopt (not all digits, out of range).
+std::optional<std::int64_t> whole_number(const std::string& text, std::int64_t low, std::int64_t high) {
+  std::int64_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || value < low || value > high) return std::nullopt;
+  return value;
+}
+
+// A knob's value as the request holds it, as its flag takes it (nullopt: not given).
+std::optional<std::string> knob_text(const ReplayRequest& r, std::string_view option) {
+  if (option == "exchange") return r.exchange;
+  if (option == "exchange_load_ms_max" && r.exchange_load_ms_max) return std::to_string(*r.exchange_load_ms_max);
+  if (option == "pool_memory") return r.pool_memory;
+  if (option == "compose_blocks_per_sm" && r.compose_blocks_per_sm) return std::to_string(*r.compose_blocks_per_sm);
+  return std::nullopt;
+}
+
+// Sets a knob from the environment's text, checked as its option is: a bad value names the variable.
+void set_knob(ReplayRequest& r, const KnobInfo& knob, const std::string& text) {
+  const std::string_view option = knob.option;
+  const auto refuse = [&](std::string_view what) {
+    throw RequestError(knob.option, fmt::format("{}={} is not {}", knob.environment, traces::escape_bytes(text), what));
+  };
+  if (option == "exchange") {
+    r.exchange = text;
+  } else if (option == "exchange_load_ms_max") {
+    const auto ms = whole_number(text, 1, request_limits::exchange_load_ms_max);
+    if (!ms) refuse(fmt::format("a number of milliseconds in 1..{}", request_limits::exchange_load_ms_max));
+    r.exchange_load_ms_max = *ms;
+  } else if (option == "pool_memory") {
+    if (text != "sparse" && text != "dense") throw RequestError(knob.option, fmt::format("{}='{}' is neither sparse nor dense", knob.environment, traces::escape_bytes(text)));
+    r.pool_memory = text;
+  } else if (option == "compose_blocks_per_sm") {
+    const auto blocks = whole_number(text, 1, request_limits::compose_blocks_per_sm_max);
+    if (!blocks) refuse(fmt::format("a number of blocks in 1..{}", request_limits::compose_blocks_per_sm_max));
+    r.compose_blocks_per_sm = static_cast<std::int32_t>(*blocks);
+  }
+}
+
+// The knobs' values as the options gave them, in range (the environment's are checked as they are read).
+void check_knob_values(const ReplayRequest& r) {
+  if (r.pool_memory && *r.pool_memory != "sparse" && *r.pool_memory != "dense") {
+    throw RequestError("pool_memory", fmt::format("'{}' is neither sparse nor dense", traces::escape_bytes(*r.pool_memory)));
+  }
+  if (r.exchange_load_ms_max && (*r.exchange_load_ms_max < 1 || *r.exchange_load_ms_max > request_limits::exchange_load_ms_max)) {
+    throw RequestError("exchange_load_ms_max", fmt::format("{} is not in 1..{}", *r.exchange_load_ms_max, request_limits::exchange_load_ms_max));
+  }
+  if (r.compose_blocks_per_sm && (*r.compose_blocks_per_sm < 1 || *r.compose_blocks_per_sm > request_limits::compose_blocks_per_sm_max)) {
+    throw RequestError("compose_blocks_per_sm",
+                       fmt::format("{} is not in 1..{}", *r.compose_blocks_per_sm, request_limits::compose_blocks_per_sm_max));
+  }
+  if (r.exchange && r.exchange->empty()) throw RequestError("exchange", "is empty (give a plugin's path, builtin or inprocess)");
+}
+
+const ResolvedKnob* find_knob(const CheckedRequest& c, std::string_view option) {
+  for (const ResolvedKnob& k : c.knobs) {
+    if (k.option == option) return &k;
+  }
+  return nullptr;
+}
+
 // The plugin loaded and checked against the request: the variants asked for are ones it implements
 // ("all": every one it implements), a planted bug is one it holds itself or one of the harness's
 // that reaches what it reads. Without a plugin the harness's own planted bugs have nothing to reach.
@@ -134,12 +198,12 @@ void check_exchange(CheckedRequest& c) {
   std::optional<std::string> spelled = r.exchange;
   // What chose the exchange, for refusals that name something the user did not type.
   std::string chosen_by = spelled ? "--exchange " + *spelled : "";
-  if (!spelled && (c.backend->options & kTakesExchange) != 0 && c.backend->default_exchange) {
-    const BackendEntry::DefaultExchange d = c.backend->default_exchange();
-    if (!d.spelling.empty()) spelled = d.spelling;
-    if (d.from_environment) r.exchange = d.spelling;  // the replay line names what the environment chose
-    c.exchange_by_default = !d.from_environment;
-    chosen_by = !d.origin.empty() ? d.origin : fmt::format("the default, {}", d.spelling);
+  if (const ResolvedKnob* knob = find_knob(c, "exchange"); knob != nullptr && knob->origin == "default") {
+    if (!c.backend->default_exchange.empty()) spelled = c.backend->default_exchange;
+    c.exchange_by_default = true;
+    chosen_by = fmt::format("the default, {}", c.backend->default_exchange);
+  } else if (knob != nullptr && knob->origin != "--exchange") {
+    chosen_by = fmt::format("{}={}", knob->origin, *spelled);  // the replay line names what the environment chose
   }
   if (spelled && *spelled == kInProcessExchange) throw RequestError("exchange", fmt::format("{} ({})", kInProcessGone, chosen_by));
   if (!spelled) {
@@ -151,7 +215,7 @@ void check_exchange(CheckedRequest& c) {
     }
     return;
   }
-  c.exchange = find_exchange(*spelled);
+  c.exchange = find_exchange(*spelled, std::chrono::milliseconds(r.exchange_load_ms_max.value_or(kLoadMsMax)));
   const ExchangePlugin& plugin = *c.exchange;
   // The plugin as refusals name it; one the user did not name says what chose it.
   const std::string who = r.exchange && !c.exchange_by_default && chosen_by.rfind("--exchange", 0) == 0 ? fmt::format("'{}'", plugin.name)
@@ -179,6 +243,36 @@ void check_exchange(CheckedRequest& c) {
 
 }  // namespace
 
+std::vector<ResolvedKnob> resolve_knobs(ReplayRequest& r, const BackendEntry& backend) {
+  std::vector<ResolvedKnob> knobs;
+  for (const KnobInfo& knob : kKnobTable) {
+    if ((backend.options & knob.taken_by) == 0) continue;  // the environment's value for a backend that does not take it is not this run's
+    std::string origin = "default";
+    if (knob_text(r, knob.option)) {
+      origin = "--" + std::string(knob.option);
+      std::replace(origin.begin(), origin.end(), '_', '-');
+    } else if (const char* text = std::getenv(knob.environment); text != nullptr && text[0] != '\0') {
+      set_knob(r, knob, text);
+      origin = knob.environment;
+    }
+    knobs.push_back({knob.option, knob_text(r, knob.option).value_or(knob.default_text), origin});
+  }
+  check_knob_values(r);
+  return knobs;
+}
+
+std::string knobs_line(const CheckedRequest& checked) {
+  std::string line;
+  for (const ResolvedKnob& k : checked.knobs) {
+    std::string flag = k.option;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const std::string value = k.option == "exchange" && k.origin == "default" && !checked.backend->default_exchange.empty() ? checked.backend->default_exchange
+                                                                                                                          : k.value;
+    line += fmt::format("{}--{} {} ({})", line.empty() ? "knobs: " : " | ", flag, traces::escape_bytes(value), k.origin);
+  }
+  return line;
+}
+
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry) {
   CheckedRequest c;
   c.request = request;
@@ -190,6 +284,7 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
   c.mutant = checked_mutant(request, *c.backend);
   check_numbers(request);
   check_taken(request, *c.backend);
+  c.knobs = resolve_knobs(c.request, *c.backend);
   check_exchange(c);
   if (request.event_log && c.variants.size() != 1) throw RequestError("event_log", "give one variant (the log is one run's)");
   if (c.backend->check) c.backend->check(c);
@@ -215,6 +310,14 @@ CheckedBench check_bench_request(const BenchRequest& request, const Registry& re
   c.reps = request.reps;
   c.cp = request.cp;
   c.time_sliced = request.time_sliced;
+  // The bench's own knob: the option, else the environment (set, not empty and not 0), else off.
+  if (request.bulk) {
+    c.bulk = *request.bulk;
+    c.bulk_origin = "--bulk";
+  } else if (const char* text = std::getenv(kBenchBulkEnvironment); text != nullptr && text[0] != '\0') {
+    c.bulk = std::string_view(text) != "0";
+    c.bulk_origin = kBenchBulkEnvironment;
+  }
   return c;
 }
 
@@ -278,6 +381,9 @@ std::string replay_line(const CheckedRequest& checked, model::Variant variant, s
   if (r.batch) line += fmt::format(" --batch {}", *r.batch);
   if (r.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", r.ipc_missing_rank);
   if (r.exchange) line += fmt::format(" --exchange {}", traces::escape_bytes(*r.exchange));
+  if (r.exchange_load_ms_max) line += fmt::format(" --exchange-load-ms-max {}", *r.exchange_load_ms_max);
+  if (r.pool_memory) line += fmt::format(" --pool-memory {}", *r.pool_memory);
+  if (r.compose_blocks_per_sm) line += fmt::format(" --compose-blocks-per-sm {}", *r.compose_blocks_per_sm);
   return line;
 }
 
@@ -310,7 +416,9 @@ void register_model_backend(Registry& registry) {
   BackendEntry model;
   model.name = "model";
   model.summary = "plans, verdicts, bytes and modelled time of every batch and variant, no content moved (the cost model)";
-  model.moves_content = false;
+  model.model = [](const BatchSource& source, const std::string& label, const model::CostParameters& parameters, const ModelReplayOptions& options) {
+    return model_replay(source, label, parameters, options);
+  };
   registry.add(std::move(model));
 }
 

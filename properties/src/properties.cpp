@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/harness/temp_files.hpp"
 #include "cpkv/model/attention.hpp"
@@ -197,9 +198,7 @@ std::string write_replay(const Case& c, harness::Mutant mutant, const std::strin
     request.schedule = c.schedule.empty() ? "round-robin" : schedule.string();
   }
   // The one replay-line builder (harness/request.hpp), the one `cpkv replay` prints.
-  harness::Registry registry;
-  sim::register_backends(registry);
-  const std::string line = harness::replay_line(harness::check_request(request, registry), c.variant, c.layers);
+  const std::string line = harness::replay_line(harness::check_request(request, backends::registry()), c.variant, c.layers);
   return line;
 }
 

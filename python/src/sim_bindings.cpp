@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
@@ -19,17 +20,9 @@
 namespace cpkv::python {
 namespace {
 
-// The registry Python replays through: the simulator and the model (the GPU backend runs through
-// the cpkv command and the conformance harness).
-const harness::Registry& python_backends() {
-  static const harness::Registry registry = [] {
-    harness::Registry r;
-    sim::register_backends(r);
-    harness::register_model_backend(r);
-    return r;
-  }();
-  return registry;
-}
+// The registry Python replays through: register_all's (backends/), the simulator and the model
+// (this module links no GPU backend: the GPU runs through the cpkv command and the conformance harness).
+const harness::Registry& python_backends() { return backends::registry(); }
 
 // A RequestError as the package's InputError, named by the Python parameter.
 template <typename Function>
@@ -108,10 +101,11 @@ harness::CheckedRequest checked_request(std::string backend, std::string label, 
   return checked;
 }
 
-// backend="model": what `cpkv replay --backend model --json F` writes, with the nominal ceilings.
-py::dict run_model(const std::string& read_path, const std::string& label, std::optional<std::int64_t> batch) {
+// A backend whose verb is the model replay ("model"): what `cpkv replay --backend model --json F`
+// writes, with the nominal ceilings.
+py::dict run_model(const harness::BackendEntry& entry, const std::string& read_path, const std::string& label, std::optional<std::int64_t> batch) {
   harness::ModelReplayOutput out;
-  run_interruptible([&] { out = harness::model_replay(harness::BatchSource::from_trace(read_path, batch), label, model::CostParameters{}, {}); });
+  run_interruptible([&] { out = entry.model(harness::BatchSource::from_trace(read_path, batch), label, model::CostParameters{}, {}); });
   py::dict json = to_python(out.json);
   json["trace"] = path_text(label);  // as the simulator's dict names it
   return json;
@@ -140,7 +134,7 @@ void bind_sim(py::module_& m) {
     const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
     const SpooledInput input(path);  // a pipe is read more than once: the scan, then every rank and variant
     try {
-      if (!checked.backend->moves_content) return run_model(input.read_path(), path, batch);
+      if (checked.backend->model) return run_model(*checked.backend, input.read_path(), path, batch);
       return run_source(harness::BatchSource::from_trace(input.read_path(), batch), path_text(path), checked);
     } catch (const traces::TraceError& e) {
       if (e.file() != input.read_path()) throw;

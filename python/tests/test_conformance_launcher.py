@@ -195,8 +195,12 @@ BAD_OPTIONS = {
     "--window 0": (["--window", "0"], "--window"), "--window -5": (["--window", "-5"], "--window"),
     "--window nan": (["--window", "nan"], "--window"), "--window inf": (["--window", "inf"], "--window"),
     "--window 1e300": (["--window", "1e300"], "--window"), "--seed -1": (["--seed", "-1"], "--seed"),
-    "--seed 2**64": (["--seed", str(2 ** 64)], "--seed"), "--ipc-fail-rank 7": (["--ipc-fail-rank", "7"], "--ipc-fail-rank"),
-    "--ipc-fail-rank 2": (["--ipc-fail-rank", "2"], "--ipc-fail-rank"), "--ranks abc": (["--ranks", "abc"], "--ranks"),
+    "--seed 2**64": (["--seed", str(2 ** 64)], "--seed"), "--ipc-fail-rank 7": (["--ipc-fail-rank", "7"], "--ipc-missing-rank"),
+    "--ipc-missing-rank 2": (["--ipc-missing-rank", "2"], "--ipc-missing-rank: 2 is not a rank of 2"), "--ranks abc": (["--ranks", "abc"], "--ranks"),
+    # Issue 36: the CLI's names (--wait-ms-max in milliseconds, --ipc-missing-rank); the old spellings are still taken.
+    "--wait-ms-max 0": (["--wait-ms-max", "0"], "--wait-ms-max: 0 is not a number of milliseconds"),
+    "--wait-ms-max nan": (["--wait-ms-max", "nan"], "--wait-ms-max: nan is not a number of milliseconds"),
+    "--wait-ms-max and --window": (["--wait-ms-max", "5000", "--window", "5"], "not both"),
 }
 
 

@@ -3,7 +3,7 @@
 Why it matters: a reproducer that drops what was run sends its reader chasing a pass. A foreign
 implementation's planted bug is its own business: a constructor argument (`--impl
 module:Class(k=v)`, `--impl-arg k=v`) or an environment variable; the replay line must keep both,
-and `--window` and `--no-delays`, and the pytest plugin must name the counterexample by that bug.
+and the wait bound (`--wait-ms-max`, once `--window`) and `--no-delays`, and the pytest plugin must name the counterexample by that bug.
 The tests run the printed line itself (its `python3` is the suite's interpreter) and check that it
 fails as the original did.
 """
@@ -78,6 +78,26 @@ def test_constructor_arguments_are_python_literals_never_code():
         parse_impl_args(["bug"])
 
 
+def test_one_reproducer_builder_says_everything_a_case_ran_with():
+    """Issue 36, item 2: the command line's failures, the pytest plugin's counterexamples and the
+    shrunk cases print one builder's line (the shrunk case's dropped constructor arguments, delays
+    and the wait bound); it spells the options as `cpkv replay` does."""
+    import cpkv
+    from cpkv.conformance import _shrink
+    from cpkv.conformance._impl_spec import spec_reproducer
+    from cpkv.conformance._rank import RunSpec
+    reader = cpkv.read_trace(TINY)
+    spec = RunSpec(impl=f"{RACES}:Configurable", setting=reader.setting, batches=list(reader)[:1], layers=2, seed=5, device="cpu",
+                   delays=False, mutant=None, window_s=7.0, ipc_fail_rank=1, impl_kwargs={"bug": "skip_zero"}, require_attention=True)
+    line = spec_reproducer(spec, "case.jsonl")
+    for said in ('bug="skip_zero"', "--ranks 2", "--seed 5", "--layers 2", "--no-delays", "--wait-ms-max 7000", "--ipc-missing-rank 1",
+                 "--require-attention"):
+        assert said in line, line
+    assert "--window" not in line and "--ipc-fail-rank" not in line, line
+    assert _shrink.reproducer(spec, "case.jsonl") == line
+    assert "--batch 3" in spec_reproducer(spec, "t.jsonl", batch=3)
+
+
 def test_a_bad_impl_argument_is_one_line_and_exit_2(shell_env):
     done = cli([TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2", "--impl-arg", "mutant=skip zero"], shell_env)
     assert done.returncode == 2, done
@@ -89,7 +109,7 @@ def test_a_replay_line_keeps_constructor_arguments_window_and_delays_and_fails_a
     done = cli([TINY, "--impl", impl, "--ranks", "2", "--seed", "4", "--window", "7", "--no-delays"], shell_env)
     assert done.returncode == 1, done.stdout + done.stderr
     line = replay_line(done.stdout)
-    for kept in ("--window 7", "--no-delays", "--seed 4", 'bug="skip_zero"', 'note="kept"'):
+    for kept in ("--wait-ms-max 7000", "--no-delays", "--seed 4", 'bug="skip_zero"', 'note="kept"'):
         assert kept in line, line
     again = run_line(line, shell_env)
     assert again.returncode == 1, again.stdout + again.stderr
@@ -113,6 +133,39 @@ def test_a_planted_bug_in_an_environment_variable_is_named_in_the_replay_line(sh
     assert first_finding(again.stdout) == first_finding(done.stdout), again.stdout
 
 
+def knobs_line(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("knobs: ")]
+    assert len(lines) == 1, stdout
+    return lines[0]
+
+
+def test_a_knob_from_the_environment_is_in_the_header_and_the_replay_line_and_replays_without_it(shell_env):
+    """Issue 36, item 3: the environment's knobs (CPKV_IMPORT_S_MAX, CPKV_BIN) are read at the command
+    line's edge only, printed in the header with what chose them, and written into the replay line as
+    flags, so the line replays the same run whatever the next shell sets."""
+    env = dict(shell_env, CPKV_IMPORT_S_MAX="90", CPKV_BIN="/nonexistent/cpkv")
+    done = cli([TINY, "--impl", f"{RACES}:Configurable(bug='skip_zero')", "--ranks", "2", "--no-delays", "--layers", "2"], env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "--import-s-max 90 (CPKV_IMPORT_S_MAX)" in knobs_line(done.stdout), done.stdout
+    assert "--cpkv-bin /nonexistent/cpkv (CPKV_BIN)" in knobs_line(done.stdout), done.stdout
+    line = replay_line(done.stdout)
+    assert "--import-s-max 90" in line and "--cpkv-bin /nonexistent/cpkv" in line, line
+    clean = {k: v for k, v in shell_env.items() if k not in ("CPKV_IMPORT_S_MAX", "CPKV_BIN")}
+    again = run_line(line, clean)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "--import-s-max 90 (--import-s-max)" in knobs_line(again.stdout), again.stdout
+    assert "--cpkv-bin /nonexistent/cpkv (--cpkv-bin)" in knobs_line(again.stdout), again.stdout
+    plain = cli([TINY, "--impl", f"{RACES}:Configurable(bug='skip_zero')", "--ranks", "2", "--no-delays", "--layers", "2"], clean)
+    assert "--import-s-max 120 (default)" in knobs_line(plain.stdout), plain.stdout
+    assert "--import-s-max" not in replay_line(plain.stdout)
+
+
+def test_a_bad_knob_in_the_environment_is_one_line_naming_it(shell_env):
+    done = cli([TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2"], dict(shell_env, CPKV_IMPORT_S_MAX="soon"))
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip().count("\n") == 0 and "--import-s-max: CPKV_IMPORT_S_MAX='soon' is not a number of seconds" in done.stderr, done.stderr
+
+
 PLUGIN_TEST = textwrap.dedent('''
     import cpkv
 
@@ -133,6 +186,6 @@ def test_the_pytest_plugin_names_a_foreign_bugs_counterexample_by_its_bug_and_it
     shown = [part.split("replay: ", 1)[1] for part in done.stdout.splitlines() if "replay: " in part]
     assert shown, done.stdout
     line = shown[0]
-    assert 'bug="skip_zero"' in line and "--no-delays" in line and "--window 7" in line, line
+    assert 'bug="skip_zero"' in line and "--no-delays" in line and "--wait-ms-max 7000" in line, line
     again = run_line(line, shell_env)
     assert again.returncode == 1 and "FAIL: bytes" in again.stdout, again.stdout + again.stderr

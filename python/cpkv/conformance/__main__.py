@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import shlex
 import signal
 import sys
 import time
@@ -38,6 +37,7 @@ from .reference import MUTANTS
 PROG = "python3 -m cpkv.conformance"
 # --window: a wait's bound in seconds. Above an hour a wait is no bound (and gloo's timedelta overflows near 1e300).
 WINDOW_S_MAX = 3600.0
+WINDOW_S_DEFAULT = 20.0
 SEED_MAX = (1 << 64) - 1  # seeds are the model's uint64
 
 
@@ -47,6 +47,26 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         print(f"cpkv conformance: error: {message} (see {PROG} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def resolve_knobs(a: argparse.Namespace) -> None:
+    """The knobs the environment may set, resolved at the command line's edge (the only place the
+    package reads CPKV_*): the option, else the variable, else the default; a.knobs keeps each with
+    what chose it, for the header and the reproducer."""
+    a.knobs = []
+    for flag, attr, variable, default in (("--import-s-max", "import_s_max", "CPKV_IMPORT_S_MAX", _impl_loader.IMPORT_S_MAX),
+                                          ("--cpkv-bin", "cpkv_bin", "CPKV_BIN", None)):
+        origin = flag
+        if getattr(a, attr) is None:
+            text = os.environ.get(variable, "")
+            origin = variable if text else "default"
+            setattr(a, attr, text or default)
+        if attr == "import_s_max" and isinstance(a.import_s_max, str):
+            try:
+                a.import_s_max = float(a.import_s_max)
+            except ValueError:
+                raise InputError(flag, f"{variable}='{a.import_s_max}' is not a number of seconds") from None
+        a.knobs.append((flag, getattr(a, attr), origin))
 
 
 def parse(argv: List[str]) -> argparse.Namespace:
@@ -64,13 +84,24 @@ def parse(argv: List[str]) -> argparse.Namespace:
     p.add_argument("--batch", type=int, help="run only this batch of the trace")
     p.add_argument("--mutant", choices=sorted(MUTANTS), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
-    p.add_argument("--ipc-fail-rank", type=int, default=-1, help="this rank's IPC capability probe fails")
-    p.add_argument("--window", type=float, default=20.0, help="seconds before a wait or a silent rank is reported (default 20)")
+    # The names `cpkv replay` gives these options; --ipc-fail-rank and --window (seconds) are the old
+    # spellings, still taken (docs/conformance.md).
+    p.add_argument("--ipc-missing-rank", "--ipc-fail-rank", dest="ipc_fail_rank", type=int, default=-1,
+                   help="this rank's IPC capability probe fails (old spelling: --ipc-fail-rank)")
+    p.add_argument("--wait-ms-max", metavar="MS", type=float,
+                   help="milliseconds before a wait or a silent rank is reported (default 20000)")
+    p.add_argument("--window", metavar="SECONDS", type=float, help="the same bound in seconds (the old spelling of --wait-ms-max)")
     p.add_argument("--time", action="store_true",
                    help="checks, delays and event hooks off; each layer's compose time measured (median and p90), beside the "
                         "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
-    p.add_argument("--cpkv-bin", metavar="PATH", help="the `cpkv` binary --time runs for the built-in staging_direct "
-                   "(default $CPKV_BIN, else cpkv on PATH)")
+    # The environment's knobs are read here, at the command line's edge, and nowhere below it: the
+    # run gets them as options, and the reproducer writes every non-default one as a flag.
+    p.add_argument("--cpkv-bin", metavar="PATH",
+                   help="the `cpkv` binary --time runs for the built-in staging_direct (default $CPKV_BIN, else the build's, else "
+                        "cpkv on PATH)")
+    p.add_argument("--import-s-max", metavar="S", type=float,
+                   help=f"the bound on importing --impl in its probe child, in seconds (default $CPKV_IMPORT_S_MAX, else "
+                        f"{_impl_loader.IMPORT_S_MAX:.0f})")
     p.add_argument("--require-attention", action="store_true",
                    help='fail an implementation whose compose_layer returns no "attention" plan (docs/attention.md)')
     p.add_argument("--attention-output", action="store_true",
@@ -80,23 +111,9 @@ def parse(argv: List[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def reproducer(a: argparse.Namespace) -> str:
-    """The command line that reproduces this run, whole: constructor arguments, --window, and the
-    environment variables the implementation's source names (_impl_spec)."""
-    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
-    parts = [*PROG.split(), a.trace, "--impl", impl, "--ranks", str(a.ranks), "--device", a.device, "--seed", str(a.seed)]
-    for flag, value in (("--layers", a.layers), ("--batch", a.batch), ("--mutant", a.mutant)):
-        if value is not None:
-            parts += [flag, str(value)]
-    if a.ipc_fail_rank >= 0:
-        parts += ["--ipc-fail-rank", str(a.ipc_fail_rank)]
-    parts += ["--swarm"] if a.swarm else []
-    parts += ["--no-delays"] if a.no_delays else []
-    parts += ["--time"] if a.time else []
-    parts += ["--require-attention"] if a.require_attention else []
-    parts += ["--attention-output"] if a.attention_output else []
-    parts += ["--window", f"{a.window:g}"] if a.window != 20.0 else []
-    return _impl_spec.with_environment(" ".join(shlex.quote(p) for p in parts), _impl_spec.environment_read(a.impl))
+def reproducer(a: argparse.Namespace, spec: RunSpec) -> str:
+    """The command line that reproduces this run, whole (_impl_spec.spec_reproducer, the one builder)."""
+    return _impl_spec.spec_reproducer(spec, a.trace, batch=a.batch, knobs=getattr(a, "knobs", ()))
 
 
 def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: int) -> List[str]:
@@ -104,7 +121,9 @@ def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: 
     impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
     return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
             f"{setting.layer_count} layers | impl {impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
-            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp)]
+            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp),
+            "knobs: " + " | ".join(f"{flag} {'none' if value is None else format(value, 'g') if isinstance(value, float) else value} ({origin})"
+                                   for flag, value, origin in getattr(a, "knobs", []))]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -118,13 +137,23 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
 def check_impl(a: argparse.Namespace) -> None:
     """The class imports and has the four methods, tried in a bounded child process before any rank
     starts (exit 2): an import that exits, hangs or is interrupted cannot end or stall the launcher."""
-    _impl_loader.probe_impl(a.impl, a.mutant)
+    _impl_loader.probe_impl(a.impl, a.mutant, a.import_s_max)
 
 
 def check_options(a: argparse.Namespace) -> None:
     """Every number in range before any rank starts (issue 34, item 15)."""
+    if a.wait_ms_max is not None and a.window is not None:
+        raise InputError("--window", "give --wait-ms-max or its old spelling --window (seconds), not both")
+    if a.wait_ms_max is not None:
+        if not math.isfinite(a.wait_ms_max) or not 0 < a.wait_ms_max <= WINDOW_S_MAX * 1e3:
+            raise InputError("--wait-ms-max", f"{a.wait_ms_max:g} is not a number of milliseconds in (0, {WINDOW_S_MAX * 1e3:.0f}]")
+        a.window = a.wait_ms_max / 1e3
+    elif a.window is None:
+        a.window = WINDOW_S_DEFAULT
     if not math.isfinite(a.window) or not 0 < a.window <= WINDOW_S_MAX:
         raise InputError("--window", f"{a.window} is not a number of seconds in (0, {WINDOW_S_MAX:.0f}]")
+    if not math.isfinite(a.import_s_max) or not 0 < a.import_s_max <= 3600:
+        raise InputError("--import-s-max", f"{a.import_s_max:g} is not a number of seconds in (0, 3600]")
     if not 0 <= a.seed <= SEED_MAX:
         raise InputError("--seed", f"{a.seed} is not in 0..2^64-1")
     if a.device == "cuda":
@@ -147,7 +176,7 @@ def ranks_of(a: argparse.Namespace, setting: _cpkv.Setting, torchrun: bool) -> i
     if ranks != setting.cp:
         raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
     if not -1 <= a.ipc_fail_rank < ranks:
-        raise InputError("--ipc-fail-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
+        raise InputError("--ipc-missing-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
     return ranks
 
 
@@ -245,6 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def run_main(argv: Optional[List[str]]) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
+        resolve_knobs(a)
         spec, setting, outs, torchrun = prepare(a)
     except (InputError, TraceError, ContractError) as error:
         print(f"cpkv conformance: error: {error}", file=sys.stderr)
@@ -264,12 +294,12 @@ def run_main(argv: Optional[List[str]]) -> int:
     print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))
-        print(f"replay: {reproducer(a)}")
+        print(f"replay: {reproducer(a, spec)}")
     if outcome.leftovers:
         print(f"cpkv conformance: left behind: {', '.join(outcome.leftovers)}", file=sys.stderr)
     if outs[0] is not None:
         mode = "torchrun" if torchrun else "processes"
-        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a)), indent=2, sort_keys=True)
+        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a, spec)), indent=2, sort_keys=True)
         try:
             _outputs.write_output(outs[0], text.encode())
         except _outputs.OutputWriteError as error:

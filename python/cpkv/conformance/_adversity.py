@@ -12,10 +12,8 @@ delay is a spin kernel on the rank's stream (torch.cuda._sleep), not a host slee
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -143,9 +141,6 @@ class Adversity:
                 time.sleep(HOLD_POLL_S)
         finally:
             self.positions[self.rank][COL_HOLDING] = 0
-        if os.environ.get("CPKV_CONFORMANCE_DEBUG"):  # to see how long each hold lasted and why (every rank's position)
-            print(f"hold rank {self.rank} b{self.batch} l{self.layer} {1e3 * (time.monotonic() - start):.1f} ms "
-                  f"positions {self.positions.tolist()}", file=sys.stderr, flush=True)
 
     def delay_us(self, us: int) -> None:
         if self.device.type == "cuda":

@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ._context import ContractError
 
@@ -140,15 +140,23 @@ def bug_name(mutant: Optional[str], kwargs: Dict[str, Any]) -> str:
     return "nomutant"
 
 
-def spec_reproducer(spec, trace: str) -> str:
-    """The command that replays a case (a RunSpec) written as `trace`: every option the case ran
-    with that the command line can say (constructor arguments, delays, window, swarm, IPC fault),
-    and the environment its implementation's source names."""
+def spec_reproducer(spec, trace: str, batch: Optional[int] = None, knobs: Sequence[Tuple[str, Any, str]] = ()) -> str:
+    """The one command that replays a case (a RunSpec) whose batches are `trace`'s (or its batch
+    `batch`): every option the case ran with that the command line can say (constructor arguments,
+    layers, delays, timing, the wait bound, swarm, IPC fault, the attention checks, the knobs that are
+    not their default), and the environment its implementation's source names. The command line's
+    failures, the pytest plugin's counterexamples and the shrunk cases all print this one."""
     parts = ["python3", "-m", "cpkv.conformance", trace, "--impl", format_impl(spec.impl, spec.impl_kwargs), "--ranks",
              str(spec.setting.cp), "--device", spec.device, "--seed", str(spec.seed), "--layers", str(spec.layers)]
+    parts += ["--batch", str(batch)] if batch is not None else []
     parts += ["--mutant", spec.mutant] if spec.mutant else []
     parts += ["--swarm"] if spec.swarm else []
+    parts += ["--time"] if spec.timing else []
     parts += ["--no-delays"] if not spec.delays and not spec.timing else []
-    parts += ["--ipc-fail-rank", str(spec.ipc_fail_rank)] if spec.ipc_fail_rank >= 0 else []
-    parts += ["--window", f"{spec.window_s:g}"] if spec.window_s != 20.0 else []
+    parts += ["--ipc-missing-rank", str(spec.ipc_fail_rank)] if spec.ipc_fail_rank >= 0 else []
+    parts += ["--wait-ms-max", f"{spec.window_s * 1e3:g}"] if spec.window_s != 20.0 else []
+    parts += ["--require-attention"] if spec.require_attention else []
+    parts += ["--attention-output"] if spec.attention_output else []
+    for flag, value, origin in knobs:
+        parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if origin != "default" else []
     return with_environment(" ".join(shlex.quote(p) for p in parts), environment_read(spec.impl))

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import copy
 import os
-import shlex
 from typing import List, Optional, Tuple
 
 from .. import _cpkv
 from ._launch import Outcome, launch_cases
+from ._impl_spec import spec_reproducer
 from ._rank import RunSpec
 
 # Rounds of candidates; each is one session. Enough to take a 5-batch case to one or two small batches.
@@ -102,17 +102,8 @@ def write_trace(spec: RunSpec, path: str, what: str) -> str:
 
 
 def reproducer(spec: RunSpec, trace: str) -> str:
-    parts = ["python3", "-m", "cpkv.conformance", trace, "--impl", spec.impl, "--ranks", str(spec.setting.cp), "--device", spec.device,
-             "--seed", str(spec.seed), "--layers", str(spec.layers)]
-    if spec.mutant:
-        parts += ["--mutant", spec.mutant]
-    if spec.swarm:
-        parts.append("--swarm")
-    if spec.ipc_fail_rank >= 0:
-        parts += ["--ipc-fail-rank", str(spec.ipc_fail_rank)]
-    parts += ["--require-attention"] if spec.require_attention else []
-    parts += ["--attention-output"] if spec.attention_output else []
-    return " ".join(shlex.quote(p) for p in parts)
+    """The shrunk case's command: the one builder (_impl_spec.spec_reproducer)."""
+    return spec_reproducer(spec, trace)
 
 
 def counterexample_path(directory: str, spec: RunSpec) -> str:

@@ -86,11 +86,10 @@ def one_rank_per_gpu(cp: int) -> bool:
 
 
 def find_cpkv(explicit: Optional[str]) -> Optional[str]:
-    """The `cpkv` binary: --cpkv-bin, else $CPKV_BIN, else the build's (cli/cpkv beside the build's
-    python/ folder the package runs from), else `cpkv` on PATH."""
-    for candidate in (explicit, os.environ.get("CPKV_BIN")):
-        if candidate:
-            return candidate
+    """The `cpkv` binary: --cpkv-bin (whose default is $CPKV_BIN, read by the command line), else
+    the build's (cli/cpkv beside the build's python/ folder the package runs from), else `cpkv` on PATH."""
+    if explicit:
+        return explicit
     package = os.path.dirname(os.path.dirname(os.path.abspath(_cpkv.__file__)))
     built = os.path.join(os.path.dirname(package), "cli", "cpkv")
     return built if os.access(built, os.X_OK) else shutil.which("cpkv")

@@ -48,8 +48,8 @@ static_assert(input_corrupted_by(Mutant::stale_page_inverse) != 0 && input_corru
 // table) runs first in a probe child (probe.hpp) bounded by `limit`: a crash, an exit of any status
 // or a hang there is that one line ("PATH: exited with status 0 while it was loaded ..."), and only
 // a file that passed there is loaded into this process. The library then stays loaded for the life
-// of the process (rank processes fork from it). The limit: kLoadMsMax, or CPKV_EXCHANGE_LOAD_MS
-// where find_exchange reads it.
+// of the process (rank processes fork from it). The limit: kLoadMsMax, or the request's
+// exchange_load_ms_max (--exchange-load-ms-max, CPKV_EXCHANGE_LOAD_MS: check_request reads it).
 inline constexpr std::int64_t kLoadMsMax = 30000;  // a plugin's dlopen on a loaded laptop takes well under a second
 inline constexpr const char* kLoadMsEnvironment = "CPKV_EXCHANGE_LOAD_MS";
 std::shared_ptr<const ExchangePlugin> load_exchange_plugin(const std::string& path,
@@ -67,7 +67,8 @@ inline constexpr const char* kInProcessExchange = "inprocess";
 inline constexpr const char* kInProcessGone =
     "'inprocess' is gone: cpkv's own exchange runs only through the plugin ABI, as the built-in plugin (--exchange builtin, the default), "
     "and `cpkv bench` times its parts (fill alone, compose alone, ...) through the same table";
-std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling);
+std::shared_ptr<const ExchangePlugin> find_exchange(const std::string& spelling,
+                                                    std::chrono::milliseconds limit = std::chrono::milliseconds(kLoadMsMax));
 // Registers a table compiled into this process under `spelling`, checked as a plugin's would be
 // (check_exchange_table, builtin = true). Called at backend registration; a second call with the
 // same spelling is ignored (registries are built more than once).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpkv/harness/exchange_plugin.hpp"
+#include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/mutants.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/run.hpp"
@@ -54,6 +55,8 @@ enum RequestOptionBits : std::uint32_t {
   kTakesEventLog = 1u << 6,      // event_log (scheduled runs only)
   kTakesExchange = 1u << 7,      // exchange: a plugin shared object (include/cpkv/exchange_abi.h)
   kTakesTimeline = 1u << 8,      // timeline: Chrome trace events, appended as the run goes
+  kTakesPoolMemory = 1u << 9,    // pool_memory: sparse or dense device pools
+  kTakesComposeBlocks = 1u << 10,  // compose_blocks_per_sm: the compose grid's cap per SM
 };
 
 struct ReplayRequest {
@@ -75,11 +78,44 @@ struct ReplayRequest {
   std::optional<std::string> event_log;
   std::optional<std::string> timeline;
   std::optional<std::string> exchange;        // an exchange plugin's path, "builtin" or "inprocess" (default: the backend's, BackendEntry::default_exchange)
+  // Knobs the environment may also set (kKnobTable): check_request reads the variable where the
+  // option is not given and the backend takes it, and writes the value here, so the replay line
+  // carries it. Unset: the default.
+  std::optional<std::int64_t> exchange_load_ms_max;   // the plugin loader's bound (default kLoadMsMax)
+  std::optional<std::string> pool_memory;             // "sparse" (the default) or "dense": how the GPU backend backs its pools
+  std::optional<std::int32_t> compose_blocks_per_sm;  // the compose grid's cap per SM (default: the kernels' kComposeBlocksPerSm)
+};
+
+// One knob of the resolved configuration: an option that a variable of the environment also sets,
+// the backends that take it, and its default as the run header prints it. The environment is read
+// only by check_request (and check_bench_request for the bench's own), which is the one place that
+// knows every knob: a reproducer then names each non-default value as a flag.
+struct KnobInfo {
+  const char* option;       // the Python spelling ("pool_memory"); the CLI's is --pool-memory
+  const char* environment;  // the variable that sets it where the option is not given
+  std::uint32_t taken_by;   // RequestOptionBits of the backends that take it
+  const char* default_text;
+};
+inline constexpr KnobInfo kKnobTable[] = {
+    {"exchange", "CPKV_EXCHANGE", kTakesExchange, "the backend's"},
+    {"exchange_load_ms_max", "CPKV_EXCHANGE_LOAD_MS", kTakesExchange, "30000"},
+    {"pool_memory", "CPKV_POOL_MEMORY", kTakesPoolMemory, "sparse"},
+    {"compose_blocks_per_sm", "CPKV_COMPOSE_BLOCKS_PER_SM", kTakesComposeBlocks, "the kernels'"},
+};
+static_assert(kLoadMsMax == 30000, "kKnobTable prints the loader's default bound");
+// A knob's value in the resolved configuration and what chose it: "default", "--pool-memory" or
+// "CPKV_POOL_MEMORY".
+struct ResolvedKnob {
+  std::string option;
+  std::string value;
+  std::string origin;
 };
 
 // Bounds of the numeric options, with their reasons (the CLI's and Python's alike).
 namespace request_limits {
 inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a hang, not a wait
+inline constexpr std::int64_t exchange_load_ms_max = 600'000;  // ten minutes: a dlopen longer than that is a hang
+inline constexpr std::int32_t compose_blocks_per_sm_max = 32;   // the most resident blocks an SM holds (every CUDA GPU cpkv runs on)
 }  // namespace request_limits
 
 struct BackendEntry;
@@ -94,6 +130,9 @@ struct CheckedRequest {
   std::shared_ptr<const void> backend_state;  // what the entry's check parsed (the simulator's schedule)
   std::shared_ptr<const ExchangePlugin> exchange;  // the plugin loaded and checked (null: the backend's in-process exchange, or none)
   bool exchange_by_default = false;                // the exchange is the backend's default, not named by --exchange or the environment
+  // The run's whole configuration beyond the common options: every knob of kKnobTable the backend
+  // takes, resolved (the option, else the environment, else the default), in the table's order.
+  std::vector<ResolvedKnob> knobs;
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -120,28 +159,28 @@ struct BackendEntry {
   std::string summary;                        // one line for --help
   std::uint32_t options = 0;                  // RequestOptionBits it takes
   std::uint8_t mutants = 0;                   // BackendBits of the planted bugs it holds (0: none, moves no content)
-  bool moves_content = true;                  // false: the model replay (no ranks, no Backend)
   std::int32_t ranks_max = model::limits::cp_max;  // the most ranks it runs: a source of larger cp is refused
   // Options beyond the common ones (a schedule file parsed, ranks_as named); may be empty.
   std::function<void(CheckedRequest&)> check;
   // What needs the source, before any rank starts (the simulator's /dev/shm space); may be empty.
   std::function<void(const CheckedRequest&, const BatchSource&, const SourceShape&, std::int32_t layers)> check_source;
-  // The backend; an environment it cannot run in (no GPU) is a RequestError naming "backend".
+  // The verbs a front end asks of a backend, each empty where the backend does not do it; a front
+  // end asks which verbs an entry has, never which backend it is.
+  // replay: the backend, whose runs move content through ranks; an environment it cannot run in
+  // (no GPU) is a RequestError naming "backend".
   std::function<std::unique_ptr<Backend>(const CheckedRequest&, const ProgressFunction&)> make;
+  // model: the model replay instead (no ranks, no Backend: plans, verdicts, bytes and modelled time
+  // of every batch and variant under these ceilings, harness/model_replay.hpp).
+  std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
   // The run header's extra line (the simulator's fault knobs), or empty.
   std::function<std::string(const CheckedRequest&)> knobs_line;
   // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
   // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
   std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
-  // The exchange a request that names none runs (a backend that takes --exchange): its spelling as
-  // --exchange would give it, and whether the environment named it (the replay line then carries
-  // it). Empty: the backend's own exchange in process.
-  struct DefaultExchange {
-    std::string spelling;
-    bool from_environment = false;
-    std::string origin;  // what chose it, for refusals: "CPKV_EXCHANGE=PATH" (empty: the backend's default)
-  };
-  std::function<DefaultExchange()> default_exchange;
+  // The exchange a request that names none runs (a backend that takes --exchange, where neither
+  // the option nor CPKV_EXCHANGE names one): its spelling as --exchange would give it. Empty: the
+  // backend's own exchange in process.
+  std::string default_exchange;
   // The clock a --timeline of one of its runs counts, given the run's mode (RunReport::mode, the
   // run header's name); empty: the host's wall clock in microseconds.
   std::function<TimelineClock(std::string_view mode)> timeline_clock;
@@ -162,9 +201,19 @@ class Registry {
 // Backend: the front ends run harness/model_replay.hpp for it).
 void register_model_backend(Registry& registry);
 
-// Every option that needs no source, in one order (backend, variant, mutant, layers, then the
-// backend's own): throws RequestError naming the first bad one.
+// Every option that needs no source, in one order (backend, variant, mutant, layers, the knobs
+// with the environment's values, then the backend's own): throws RequestError naming the first bad
+// one. The only reader of the environment's CPKV_* knobs (kKnobTable).
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
+
+// The knobs of kKnobTable a backend takes, resolved into `request` (the environment's value where
+// the option is not given) and checked; for a front end that runs a backend without a whole
+// request (cpkv mutants --backend cuda). Throws RequestError naming the option or the variable.
+std::vector<ResolvedKnob> resolve_knobs(ReplayRequest& request, const BackendEntry& backend);
+
+// The run header's configuration line: "knobs: pool_memory dense (CPKV_POOL_MEMORY) | ..." (every
+// resolved knob, the CLI's spelling), or empty where the backend takes none.
+std::string knobs_line(const CheckedRequest& checked);
 
 // `cpkv bench`: a replay request (backend, variant, layers, exchange) and what only timing needs.
 // Checked by check_bench_request: the replay request as check_request checks it (an --exchange
@@ -174,16 +223,20 @@ struct BenchRequest {
   std::int32_t reps = 50;                     // timed replays per batch and variant
   std::optional<std::int32_t> cp;             // the trace's cp overridden
   bool time_sliced = false;                   // more ranks than GPUs allowed (the path checked, its timings meaningless)
+  std::optional<bool> bulk;                   // also time the bulk-copy (TMA) gather (default: CPKV_BENCH_BULK set, else no)
 };
 struct CheckedBench {
   CheckedRequest checked;
   std::int32_t reps = 0;
   std::optional<std::int32_t> cp;
   bool time_sliced = false;
+  bool bulk = false;
+  std::string bulk_origin = "default";  // "--bulk", "CPKV_BENCH_BULK" or "default"
 };
 namespace request_limits {
 inline constexpr std::int32_t bench_reps_max = 1'000'000;
 }  // namespace request_limits
+inline constexpr const char* kBenchBulkEnvironment = "CPKV_BENCH_BULK";
 CheckedBench check_bench_request(const BenchRequest& request, const Registry& registry);
 
 // The variants a name or comma-separated list of names selects ("all": every variant in the

@@ -92,7 +92,7 @@ struct MeasuredCeilings {
     // Reported beside it by the bench, not modelled:
     double block_gbps = 0;     // the single-list gather kernel (block per page), the same pages
     double ce_batch_gbps = 0;  // the copy engines, one cudaMemcpyBatchAsync of the same pages (0: not in this CUDA)
-    double bulk_gbps = 0;      // the bulk-copy (TMA) gather (CPKV_BENCH_BULK=1; 0: not measured, -1: wrong bytes or a timeout)
+    double bulk_gbps = 0;      // the bulk-copy (TMA) gather (cpkv bench --bulk; 0: not measured, -1: wrong bytes or a timeout)
     double push_gbps = 0;      // the same pages pushed (block per page, loads local, stores into the peer; -1: wrong bytes)
   };
   std::vector<Gather> gather;
