@@ -80,9 +80,9 @@ TEST(ExplorerFootprints, CoverEveryWriteOverTheShapesAndEveryPlantedBug) {
 
 // Soundness of the reduction, checked: on every shape the reduced and the full exploration find
 // the same set of violations and deadlocks (each described with its rank, batch, layer, slot and
-// step), for the correct protocol (none) and every planted bug: cp 1..2 here at 2 layers, and cp 3
-// for the correct protocol (CI is kept short); `cpkv explore --check-reduction` runs the same
-// comparison for every planted bug up to cp 4 (docs/properties.md).
+// step), for the correct protocol (none) and every planted bug, cp 1..3 at 2 layers (both searches
+// finish on every one of them); `cpkv explore --cp-max 4 --check-reduction` runs the same
+// comparison up to cp 4 (docs/properties.md gives its measured result).
 TEST(ExplorerReduction, ReducedAndFullFindTheSameViolationsAndDeadlocks) {
   std::vector<harness::Mutant> mutants = {harness::Mutant::none};
   mutants.insert(mutants.end(), std::begin(harness::kAllMutants), std::end(harness::kAllMutants));
@@ -90,10 +90,10 @@ TEST(ExplorerReduction, ReducedAndFullFindTheSameViolationsAndDeadlocks) {
   for (std::int32_t cp = 1; cp <= 3; ++cp) {
     for (const ExploreShape& shape : exploration_shapes(cp)) {
       for (harness::Mutant mutant : mutants) {
-        if (cp == 3 && mutant != harness::Mutant::none) continue;  // kept short for CI: --check-reduction runs them
         SCOPED_TRACE(fmt::format("{} cp {} {}", shape.name, cp, harness::to_string(mutant)));
         ExploreOptions o = options_for(shape, 2, mutant);
         o.collect_all = true;
+        o.seconds_max = 1e9;  // bounded by states_max alone, so a loaded machine gives the same verdict
         o.reduction = Reduction::none;
         const ExploreResult full = explore(o);
         o.reduction = Reduction::partial_order;
@@ -101,14 +101,14 @@ TEST(ExplorerReduction, ReducedAndFullFindTheSameViolationsAndDeadlocks) {
         ASSERT_TRUE(full.complete && reduced.complete);
         EXPECT_EQ(reduced.findings, full.findings);
         if (mutant == harness::Mutant::none) EXPECT_TRUE(full.findings.empty()) << *full.findings.begin();
-        if (mutant != harness::Mutant::none && cp == 2) some_finding[mutant] = some_finding[mutant] || !full.findings.empty();
+        if (mutant != harness::Mutant::none && cp >= 2) some_finding[mutant] = some_finding[mutant] || !full.findings.empty();
         EXPECT_LE(reduced.states, full.states);
       }
     }
   }
-  // The comparison has something to compare: every planted bug shows in some shape at cp 2 but
-  // rank_local_overflow, which needs three ranks (its local count must cross the capacity).
-  for (const auto& [mutant, found] : some_finding) EXPECT_TRUE(found || mutant == harness::Mutant::rank_local_overflow) << harness::to_string(mutant);
+  // The comparison has something to compare: every planted bug shows in some shape at cp 2 or 3.
+  for (const auto& [mutant, found] : some_finding) EXPECT_TRUE(found) << harness::to_string(mutant);
+  EXPECT_EQ(some_finding.size(), harness::kAllMutants.size());
 }
 
 // The reduction reduces: at cp 3 the barrier variants visit far fewer states than every
