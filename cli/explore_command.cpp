@@ -277,7 +277,7 @@ void register_explore(CLI::App& app) {
                                      "set of full-state fingerprints, independent steps in one order (partial-order reduction): proves parity-half "
                                      "reuse safety and barrier phase safety for them, and finds the single_half, no_barrier and arrive_before_fill "
                                      "counterexamples; then proves every shape (the barrier variants, an idle rank, overflow then normal, two "
-                                     "batches, the capability fallback) for cp 1..N and hunts every planted bug over them.");
+                                     "batches, every rank writing, the capability fallback) for cp 1..N and hunts every planted bug over them.");
   cmd->add_option("--cp-max", o->cp_max, "largest group explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 8));
   cmd->add_option("--layers-max", o->layers_max, "most layers explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_option("--variant", o->variant, "exchange variant")->capture_default_str();

@@ -64,7 +64,7 @@ nlohmann::json explore_row(const std::string& section, const std::string& name, 
                            const std::string& text, const std::string& replay) {
   nlohmann::json row = {{"section", section}, {"name", name},       {"passed", passed},     {"text", text},
                         {"states", r.states}, {"transitions", r.transitions}, {"complete", r.complete}, {"found", r.found},
-                        {"finding", r.finding}, {"schedule", r.schedule}, {"seconds", r.seconds}, {"wall_seconds", r.wall_seconds}};
+                        {"finding", r.finding}, {"schedule", r.schedule}, {"seconds", r.seconds}};
   row["replay"] = replay.empty() ? nlohmann::json(nullptr) : nlohmann::json(replay);
   if (!passed) row["failure"] = r.found ? fmt::format("found {}", r.finding) : r.complete ? "proved: the planted bug was not found" : "incomplete (limit reached)";
   return row;
