@@ -14,7 +14,7 @@
 # S (--suite) is soak (the default), mutants or explore. SUITE OPTIONS, passed on to cpkv as given:
 #   soak:    --seed S (required: every shard draws the same seeds) [--seeds M] [--minutes T] [--cases C]
 #   mutants: [--seed S] [--cases C] [--every-property]
-#   explore: [--cp-max C] [--layers-max L] [--variant V] [--seconds-max T] [--shape-layers L] [--no-shapes]
+#   explore: [--cp-max C] [--layers-max L] [--variant V] [--seconds-max T] [--shape-layers L] [--no-shapes] [--check-reduction]
 # DIR must be on a file system every node sees (default: ./cpkv-shards-$SLURM_JOB_ID, or, for submit,
 # ./cpkv-shards-<time>-<pid>: never a fixed path that concurrent runs share). Every shard must see
 # the same suite options (submit passes them on). A soak's --minutes bounds each task; submit asks
@@ -40,7 +40,7 @@ suite="soak" shards="" out="" seed="" minutes="" seeds="" run_args=() given=() s
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --) shift; sbatch_args=("$@"); break ;;
-    --every-property|--no-shapes) run_args+=("$1"); given+=("$1"); shift; continue ;;
+    --every-property|--no-shapes|--check-reduction) run_args+=("$1"); given+=("$1"); shift; continue ;;
   esac
   [[ "$1" == --* ]] || bad "unknown argument '$1' (see the usage at the top of scripts/slurm-soak.sh)"
   [[ $# -ge 2 ]] || bad "$1 needs a value"
@@ -60,7 +60,7 @@ done
 case "$suite" in
   soak) takes=" --seed --seeds --minutes --cases " ;;
   mutants) takes=" --seed --cases --every-property " ;;
-  explore) takes=" --cp-max --layers-max --variant --seconds-max --shape-layers --no-shapes " ;;
+  explore) takes=" --cp-max --layers-max --variant --seconds-max --shape-layers --no-shapes --check-reduction " ;;
   *) bad "--suite is soak, mutants or explore, got '$suite'" ;;
 esac
 for option in "${given[@]}"; do

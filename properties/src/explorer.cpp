@@ -1,6 +1,7 @@
 #include "cpkv/properties/explorer.hpp"
 
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <stdexcept>
 #include <algorithm>
@@ -26,6 +27,14 @@ using detail::Fingerprint;
 
 std::uint8_t bit(std::uint32_t r) { return static_cast<std::uint8_t>(1u << r); }
 
+// The CPU time of the exploring thread: the limit and the reported seconds, so that a loaded
+// machine (other builds sharing the cores) gives the same verdicts and rates as an idle one.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 // Where a rank's future, as far as a sequence of other ranks' steps can take it, must stop: a wait
 // on a counter of some rank of the persistent set still below what the wait needs (a rank in the
 // set takes no step in such a sequence, so the counter stays put). `before`: the footprint of the
@@ -41,6 +50,17 @@ struct Horizon {
   Footprint all;  // the whole rest of the program, when no cut stops it
 };
 
+bool same(const Footprint& a, const Footprint& b) {
+  return a.top == b.top && a.reads.bits == b.reads.bits && a.writes.bits == b.writes.bits && a.ors.bits == b.ors.bits && a.adds.bits == b.adds.bits;
+}
+bool same(const Horizon& a, const Horizon& b) {
+  if (a.cuts.size() != b.cuts.size() || !same(a.all, b.all)) return false;
+  for (std::size_t i = 0; i < a.cuts.size(); ++i) {
+    if (a.cuts[i].kind != b.cuts[i].kind || a.cuts[i].need != b.cuts[i].need || !same(a.cuts[i].before, b.cuts[i].before)) return false;
+  }
+  return true;
+}
+
 struct Explorer {
   const ExploreOptions& options;
   sim::World& world;
@@ -53,17 +73,28 @@ struct Explorer {
   std::vector<std::uint32_t> path;
   ExploreResult result;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double cpu_start = thread_cpu_seconds();
   bool stop = false;
   bool limit = false;
   std::vector<sim::RankMachine> machine_undo;
   std::vector<std::uint32_t> objects;
+  // Per rank, for its current program: each step's footprint, and the horizon from each program
+  // counter (a function of the program, the counter and the rank's counters there, which are
+  // kept to check it: a horizon is built once per program position, not once per state).
+  struct CachedHorizon {
+    bool built = false;
+    std::uint64_t barriers = 0, collectives = 0, batches = 0;
+    Horizon horizon;
+  };
   struct FootprintCache {
     std::int64_t batch = -2;
     std::size_t size = 0;
     std::vector<Footprint> steps;
+    std::vector<CachedHorizon> horizons;
   };
   std::vector<FootprintCache> cache;
-  std::vector<Horizon> horizons;
+  std::vector<const Horizon*> horizons;
+  Horizon finished_horizon;
 
   Explorer(const ExploreOptions& o, sim::World& w)
       : options(o),
@@ -86,6 +117,7 @@ struct Explorer {
       c.size = m.program().size();
       c.steps.clear();
       for (const sim::Step& s : m.program()) c.steps.push_back(footprints.of(m, s));
+      c.horizons.assign(c.size + 1, CachedHorizon{});
     }
     return c.steps[index];
   }
@@ -113,12 +145,13 @@ struct Explorer {
     return false;
   }
 
-  void build_horizon(std::uint32_t b);
-  Footprint horizon(std::uint32_t b, std::uint8_t set) const {
-    for (const Cut& cut : horizons[b].cuts) {
+  void build_horizon(std::uint32_t b, Horizon& h);
+  void take_horizon(std::uint32_t b);
+  const Footprint& horizon(std::uint32_t b, std::uint8_t set) const {
+    for (const Cut& cut : horizons[b]->cuts) {
       if (blocked_by(set, cut.kind, cut.need)) return cut.before;
     }
-    return horizons[b].all;
+    return horizons[b]->all;
   }
   std::uint8_t closure(std::uint32_t seed, std::uint8_t enabled, std::uint8_t unfinished);
   std::uint8_t persistent(std::uint8_t enabled, std::uint8_t unfinished);
@@ -134,8 +167,29 @@ struct Explorer {
   bool over_limits();
 };
 
-void Explorer::build_horizon(std::uint32_t b) {
-  Horizon& h = horizons[b];
+// The horizon of rank b at its program counter: built the first time the rank stands there with
+// these counters, then reused (Explorer.HorizonCache... : the cached and the rebuilt one agree).
+void Explorer::take_horizon(std::uint32_t b) {
+  const sim::RankMachine& m = machines[b];
+  if (m.finished()) {
+    horizons[b] = &finished_horizon;
+    return;
+  }
+  footprint(b, m.pc());  // (re)builds the rank's cache for its current program
+  CachedHorizon& c = cache[b].horizons[m.pc()];
+  if (!c.built || c.barriers != m.barriers_arrived() || c.collectives != m.collectives_arrived() || c.batches != m.batches_arrived()) {
+    build_horizon(b, c.horizon);
+    c = {true, m.barriers_arrived(), m.collectives_arrived(), m.batches_arrived(), std::move(c.horizon)};
+  }
+  horizons[b] = &c.horizon;
+  if (options.verify_footprints) {
+    Horizon fresh;
+    build_horizon(b, fresh);
+    if (!same(fresh, c.horizon)) throw std::logic_error(fmt::format("explore: rank {}'s cached horizon at step {} differs from the one rebuilt", b, m.pc()));
+  }
+}
+
+void Explorer::build_horizon(std::uint32_t b, Horizon& h) {
   h.cuts.clear();
   h.all = Footprint{};
   const sim::RankMachine& m = machines[b];
@@ -202,7 +256,7 @@ std::uint8_t Explorer::closure(std::uint32_t seed, std::uint8_t enabled, std::ui
 
 std::uint8_t Explorer::persistent(std::uint8_t enabled, std::uint8_t unfinished) {
   if (!reduced() || std::popcount(enabled) == 1) return enabled;
-  for (std::uint32_t b = 0; b < machines.size(); ++b) build_horizon(b);
+  for (std::uint32_t b = 0; b < machines.size(); ++b) take_horizon(b);
   std::uint8_t best = enabled;
   for (std::uint32_t seed = 0; seed < machines.size() && std::popcount(best) > 1; ++seed) {
     if (!(enabled & bit(seed))) continue;
@@ -318,7 +372,7 @@ bool Explorer::at_end() const {
 
 bool Explorer::over_limits() {
   if (result.states < options.states_max &&
-      ((result.states & 255) != 0 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <= options.seconds_max)) {
+      ((result.states & 255) != 0 || thread_cpu_seconds() - cpu_start <= options.seconds_max)) {
     return false;
   }
   stop = true;
@@ -477,7 +531,8 @@ ExploreResult explore(const ExploreOptions& options) {
   explorer.machines = std::move(machines);
   explorer.path = std::move(path);
   explorer.visit(0);
-  explorer.result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - explorer.start).count();
+  explorer.result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - explorer.start).count();
+  explorer.result.seconds = thread_cpu_seconds() - explorer.cpu_start;
   explorer.result.complete = !explorer.limit && !explorer.result.found;
   if (explorer.bits) {
     // Supertrace: a new state is lost when all three of its bits were already set; with a share q

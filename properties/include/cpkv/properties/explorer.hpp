@@ -38,7 +38,7 @@ struct ExploreOptions {
   std::int32_t layers = 2;
   harness::Mutant mutant = harness::Mutant::none;
   std::uint64_t states_max = 3'000'000;  // stop (incomplete) past this many distinct states
-  double seconds_max = 120.0;            // ... or past this much time
+  double seconds_max = 120.0;            // ... or past this much CPU time of the exploring thread
   Reduction reduction = Reduction::partial_order;
   StateKey key = StateKey::full_state;
   // 0: exhaustive (a table of 128-bit fingerprints). k > 0: bitstate (supertrace) hashing over 2^k
@@ -59,13 +59,14 @@ struct ExploreResult {
   std::uint64_t states = 0;       // distinct states visited (fingerprints)
   std::uint64_t transitions = 0;  // steps executed
   bool complete = false;          // every interleaving explored (no limit hit, no violation)
-  double seconds = 0.0;
+  double seconds = 0.0;       // CPU seconds of the exploring thread (load-independent)
+  double wall_seconds = 0.0;  // wall-clock seconds
   bool found = false;             // a violation or deadlock was reached
   std::string finding;            // what was found
   std::vector<std::uint32_t> schedule;  // choices that reach it, for `cpkv replay --schedule FILE`
   std::set<std::string> findings;        // collect_all: every distinct violation and deadlock
   double coverage_estimate = 1.0;        // bitstate: estimated share of the reachable states visited
-  double states_per_second() const { return seconds > 0 ? static_cast<double>(states) / seconds : 0.0; }
+  double states_per_second() const { return seconds > 0 ? static_cast<double>(states) / seconds : 0.0; }  // per CPU second
 };
 
 ExploreResult explore(const ExploreOptions& options);
