@@ -237,26 +237,18 @@ def test_a_header_only_trace_is_one_line(tmp_path, capsys):
 
 def test_a_trace_that_is_a_fifo_is_refused_without_opening_it(tmp_path, capsys):
     """Item 12: a FIFO as the trace is one line and exit 2 at once, never opened (an open for
-    reading waits for a writer). A thread here is the FIFO's writer: had the launcher opened it, the
-    writer's open would return and hand it a header-only trace (a different refusal); as it is, the
-    test itself opens the reading end at the end, to let the thread go."""
-    import threading
-
+    reading waits for a writer; with none, the old launcher blocked). A writer process waits at the
+    FIFO with a trace's header: the old launcher opened the FIFO, read the header and refused a
+    header-only trace; the new one never opens it, and the test lets the writer go at the end."""
     fifo = tmp_path / "trace.fifo"
     os.mkfifo(fifo)
-    opened = []
-
-    def writer() -> None:
-        with open(fifo, "w") as f:  # blocks until some process opens the reading end
-            opened.append(True)
-            f.write(open(TINY).readline())
-
-    thread = threading.Thread(target=writer, daemon=True)
-    thread.start()
-    done = main_in_process(capsys, str(fifo), "--impl", REFERENCE, "--ranks", "2")
-    released = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # the launcher is done: let the writer go
-    thread.join(GONE_S_MAX)
-    os.close(released)
+    writer = subprocess.Popen(["sh", "-c", f"head -n 1 '{TINY}' > '{fifo}'"])
+    try:
+        done = main_in_process(capsys, str(fifo), "--impl", REFERENCE, "--ranks", "2")
+    finally:
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader at last: the writer's open returns, it writes and ends
+        writer.wait(timeout=GONE_S_MAX)
+        os.close(reader)
     line = one_error_line(done)
     assert f"trace: {fifo} is a pipe, not a regular file" in line, line
     with pytest.raises(cpkv.InputError, match="is a pipe, not a regular file"):
