@@ -324,8 +324,8 @@ class Launcher:
     def check_exits(self) -> bool:
         """True when the watch is over: a rank died (named, with its exit status or signal) or every
         case is done. A rank that exited 0 after reporting every case is not a failure, however late
-        a slower peer's report is (issue 35, item 7a): its own reports are in the queue's pipe before it
-        exits (rank_main joins the queue's feeder first), so one drain without waiting reads them."""
+        a slower peer's report is (issue 35, item 7a): its own reports are in its pipe before it exits
+        (a pipe's send returns once the message is written: _channel), so one drain without waiting reads them."""
         for rank, p in enumerate(self.processes):
             if p.exitcode is None or rank in self.finished:
                 continue
