@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/prctl.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -62,8 +64,10 @@ using Clock = std::chrono::steady_clock;
 // Bounds of the tests: generous for a loaded 2-core machine, far below anything that hangs CI.
 constexpr std::int64_t kStartMsMax = 20000;     // until the run has its ranks and region
 constexpr std::int64_t kExitMsMax = 10000;      // from the signal to the exit
-constexpr std::int64_t kRegionGoneMsMax = 1000;  // the issue's promise
-constexpr std::int64_t kRanksGoneMsMax = 1000;   // ranks of a SIGKILLed parent
+// Bounds on cleanups that take milliseconds (the issue's promise was 1 s): generous, so that only a
+// cleanup that does not happen fails them, never a loaded 2-core machine's scheduling (issue 35, item 9).
+constexpr std::int64_t kRegionGoneMsMax = 10'000;
+constexpr std::int64_t kRanksGoneMsMax = 10'000;  // ranks of a SIGKILLed parent
 constexpr int kExitNoNamespace = 77;             // the child could not make its private /dev/shm
 
 std::int64_t ms_since(Clock::time_point start) {
@@ -517,20 +521,27 @@ TEST_F(Signals, AReservationLargerThanDevShmFailsAtCreationAndLeavesNoName) {
 // Two runs whose regions each fit a 16 MiB /dev/shm but not together, reserving at the same moment
 // (issue 22, item 17): their posix_fallocate calls interleaved and both failed. Under the lock the
 // first reserves whole and the second is refused naming the run that holds the space; in no round
-// do both fail. Forked processes in a private mount namespace, 12 rounds.
-int reserve_and_hold(int go_fd, int report_fd) {
+// do both fail. Forked processes in a private mount namespace, 12 rounds. The winner holds its
+// region until both runs have tried (a counter in shared memory), not for a time: a holder that let
+// go after 150 ms, before a loaded machine had scheduled the other run, left a round with no refusal.
+constexpr std::int64_t kTriedWaitMsMax = 60'000;  // a bound only: the other run tries within microseconds of running
+
+int reserve_and_hold(int go_fd, int report_fd, std::atomic<int>* tried) {
   char byte = 0;
   while (::read(go_fd, &byte, 1) < 0 && errno == EINTR) {
   }
   try {
     const cpkv::harness::SharedRegion region = cpkv::harness::SharedRegion::create(std::size_t{10} << 20);
-    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // held while the other tries
+    tried->fetch_add(1);
+    (void)wait_until([&] { return tried->load() >= 2; }, kTriedWaitMsMax);  // held while the other tries
     return 0;
   } catch (const cpkv::harness::SharedMemoryFull& e) {
     const std::string line = std::string(e.what()) + "\n";
     (void)!::write(report_fd, line.data(), line.size());
+    tried->fetch_add(1);
     return 1;
   } catch (...) {
+    tried->fetch_add(1);
     return 2;
   }
 }
@@ -540,15 +551,19 @@ int concurrent_reservation_rounds(int report_fd) {
       ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=16m") != 0) {
     return kExitNoNamespace;
   }
+  void* shared = ::mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) return 3;
+  auto* tried = new (shared) std::atomic<int>(0);
   for (int round = 0; round < 12; ++round) {
     int go[2];
     if (::pipe(go) != 0) return 3;
+    tried->store(0);
     pid_t runs[2];
     for (pid_t& run : runs) {
       run = ::fork();
       if (run == 0) {
         ::close(go[1]);
-        ::_exit(reserve_and_hold(go[0], report_fd));
+        ::_exit(reserve_and_hold(go[0], report_fd, tried));
       }
     }
     ::close(go[1]);  // both start at once

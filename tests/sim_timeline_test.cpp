@@ -196,9 +196,10 @@ TEST(SimTimeline, KilledRankLeavesEveryStepBeforeTheCrash) {
     faults.seed = 3;
     faults.kill_rank = 1;
     faults.kill_after_steps = kill_after;
+    // The run ends by the death (the launcher's waitpid), not by a wait's bound: a bound short enough
+    // to fire while a loaded machine had not yet scheduled rank 0 ended rank 1 before its crash point.
     RunLimits limits;
-    limits.wait_ms_max = 300;
-    limits.run_ms_max = 10'000;
+    limits.run_ms_max = 120'000;
     const RunReport report = run_free(source, options_for(model::Variant::staging_direct, 2, 3), RanksAs::processes, faults, limits, recording);
     end_timeline(file.path(), TimelineClock::wall_us);
     ASSERT_FALSE(report.passed());

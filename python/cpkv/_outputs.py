@@ -231,3 +231,18 @@ def write_output(out: Output, data: bytes) -> None:
         discard(temporary)
         raise OutputWriteError(f"{out.option}: cannot write {out.path}: write: {_why(error)}; the file was left as it was") from None
     commit(out, temporary)
+
+
+def check_input_file(option: str, path: PathLike) -> None:
+    """An input read by path more than once (the conformance trace: read here, then by `cpkv bench`
+    and a reproducer) must be a regular file: a pipe would block the read until a writer came, for
+    good (issue 34, item 12). stat() alone, which never blocks; a missing file is left to the reader,
+    which names it."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = _kind(st.st_mode)
+        what = kind if kind == "not a regular file" else f"{kind}, not a regular file"
+        raise InputError(option, f"{os.fsdecode(path)} is {what} (give a trace file)")

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
@@ -19,6 +20,7 @@
 #include "cpkv/model/expected.hpp"
 #include "cpkv/model/oracle.hpp"
 #include "cpkv/sim/checkers.hpp"
+#include "cpkv/sim/happens_before.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cpkv/sim/world.hpp"
 
@@ -364,12 +366,41 @@ void bind_checker(py::module_& m) {
   }, py::arg("seed"), "The fixed fault knobs of a plain `cpkv replay`.");
 }
 
+// Happens-before (sim/happens_before.hpp): the one implementation, for the harness's per-batch events
+// (HbClocks) and the simulator's event log (judge_event_log).
+void bind_happens_before(py::module_& m) {
+  py::class_<sim::HbClocks>(m, "HbClocks", "Vector clocks over cp ranks and the staging locations they touch (sim/happens_before.hpp).")
+      .def(py::init<std::int32_t>(), py::arg("cp"))
+      .def("arrive", &sim::HbClocks::arrive, py::arg("rank"), py::arg("kind"), py::arg("phase"))
+      .def("passed", &sim::HbClocks::pass, py::arg("rank"), py::arg("kind"), py::arg("phase"),
+           "The pass joins every arrival of its phase seen so far.")
+      .def("join_all", &sim::HbClocks::join_all, "A collective every rank takes part in.")
+      .def("write", [](sim::HbClocks& c, std::int32_t rank, std::int32_t owner, std::int32_t half, std::int64_t slot, std::int32_t layer,
+                       const std::string& what) { c.write(rank, {owner, half, slot}, layer, what); },
+           py::arg("rank"), py::arg("owner"), py::arg("half"), py::arg("slot"), py::arg("layer"), py::arg("what"))
+      .def("read", [](sim::HbClocks& c, std::int32_t rank, std::int32_t owner, std::int32_t half, std::int64_t slot, std::int32_t layer) {
+             c.read(rank, {owner, half, slot}, layer);
+           }, py::arg("rank"), py::arg("owner"), py::arg("half"), py::arg("slot"), py::arg("layer"))
+      .def("race_lines", [](sim::HbClocks& c, std::int64_t batch) { return sim::race_lines(batch, c.take_races()); }, py::arg("batch"),
+           "The invariant 2 lines of the races found since the last call (then forgotten).");
+  m.def("judge_event_log", [](const std::string& text, std::int32_t cp, std::int32_t halves) {
+          std::istringstream in(text);
+          try {
+            return sim::judge_event_log(in, cp, halves);
+          } catch (const sim::EventLogError& e) {
+            throw py::value_error(e.what());
+          }
+        }, py::arg("text"), py::arg("cp"), py::arg("halves") = 2,
+        "Happens-before over a scheduled run's event log (docs/event-log.md): the race lines of each batch. ValueError names a bad line.");
+}
+
 }  // namespace
 
 void bind_conformance(py::module_& m) {
   py::module_ sub = m.def_submodule("conformance", "The C++ side of cpkv.conformance.");
   bind_oracle(sub);
   bind_checker(sub);
+  bind_happens_before(sub);
 }
 
 }  // namespace cpkv::python

@@ -116,7 +116,9 @@ def run_cases(cases: List[RunSpec]) -> List[Outcome]:
 
 def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:
     """run() over a trace file's setting and batches (or only batch `batch`). A timeline that is the
-    trace itself is refused (InputError) before anything is read or run."""
+    trace itself is refused (InputError) before anything is read or run, as is a trace that is not a
+    regular file (a pipe would block the read)."""
+    _outputs.check_input_file("trace", path)
     if options.get("timeline") is not None:
         _outputs.refuse_same_files([("trace", path)], [_outputs.check_output("timeline", options["timeline"])])
     reader = _cpkv.read_trace(path)

@@ -229,6 +229,7 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
 def prepare(a: argparse.Namespace):
     """Everything checked before any rank starts: the spec, the outputs, and whether this is torchrun."""
     check_options(a)
+    _outputs.check_input_file("trace", a.trace)
     a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
     outs = check_outputs(a)
     torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ

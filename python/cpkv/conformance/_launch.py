@@ -25,7 +25,7 @@ import torch
 
 from .._errors import InputError
 from . import _adversity as adv
-from . import _lifeline
+from . import _channel, _lifeline
 from . import _shm
 from ._rank import RunSpec, harness_timeout_s, rank_main
 
@@ -168,7 +168,11 @@ class Launcher:
         self.context = multiprocessing.get_context("spawn")
         # The ranks' lifeline: only this process holds the write end, so its death (any signal) is EOF in every rank.
         self.lifeline, self.lifeline_end = self.context.Pipe(duplex=False)
-        self.queue = self.context.Queue()
+        # The ranks' reports: a pipe per rank (_channel), not a Queue, whose named semaphores a killed
+        # launcher left in /dev/shm where no sweep can tell whose they are (issue 34, item 5).
+        readers, writers = _channel.pipes(self.context, self.cp)
+        self.queue = _channel.Inbox(readers)
+        self.outboxes = [_channel.Outbox(w) for w in writers]
         self.processes: List[multiprocessing.Process] = []
         self.outcomes = [Outcome() for _ in specs]
         self.done: List[set] = [set() for _ in specs]
@@ -181,7 +185,7 @@ class Launcher:
 
     def start(self) -> None:
         for rank in range(self.cp):
-            self.spawn(rank, self.rank_target, (rank, self.specs, self.queue))
+            self.spawn(rank, self.rank_target, (rank, self.specs, self.outboxes[rank]))
 
     def spawn(self, rank: int, target, args: tuple) -> None:
         """One rank process, tied to this launcher (_lifeline: its own session, a death signal and a
@@ -190,6 +194,9 @@ class Launcher:
                                  name=f"cpkv-conformance-rank{rank}", daemon=True)
         p.start()
         self.processes.append(p)
+        for arg in args:  # the rank's ends of its pipes are the rank's alone now (their EOF is its exit)
+            if isinstance(arg, (_channel.Inbox, _channel.Outbox)):
+                arg.close()
 
     def run(self) -> List[Outcome]:
         """The outcomes of the cases run: all of them, or up to and including the one that failed."""
@@ -317,8 +324,8 @@ class Launcher:
     def check_exits(self) -> bool:
         """True when the watch is over: a rank died (named, with its exit status or signal) or every
         case is done. A rank that exited 0 after reporting every case is not a failure, however late
-        a slower peer's report is (issue 35, item 7a): its own reports are in the queue's pipe before it
-        exits (rank_main joins the queue's feeder first), so one drain without waiting reads them."""
+        a slower peer's report is (issue 35, item 7a): its own reports are in its pipe before it exits
+        (a pipe's send returns once the message is written: _channel), so one drain without waiting reads them."""
         for rank, p in enumerate(self.processes):
             if p.exitcode is None or rank in self.finished:
                 continue
@@ -442,12 +449,14 @@ class SessionLauncher(Launcher):
 
     def __init__(self, first: RunSpec) -> None:
         super().__init__([first])
-        self.case_queues = [self.context.Queue() for _ in range(self.cp)]
+        readers, writers = _channel.pipes(self.context, self.cp)
+        self.rank_inboxes = [_channel.Inbox([r]) for r in readers]
+        self.case_queues = [_channel.Feeder(w) for w in writers]
         self.started = False
 
     def start(self) -> None:
         for rank in range(self.cp):
-            self.spawn(rank, rank_main, (rank, self.case_queues[rank], self.queue))
+            self.spawn(rank, rank_main, (rank, self.rank_inboxes[rank], self.outboxes[rank]))
         self.started = True
 
     def submit(self, spec: RunSpec) -> None:
@@ -477,7 +486,7 @@ class SessionLauncher(Launcher):
                 q.put(None)
         self.teardown()
         for q in self.case_queues:
-            q.close()
+            q.close(KILL_GRACE_S)  # the ranks are gone: a send still blocked on one fails at once (EPIPE)
 
 
 class Session:

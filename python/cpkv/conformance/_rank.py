@@ -466,6 +466,6 @@ def rank_main(rank: int, specs, queue, body=None) -> None:
     sys.stdout.flush()
     if queue is not None:
         queue.close()
-        queue.join_thread()  # the reports are in the pipe before the process goes
+        queue.join_thread()  # the reports are in the pipe before the process goes (a pipe's send is synchronous)
     _lifeline.end_rank()  # what the implementation started (at import, in compose_layer, detached) goes with the rank
     os._exit(code)  # no atexit handler may wait on a peer that is gone
