@@ -16,6 +16,7 @@
 #   GPU_TESTS_S=420    the gpu suite's bound for all its tests together
 #   GPU_TESTS_JOBS=1   gpu tests run side by side on the GPUs (correctness runs, never timed)
 #   BENCH_CP           the bench's cp (default: 1 on one GPU, so its timings are of record; 2 on two)
+#   BENCH_RUNS, BENCH_REPS, BENCH_VARIANT  runs per trace and side (default 2), timed replays (60), variant (all)
 #   BENCH_BASELINE=DIR another tree (e.g. `git archive COMMIT | tar -x -C ab-old`), built the same way
 #                      and benched interleaved with this one; bench/bench_ab.py gives the ratio per layer
 #   PROBE_ARGS         the gather probe's arguments (default --quick; empty for the full sweep)
@@ -150,16 +151,17 @@ suite_bench() {
     [[ -x "$root/build-baseline/cli/cpkv" ]] && sides=(baseline tree)
   fi
   for name in seeds_batch mooncake_slice; do
-    for i in 1 2; do
+    for i in $(seq 1 "${BENCH_RUNS:-2}"); do
       for side in "${sides[@]}"; do
         bin="$cpkv"; [[ $side == baseline ]] && bin="$root/build-baseline/cli/cpkv"
-        step bench "$name-$side-$i" 200 "$bin" bench "$samples/$name.jsonl" --backend cuda --cp "$bench_cp" --layers 4 --reps 60 \
+        step bench "$name-$side-$i" 200 "$bin" bench "$samples/$name.jsonl" --backend cuda --cp "$bench_cp" --layers 4 \
+          --reps "${BENCH_REPS:-60}" --variant "${BENCH_VARIANT:-all}" \
           --json "$logs/bench-$name-$side-$i.json" --markdown "$logs/bench-$name-$side-$i.md"
       done
     done
     cp "$logs/bench-$name-tree-1.json" "$OUT/bench-$name.json" 2>/dev/null
     cp "$logs/bench-$name-tree-1.md" "$OUT/bench-$name.md" 2>/dev/null
-    step bench "$name-spread" 30 python3 "$root/bench/bench_ab.py" --label-a "run 1" --label-b "run 2" \
+    (( ${BENCH_RUNS:-2} >= 2 )) && step bench "$name-spread" 30 python3 "$root/bench/bench_ab.py" --label-a "run 1" --label-b "run 2" \
       --a "$logs/bench-$name-tree-1.json" --b "$logs/bench-$name-tree-2.json"
     [[ ${#sides[@]} == 2 ]] && step bench "$name-ab" 30 python3 "$root/bench/bench_ab.py" --label-a baseline --label-b tree \
       --a "$logs"/bench-$name-baseline-*.json --b "$logs"/bench-$name-tree-*.json
