@@ -1,5 +1,6 @@
 #include "cpkv/model/plan.hpp"
 
+#include <algorithm>
 #include <bit>
 #include "cpkv/model/assert.hpp"
 #include <cstddef>
@@ -163,6 +164,66 @@ void staging_direct(const BatchLayout& layout, std::int32_t /*rank*/, VariantPla
 
 }  // namespace plans
 
+namespace {
+
+// The extend length of request r, from its current pages (all full but the last).
+std::int64_t extend_of(const BatchLayout& layout, std::size_t r) {
+  const std::int64_t first = layout.request_first_current_index[r];
+  const std::int64_t end = r + 1 < layout.request_first_current_index.size() ? layout.request_first_current_index[r + 1] : layout.current_pages_total;
+  CPKV_ASSERT(end > first);
+  return (end - 1 - first) * layout.page_size + layout.current[end - 1].rows_valid;
+}
+
+// Section 12: the prefix from the pool; every token row by its owner into the all-gather, padded to
+// the largest rank's count, then re-ordered into the dense current slots.
+void token_allgather(const BatchLayout& layout, std::int32_t rank, TokenSplit split, VariantPlan& plan) {
+  CPKV_ASSERT(split != TokenSplit::none);
+  const std::int64_t page_size = layout.page_size;
+  plan.token_split = split;
+  plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+  plan.reorder_source.assign(static_cast<std::size_t>(layout.current_pages_total * page_size), -1);
+  std::vector<std::int32_t> owner(plan.reorder_source.size(), -1);
+  std::vector<std::int64_t> rank_rows(layout.cp, 0);
+  for (std::size_t r = 0; r < layout.request_first_current_index.size(); ++r) {
+    const std::int64_t first_row = layout.request_first_current_index[r] * page_size;
+    const std::int64_t extend = extend_of(layout, r);
+    for (std::int64_t t = 0; t < extend; ++t) {
+      const std::int32_t k = token_owner(split, t, extend, layout.cp);
+      owner[first_row + t] = k;
+      plan.reorder_source[first_row + t] = rank_rows[k]++;  // its position among rank k's rows
+    }
+  }
+  plan.allgather_rank_rows = *std::max_element(rank_rows.begin(), rank_rows.end());
+  plan.own_current.clear();
+  for (std::size_t row = 0; row < owner.size(); ++row) {
+    if (owner[row] < 0) continue;
+    plan.reorder_source[row] += owner[row] * plan.allgather_rank_rows;
+    const auto index = static_cast<std::int64_t>(row) / page_size;
+    if (owner[row] == rank && (plan.own_current.empty() || plan.own_current.back() != index)) plan.own_current.push_back(index);
+  }
+}
+
+}  // namespace
+
+namespace plans {
+
+void allgather_zigzag(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  token_allgather(layout, rank, TokenSplit::zigzag, plan);
+}
+
+void allgather_continuous(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  token_allgather(layout, rank, TokenSplit::continuous, plan);
+}
+
+}  // namespace plans
+
+std::int32_t token_owner(TokenSplit split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
+  CPKV_ASSERT(token >= 0 && token < extend_len);
+  if (split == TokenSplit::continuous) return static_cast<std::int32_t>(token % cp);
+  CPKV_ASSERT(split == TokenSplit::zigzag);
+  return writer_in_request(SplitPolicy::zigzag, token, extend_len, cp);
+}
+
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
   CPKV_ASSERT(rank >= 0 && rank < layout.cp);
   VariantPlan plan;
@@ -257,6 +318,15 @@ LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int
   bytes.local_copy_bytes = plan.local_prefix_slots.size() * page_bytes;
   if (plan.publish) bytes.local_copy_bytes += own_pages * page_bytes;
   if (plan.compact_allreduce) bytes.local_copy_bytes += (own_pages + compact_pages) * page_bytes;
+  if (plan.token_split != TokenSplit::none) {
+    // One all-gather per kind of every rank's padded rows, then the re-ordering writes every current
+    // page of the dense buffer from the gathered rows (a local copy, zero tails included).
+    const std::uint64_t rows = static_cast<std::uint64_t>(cp) * static_cast<std::uint64_t>(plan.allgather_rank_rows);
+    bytes.allgathers = kinds_active;
+    bytes.allgather_bytes = rows * setting.row_bytes_on_layer(layer);
+    if (cp > 1) bytes.pulled_from[(plan.rank + cp - 1) % cp] += (cp - 1) * bytes.allgather_bytes / cp;
+    bytes.local_copy_bytes += plan.reorder_source.size() / static_cast<std::uint64_t>(setting.page_size) * page_bytes;
+  }
   return bytes;
 }
 
