@@ -106,11 +106,13 @@ LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts&
   return n;
 }
 
-void layer_bytes_of_counts(const model::Setting& setting, const LayerCounts& n, std::int32_t rank, std::int32_t layer, model::LayerBytes& bytes) {
-  const std::int32_t cp = setting.cp;
-  const std::int32_t kinds_active = setting.kinds_on_layer(layer);
-  const std::uint64_t row_bytes = setting.row_bytes_on_layer(layer);
-  const std::uint64_t page_bytes = row_bytes * static_cast<std::uint32_t>(setting.page_size);
+namespace {
+
+// layer_bytes_of_counts with the layer's row bytes and active kinds given (the cost model's loop
+// works them out once per layer class).
+void bytes_of_counts(const LayerCounts& n, std::int32_t rank, std::int32_t cp, std::uint64_t row_bytes, std::int32_t kinds_active,
+                     std::int32_t page_size, model::LayerBytes& bytes) {
+  const std::uint64_t page_bytes = row_bytes * static_cast<std::uint32_t>(page_size);
   bytes.own_rank = rank;
   bytes.pulled_from.resize(cp);
   for (std::int32_t p = 0; p < cp; ++p) bytes.pulled_from[p] = static_cast<std::uint64_t>(n.pulled_pages_from[p]) * page_bytes;
@@ -125,6 +127,12 @@ void layer_bytes_of_counts(const model::Setting& setting, const LayerCounts& n, 
   if (cp > 1) {
     bytes.pulled_from[(rank + cp - 1) % cp] += 2 * (cp - 1) * bytes.allreduce_bytes / cp + (cp - 1) * bytes.allgather_bytes / cp;
   }
+}
+
+}  // namespace
+
+void layer_bytes_of_counts(const model::Setting& setting, const LayerCounts& n, std::int32_t rank, std::int32_t layer, model::LayerBytes& bytes) {
+  bytes_of_counts(n, rank, setting.cp, setting.row_bytes_on_layer(layer), setting.kinds_on_layer(layer), setting.page_size, bytes);
 }
 
 model::LayerBytes layer_bytes_from_counts(const model::Setting& setting, const BatchCounts& c, model::Variant variant,
@@ -290,6 +298,12 @@ CostModel::CostModel(const model::Setting& setting, const CostParameters& ceilin
       if (shared_layers_++ == 0) first_shared_ = layer;
     }
   }
+  for (std::size_t c = 0; c < 2; ++c) {
+    const std::int32_t layer = c == 0 ? first_full_ : first_shared_;
+    if (layer < 0) continue;
+    class_row_bytes_[c] = setting.row_bytes_on_layer(layer);
+    class_kinds_[c] = setting.kinds_on_layer(layer);
+  }
 }
 
 void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
@@ -318,8 +332,8 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
       for (std::size_t c = 0; c < 2; ++c) {
         const auto [layer, layer_count] = classes[c];
         if (layer_count == 0) continue;
-        const std::uint64_t page_bytes = setting_.row_bytes_on_layer(layer) * static_cast<std::uint32_t>(setting_.page_size);
-        layer_bytes_of_counts(setting_, n, rank, layer, bytes);
+        const std::uint64_t page_bytes = class_row_bytes_[c] * static_cast<std::uint32_t>(setting_.page_size);
+        bytes_of_counts(n, rank, cp, class_row_bytes_[c], class_kinds_[c], setting_.page_size, bytes);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
         const TimeComponents parts = layer_copy_components(setting_, out.counts, row.variant, bytes, ceilings_, page_bytes, dense_slots_);
         const double us = parts.total_us();

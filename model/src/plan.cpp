@@ -285,6 +285,40 @@ RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch,
   return plan;
 }
 
+RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& variant_plan) {
+  CPKV_ASSERT(variant_plan.token_split != TokenSplit::none);
+  CPKV_ASSERT(variant_plan.allgather_rank_rows > 0);
+  RaggedIndexPlan plan;
+  plan.rank = variant_plan.rank;
+  const std::int64_t page_size = layout.page_size;
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const std::int64_t first_row = layout.request_first_current_index[r] * page_size;
+    bool continues = false;
+    for (std::int64_t t = 0; t < batch.requests[r].extend_len; ++t) {
+      const std::int64_t source = variant_plan.reorder_source[first_row + t];
+      if (source / variant_plan.allgather_rank_rows != variant_plan.rank) {
+        continues = false;
+        continue;
+      }
+      if (!continues) {
+        RaggedSegment segment;
+        segment.request = static_cast<std::int32_t>(r);
+        segment.q_start = plan.q_tokens_total;
+        segment.q_base = t;
+        segment.k_base = layout.request_first_slot[r] * page_size;
+        segment.current_base = layout.request_first_current_slot[r] * page_size;
+        plan.segments.push_back(segment);
+      }
+      RaggedSegment& segment = plan.segments.back();
+      ++segment.q_len;
+      segment.kv_len = batch.requests[r].prefix_len + segment.q_base + segment.q_len;
+      ++plan.q_tokens_total;
+      continues = true;
+    }
+  }
+  return plan;
+}
+
 std::uint64_t LayerBytes::pulled_from_peers() const {
   std::uint64_t sum = 0;
   for (std::size_t p = 0; p < pulled_from.size(); ++p) sum += pulled_from[p];

@@ -211,6 +211,8 @@ class CostModel {
   std::int32_t shared_layers_ = 0;
   std::int32_t first_full_ = -1;    // a layer of each class, for the per-layer counts
   std::int32_t first_shared_ = -1;
+  std::array<std::uint64_t, 2> class_row_bytes_{};  // [full, shared]: row bytes of the kinds active on such a layer
+  std::array<std::int32_t, 2> class_kinds_{};       // [full, shared]: the kinds active on it
 };
 
 }  // namespace cpkv::model

@@ -109,6 +109,9 @@ struct RaggedIndexPlan {
   std::vector<RaggedSegment> segments;
 };
 RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch, std::int32_t rank);
+// The same for a rank of a token-split variant (section 12), read off its plan: its queries are the
+// tokens it sends to the all-gather, one segment per maximal run of consecutive tokens of one request.
+RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& plan);
 
 // Bytes one rank moves for one layer (all buffer kinds active on it) under one variant.
 // pulled_from[p]: bytes its gathers read from rank p's memory (p == rank: its own), plus, for
