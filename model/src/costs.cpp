@@ -93,11 +93,12 @@ void closed_form_counts(const model::ClosedForm& form, const BatchCounts& c, std
   const auto cp = static_cast<std::int32_t>(c.current_pages_by_writer.size());
   n.allgather_calls = form.allgathers;
   n.allgather_rows = form.allgathers > 0 ? cp * c.max_rank_tokens[static_cast<std::size_t>(split)] : 0;
+  // Branch-free over the peers (the loop vectorizes), then this rank's own current pages.
   n.pulled_pages_from.resize(cp);
-  for (std::int32_t p = 0; p < cp; ++p) {
-    const bool current = p == rank ? form.pulls_own_current : form.pulls_peer_current;
-    n.pulled_pages_from[p] = (form.pulls_prefix ? c.prefix_pages_by_owner[p] : 0) + (current ? c.current_pages_by_writer[p] : 0);
-  }
+  const std::int64_t prefix = form.pulls_prefix ? 1 : 0;
+  const std::int64_t peer_current = form.pulls_peer_current ? 1 : 0;
+  for (std::int32_t p = 0; p < cp; ++p) n.pulled_pages_from[p] = prefix * c.prefix_pages_by_owner[p] + peer_current * c.current_pages_by_writer[p];
+  n.pulled_pages_from[rank] += ((form.pulls_own_current ? 1 : 0) - peer_current) * c.current_pages_by_writer[rank];
 }
 
 LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts& c, std::int32_t rank, model::TokenSplit split) {

@@ -166,31 +166,26 @@ void staging_direct(const BatchLayout& layout, std::int32_t /*rank*/, VariantPla
 
 namespace {
 
-// The extend length of request r, from its current pages (all full but the last).
-std::int64_t extend_of(const BatchLayout& layout, std::size_t r) {
-  const std::int64_t first = layout.request_first_current_index[r];
-  const std::int64_t end = r + 1 < layout.request_first_current_index.size() ? layout.request_first_current_index[r + 1] : layout.current_pages_total;
-  CPKV_ASSERT(end > first);
-  return (end - 1 - first) * layout.page_size + layout.current[end - 1].rows_valid;
-}
-
 // Section 12: the prefix from the pool; every token row by its owner into the all-gather, padded to
-// the largest rank's count, then re-ordered into the dense current slots.
+// the largest rank's count, then re-ordered into the dense current slots. Pages are walked by
+// current index and each request's extend is summed from its pages, so nothing assumes the requests'
+// spans follow one another (a layout bug must reach the checkers, not an assertion).
 void token_allgather(const BatchLayout& layout, std::int32_t rank, TokenSplit split, VariantPlan& plan) {
   CPKV_ASSERT(split != TokenSplit::none);
   const std::int64_t page_size = layout.page_size;
   plan.token_split = split;
   plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
   plan.reorder_source.assign(static_cast<std::size_t>(layout.current_pages_total * page_size), -1);
+  std::vector<std::int64_t> extend(layout.request_first_slot.size(), 0);
+  for (const CurrentPage& page : layout.current) extend[page.request] += page.rows_valid;
   std::vector<std::int32_t> owner(plan.reorder_source.size(), -1);
   std::vector<std::int64_t> rank_rows(layout.cp, 0);
-  for (std::size_t r = 0; r < layout.request_first_current_index.size(); ++r) {
-    const std::int64_t first_row = layout.request_first_current_index[r] * page_size;
-    const std::int64_t extend = extend_of(layout, r);
-    for (std::int64_t t = 0; t < extend; ++t) {
-      const std::int32_t k = token_owner(split, t, extend, layout.cp);
-      owner[first_row + t] = k;
-      plan.reorder_source[first_row + t] = rank_rows[k]++;  // its position among rank k's rows
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    const CurrentPage& page = layout.current[i];
+    for (std::int64_t row = 0; row < page.rows_valid; ++row) {
+      const std::int32_t k = token_owner(split, page.page_in_request * page_size + row, extend[page.request], layout.cp);
+      owner[i * page_size + row] = k;
+      plan.reorder_source[i * page_size + row] = rank_rows[k]++;  // its position among rank k's rows
     }
   }
   plan.allgather_rank_rows = *std::max_element(rank_rows.begin(), rank_rows.end());
