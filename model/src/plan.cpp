@@ -290,7 +290,13 @@ RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& b
     const std::int64_t first_row = layout.request_first_current_index[r] * page_size;
     bool continues = false;
     for (std::int64_t t = 0; t < batch.requests[r].extend_len; ++t) {
-      const std::int64_t source = variant_plan.reorder_source[first_row + t];
+      // A plan of another batch (a stale cache, a planted bug) may be shorter: such a row is no query here.
+      const auto index = static_cast<std::size_t>(first_row + t);
+      const std::int64_t source = index < variant_plan.reorder_source.size() ? variant_plan.reorder_source[index] : -1;
+      if (source < 0) {
+        continues = false;
+        continue;
+      }
       if (source / variant_plan.allgather_rank_rows != variant_plan.rank) {
         continues = false;
         continue;

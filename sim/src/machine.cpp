@@ -249,9 +249,13 @@ void RankMachine::build_allgather_inverse() {
   CPKV_ASSERT(plan_.allgather_rank_rows > 0);
   const std::int64_t page_size = setting_->page_size;
   const std::int64_t rows = plan_.allgather_rank_rows;
+  const auto planned_rows = static_cast<std::int64_t>(plan_.reorder_source.size());
   inverse_ = {};
   for (std::int64_t i = 0; i < layout_.current_pages_total; ++i) {
     inverse_page_begin_[i] = static_cast<std::int64_t>(inverse_.tokens.size());
+    // A plan served from another batch (a planted bug) may not cover this page: it then fills
+    // nothing here, and the byte check and invariant 5 report it.
+    if ((i + 1) * page_size > planned_rows) continue;
     const model::CurrentPage& page = layout_.current[i];
     const model::Request& req = batch_.requests[page.request];
     for (std::int32_t row = 0; row < page.rows_valid; ++row) {
@@ -807,6 +811,16 @@ void RankMachine::run_reorder(std::int32_t layer, const CollectiveStep& op) {
   const std::uint64_t row_bytes = setting_->kinds[k].row_bytes;
   const std::int64_t page_size = setting_->page_size;
   const std::uint8_t* gathered = world_->scratch(rank_);
+  const std::int64_t gathered_rows = setting_->cp * plan_.allgather_rank_rows;
+  // A plan served from another batch (a planted bug) may name rows this batch has not: reported
+  // (invariant 5), and the step does nothing.
+  if (!in_batch(layer, static_cast<std::int64_t>(plan_.reorder_source.size()) - 1, layout_.current_pages_total * page_size, "current row")) return;
+  if (static_cast<std::int64_t>(plan_.reorder_source.size()) != layout_.current_pages_total * page_size) {
+    return checker_.on_plan_out_of_bounds(layer, layout_.current_pages_total * page_size, static_cast<std::int64_t>(plan_.reorder_source.size()), "current row");
+  }
+  if (gathered_rows * static_cast<std::int64_t>(row_bytes) > static_cast<std::int64_t>(world_->scratch_span(rank_).bytes)) {
+    return checker_.on_plan_out_of_bounds(layer, gathered_rows, static_cast<std::int64_t>(world_->scratch_span(rank_).bytes / row_bytes), "gathered row");
+  }
   for (std::int64_t i = 0; i < layout_.current_pages_total; ++i) {
     std::uint8_t* page = world_->dense_page(rank_, dense_half(layer), k, layout_.current[i].slot);
     for (std::int64_t row = 0; row < page_size; ++row) {
