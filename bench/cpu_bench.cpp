@@ -1,18 +1,20 @@
 // CPU benchmarks (Google Benchmark): per-batch plan construction for the seeds' traced batch shape
 // (the seeds: ragged plan 36 us per layer after caching, slot spans 0.5 us), and the simulator's
-// throughput, and the trace reader's throughput on an imported Mooncake trace.
+// throughput, the trace reader's and the model replay's cost model's on an imported Mooncake trace.
 // Run: build/bench/cpkv.bench.cpu [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
 #include "cpkv/model/batch.hpp"
+#include "cpkv/model/costs.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -198,6 +200,55 @@ void BM_ReadMooncakeTrace(benchmark::State& state) {
   state.counters["MB_per_s"] = benchmark::Counter(static_cast<double>(text.size()) * state.iterations() / 1e6, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_ReadMooncakeTrace)->Unit(benchmark::kMillisecond);
+
+// The model replay's own work (`cpkv replay --backend model`'s "model speed" line times exactly
+// this: model::CostModel::evaluate per batch, every variant and rank) on the trace `cpkv import
+// mooncake traces/data/mooncake/synthetic_trace.jsonl` writes with its default options
+// (cli/import_command.cpp ImportCommandOptions: cp 8, P 64, kv_fp8 + indexer_k, 61 F layers, pool
+// 65536 pages, zigzag, caps 16384 extend tokens and 16 requests), held in memory. Target (issue
+// 37): >= 100k batches/s on one core; batches_per_s is the figure.
+const std::vector<cpkv::model::Batch>& default_mooncake_batches(cpkv::model::Setting& setting_out) {
+  static cpkv::model::Setting setting;
+  static const std::vector<cpkv::model::Batch> batches = [] {
+    namespace mc = cpkv::traces::mooncake;
+    mc::ImportOptions options;
+    cpkv::model::Setting& s = options.setting;
+    s.cp = 8;
+    s.page_size = 64;
+    s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
+    s.layer_pattern = std::string(61, 'F');
+    s.pool_pages = 65536;
+    s.split = cpkv::model::SplitPolicy::zigzag;
+    s.caps.max_total_extend_tokens = 16384;
+    s.caps.max_batch_requests = 16;
+    mc::MooncakeReader log(std::string(CPKV_SOURCE_DIR) + "/traces/data/mooncake/synthetic_trace.jsonl", options.block_tokens,
+                           /*skip_bad=*/false);
+    std::vector<cpkv::model::Batch> out;
+    mc::import_mooncake(log, options, [&](const cpkv::model::Batch& batch) { out.push_back(batch); });
+    setting = s;
+    return out;
+  }();
+  setting_out = setting;
+  return batches;
+}
+
+void BM_ModelReplayDefaultMooncake(benchmark::State& state) {
+  cpkv::model::Setting setting;
+  const std::vector<cpkv::model::Batch>& batches = default_mooncake_batches(setting);
+  const cpkv::model::CostModel model(setting, cpkv::model::CostParameters{});
+  cpkv::model::BatchCosts costs;
+  std::int64_t evaluated = 0;
+  for (auto _ : state) {
+    for (const cpkv::model::Batch& batch : batches) {
+      model.evaluate(batch, costs);
+      benchmark::DoNotOptimize(costs.modelled_us);
+    }
+    evaluated += static_cast<std::int64_t>(batches.size());
+  }
+  state.counters["batches"] = static_cast<double>(batches.size());
+  state.counters["batches_per_s"] = benchmark::Counter(static_cast<double>(evaluated), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_ModelReplayDefaultMooncake)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -319,8 +319,9 @@ void check_ceilings_shape(const ModelReplayRun& run, const ModelReplayOptions& o
 
 // The columns of a --per-batch record: the batch's, then per variant (model_replay.cpp variant_record).
 constexpr const char* kBatchColumns[] = {"batch", "requests", "extend_tokens", "prefix_tokens", "current_pages", "slots", "staging_slots", "verdict"};
-constexpr const char* kVariantColumns[] = {"ms",       "copies_ms", "barrier_ms", "allreduce_ms", "zero_ms",        "fill_ms",
-                                           "launch_ms", "local_ms", "peer_ms",    "peer_bytes_max", "local_copy_bytes_max", "allreduce_bytes"};
+constexpr const char* kVariantColumns[] = {"ms",        "copies_ms", "barrier_ms", "allreduce_ms",   "allgather_ms",         "zero_ms",
+                                           "fill_ms",   "launch_ms", "local_ms",   "peer_ms",        "peer_bytes_max",       "local_copy_bytes_max",
+                                           "allreduce_bytes", "allgather_bytes"};
 
 std::string csv_cell(const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); }
 

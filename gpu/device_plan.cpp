@@ -1,6 +1,8 @@
 #include "device_plan.hpp"
 
 #include <array>
+#include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -99,6 +101,10 @@ std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int3
 
 BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
                            std::int64_t staging_slots, std::vector<bool>& populated) {
+  // Section 12's token-split all-gathers have no GPU path yet; the fused plugin does not list them.
+  if (model::splits_tokens(variant)) {
+    throw std::invalid_argument("variant " + std::string(model::to_string(variant)) + " (section 12's all-gather) has no GPU path yet");
+  }
   BatchPlan b;
   b.layout = model::layout_batch(setting, batch);
   b.overflow = model::overflow_verdict(b.layout.current_pages_total, staging_slots).overflow;

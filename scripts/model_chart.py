@@ -17,7 +17,8 @@ import csv
 import math
 import sys
 
-LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2))]
+# One line style and one marker per variant of kVariantTable (9 with section 12's all-gathers).
+LINESTYLES = ["-", "--", "-.", ":", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 2)), (0, (8, 2, 2, 2)), (0, (2, 1))]
 MARKERS = ["o", "s", "^", "D", "v", "x", "+", "*", "P"]
 BASELINE = "v2"
 

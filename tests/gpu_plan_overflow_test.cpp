@@ -33,6 +33,7 @@ TEST(GpuPlanOverflow, EveryRankJudgesTheBatchNotItsOwnPages) {
   model::Batch batch;
   batch.requests.push_back(model::Request{.prefix_len = 4, .extend_len = 20, .prefix_pages = {3}});
   for (model::Variant variant : model::kAllVariants) {
+    if (model::splits_tokens(variant)) continue;  // section 12's all-gathers: no GPU path yet
     for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
       const std::string where = std::string(model::to_string(variant)) + " rank " + std::to_string(rank);
       std::vector<bool> populated(static_cast<std::size_t>(setting.pool_pages_per_rank()), false);

@@ -72,6 +72,8 @@ TEST(ModelReplayCosts, ClosedFormEqualsTheModelOnEveryField) {
           EXPECT_EQ(got.barriers, want.barriers) << where;
           EXPECT_EQ(got.gathers, want.gathers) << where;
           EXPECT_EQ(got.own_rank, want.own_rank) << where;
+          EXPECT_EQ(got.allgather_bytes, want.allgather_bytes) << where;
+          EXPECT_EQ(got.allgathers, want.allgathers) << where;
         }
       }
     }
@@ -275,6 +277,16 @@ TEST(CostModel, LayerTimeTermsByHand) {
   c.requests = 2;
   c.span_pages = {8, 0, 0, 6};
   EXPECT_NEAR(time_us(Variant::legacy_span_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
+  // allgather_zigzag (section 12), the largest rank computing 4 tokens: the compose launch 13 with
+  // the longer of the prefix from the peer (5 pages, 3.28) and own (3 pages, 3.936); one all-gather
+  // of 2 x 4 rows = 5248 B, padding included, timed as an all-reduce of half of it (7 + 2624 B x
+  // 2(cp-1)/cp / 1000: a ring all-gather moves (cp-1)/cp of 5248 B, the same); the re-ordering
+  // launch (13 + 6 current pages 3936 B / 500).
+  c.max_rank_tokens[static_cast<std::size_t>(cpkv::model::TokenSplit::zigzag)] = 4;
+  EXPECT_NEAR(time_us(Variant::allgather_zigzag, 0), 13 + std::max(3.28, 3.936) + (7 + 2.624) + (13 + 7.872), 1e-9);
+  // Padding is counted: the largest rank's 5 tokens make every rank send 5 rows (6560 B gathered).
+  c.max_rank_tokens[static_cast<std::size_t>(cpkv::model::TokenSplit::zigzag)] = 5;
+  EXPECT_NEAR(time_us(Variant::allgather_zigzag, 0), 13 + std::max(3.28, 3.936) + (7 + 3.28) + (13 + 7.872), 1e-9);
 }
 
 // The dense all-reduce variants' memset clears the dense half of every kind, also a kind that is
@@ -335,7 +347,7 @@ TEST(ModelReplayCosts, ComponentsSumToTheModelledTimeOnEveryBundledTrace) {
           const cpkv::model::TimeComponents& p = costs.components[v];
           const std::string where = fmt::format("{} batch {} {} peer {} GB/s", name, reader.batch_index(), cpkv::model::to_string(variant), ceilings.peer_gbps);
           EXPECT_NEAR(p.total_us(), costs.modelled_us[v], 1e-9 * std::max(1.0, costs.modelled_us[v])) << where;
-          for (double part : {p.zero_us, p.fill_us, p.launch_us, p.barrier_us, p.peer_us, p.local_us, p.allreduce_us}) EXPECT_GE(part, 0.0) << where;
+          for (double part : {p.zero_us, p.fill_us, p.launch_us, p.barrier_us, p.peer_us, p.local_us, p.allreduce_us, p.allgather_us}) EXPECT_GE(part, 0.0) << where;
           if (costs.verdict.overflow) {
             EXPECT_EQ(p.total_us(), 0.0) << where << ": a rejected batch moves nothing";
             continue;
@@ -344,6 +356,7 @@ TEST(ModelReplayCosts, ComponentsSumToTheModelledTimeOnEveryBundledTrace) {
           EXPECT_EQ(p.zero_us > 0, cpkv::model::zeroes_dense(variant)) << where;
           EXPECT_EQ(p.barrier_us > 0, row.counts.barriers > 0) << where;
           EXPECT_EQ(p.allreduce_us > 0, row.allreduce != cpkv::model::AllReduceFamily::none && reader.header().setting.cp > 1 && batch->requests.size() > 0) << where;
+          EXPECT_EQ(p.allgather_us > 0, row.counts.allgathers > 0 && reader.header().setting.cp > 1) << where;
           EXPECT_GT(p.launch_us, 0.0) << where;
           EXPECT_GT(p.peer_us + p.local_us, 0.0) << where;
         }

@@ -267,14 +267,17 @@ TEST(ModelVariants, EveryTableRowAgreesWithThePlanItBuilds) {
       EXPECT_EQ(plan.variant, row.variant) << where;
       // IPC is needed exactly where a rank gathers from another rank's memory.
       EXPECT_EQ(row.needs_ipc, !plan.gather1.empty() || !plan.gather2.empty()) << where;
-      EXPECT_EQ(plan.barrier, row.peer_pages != PeerPages::all_reduced) << where;
+      EXPECT_EQ(plan.barrier, reads_peers_behind_barrier(row)) << where;
+      EXPECT_EQ(plan.token_split, row.token_split) << where;
+      EXPECT_EQ(plan.allgather_rank_rows > 0, row.peer_pages == PeerPages::all_gathered) << where;
       EXPECT_EQ(plan.fill_to_staging, row.fill_to_staging) << where;
       EXPECT_EQ(plan.publish, row.peer_pages == PeerPages::staging && !row.fill_to_staging) << where;
       EXPECT_EQ(plan.zero_dense, zeroes_dense(row.variant)) << where;
       EXPECT_EQ(plan.compact_allreduce, row.allreduce == AllReduceFamily::compact) << where;
       const bool dense_ranges = row.allreduce == AllReduceFamily::per_span || row.allreduce == AllReduceFamily::dense;
       EXPECT_EQ(!plan.allreduce_ranges.empty(), dense_ranges) << where;
-      EXPECT_EQ(row.isolated == IsolatedExchange::none, !row.needs_ipc) << where;
+      // The token-split rows' isolated exchange (the NCCL all-gather) waits for their GPU path.
+      EXPECT_EQ(row.isolated == IsolatedExchange::none, !row.needs_ipc || row.token_split != TokenSplit::none) << where;
     }
   }
 }
@@ -282,7 +285,7 @@ TEST(ModelVariants, EveryTableRowAgreesWithThePlanItBuilds) {
 // The pages and launches one layer and kind of `plan` moves, read off its steps (PROTOCOL.md
 // section 7: the publish and v2's pack run before the compose launch's signal, v2's unpack after its
 // all-reduce).
-LayerCounts counts_of_plan(const VariantPlan& plan, std::int32_t cp) {
+LayerCounts counts_of_plan(const VariantPlan& plan, std::int32_t cp, std::int32_t page_size) {
   LayerCounts n;
   n.pulled_pages_from.assign(cp, 0);
   for (const auto* gather : {&plan.gather1, &plan.gather2}) {
@@ -298,6 +301,10 @@ LayerCounts counts_of_plan(const VariantPlan& plan, std::int32_t cp) {
   const auto own = static_cast<std::int64_t>(plan.own_current.size());
   n.pre_signal_pages = (plan.publish ? own : 0) + (plan.compact_allreduce ? own : 0);
   n.unpack_pages = plan.compact_allreduce ? plan.compact_pages : 0;
+  // Section 12: the re-ordering writes every current page from the gathered rows.
+  n.unpack_pages += static_cast<std::int64_t>(plan.reorder_source.size()) / page_size;
+  n.allgather_calls = plan.token_split != TokenSplit::none ? 1 : 0;
+  n.allgather_rows = n.allgather_calls * cp * plan.allgather_rank_rows;
   n.materialize_pages = static_cast<std::int64_t>(plan.local_prefix_slots.size());
   return n;
 }
@@ -311,8 +318,8 @@ TEST(ModelVariants, EveryRowsClosedFormCountsAreThoseOfThePlanItBuilds) {
   count_batch(setting, tiny_batch(), counts);
   for (const VariantInfo& row : kVariantTable) {
     for (std::int32_t rank = 0; rank < 2; ++rank) {
-      const LayerCounts want = counts_of_plan(variant_plan(layout, row.variant, rank), setting.cp);
-      const LayerCounts got = closed_form_counts(row.counts, counts, rank);
+      const LayerCounts want = counts_of_plan(variant_plan(layout, row.variant, rank), setting.cp, setting.page_size);
+      const LayerCounts got = closed_form_counts(row.counts, counts, rank, row.token_split);
       const std::string where = std::string(row.name) + " rank " + std::to_string(rank);
       EXPECT_EQ(got.gathers, want.gathers) << where;
       EXPECT_EQ(got.barriers, want.barriers) << where;
@@ -322,6 +329,8 @@ TEST(ModelVariants, EveryRowsClosedFormCountsAreThoseOfThePlanItBuilds) {
       EXPECT_EQ(got.unpack_pages, want.unpack_pages) << where;
       EXPECT_EQ(got.materialize_pages, want.materialize_pages) << where;
       EXPECT_EQ(got.pulled_pages_from, want.pulled_pages_from) << where;
+      EXPECT_EQ(got.allgather_calls, want.allgather_calls) << where;
+      EXPECT_EQ(got.allgather_rows, want.allgather_rows) << where;
     }
   }
   // By hand (model_tiny_batch.hpp): staging_direct's rank 0 reads page 2 and its own c0 c2 from
@@ -330,10 +339,92 @@ TEST(ModelVariants, EveryRowsClosedFormCountsAreThoseOfThePlanItBuilds) {
   EXPECT_EQ(closed_form_counts(info(Variant::legacy_span_ar).counts, counts, 1).allreduce_calls, 4);
   EXPECT_EQ(closed_form_counts(info(Variant::legacy_span_ar).counts, counts, 1).allreduce_pages, 7);
   EXPECT_EQ(closed_form_counts(info(Variant::v2).counts, counts, 1).pre_signal_pages, 3);
+  // Section 12 by hand (below): 8 and 7 tokens per rank under either token split, so every rank
+  // sends 8 rows (rank 1 one padding row) and one all-gather gathers 2 * 8 = 16; every current
+  // page is re-ordered; only the prefix is gathered (page 2 from rank 0, page 5 from rank 1).
+  for (Variant v : {Variant::allgather_zigzag, Variant::allgather_continuous}) {
+    const LayerCounts n = closed_form_counts(info(v).counts, counts, 1, info(v).token_split);
+    EXPECT_EQ(n.allgather_calls, 1) << to_string(v);
+    EXPECT_EQ(n.allgather_rows, 16) << to_string(v);
+    EXPECT_EQ(n.unpack_pages, 5) << to_string(v);
+    EXPECT_EQ(n.pulled_pages_from, (std::vector<std::int64_t>{1, 1})) << to_string(v);
+    EXPECT_EQ(n.barriers, 0) << to_string(v);
+  }
+  EXPECT_EQ(counts.max_rank_tokens[static_cast<std::size_t>(TokenSplit::zigzag)], 8);
+  EXPECT_EQ(counts.max_rank_tokens[static_cast<std::size_t>(TokenSplit::continuous)], 8);
+}
+
+// Section 12 on the tiny batch, by hand (cp 2, P 4, 2*cp = 4 token blocks):
+//   zigzag, r0 (6 tokens): blocks of 2,2,1,1 -> t0 t1 rank 0, t2 t3 rank 1, t4 rank 1, t5 rank 0;
+//           r1 (9 tokens): blocks of 3,2,2,2 -> t0..t2 rank 0, t3..t6 rank 1, t7 t8 rank 0.
+//     rank 0 sends r0 t0 t1 t5, r1 t0 t1 t2 t7 t8 (8 rows); rank 1 r0 t2 t3 t4, r1 t3..t6 (7 + 1 padding).
+//   continuous (token t to rank t % 2): rank 0 sends r0 t0 t2 t4, r1 t0 t2 t4 t6 t8 (8);
+//     rank 1 r0 t1 t3 t5, r1 t1 t3 t5 t7 (7 + 1 padding).
+//   Gathered row of a token: owner * 8 + its position among the owner's rows. Current rows by
+//   current index (4 rows each): r0's pages 0 1, r1's pages 2 3 4; -1 past a partial page's end.
+TEST(ModelPlan, TokenSplitAllGatherPlansOfTheTinyBatchByHand) {
+  const BatchLayout layout = layout_batch(tiny_setting(), tiny_batch());
+  const std::vector<std::int64_t> zigzag = {0, 1, 8, 9, /**/ 10, 2, -1, -1, /**/ 3, 4, 5, 11, /**/ 12, 13, 14, 6, /**/ 7, -1, -1, -1};
+  const std::vector<std::int64_t> continuous = {0, 8, 1, 9, /**/ 2, 10, -1, -1, /**/ 3, 11, 4, 12, /**/ 5, 13, 6, 14, /**/ 7, -1, -1, -1};
+  const std::vector<std::int64_t> own_zigzag[2] = {{0, 1, 2, 3, 4}, {0, 1, 2, 3}};
+  const std::vector<std::int64_t> own_continuous[2] = {{0, 1, 2, 3, 4}, {0, 1, 2, 3}};
+  for (std::int32_t rank = 0; rank < 2; ++rank) {
+    const VariantPlan z = variant_plan(layout, Variant::allgather_zigzag, rank);
+    EXPECT_EQ(z.token_split, TokenSplit::zigzag);
+    EXPECT_EQ(z.allgather_rank_rows, 8);
+    EXPECT_EQ(z.reorder_source, zigzag);
+    EXPECT_EQ(z.own_current, own_zigzag[rank]);
+    const VariantPlan c = variant_plan(layout, Variant::allgather_continuous, rank);
+    EXPECT_EQ(c.allgather_rank_rows, 8);
+    EXPECT_EQ(c.reorder_source, continuous);
+    EXPECT_EQ(c.own_current, own_continuous[rank]);
+    // No staging, no barrier, no all-reduce: the prefix slots from their owners' pools, nothing else gathered.
+    for (const VariantPlan* plan : {&z, &c}) {
+      expect_descriptors(plan->gather1, {d(1, 2), d(0, 1), d(SlotDescriptor::kSkip, 0), d(SlotDescriptor::kSkip, 0), d(SlotDescriptor::kSkip, 0),
+                                          d(SlotDescriptor::kSkip, 0), d(SlotDescriptor::kSkip, 0)}, "token-split gather1");
+      EXPECT_TRUE(plan->gather2.empty());
+      EXPECT_FALSE(plan->barrier);
+      EXPECT_FALSE(plan->fill_to_staging);
+      EXPECT_EQ(plan->allreduce_count(), 0);
+    }
+  }
+  // Their layer bytes (section 12: one all-gather of cp * max_rank_tokens rows per kind, padding
+  // counted; a ring all-gather receives (cp - 1) / cp of it from the ring predecessor):
+  //   F layer (788 B a row, both kinds): 16 rows = 12608 B gathered, 6304 received from the peer;
+  //   rank 0 also gathers page 5 (3152 B) from rank 1 and page 2 (3152 B) from itself; the
+  //   re-ordering copies 5 pages = 15760 B. S layer (656 B): 10496, 5248, 2624, 13120.
+  const VariantPlan z0 = variant_plan(layout, Variant::allgather_zigzag, 0);
+  const LayerBytes full = layer_bytes(tiny_setting(), z0, kFullLayer);
+  EXPECT_EQ(full.allgather_bytes, 12608u);
+  EXPECT_EQ(full.allgathers, 2);
+  EXPECT_EQ(full.pulled_from, (std::vector<std::uint64_t>{3152, 3152 + 6304}));
+  EXPECT_EQ(full.local_copy_bytes, 15760u);
+  EXPECT_EQ(full.gathers, 2);
+  EXPECT_EQ(full.barriers, 0);
+  const LayerBytes shared = layer_bytes(tiny_setting(), z0, kSharedLayer);
+  EXPECT_EQ(shared.allgather_bytes, 10496u);
+  EXPECT_EQ(shared.allgathers, 1);
+  EXPECT_EQ(shared.pulled_from, (std::vector<std::uint64_t>{2624, 2624 + 5248}));
+  EXPECT_EQ(shared.local_copy_bytes, 13120u);
+}
+
+TEST(ModelPlan, AContinuousBatchWhoseTokensDoNotDivideByCpIsPaddedNotRefused) {
+  // cp 4, one request of 5 tokens: continuous gives rank 0 t0 t4 and ranks 1..3 one token each;
+  // every rank sends 2 rows (ranks 1..3 one padding row), 4 * 2 = 8 gathered.
+  Setting setting = tiny_setting();
+  setting.cp = 4;
+  Batch batch;
+  batch.requests.push_back(Request{.prefix_len = 0, .extend_len = 5, .prefix_pages = {}});
+  const BatchLayout layout = layout_batch(setting, batch);
+  const VariantPlan plan = variant_plan(layout, Variant::allgather_continuous, 3);
+  EXPECT_EQ(plan.allgather_rank_rows, 2);
+  EXPECT_EQ(plan.reorder_source, (std::vector<std::int64_t>{0, 2, 4, 6, /**/ 1, -1, -1, -1}));
+  EXPECT_EQ(plan.own_current, (std::vector<std::int64_t>{0}));
 }
 
 TEST(ModelVariants, NamesPathsAndBarrierVariantsComeFromTheTable) {
-  EXPECT_EQ(variant_names(), "legacy_span_ar, fused_ar, v2, v2_fallback, symm_dense, staging_publish, staging_direct");
+  EXPECT_EQ(variant_names(),
+            "legacy_span_ar, fused_ar, v2, v2_fallback, symm_dense, staging_publish, staging_direct, allgather_zigzag, allgather_continuous");
   for (Variant v : kAllVariants) {
     EXPECT_EQ(path_variant(v, /*ipc_on_every_rank=*/true), v) << to_string(v);
     EXPECT_EQ(path_variant(v, /*ipc_on_every_rank=*/false), info(v).needs_ipc ? Variant::v2_fallback : v) << to_string(v);

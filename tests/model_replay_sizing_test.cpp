@@ -136,10 +136,10 @@ TEST(ModelReplaySizing, PerBatchCsvHasOneRowPerBatchWithComponents) {
       }
       ASSERT_FALSE(ms.empty()) << name << " batch " << b;
       const double parts = std::stod(row[column(name + "_copies_ms")]) + std::stod(row[column(name + "_barrier_ms")]) +
-                           std::stod(row[column(name + "_allreduce_ms")]);
+                           std::stod(row[column(name + "_allreduce_ms")]) + std::stod(row[column(name + "_allgather_ms")]);
       EXPECT_NEAR(parts, std::stod(ms), 1e-9) << name << " batch " << b;
-      double components = 0;  // zeroing, fill, launch, local copies, peer pulls, barrier, all-reduce
-      for (const char* part : {"_zero_ms", "_fill_ms", "_launch_ms", "_local_ms", "_peer_ms", "_barrier_ms", "_allreduce_ms"}) {
+      double components = 0;  // zeroing, fill, launch, local copies, peer pulls, barrier, all-reduce, all-gather
+      for (const char* part : {"_zero_ms", "_fill_ms", "_launch_ms", "_local_ms", "_peer_ms", "_barrier_ms", "_allreduce_ms", "_allgather_ms"}) {
         components += std::stod(row[column(name + part)]);
       }
       EXPECT_NEAR(components, std::stod(ms), 1e-9) << name << " batch " << b;
@@ -149,6 +149,11 @@ TEST(ModelReplaySizing, PerBatchCsvHasOneRowPerBatchWithComponents) {
       EXPECT_NEAR(std::stod(row[column("staging_direct_ms")]), 0.019776, 1e-9);
       EXPECT_NEAR(std::stod(row[column("staging_direct_barrier_ms")]), 0.010, 1e-12);
       EXPECT_EQ(std::stod(row[column("staging_direct_allreduce_ms")]), 0.0);
+      EXPECT_EQ(std::stod(row[column("staging_direct_allgather_ms")]), 0.0);
+    }
+    // Section 12: no staging, so the overflowing batch 2 is run by the all-gather variants too.
+    for (const char* name : {"allgather_zigzag", "allgather_continuous"}) {
+      EXPECT_GT(std::stod(row[column(std::string(name) + "_allgather_ms")]), 0.0) << name << " batch " << b;
     }
   }
   EXPECT_NEAR(direct_ms[0] + direct_ms[1], totals["variants"][6]["modelled_ms_total"].get<double>(), 1e-9);

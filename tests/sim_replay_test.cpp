@@ -180,6 +180,42 @@ TEST(SimReplay, MooncakeSliceEveryVariantIsExactInProcessMode) {
   replay_free(kMooncakeSlice, RanksAs::processes, kEveryVariant);
 }
 
+// PROTOCOL.md section 12's token-split all-gathers on the production-shaped traces in the modes the
+// tests above leave them out of (process mode: kEveryVariant above): threads and a random schedule.
+const std::vector<model::Variant> kAllGatherVariants = {model::Variant::allgather_zigzag, model::Variant::allgather_continuous};
+TEST(SimReplay, AllGatherVariantsAreExactOnSeedsBatchInThreadModeAndUnderRandomSchedule) {
+  replay_free(kSeedsBatch, RanksAs::threads, kAllGatherVariants);
+  replay_scheduled(kSeedsBatch, random_schedule(), kAllGatherVariants);
+}
+TEST(SimReplay, AllGatherVariantsAreExactOnMooncakeSliceInThreadModeAndUnderRandomSchedule) {
+  replay_free(kMooncakeSlice, RanksAs::threads, kAllGatherVariants);
+  replay_scheduled(kMooncakeSlice, random_schedule(), kAllGatherVariants);
+}
+
+// Section 12: no staging, so the overflow verdict rejects nothing; the batch runs the all-gather of
+// every rank's padded rows. tiny's batch 2 (cp 2, no prefix): 16 tokens (8 and 8 under either
+// split) and 13 (zigzag blocks of 4,3,3,3: 7 and 6; continuous: 7 and 6), so 15 and 14 tokens: every
+// rank sends 15 rows (rank 1 one padding row) and receives its peer's 15 per kind: 15 x (788 B on the
+// F layer + 656 B on the S layer) = 21660 B from the peer, padding counted.
+TEST(SimReplay, AllGatherVariantsRunTheOverflowingBatchAndGatherPaddedRows) {
+  const std::string path = sample(kTiny.name);
+  const BatchSource overflowing = BatchSource::from_trace(path, /*only_batch=*/2);
+  for (model::Variant variant : kAllGatherVariants) {
+    const harness::RunOptions options = options_for(variant, kTiny.layers);
+    for (const RunReport& report : {run_scheduled(overflowing, options, random_schedule(), RunLimits{}),
+                                    run_free(overflowing, options, RanksAs::processes, seeded_faults(), RunLimits{})}) {
+      expect_exact(report, path, options);
+      ASSERT_EQ(report.ranks.size(), 2U);
+      EXPECT_EQ(overflows_by_rank(report), (std::vector<std::int64_t>{0, 0})) << explain(report, path, options);
+      for (const Totals& rank : report.ranks) {
+        EXPECT_EQ(rank.layers, kTiny.layers) << explain(report, path, options);
+        EXPECT_EQ(rank.barriers, 0) << explain(report, path, options);
+        EXPECT_EQ(rank.bytes_gathered_from_peers, 21660U) << explain(report, path, options);
+      }
+    }
+  }
+}
+
 // A scheduled run is a pure function of batch, variant and schedule: that is what makes a failing
 // run replayable and shrinkable. The same seed must give the same event log, step for step, and a
 // different seed a different interleaving (else the seed would not be steering anything).

@@ -35,11 +35,22 @@ namespace cpkv::fused {
 
 namespace {
 
-// The names the table lists: every row of model::kVariantTable (the cuda backend runs each), and
-// the rows of harness::kMutantTable the GPU holds. NULL-terminated, built at compile time.
-constexpr std::array<const char*, model::kVariantCount + 1> variant_names() {
-  std::array<const char*, model::kVariantCount + 1> out{};
-  for (std::size_t i = 0; i < model::kVariantCount; ++i) out[i] = model::kVariantTable[i].name.data();
+// The names the table lists: every row of model::kVariantTable but section 12's token-split
+// all-gathers, whose GPU path (NCCL's all-gather and the re-ordering) does not exist yet: the
+// request check refuses them in one line ("does not implement allgather_zigzag"), and `--variant
+// all` leaves them out. Then the rows of harness::kMutantTable the GPU holds. NULL-terminated,
+// built at compile time.
+constexpr std::size_t kRunnableVariants = [] {
+  std::size_t n = 0;
+  for (const model::VariantInfo& row : model::kVariantTable) n += row.token_split == model::TokenSplit::none ? 1 : 0;
+  return n;
+}();
+constexpr std::array<const char*, kRunnableVariants + 1> variant_names() {
+  std::array<const char*, kRunnableVariants + 1> out{};
+  std::size_t n = 0;
+  for (const model::VariantInfo& row : model::kVariantTable) {
+    if (row.token_split == model::TokenSplit::none) out[n++] = row.name.data();
+  }
   return out;
 }
 // Its attention plan's planted bugs (invariant 9): held here, in the plan it returns, as a plugin
@@ -53,7 +64,7 @@ constexpr std::array<const char*, kHeld + 1> held_mutant_names() {
   for (std::size_t i = 0; i < kPlanMutants.size(); ++i) out[harness::kGpuMutants.size() + i] = harness::to_string(kPlanMutants[i]).data();
   return out;
 }
-constexpr std::array<const char*, model::kVariantCount + 1> kVariants = variant_names();
+constexpr std::array<const char*, kRunnableVariants + 1> kVariants = variant_names();
 constexpr std::array<const char*, kHeld + 1> kMutants = held_mutant_names();
 
 void cuda_ok(cudaError_t e, const char* what) {
@@ -133,6 +144,7 @@ cpkv_status fused_setup(cpkv_exchange_ctx* c) {
     s->setting = setting_of(c);
     const std::optional<model::Variant> v = model::parse_variant(c->path_variant);
     if (!v) throw std::runtime_error(std::string("ctx->path_variant '") + c->path_variant + "' is no variant of cpkv's");
+    if (model::splits_tokens(*v)) throw std::runtime_error(std::string("variant '") + c->path_variant + "' (section 12's all-gather) has no GPU path yet");
     s->variant = *v;
     s->held = mutant_of(c->mutant);
     s->mutant = cuda::GpuMutantPolicy(s->held, c->rank, c->cp);

@@ -58,7 +58,7 @@ void check_against_model(const model::Setting& setting, const model::Batch& batc
         const model::LayerBytes got = layer_bytes_from_counts(setting, counts, variant, rank, layer);
         if (want.pulled_from != got.pulled_from || want.allreduce_bytes != got.allreduce_bytes ||
             want.local_copy_bytes != got.local_copy_bytes || want.allreduces != got.allreduces || want.barriers != got.barriers ||
-            want.gathers != got.gathers) {
+            want.gathers != got.gathers || want.allgather_bytes != got.allgather_bytes || want.allgathers != got.allgathers) {
           throw std::logic_error(fmt::format("exact model: batch {} variant {} rank {} layer {}: closed-form bytes differ from model::layer_bytes",
                                              index, model::to_string(variant), rank, layer));
         }
@@ -75,6 +75,7 @@ struct VariantCost {
   std::vector<std::uint64_t> pulled;  // [rank]: bytes pulled from peers (LayerBytes::pulled_from_peers)
   std::uint64_t local_copy_bytes = 0; // the most any rank copies locally
   std::uint64_t allreduce_bytes = 0;  // summed by one rank's all-reduces (the same on every rank)
+  std::uint64_t allgather_bytes = 0;  // gathered by one rank's all-gathers, padding included (the same on every rank)
   model::TimeComponents parts;        // `us` by part (model/costs.hpp): the slowest rank's per layer
 };
 
@@ -108,11 +109,14 @@ class VariantCoster {
         slowest_us = std::max(slowest_us, us);
         local = std::max(local, bytes.local_copy_bytes);
         if (rank == 0) cost.allreduce_bytes += bytes.allreduce_bytes * static_cast<std::uint64_t>(c.count);
+        if (rank == 0) cost.allgather_bytes += bytes.allgather_bytes * static_cast<std::uint64_t>(c.count);
       }
       const double allreduce_us = model::allreduces_us(setting_, counts, variant, c.layer, ceilings_);
+      const double allgather_us = model::allgathers_us(setting_, counts, variant, c.layer, ceilings_);
       cost.local_copy_bytes += local * static_cast<std::uint64_t>(c.count);
-      cost.us += (slowest_us + allreduce_us) * c.count;
+      cost.us += (slowest_us + allreduce_us + allgather_us) * c.count;
       slowest.allreduce_us = allreduce_us;
+      slowest.allgather_us = allgather_us;
       cost.parts.add(slowest, c.count);
     }
     return cost;
@@ -153,12 +157,12 @@ nlohmann::json batch_record(const BatchCosts& costs, std::int64_t index) {
 
 nlohmann::json variant_record(const VariantCost& cost) {
   const model::TimeComponents& p = cost.parts;
-  return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - p.barrier_us - p.allreduce_us) / 1000.0},
-          {"barrier_ms", p.barrier_us / 1000.0}, {"allreduce_ms", p.allreduce_us / 1000.0},
+  return {{"ms", cost.us / 1000.0}, {"copies_ms", (cost.us - p.barrier_us - p.allreduce_us - p.allgather_us) / 1000.0},
+          {"barrier_ms", p.barrier_us / 1000.0}, {"allreduce_ms", p.allreduce_us / 1000.0}, {"allgather_ms", p.allgather_us / 1000.0},
           {"zero_ms", p.zero_us / 1000.0}, {"fill_ms", p.fill_us / 1000.0}, {"launch_ms", p.launch_us / 1000.0},
           {"local_ms", p.local_us / 1000.0}, {"peer_ms", p.peer_us / 1000.0},
           {"peer_bytes_max", *std::max_element(cost.pulled.begin(), cost.pulled.end())}, {"local_copy_bytes_max", cost.local_copy_bytes},
-          {"allreduce_bytes", cost.allreduce_bytes}};
+          {"allreduce_bytes", cost.allreduce_bytes}, {"allgather_bytes", cost.allgather_bytes}};
 }
 
 void add_batch(const model::Setting& setting, const BatchCosts& costs, const VariantCoster& coster, bool per_batch, std::int64_t index,
@@ -244,12 +248,12 @@ std::string rejected_by_variant(const ModelTotals& t) {
 nlohmann::json components_json(const model::TimeComponents& p) {
   return {{"zero_ms", p.zero_us / 1000.0},       {"fill_ms", p.fill_us / 1000.0}, {"launch_ms", p.launch_us / 1000.0},
           {"barrier_ms", p.barrier_us / 1000.0}, {"peer_ms", p.peer_us / 1000.0}, {"local_ms", p.local_us / 1000.0},
-          {"allreduce_ms", p.allreduce_us / 1000.0}, {"total_ms", p.total_us() / 1000.0}};
+          {"allreduce_ms", p.allreduce_us / 1000.0}, {"allgather_ms", p.allgather_us / 1000.0}, {"total_ms", p.total_us() / 1000.0}};
 }
 
 // The per-variant table of the summary, and its JSON.
 nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<std::string> out) {
-  fmt::format_to(out, "  {:<16} {:>8} {:>8} {:>62}   {:>12}  {}\n", "variant", "counted", "rejected", "MB pulled from peers per rank per layer",
+  fmt::format_to(out, "  {:<20} {:>8} {:>8} {:>62}   {:>12}  {}\n", "variant", "counted", "rejected", "MB pulled from peers per rank per layer",
                  "modelled ms", "per batch (ms)");
   nlohmann::json variants = nlohmann::json::array();
   for (std::size_t v = 0; v < kVariantCount; ++v) {
@@ -262,7 +266,7 @@ nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<st
     std::vector<double> pulled = t.pulled_per_rank_per_layer[v];
     nlohmann::json bytes_p = percentiles(pulled);
     nlohmann::json ms_p = percentiles(per_batch);
-    fmt::format_to(out, "  {:<16} {:>8} {:>8} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), counted, t.rejected_per_variant[v],
+    fmt::format_to(out, "  {:<20} {:>8} {:>8} {:>62}   {:>12.3f}  {}\n", model::to_string(model::kAllVariants[v]), counted, t.rejected_per_variant[v],
                    brief(bytes_p, 1e-6, 2), t.total_ms[v], brief(ms_p, 1.0, 3));
     variants.push_back({{"variant", model::to_string(model::kAllVariants[v])},
                         {"uses_staging", uses_staging(model::kAllVariants[v])},
@@ -279,12 +283,13 @@ nlohmann::json variants_table(const ModelTotals& t, std::back_insert_iterator<st
 // Where each variant's modelled time goes, over the batches it counts (model/costs.hpp TimeComponents).
 void components_table(const ModelTotals& t, std::back_insert_iterator<std::string> out) {
   fmt::format_to(out, "  where the time goes (ms over the counted batches; peer / local: the longer of the overlapped post-signal streams carries it)\n");
-  fmt::format_to(out, "  {:<16} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "variant", "zero", "fill", "launch", "barrier", "peer", "local", "all-reduce");
+  fmt::format_to(out, "  {:<20} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "variant", "zero", "fill", "launch", "barrier", "peer", "local", "all-reduce",
+                 "all-gather");
   for (std::size_t v = 0; v < kVariantCount; ++v) {
     const model::TimeComponents& p = t.parts_total[v];
-    fmt::format_to(out, "  {:<16} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", model::to_string(model::kAllVariants[v]),
+    fmt::format_to(out, "  {:<20} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n", model::to_string(model::kAllVariants[v]),
                    p.zero_us / 1000.0, p.fill_us / 1000.0, p.launch_us / 1000.0, p.barrier_us / 1000.0, p.peer_us / 1000.0, p.local_us / 1000.0,
-                   p.allreduce_us / 1000.0);
+                   p.allreduce_us / 1000.0, p.allgather_us / 1000.0);
   }
 }
 

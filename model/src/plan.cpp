@@ -1,5 +1,6 @@
 #include "cpkv/model/plan.hpp"
 
+#include <algorithm>
 #include <bit>
 #include "cpkv/model/assert.hpp"
 #include <cstddef>
@@ -163,6 +164,61 @@ void staging_direct(const BatchLayout& layout, std::int32_t /*rank*/, VariantPla
 
 }  // namespace plans
 
+namespace {
+
+// Section 12: the prefix from the pool; every token row by its owner into the all-gather, padded to
+// the largest rank's count, then re-ordered into the dense current slots. Pages are walked by
+// current index and each request's extend is summed from its pages, so nothing assumes the requests'
+// spans follow one another (a layout bug must reach the checkers, not an assertion).
+void token_allgather(const BatchLayout& layout, std::int32_t rank, TokenSplit split, VariantPlan& plan) {
+  CPKV_ASSERT(split != TokenSplit::none);
+  const std::int64_t page_size = layout.page_size;
+  plan.token_split = split;
+  plan.gather1 = prefix_gather(layout, SlotDescriptor::kSkip);
+  plan.reorder_source.assign(static_cast<std::size_t>(layout.current_pages_total * page_size), -1);
+  std::vector<std::int64_t> extend(layout.request_first_slot.size(), 0);
+  for (const CurrentPage& page : layout.current) extend[page.request] += page.rows_valid;
+  std::vector<std::int32_t> owner(plan.reorder_source.size(), -1);
+  std::vector<std::int64_t> rank_rows(layout.cp, 0);
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    const CurrentPage& page = layout.current[i];
+    for (std::int64_t row = 0; row < page.rows_valid; ++row) {
+      const std::int32_t k = token_owner(split, page.page_in_request * page_size + row, extend[page.request], layout.cp);
+      owner[i * page_size + row] = k;
+      plan.reorder_source[i * page_size + row] = rank_rows[k]++;  // its position among rank k's rows
+    }
+  }
+  plan.allgather_rank_rows = *std::max_element(rank_rows.begin(), rank_rows.end());
+  plan.own_current.clear();
+  for (std::size_t row = 0; row < owner.size(); ++row) {
+    if (owner[row] < 0) continue;
+    plan.reorder_source[row] += owner[row] * plan.allgather_rank_rows;
+    const auto index = static_cast<std::int64_t>(row) / page_size;
+    if (owner[row] == rank && (plan.own_current.empty() || plan.own_current.back() != index)) plan.own_current.push_back(index);
+  }
+}
+
+}  // namespace
+
+namespace plans {
+
+void allgather_zigzag(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  token_allgather(layout, rank, TokenSplit::zigzag, plan);
+}
+
+void allgather_continuous(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan) {
+  token_allgather(layout, rank, TokenSplit::continuous, plan);
+}
+
+}  // namespace plans
+
+std::int32_t token_owner(TokenSplit split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
+  CPKV_ASSERT(token >= 0 && token < extend_len);
+  if (split == TokenSplit::continuous) return static_cast<std::int32_t>(token % cp);
+  CPKV_ASSERT(split == TokenSplit::zigzag);
+  return writer_in_request(SplitPolicy::zigzag, token, extend_len, cp);
+}
+
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
   CPKV_ASSERT(rank >= 0 && rank < layout.cp);
   VariantPlan plan;
@@ -224,6 +280,46 @@ RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch,
   return plan;
 }
 
+RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& variant_plan) {
+  CPKV_ASSERT(variant_plan.token_split != TokenSplit::none);
+  CPKV_ASSERT(variant_plan.allgather_rank_rows > 0);
+  RaggedIndexPlan plan;
+  plan.rank = variant_plan.rank;
+  const std::int64_t page_size = layout.page_size;
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const std::int64_t first_row = layout.request_first_current_index[r] * page_size;
+    bool continues = false;
+    for (std::int64_t t = 0; t < batch.requests[r].extend_len; ++t) {
+      // A plan of another batch (a stale cache, a planted bug) may be shorter: such a row is no query here.
+      const auto index = static_cast<std::size_t>(first_row + t);
+      const std::int64_t source = index < variant_plan.reorder_source.size() ? variant_plan.reorder_source[index] : -1;
+      if (source < 0) {
+        continues = false;
+        continue;
+      }
+      if (source / variant_plan.allgather_rank_rows != variant_plan.rank) {
+        continues = false;
+        continue;
+      }
+      if (!continues) {
+        RaggedSegment segment;
+        segment.request = static_cast<std::int32_t>(r);
+        segment.q_start = plan.q_tokens_total;
+        segment.q_base = t;
+        segment.k_base = layout.request_first_slot[r] * page_size;
+        segment.current_base = layout.request_first_current_slot[r] * page_size;
+        plan.segments.push_back(segment);
+      }
+      RaggedSegment& segment = plan.segments.back();
+      ++segment.q_len;
+      segment.kv_len = batch.requests[r].prefix_len + segment.q_base + segment.q_len;
+      ++plan.q_tokens_total;
+      continues = true;
+    }
+  }
+  return plan;
+}
+
 std::uint64_t LayerBytes::pulled_from_peers() const {
   std::uint64_t sum = 0;
   for (std::size_t p = 0; p < pulled_from.size(); ++p) sum += pulled_from[p];
@@ -257,6 +353,15 @@ LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int
   bytes.local_copy_bytes = plan.local_prefix_slots.size() * page_bytes;
   if (plan.publish) bytes.local_copy_bytes += own_pages * page_bytes;
   if (plan.compact_allreduce) bytes.local_copy_bytes += (own_pages + compact_pages) * page_bytes;
+  if (plan.token_split != TokenSplit::none) {
+    // One all-gather per kind of every rank's padded rows, then the re-ordering writes every current
+    // page of the dense buffer from the gathered rows (a local copy, zero tails included).
+    const std::uint64_t rows = static_cast<std::uint64_t>(cp) * static_cast<std::uint64_t>(plan.allgather_rank_rows);
+    bytes.allgathers = kinds_active;
+    bytes.allgather_bytes = rows * setting.row_bytes_on_layer(layer);
+    if (cp > 1) bytes.pulled_from[(plan.rank + cp - 1) % cp] += (cp - 1) * bytes.allgather_bytes / cp;
+    bytes.local_copy_bytes += plan.reorder_source.size() / static_cast<std::uint64_t>(setting.page_size) * page_bytes;
+  }
   return bytes;
 }
 

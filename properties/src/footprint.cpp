@@ -226,17 +226,22 @@ void Footprints::written_objects(const sim::RankMachine& m, const sim::Step& s, 
     case sim::Op::zero_own:
     case sim::Op::fill:
     case sim::Op::publish:
-      out.push_back(base + (m.plan().fill_to_staging || s.op == sim::Op::publish ? obj_staging : dense));
+      // Section 12's fill writes the rank's send rows (its compact buffer).
+      out.push_back(base + (m.plan().token_split != model::TokenSplit::none && s.op == sim::Op::fill ? obj_compact
+                            : m.plan().fill_to_staging || s.op == sim::Op::publish                     ? obj_staging
+                                                                                                       : dense));
       return;
     case sim::Op::pack: out.push_back(base + obj_compact); return;
-    case sim::Op::reduce: out.push_back(base + obj_scratch); return;
+    case sim::Op::reduce:
+    case sim::Op::all_gather: out.push_back(base + obj_scratch); return;
     case sim::Op::store:
       out.push_back(base + (std::get<sim::CollectiveStep>(s.operands).slot_end == sim::CollectiveStep::kCompact ? obj_compact : dense));
       return;
     case sim::Op::zero_dense:
     case sim::Op::local_prefix:
     case sim::Op::gather:
-    case sim::Op::unpack: out.push_back(base + dense); return;
+    case sim::Op::unpack:
+    case sim::Op::reorder: out.push_back(base + dense); return;
   }
 }
 

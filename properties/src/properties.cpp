@@ -347,6 +347,48 @@ std::int32_t protocol_writer(model::SplitPolicy policy, std::int64_t j, std::int
   return -1;
 }
 
+// PROTOCOL.md section 12, written out: the rank of token t of a request of n tokens, zigzag over
+// 2*cp token blocks (block j holds n / (2cp) tokens plus one if j < n % (2cp); rank k takes blocks
+// k and 2cp-1-k) or continuous (t % cp).
+std::int32_t protocol_token_owner(model::TokenSplit split, std::int64_t t, std::int64_t n, std::int32_t cp) {
+  if (split == model::TokenSplit::continuous) return static_cast<std::int32_t>(t % cp);
+  const std::int64_t blocks = 2 * std::int64_t{cp};
+  std::int64_t end = 0;
+  for (std::int64_t j = 0; j < blocks; ++j) {
+    end += n / blocks + (j < n % blocks ? 1 : 0);
+    if (t < end) return static_cast<std::int32_t>(j < cp ? j : blocks - 1 - j);
+  }
+  return -1;
+}
+
+// Invariant 1 per token row (section 12): every current row of a token-split variant's batch is
+// sent by exactly one rank, the one section 12 gives it; a page may have several writers.
+void token_row_writer_exclusivity(const Case& c, harness::Mutant mutant, const model::Batch& batch, const model::BatchLayout& layout) {
+  const std::string name = "1_page_writer_exclusivity";
+  const std::int64_t P = c.setting.page_size;
+  const model::TokenSplit split = model::info(c.variant).token_split;
+  std::vector<std::int32_t> senders(static_cast<std::size_t>(layout.current_pages_total * P), 0);
+  std::vector<model::VariantPlan> plans;
+  for (std::int32_t rank = 0; rank < c.setting.cp; ++rank) {
+    const model::VariantPlan& plan = plans.emplace_back(model::variant_plan(layout, c.variant, rank));
+    for (std::size_t row = 0; row < plan.reorder_source.size(); ++row) {
+      const std::int64_t source = plan.reorder_source[row];
+      if (source >= 0 && source / plan.allgather_rank_rows == rank) ++senders[row];
+    }
+  }
+  for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+    const std::int64_t n = batch.requests[r].extend_len;
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::int64_t row = layout.request_first_current_index[r] * P + t;
+      const std::int32_t owner = protocol_token_owner(split, t, n, c.setting.cp);
+      const model::VariantPlan& plan = plans[owner];
+      if (senders[row] != 1 || plan.reorder_source[row] / plan.allgather_rank_rows != owner) {
+        fail(c, mutant, name, 1, fmt::format("request {} token {}: {} ranks send it; section 12 gives rank {}", r, t, senders[row], owner));
+      }
+    }
+  }
+}
+
 void page_writer_exclusivity(harness::Mutant mutant) {
   const std::string name = "1_page_writer_exclusivity";
   const Case c = draw(Emphasis{});
@@ -370,6 +412,7 @@ void page_writer_exclusivity(harness::Mutant mutant) {
       }
     }
     if (i != layout.current_pages_total) fail(c, mutant, name, 1, fmt::format("{} current pages by section 2, the model has {}", i, layout.current_pages_total));
+    if (model::splits_tokens(c.variant)) token_row_writer_exclusivity(c, mutant, batch, layout);
   }
   expect_no_violation(c, mutant, run_case(c, mutant, /*check_bytes=*/false), 1, name);
 }
@@ -420,8 +463,15 @@ void overflow_determinism(harness::Mutant mutant) {
   // Every rank rejected exactly the batches section 4 rejects. A run that did not end is invariant
   // 8's finding (its ranks' counts stop where they stopped).
   if (!report.failure.empty()) return;
+  // Section 12's token-split variants have no staging: the verdict rejects none of their batches
+  // (a rank without IPC takes v2_fallback, which does reject them).
+  const bool rejects = !model::splits_tokens(model::path_variant(c.variant, c.ipc_missing_rank < 0));
+  const std::int64_t rejected = rejects ? overflows : 0;
   for (std::size_t r = 0; r < report.ranks.size(); ++r) {
-    if (report.ranks[r].overflows != overflows) fail(c, mutant, name, 3, fmt::format("rank {} rejected {} batches, section 4 rejects {}", r, report.ranks[r].overflows, overflows));
+    if (report.ranks[r].overflows != rejected) {
+      fail(c, mutant, name, 3, fmt::format("rank {} rejected {} batches, section 4 rejects {} ({})", r, report.ranks[r].overflows, rejected,
+                                           model::to_string(c.variant)));
+    }
   }
 }
 

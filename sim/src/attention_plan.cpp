@@ -5,8 +5,9 @@
 namespace cpkv::sim {
 
 std::vector<model::AttentionSegment> rank_attention_plan(const model::BatchLayout& layout, const model::Batch& batch, std::int32_t rank,
-                                                         const MutantPolicy& mutant) {
-  const model::RaggedIndexPlan plan = model::ragged_index_plan(layout, batch, rank);
+                                                         const MutantPolicy& mutant, const model::VariantPlan* token_plan) {
+  const model::RaggedIndexPlan plan =
+      token_plan != nullptr ? model::token_split_index_plan(layout, batch, *token_plan) : model::ragged_index_plan(layout, batch, rank);
   std::vector<model::AttentionSegment> segments = model::attention_segments(plan);
   // Keys of every request before r (prefix and extend): what a plan that runs the batch as one
   // causal sequence adds to r's window.

@@ -28,6 +28,19 @@ std::uint64_t shadow_batch_tag(std::int64_t batch) { return static_cast<std::uin
 constexpr std::uint32_t kFillersMaskBits = 32;
 constexpr std::uint64_t kFillersMask = (std::uint64_t{1} << kFillersMaskBits) - 1;
 
+// Adds `rank` to the fillers of (batch, layer) `tag` (a new tag starts a new mask) and returns the
+// ranks that filled under that tag so far.
+std::uint64_t add_filler(PageFillers& fillers, std::int64_t tag_signed, std::int32_t rank) {
+  const auto tag = static_cast<std::uint64_t>(tag_signed);
+  std::uint64_t old = fillers.value.load(std::memory_order_acquire);
+  std::uint64_t next = 0;
+  do {
+    const bool same_layer = (old >> kFillersMaskBits) == tag && old != ~std::uint64_t{0};
+    next = (tag << kFillersMaskBits) | (same_layer ? old & kFillersMask : 0) | (std::uint64_t{1} << rank);
+  } while (!fillers.value.compare_exchange_weak(old, next, std::memory_order_acq_rel));
+  return next & kFillersMask;
+}
+
 std::string path_name(std::int32_t path) { return std::string(model::to_string(static_cast<model::Variant>(path))); }
 const char* verdict_name(std::int32_t verdict) { return verdict == 2 ? "overflow" : "ok"; }
 }  // namespace
@@ -76,7 +89,8 @@ void StateChecker::on_plan_served(const model::VariantPlan& served, const model:
   CPKV_ASSERT(slot_count >= 0);
   CPKV_ASSERT(batch_ >= 0);
   if (fresh.gather1 == served.gather1 && fresh.gather2 == served.gather2 && fresh.own_current == served.own_current &&
-      fresh.allreduce_ranges == served.allreduce_ranges && fresh.compact_pages == served.compact_pages) {
+      fresh.allreduce_ranges == served.allreduce_ranges && fresh.compact_pages == served.compact_pages &&
+      fresh.allgather_rank_rows == served.allgather_rank_rows && fresh.reorder_source == served.reorder_source) {
     return;
   }
   violation(5, -1, -1, fmt::format("stale plan served for batch {}: {} gather slots planned, the batch has {}", batch_,
@@ -85,9 +99,9 @@ void StateChecker::on_plan_served(const model::VariantPlan& served, const model:
 
 // Invariant 9: the rank's attention plan is section 11's for the tokens it computed (the split of
 // section 2). The finding names the segment, request, tokens, field, expected and got.
-void StateChecker::on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments) const {
+void StateChecker::on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments, model::QuerySplit split) const {
   CPKV_ASSERT(batch_ >= 0);
-  const auto finding = model::check_attention_plan(*setting_, batch, rank_, segments);
+  const auto finding = model::check_attention_plan(*setting_, batch, rank_, segments, split);
   if (finding) violation(9, -1, -1, finding->detail());
 }
 
@@ -137,19 +151,20 @@ void StateChecker::on_staging_read(const StagingStamp& stamp, std::int32_t write
 void StateChecker::on_fill(std::int32_t half, std::int32_t layer, std::int64_t current_index, std::int64_t slot) const {
   CPKV_ASSERT(layer >= 0);
   CPKV_ASSERT(current_index >= 0);
-  PageFillers& fillers = world_->fillers(half, current_index);
-  const auto tag = static_cast<std::uint64_t>(layer_tag(batch_, layer));
-  std::uint64_t old = fillers.value.load(std::memory_order_acquire);
-  std::uint64_t next = 0;
-  do {
-    const bool same_layer = (old >> kFillersMaskBits) == tag && old != ~std::uint64_t{0};
-    const std::uint64_t mask = (same_layer ? old & kFillersMask : 0) | (1ULL << rank_);
-    next = (tag << kFillersMaskBits) | mask;
-  } while (!fillers.value.compare_exchange_weak(old, next, std::memory_order_acq_rel));
-  const std::uint64_t mask = next & kFillersMask;
+  const std::uint64_t mask = add_filler(world_->fillers(half, current_index), layer_tag(batch_, layer), rank_);
   if (std::popcount(mask) <= 1) return;
   violation(1, layer, slot, fmt::format("current page {} has {} writers on layer {} (rank mask 0x{:x})", current_index,
                                         std::popcount(mask), layer, mask));
+}
+
+// Invariant 1 per token row (section 12): the fillers of one current row, as on_fill's per page.
+void StateChecker::on_token_fill(std::int32_t layer, std::int64_t current_row, std::int64_t slot) const {
+  CPKV_ASSERT(layer >= 0);
+  CPKV_ASSERT(current_row >= 0);
+  const std::uint64_t mask = add_filler(world_->row_fillers(current_row), layer_tag(batch_, layer), rank_);
+  if (std::popcount(mask) <= 1) return;
+  violation(1, layer, slot, fmt::format("current row {} (page {} row {}) has {} writers on layer {} (rank mask 0x{:x})", current_row,
+                                        current_row / setting_->page_size, current_row % setting_->page_size, std::popcount(mask), layer, mask));
 }
 
 // Invariant 4 (shadow): record this rank's arrival for (batch, layer, barrier use) in a word of its

@@ -66,6 +66,8 @@ std::string_view to_string(Op op) {
     case Op::reduce: return "reduce";
     case Op::store: return "store";
     case Op::unpack: return "unpack";
+    case Op::all_gather: return "all_gather";
+    case Op::reorder: return "reorder";
     case Op::layer_end: return "layer_end";
     case Op::batch_arrive: return "batch_arrive";
     case Op::batch_wait: return "batch_wait";
@@ -148,8 +150,16 @@ void RankMachine::build_batch_program() {
   const bool overflow = judge_overflow();
   program_.push_back({Op::batch_arrive});
   program_.push_back({Op::batch_wait});
-  if (!overflow) {
-    for (std::int32_t layer = 0; layer < options_.layers; ++layer) append_layer(plan_, layer);
+  // Section 12's variants have no staging: the verdict (published for the checker) rejects none of them.
+  const bool rejected = overflow && plan_.token_split == model::TokenSplit::none;
+  if (!rejected) {
+    for (std::int32_t layer = 0; layer < options_.layers; ++layer) {
+      if (plan_.token_split != model::TokenSplit::none) {
+        append_allgather_layer(plan_, layer);
+      } else {
+        append_layer(plan_, layer);
+      }
+    }
     if (plan_.barrier && mutant_.arrives_once_more(rank_)) program_.push_back({Op::arrive, options_.layers - 1});
   } else {
     ++totals_.overflows;
@@ -194,7 +204,10 @@ void RankMachine::serve_plan() {
 void RankMachine::build_page_inverse() {
   const auto target = plan_.fill_to_staging ? model::InverseTarget::staging : model::InverseTarget::dense;
   inverse_page_begin_.assign(static_cast<std::size_t>(layout_.current_pages_total) + 1, 0);
-  if (mutant_.splits_tokens()) {
+  inverse_current_row_.clear();
+  if (plan_.token_split != model::TokenSplit::none) {
+    build_allgather_inverse();
+  } else if (mutant_.splits_tokens()) {
     build_token_split_inverse(target);
   } else {
     inverse_ = model::page_inverse(layout_, batch_, rank_, target);
@@ -224,6 +237,33 @@ void RankMachine::build_token_split_inverse(model::InverseTarget target) {
       inverse_.tokens.push_back({page.request, req.prefix_len + in_extend});
       const std::int64_t base = target == model::InverseTarget::staging ? i : page.slot;
       inverse_.dest_row.push_back(base * setting_->page_size + row);
+    }
+  }
+  inverse_page_begin_[layout_.current_pages_total] = static_cast<std::int64_t>(inverse_.tokens.size());
+}
+
+// A token-split variant's inverse (section 12), read off its plan: the rows whose gathered row is
+// this rank's go to its send rows at their position among its tokens (gathered row - rank * R).
+void RankMachine::build_allgather_inverse() {
+  CPKV_ASSERT(plan_.token_split != model::TokenSplit::none);
+  CPKV_ASSERT(plan_.allgather_rank_rows > 0);
+  const std::int64_t page_size = setting_->page_size;
+  const std::int64_t rows = plan_.allgather_rank_rows;
+  const auto planned_rows = static_cast<std::int64_t>(plan_.reorder_source.size());
+  inverse_ = {};
+  for (std::int64_t i = 0; i < layout_.current_pages_total; ++i) {
+    inverse_page_begin_[i] = static_cast<std::int64_t>(inverse_.tokens.size());
+    // A plan served from another batch (a planted bug) may not cover this page: it then fills
+    // nothing here, and the byte check and invariant 5 report it.
+    if ((i + 1) * page_size > planned_rows) continue;
+    const model::CurrentPage& page = layout_.current[i];
+    const model::Request& req = batch_.requests[page.request];
+    for (std::int32_t row = 0; row < page.rows_valid; ++row) {
+      const std::int64_t source = plan_.reorder_source[i * page_size + row];
+      if (source < 0 || source / rows != rank_) continue;
+      inverse_.tokens.push_back({page.request, req.prefix_len + page.page_in_request * page_size + row});
+      inverse_.dest_row.push_back(source - rank_ * rows);
+      inverse_current_row_.push_back(i * page_size + row);
     }
   }
   inverse_page_begin_[layout_.current_pages_total] = static_cast<std::int64_t>(inverse_.tokens.size());
@@ -315,6 +355,29 @@ void RankMachine::append_layer(const model::VariantPlan& plan, std::int32_t laye
   }
   if (plan.compact_allreduce) {
     for (std::int64_t i = 0; i < plan.compact_pages; ++i) program_.push_back({Op::unpack, layer, PageStep{i}});
+  }
+  program_.push_back({Op::layer_end, layer});
+}
+
+// Section 12: the prefix from the pool, the token rows into this rank's send rows, then per kind one
+// all-gather (between two collective barriers: every rank's rows are filled before it, and none is
+// overwritten by the next layer's fill before every rank has read it) and the re-ordering.
+void RankMachine::append_allgather_layer(const model::VariantPlan& plan, std::int32_t layer) {
+  CPKV_ASSERT(layer >= 0);
+  CPKV_ASSERT(plan.token_split != model::TokenSplit::none);
+  program_.push_back({Op::layer_begin, layer});
+  append_gathers(plan.gather1, layer);
+  append_fills(layer);
+  const std::int64_t rows = setting_->cp * plan.allgather_rank_rows;
+  for (std::size_t k = 0; k < setting_->kinds.size(); ++k) {
+    if (!setting_->kind_active(k, layer)) continue;
+    const CollectiveStep gathered{0, rows, static_cast<std::int32_t>(k)};
+    program_.push_back({Op::coll_arrive, layer, gathered});
+    program_.push_back({Op::coll_wait, layer});
+    program_.push_back({Op::all_gather, layer, gathered});
+    program_.push_back({Op::coll_arrive, layer, gathered});
+    program_.push_back({Op::coll_wait, layer});
+    program_.push_back({Op::reorder, layer, CollectiveStep{0, layout_.current_pages_total, static_cast<std::int32_t>(k)}});
   }
   program_.push_back({Op::layer_end, layer});
 }
@@ -449,6 +512,8 @@ void RankMachine::run_step(const Step& s) {
     case Op::reduce:
     case Op::store: return run_collective(s.op, s.layer, std::get<CollectiveStep>(s.operands));
     case Op::unpack: return run_unpack(s.layer, std::get<PageStep>(s.operands));
+    case Op::all_gather: return run_all_gather(s.layer, std::get<CollectiveStep>(s.operands));
+    case Op::reorder: return run_reorder(s.layer, std::get<CollectiveStep>(s.operands));
     case Op::layer_end: return run_layer_end(s.layer);
     case Op::batch_arrive: return run_batch_arrive();
     case Op::batch_wait: return run_batch_wait();
@@ -548,12 +613,15 @@ void RankMachine::run_fill(std::int32_t layer, const FillStep& op) {
   const std::int32_t hs = staging_half(layer);
   const std::int32_t hd = dense_half(layer);
   const std::int64_t slot = layout_.current[op.current_index].slot;
+  const bool token_rows = plan_.token_split != model::TokenSplit::none;  // section 12: into this rank's send rows
   if (plan_.fill_to_staging || peers_read_dense()) {
     checker_.on_shared_write(layer, plan_.fill_to_staging ? hs : hd, op.current_index);
   }
   for_active_kinds(layer, [&](std::size_t k, std::uint64_t) {
     const std::uint32_t row_bytes = setting_->kinds[k].row_bytes;
-    std::uint8_t* base = plan_.fill_to_staging ? world_->staging_page(rank_, hs, k, 0) : world_->dense_page(rank_, hd, k, 0);
+    std::uint8_t* base = token_rows              ? world_->compact_page(rank_, k, 0)
+                         : plan_.fill_to_staging ? world_->staging_page(rank_, hs, k, 0)
+                                                 : world_->dense_page(rank_, hd, k, 0);
     for (std::int64_t e = op.entry_begin; e < op.entry_begin + op.entry_count; ++e) {
       const model::LocalToken& token = inverse_.tokens[e];
       const std::uint64_t key = model::current_row_key(options_.seed, layer, static_cast<std::uint32_t>(k), token.request, token.token);
@@ -565,6 +633,11 @@ void RankMachine::run_fill(std::int32_t layer, const FillStep& op) {
       for (std::uint32_t b = row_bytes / 8 * 8; b < row_bytes; ++b) row[b] = model::content_byte(key, b);
     }
   });
+  if (token_rows) {
+    // Invariant 1 per token row: a page of a token split may have several writers, a row one.
+    for (std::int64_t e = op.entry_begin; e < op.entry_begin + op.entry_count; ++e) checker_.on_token_fill(layer, inverse_current_row_[e], slot);
+    return;
+  }
   stamp(plan_.fill_to_staging ? world_->stamp(rank_, hs, op.current_index) : world_->dense_stamp(rank_, hd, slot), layer, StampState::filled);
   checker_.on_fill(hs, layer, op.current_index, slot);
 }
@@ -712,6 +785,55 @@ void RankMachine::run_unpack(std::int32_t layer, const PageStep& op) {
   });
 }
 
+// The all-gather stand-in (section 12): every rank's allgather_rank_rows send rows of one kind, its
+// padding included, into this rank's scratch at rank * allgather_rank_rows.
+void RankMachine::run_all_gather(std::int32_t layer, const CollectiveStep& op) {
+  CPKV_ASSERT(plan_.token_split != model::TokenSplit::none);
+  CPKV_ASSERT(op.kind >= 0 && static_cast<std::size_t>(op.kind) < setting_->kinds.size());
+  const auto k = static_cast<std::size_t>(op.kind);
+  const std::uint64_t row_bytes = setting_->kinds[k].row_bytes;
+  const std::uint64_t rank_bytes = static_cast<std::uint64_t>(plan_.allgather_rank_rows) * row_bytes;
+  ++totals_.collectives;
+  if (!in_batch(layer, op.slot_end * static_cast<std::int64_t>(row_bytes) - 1, static_cast<std::int64_t>(world_->scratch_span(rank_).bytes), "gathered byte")) return;
+  CPKV_ASSERT(plan_.allgather_rank_rows <= world_->geometry().current_pages_max * setting_->page_size);  // fits the send rows
+  for (std::int32_t p = 0; p < setting_->cp; ++p) {
+    std::memcpy(world_->scratch(rank_) + p * rank_bytes, world_->compact_page(p, k, 0), rank_bytes);
+    if (p != rank_) totals_.bytes_gathered_from_peers += rank_bytes;
+  }
+}
+
+// The re-ordering: every current slot of one kind from the gathered rows the plan names; a row past
+// the end of a partial page is zero.
+void RankMachine::run_reorder(std::int32_t layer, const CollectiveStep& op) {
+  CPKV_ASSERT(plan_.token_split != model::TokenSplit::none);
+  CPKV_ASSERT(op.kind >= 0 && static_cast<std::size_t>(op.kind) < setting_->kinds.size());
+  const auto k = static_cast<std::size_t>(op.kind);
+  const std::uint64_t row_bytes = setting_->kinds[k].row_bytes;
+  const std::int64_t page_size = setting_->page_size;
+  const std::uint8_t* gathered = world_->scratch(rank_);
+  const std::int64_t gathered_rows = setting_->cp * plan_.allgather_rank_rows;
+  // A plan served from another batch (a planted bug) may name rows this batch has not: reported
+  // (invariant 5), and the step does nothing.
+  if (!in_batch(layer, static_cast<std::int64_t>(plan_.reorder_source.size()) - 1, layout_.current_pages_total * page_size, "current row")) return;
+  if (static_cast<std::int64_t>(plan_.reorder_source.size()) != layout_.current_pages_total * page_size) {
+    return checker_.on_plan_out_of_bounds(layer, layout_.current_pages_total * page_size, static_cast<std::int64_t>(plan_.reorder_source.size()), "current row");
+  }
+  if (gathered_rows * static_cast<std::int64_t>(row_bytes) > static_cast<std::int64_t>(world_->scratch_span(rank_).bytes)) {
+    return checker_.on_plan_out_of_bounds(layer, gathered_rows, static_cast<std::int64_t>(world_->scratch_span(rank_).bytes / row_bytes), "gathered row");
+  }
+  for (std::int64_t i = 0; i < layout_.current_pages_total; ++i) {
+    std::uint8_t* page = world_->dense_page(rank_, dense_half(layer), k, layout_.current[i].slot);
+    for (std::int64_t row = 0; row < page_size; ++row) {
+      const std::int64_t source = plan_.reorder_source[i * page_size + row];
+      if (source < 0) {
+        std::memset(page + row * row_bytes, 0, row_bytes);
+      } else {
+        std::memcpy(page + row * row_bytes, gathered + source * row_bytes, row_bytes);
+      }
+    }
+  }
+}
+
 // Closes the layer's staging read epoch and has the checker compare the dense half with the model.
 void RankMachine::run_layer_end(std::int32_t layer) {
   CPKV_ASSERT(layer >= 0);
@@ -728,7 +850,13 @@ void RankMachine::end_batch() {
   // The attention plan the rank's kernels read once the batch's KV is composed: batch-logical like
   // the compose plan, built from the rank's own layout and checked once per batch, after the
   // layers, so a bug of the layout or the split is first what it breaks in the exchange.
-  checker_.on_attention_plan(batch_, rank_attention_plan(layout_, batch_, rank_, mutant_));
+  if (plan_.token_split == model::TokenSplit::none) {
+    checker_.on_attention_plan(batch_, rank_attention_plan(layout_, batch_, rank_, mutant_));
+  } else {
+    // Section 12: the rank's queries are the tokens it computed, checked against the token split's oracle.
+    const model::QuerySplit split = plan_.token_split == model::TokenSplit::zigzag ? model::QuerySplit::zigzag_tokens : model::QuerySplit::continuous_tokens;
+    checker_.on_attention_plan(batch_, rank_attention_plan(layout_, batch_, rank_, mutant_, &plan_), split);
+  }
   ++batches_ended_;
   world_->position(rank_).layers_done.store(batches_ended_ * options_.layers, std::memory_order_relaxed);
 }

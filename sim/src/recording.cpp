@@ -115,6 +115,8 @@ std::string_view category(Op op) {
     case Op::batch_wait: return "wait";
     case Op::reduce:
     case Op::store: return "allreduce";
+    case Op::all_gather: return "allgather";
+    case Op::reorder: return "pack";
     default: return "batch";
   }
 }

@@ -4,6 +4,8 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "cpkv/model/assert.hpp"
 #include <cstring>
 #include <new>
 
@@ -99,6 +101,7 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   off.arrivals = bump.take(static_cast<std::uint64_t>(g.layers) * kBarrierUsesPerLayerMax * sizeof(BarrierShadow));
   off.totals = bump.take(cp * sizeof(Totals));
   off.fillers = bump.take(2 * off.stamps_per_half * sizeof(PageFillers));
+  off.row_fillers = bump.take(static_cast<std::uint64_t>(g.current_pages_max) * g.page_size * sizeof(PageFillers));
   off.violations = bump.take(kViolationsMax * sizeof(Violation));
   // Pool slabs: per rank, per layer, per kind, pool_pages_per_rank pages. Only the pages a batch
   // references are ever written, but every page is reserved up front (a full /dev/shm must fail
@@ -127,7 +130,11 @@ World::Offsets World::carve_world(const WorldGeometry& g, const model::ArenaCarv
   }
   off.compact_rank = compact_rank;
   off.compact = bump.take(cp * compact_rank);
-  off.scratch_rank = align_up(static_cast<std::uint64_t>(g.slot_count_max) * g.page_size * g.row_bytes_max());
+  // The collective receive buffer: an all-reduce's dense range, or one kind's all-gathered token rows
+  // (section 12: cp * max_rank_tokens rows; a rank's tokens are at most its share of every request
+  // plus two, so cp * max_rank_tokens <= current pages * P + 2 * cp * requests, requests <= current pages).
+  const std::uint64_t gathered_rows = static_cast<std::uint64_t>(g.current_pages_max) * (g.page_size + 2 * cp);
+  off.scratch_rank = align_up(std::max<std::uint64_t>(static_cast<std::uint64_t>(g.slot_count_max) * g.page_size, gathered_rows) * g.row_bytes_max());
   off.scratch = bump.take(cp * off.scratch_rank);
   off.total = align_up(bump.next);
   return off;
@@ -236,6 +243,7 @@ World::World(const WorldGeometry& g, std::uint64_t seed)
   construct_array<BarrierShadow>(base, off_.arrivals, static_cast<std::uint64_t>(g.layers) * kBarrierUsesPerLayerMax);
   construct_array<Totals>(base, off_.totals, cp);
   construct_array<PageFillers>(base, off_.fillers, 2 * off_.stamps_per_half);
+  construct_array<PageFillers>(base, off_.row_fillers, static_cast<std::uint64_t>(g.current_pages_max) * g.page_size);
   reset_flags();
   // Staging starts as garbage, as freshly allocated GPU memory would: a skipped zero shows.
   for (std::int32_t r = 0; r < g.cp; ++r) std::memset(base + off_.staging + r * off_.staging_rank, 0xA5, carve_.staging_bytes);
@@ -277,6 +285,11 @@ BarrierShadow& World::barrier_shadow(std::int32_t layer, std::int32_t use) const
 }
 PageFillers& World::fillers(std::int32_t half, std::int64_t current_index) const {
   return region_.at<PageFillers>(off_.fillers)[half * off_.stamps_per_half + current_index];
+}
+
+PageFillers& World::row_fillers(std::int64_t current_row) const {
+  CPKV_ASSERT(current_row >= 0 && current_row < geometry_.current_pages_max * geometry_.page_size);
+  return region_.at<PageFillers>(off_.row_fillers)[current_row];
 }
 
 StagingStamp& World::stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const {

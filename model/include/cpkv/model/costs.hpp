@@ -29,6 +29,10 @@ struct BatchCounts {
   std::vector<std::int64_t> prefix_pages_by_owner;   // [cp]: prefix slots whose page lives on rank p
   std::vector<std::int64_t> current_pages_by_writer; // [cp]
   std::vector<std::int64_t> span_pages;              // per request: its prefix pages, then its current pages (legacy's spans)
+  // [TokenSplit]: the most tokens one rank computes under the split (section 12), what every rank
+  // sends to the all-gather (the others pad); 0 for TokenSplit::none.
+  std::array<std::int64_t, kTokenSplitCount> max_rank_tokens{};
+  std::array<std::vector<std::int64_t>, kTokenSplitCount> tokens_by_rank;  // [split][cp], for max_rank_tokens
 };
 
 // Counts of a batch (writers from model::writer_of, so every split policy is the model's).
@@ -44,10 +48,20 @@ struct LayerCounts {
   std::int64_t pre_signal_pages = 0;
   std::int64_t unpack_pages = 0;
   std::int64_t materialize_pages = 0;
+  std::int64_t allgather_calls = 0;
+  std::int64_t allgather_rows = 0;              // rows of one call: cp * max_rank_tokens, padding included
   std::vector<std::int64_t> pulled_pages_from;  // [cp]: pages the gathers read from rank p
   std::int64_t local_copy_pages() const { return pre_signal_pages + unpack_pages + materialize_pages; }
 };
-LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts& counts, std::int32_t rank);
+// split: the row's token split (its all-gather rows are cp * counts.max_rank_tokens[split]).
+LayerCounts closed_form_counts(const model::ClosedForm& form, const BatchCounts& counts, std::int32_t rank,
+                               model::TokenSplit split = model::TokenSplit::none);
+// The same into `out`, reusing its storage (the cost model's loop: no allocation per rank).
+void closed_form_counts(const model::ClosedForm& form, const BatchCounts& counts, std::int32_t rank, model::TokenSplit split,
+                        LayerCounts& out);
+// The bytes of one layer from a rank's counts, into `out` (its storage reused).
+void layer_bytes_of_counts(const model::Setting& setting, const LayerCounts& counts, std::int32_t rank, std::int32_t layer,
+                           model::LayerBytes& out);
 
 // model::layer_bytes(setting, model::variant_plan(layout, variant, rank), layer), from the counts:
 // the row's closed form times the layer's page bytes and active kinds.
@@ -118,7 +132,8 @@ double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int3
 //     on the launch's warps, over NVLink and HBM; on 2xH200 the max fit staging_direct and
 //     symm_dense within 8%, the sum over-predicted staging_direct by 6-11%);
 //   all-reduces: allreduces_us, call by call;
-//   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps.
+//   v2's unpack: one gather launch per kind, gather_fixed_us each + its bytes at local_gbps;
+//   section 12's variants: the all-gathers (allgathers_us), then the re-ordering as v2's unpack.
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
                      const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes,
@@ -139,10 +154,11 @@ double layer_copy_us(const model::Setting& setting, const BatchCounts& counts, m
 //   peer_us / local_us: the post entries run their peer pulls and own-memory copies at once, so
 //     the longer of the two is on the critical path and carries the time, the other 0 (overlapped);
 //     v2's unpack (a gather launch per compact all-reduce and its bytes) is local_us;
-//   allreduce_us: allreduces_us.
+//   allreduce_us: allreduces_us;
+//   allgather_us: allgathers_us (section 12's variants).
 struct TimeComponents {
-  double zero_us = 0, fill_us = 0, launch_us = 0, barrier_us = 0, peer_us = 0, local_us = 0, allreduce_us = 0;
-  double total_us() const { return zero_us + fill_us + launch_us + barrier_us + peer_us + local_us + allreduce_us; }
+  double zero_us = 0, fill_us = 0, launch_us = 0, barrier_us = 0, peer_us = 0, local_us = 0, allreduce_us = 0, allgather_us = 0;
+  double total_us() const { return zero_us + fill_us + launch_us + barrier_us + peer_us + local_us + allreduce_us + allgather_us; }
   // this += times x other, part by part.
   void add(const TimeComponents& other, double times);
 };
@@ -155,6 +171,13 @@ TimeComponents layer_copy_components(const model::Setting& setting, const BatchC
 // its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
 // the dense buffer's slots for fused_ar and v2_fallback, v2's compact buffer of current pages.
 double allreduces_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant, std::int32_t layer,
+                     const CostParameters& ceilings);
+
+// The all-gathers of one layer (section 12's variants), per active kind: one call of cp *
+// max_rank_tokens rows, padding included. Not measured yet (no GPU path): an all-gather of N bytes
+// is timed as an all-reduce of N / 2 (allreduce_call_us), because with nccl-tests' bus bandwidth
+// convention a ring all-gather moves (cp-1)/cp N per rank and a ring all-reduce of N / 2 the same.
+double allgathers_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant, std::int32_t layer,
                      const CostParameters& ceilings);
 
 // Everything the model replay reports for one batch.
@@ -188,6 +211,8 @@ class CostModel {
   std::int32_t shared_layers_ = 0;
   std::int32_t first_full_ = -1;    // a layer of each class, for the per-layer counts
   std::int32_t first_shared_ = -1;
+  std::array<std::uint64_t, 2> class_row_bytes_{};  // [full, shared]: row bytes of the kinds active on such a layer
+  std::array<std::int32_t, 2> class_kinds_{};       // [full, shared]: the kinds active on it
 };
 
 }  // namespace cpkv::model

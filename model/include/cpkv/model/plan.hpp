@@ -38,7 +38,9 @@ struct SlotRange {
 
 // What one rank does per layer and buffer kind under one variant, as data. The steps run in this
 // order: zero_dense, local prefix materialize, zero_own_current, fill, compact pack, gather1,
-// publish, barrier, gather2, all-reduces, compact unpack.
+// publish, barrier, gather2, all-reduces, compact unpack; a token-split variant (section 12): gather1
+// (the prefix), the fill of its token rows into its all-gather send rows, the all-gather, the
+// re-ordering into the dense current slots.
 struct VariantPlan {
   Variant variant = Variant::staging_direct;
   std::int32_t rank = 0;
@@ -54,12 +56,25 @@ struct VariantPlan {
   bool compact_allreduce = false;                // v2: pack own pages, one AR over all current pages
   std::int64_t compact_pages = 0;                // v2: pages of the compact buffer (current_pages_total)
   bool publish = false;                          // staging_publish: copy own current pages dense -> staging
+  // Section 12's token-split variants. own_current then holds the current pages with at least one
+  // of this rank's tokens (a page can have several writers). Every rank sends allgather_rank_rows
+  // rows (the largest rank's token count: the others pad) of its tokens in its query order
+  // (request by request, ascending); reorder_source gives every current row of the batch (current
+  // index * P + row) the gathered row it is copied from (owner * allgather_rank_rows + the token's
+  // position among its owner's), or -1 for a row past the end of a partial page (written zero).
+  TokenSplit token_split = TokenSplit::none;
+  std::int64_t allgather_rank_rows = 0;
+  std::vector<std::int64_t> reorder_source;
   std::int32_t allreduce_count() const {
     return static_cast<std::int32_t>(allreduce_ranges.size()) + (compact_allreduce ? 1 : 0);
   }
 };
 
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank);
+
+// The rank that computes token `token` (0..extend_len-1) of a request under a token split (section
+// 12): zigzag over 2*cp token blocks (section 2's block rule on tokens), or continuous (token % cp).
+std::int32_t token_owner(TokenSplit split, std::int64_t token, std::int64_t extend_len, std::int32_t cp);
 
 // The page inverse: for every current token this rank computes, in merged-span order, the row the
 // fill writes it to. Default: the dense row slot * P + offset. Staging-remapped: i * P + offset,
@@ -94,6 +109,9 @@ struct RaggedIndexPlan {
   std::vector<RaggedSegment> segments;
 };
 RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch, std::int32_t rank);
+// The same for a rank of a token-split variant (section 12), read off its plan: its queries are the
+// tokens it sends to the all-gather, one segment per maximal run of consecutive tokens of one request.
+RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& plan);
 
 // Bytes one rank moves for one layer (all buffer kinds active on it) under one variant.
 // pulled_from[p]: bytes its gathers read from rank p's memory (p == rank: its own), plus, for
@@ -107,6 +125,11 @@ struct LayerBytes {
   std::int32_t barriers = 0;
   std::int32_t gathers = 0;
   std::int32_t own_rank = -1;
+  // Token-split variants: the gathered buffer's bytes (cp * allgather_rank_rows rows, padding
+  // included; a ring all-gather receives (cp - 1) / cp of it, attributed to the ring predecessor
+  // in pulled_from) and the calls (one per active kind).
+  std::uint64_t allgather_bytes = 0;
+  std::int32_t allgathers = 0;
   std::uint64_t pulled_from_peers() const;  // excluding its own memory
 };
 LayerBytes layer_bytes(const Setting& setting, const VariantPlan& plan, std::int32_t layer);

@@ -23,6 +23,8 @@ enum class Variant : std::uint8_t {
   symm_dense,
   staging_publish,
   staging_direct,
+  allgather_zigzag,
+  allgather_continuous,
 };
 
 // Where a rank reads the current pages its peers wrote.
@@ -30,7 +32,15 @@ enum class PeerPages : std::uint8_t {
   all_reduced,  // nowhere: every rank's pages arrive through the all-reduce
   dense,        // the peers' dense buffers (symmetric memory over IPC)
   staging,      // the peers' staging buffers (over IPC)
+  all_gathered, // nowhere: every rank's token rows arrive through one padded all-gather (PROTOCOL.md section 12)
 };
+
+// Whose rows a rank computes: the pages of the setting's page-aligned split (section 2), or the
+// tokens of one of section 12's token splits (zigzag over 2*cp token blocks of each request, rank k
+// taking blocks k and 2*cp-1-k; continuous: token t of a request to rank t % cp). A token split can
+// give a page two writers: writer exclusivity (invariant 1) is then per token row.
+enum class TokenSplit : std::uint8_t { none, zigzag, continuous };
+inline constexpr std::size_t kTokenSplitCount = 3;
 
 // Which sum all-reduces a rank issues per layer and buffer kind.
 enum class AllReduceFamily : std::uint8_t {
@@ -58,6 +68,8 @@ void compact_allreduce(const BatchLayout& layout, std::int32_t rank, VariantPlan
 void symmetric_dense(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
 void staging_publish(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
 void staging_direct(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
+void allgather_zigzag(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
+void allgather_continuous(const BatchLayout& layout, std::int32_t rank, VariantPlan& plan);
 }  // namespace plans
 
 // A count of one layer and one buffer kind as a sum of the batch's counts (model::BatchCounts)
@@ -79,6 +91,10 @@ struct CountTerms {
 struct ClosedForm {
   std::int8_t gathers = 0;        // gather launches (gather1, gather2)
   std::int8_t barriers = 0;       // counting barriers (per layer, not per kind)
+  // All-gather calls (per kind), each of cp * max_rank_tokens rows of the row's token split, the
+  // padding of the ranks with fewer tokens included (section 12); max_rank_tokens is a batch count
+  // of its own (BatchCounts::max_rank_tokens), not a sum of the counts below.
+  std::int8_t allgathers = 0;
   CountTerms allreduce_calls;     // sum all-reduce calls
   CountTerms allreduce_pages;     // pages summed by them, all calls together
   CountTerms pre_signal_pages;    // local copies before the compose launch's signal: publish, compact pack
@@ -99,6 +115,7 @@ struct VariantInfo {
   bool fill_to_staging;         // the fill writes own current pages straight into staging (no publish copy)
   AllReduceFamily allreduce;    // the all-reduces issued
   IsolatedExchange isolated;    // what the bench's isolated exchange times
+  TokenSplit token_split;       // none: the rank computes the page split's pages; else section 12's token split
   PlanFunction plan;            // the steps of one rank (VariantPlan)
   ClosedForm counts;            // the plan's per-layer counts from batch counts (the cost model's)
 };
@@ -109,26 +126,34 @@ struct VariantInfo {
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
 inline constexpr VariantInfo kVariantTable[] = {
     {Variant::legacy_span_ar, "legacy_span_ar", false, PeerPages::all_reduced, false, AllReduceFamily::per_span,
-     IsolatedExchange::none, &plans::span_allreduce,
+     IsolatedExchange::none, TokenSplit::none, &plans::span_allreduce,
      {.allreduce_calls = {.requests = 2}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
-    {Variant::fused_ar, "fused_ar", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none,
+    {Variant::fused_ar, "fused_ar", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none, TokenSplit::none,
      &plans::dense_allreduce,
      {.allreduce_calls = {.one = 1}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
-    {Variant::v2, "v2", true, PeerPages::all_reduced, false, AllReduceFamily::compact, IsolatedExchange::compact_allreduce,
+    {Variant::v2, "v2", true, PeerPages::all_reduced, false, AllReduceFamily::compact, IsolatedExchange::compact_allreduce, TokenSplit::none,
      &plans::compact_allreduce,
      {.gathers = 1, .allreduce_calls = {.one = 1}, .allreduce_pages = {.current = 1}, .pre_signal_pages = {.own_current = 1},
       .unpack_pages = {.current = 1}, .pulls_prefix = true}},
-    {Variant::v2_fallback, "v2_fallback", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none,
+    {Variant::v2_fallback, "v2_fallback", false, PeerPages::all_reduced, false, AllReduceFamily::dense, IsolatedExchange::none, TokenSplit::none,
      &plans::dense_allreduce,
      {.allreduce_calls = {.one = 1}, .allreduce_pages = {.slots = 1}, .materialize_pages = {.own_prefix = 1}}},
-    {Variant::symm_dense, "symm_dense", true, PeerPages::dense, false, AllReduceFamily::none, IsolatedExchange::barrier_and_gather,
+    {Variant::symm_dense, "symm_dense", true, PeerPages::dense, false, AllReduceFamily::none, IsolatedExchange::barrier_and_gather, TokenSplit::none,
      &plans::symmetric_dense, {.gathers = 2, .barriers = 1, .pulls_prefix = true, .pulls_peer_current = true}},
     {Variant::staging_publish, "staging_publish", true, PeerPages::staging, false, AllReduceFamily::none,
-     IsolatedExchange::barrier_and_gather, &plans::staging_publish,
+     IsolatedExchange::barrier_and_gather, TokenSplit::none, &plans::staging_publish,
      {.gathers = 2, .barriers = 1, .pre_signal_pages = {.own_current = 1}, .pulls_prefix = true, .pulls_peer_current = true}},
     {Variant::staging_direct, "staging_direct", true, PeerPages::staging, true, AllReduceFamily::none,
-     IsolatedExchange::barrier_and_gather, &plans::staging_direct,
+     IsolatedExchange::barrier_and_gather, TokenSplit::none, &plans::staging_direct,
      {.gathers = 1, .barriers = 1, .pulls_prefix = true, .pulls_peer_current = true, .pulls_own_current = true}},
+    // Section 12: the prefix gathered from the pool (IPC, as the others), the token rows all-gathered
+    // (padded), then re-ordered into the dense current slots: one local copy of every current page.
+    {Variant::allgather_zigzag, "allgather_zigzag", true, PeerPages::all_gathered, false, AllReduceFamily::none,
+     IsolatedExchange::none, TokenSplit::zigzag, &plans::allgather_zigzag,
+     {.gathers = 1, .allgathers = 1, .unpack_pages = {.current = 1}, .pulls_prefix = true}},
+    {Variant::allgather_continuous, "allgather_continuous", true, PeerPages::all_gathered, false, AllReduceFamily::none,
+     IsolatedExchange::none, TokenSplit::continuous, &plans::allgather_continuous,
+     {.gathers = 1, .allgathers = 1, .unpack_pages = {.current = 1}, .pulls_prefix = true}},
 };
 #pragma GCC diagnostic pop
 inline constexpr std::size_t kVariantCount = std::size(kVariantTable);
@@ -147,7 +172,7 @@ constexpr std::array<Variant, kVariantCount> all_variants() {
 }
 }  // namespace detail
 static_assert(detail::table_follows_enum(), "kVariantTable: one row per Variant, in enum order, each with a plan function");
-static_assert(static_cast<std::size_t>(Variant::staging_direct) + 1 == kVariantCount,
+static_assert(static_cast<std::size_t>(Variant::allgather_continuous) + 1 == kVariantCount,
               "kVariantTable: a row is missing (the last enumerator must close the table)");
 
 inline constexpr std::array<Variant, kVariantCount> kAllVariants = detail::all_variants();
@@ -166,21 +191,30 @@ constexpr Variant path_variant(Variant variant, bool ipc_on_every_rank) {
 constexpr bool zeroes_dense(Variant variant) {
   return info(variant).allreduce == AllReduceFamily::per_span || info(variant).allreduce == AllReduceFamily::dense;
 }
-// The variants that exchange current pages through peers' memory behind a barrier (no all-reduce):
+// The variants that exchange current pages through peers' memory behind a barrier (no collective):
 // the ones the interleaving explorer and the barrier properties exercise. staging_direct (the
-// protocol's own variant, the table's last row) first: the table read backwards.
+// protocol's own variant, the last such row) first: the table read backwards.
+constexpr bool reads_peers_behind_barrier(const VariantInfo& row) {
+  return row.peer_pages == PeerPages::dense || row.peer_pages == PeerPages::staging;
+}
 constexpr std::size_t barrier_variant_count() {
   std::size_t n = 0;
-  for (const VariantInfo& row : kVariantTable) n += row.peer_pages != PeerPages::all_reduced ? 1 : 0;
+  for (const VariantInfo& row : kVariantTable) n += reads_peers_behind_barrier(row) ? 1 : 0;
   return n;
 }
 constexpr std::array<Variant, barrier_variant_count()> barrier_variants() {
   std::array<Variant, barrier_variant_count()> out{};
   std::size_t n = 0;
   for (std::size_t i = kVariantCount; i-- > 0;) {
-    if (kVariantTable[i].peer_pages != PeerPages::all_reduced) out[n++] = kVariantTable[i].variant;
+    if (reads_peers_behind_barrier(kVariantTable[i])) out[n++] = kVariantTable[i].variant;
   }
   return out;
+}
+static_assert(barrier_variants()[0] == Variant::staging_direct, "barrier_variants: staging_direct first");
+// Section 12's token-split variants: their rows travel by one all-gather, not by pages.
+constexpr bool splits_tokens(Variant variant) { return info(variant).token_split != TokenSplit::none; }
+constexpr std::string_view to_string(TokenSplit split) {
+  return split == TokenSplit::zigzag ? "zigzag_tokens" : split == TokenSplit::continuous ? "continuous_tokens" : "pages";
 }
 
 }  // namespace cpkv::model

@@ -13,7 +13,9 @@
 
 namespace cpkv::sim {
 
+// token_plan: a token-split variant's plan (section 12), whose rank computes its own tokens; null:
+// the page split's ragged index plan.
 std::vector<model::AttentionSegment> rank_attention_plan(const model::BatchLayout& layout, const model::Batch& batch, std::int32_t rank,
-                                                         const MutantPolicy& mutant);
+                                                         const MutantPolicy& mutant, const model::VariantPlan* token_plan = nullptr);
 
 }  // namespace cpkv::sim

@@ -53,7 +53,9 @@ class StateChecker {
   void on_plan_served(const model::VariantPlan& served, const model::VariantPlan& fresh, std::int64_t slot_count) const;
   // The attention plan the rank hands its attention kernels this batch (invariant 9), checked
   // against the plain oracle of PROTOCOL.md section 11 (model/attention.hpp).
-  void on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments) const;
+  // split: the rank's queries are the page split's, or (section 12's variants) the token split's.
+  void on_attention_plan(const model::Batch& batch, std::span<const model::AttentionSegment> segments,
+                         model::QuerySplit split = model::QuerySplit::pages) const;
   // A layer starts: the plan must have been built exactly once this batch (invariant 5).
   void on_layer_begin(std::int32_t layer, std::int64_t plan_builds_this_batch);
   // A write into a half that peers read (invariant 2).
@@ -62,6 +64,9 @@ class StateChecker {
   void on_staging_read(const StagingStamp& stamp, std::int32_t writer, std::int32_t layer, std::int64_t slot) const;
   // This rank filled rows of a current page (invariant 1: one writer per page and layer).
   void on_fill(std::int32_t half, std::int32_t layer, std::int64_t current_index, std::int64_t slot) const;
+  // Section 12's token split: this rank computed current row `current_row` (current index * P +
+  // row) of the batch (invariant 1 per token row: a page may have several writers, a row one).
+  void on_token_fill(std::int32_t layer, std::int64_t current_row, std::int64_t slot) const;
   // The counting barrier: arrival, then pass (invariant 4). phase: the rank's barrier arrivals so far.
   void on_barrier_arrive(std::int32_t layer);
   void on_barrier_pass(std::int32_t layer, std::uint64_t phase);

@@ -41,6 +41,8 @@ enum class Op : std::uint8_t {
   reduce,         // CollectiveStep: scratch = sum over ranks of the range
   store,          // CollectiveStep: own buffer's range = scratch
   unpack,         // PageStep: dense slot = compact[i]
+  all_gather,     // CollectiveStep: scratch = every rank's send rows (its compact buffer), padded (section 12)
+  reorder,        // CollectiveStep: every current slot of the kind from the gathered rows, zero past a page's end
   layer_end,      // check the dense half against the model; close the staging read epoch
   batch_arrive,   // harness barrier between batches (pool populated; not part of the protocol)
   batch_wait,     // (blocks)
@@ -67,7 +69,8 @@ struct GatherStep {
   std::int32_t table_index = 0;  // the slot descriptor's table index (source rank = table_index % cp)
 };
 struct CollectiveStep {
-  // Dense slots [slot_begin, slot_end), or the compact buffer when slot_end == kCompact.
+  // Dense slots [slot_begin, slot_end), or the compact buffer when slot_end == kCompact; for
+  // all_gather the gathered rows [0, cp * allgather_rank_rows), for reorder the current pages.
   static constexpr std::int64_t kCompact = -1;
   std::int64_t slot_begin = 0;
   std::int64_t slot_end = 0;
@@ -126,8 +129,10 @@ class RankMachine {
   void serve_plan();
   void build_page_inverse();
   void build_token_split_inverse(model::InverseTarget target);
+  void build_allgather_inverse();
   bool judge_overflow();
   void append_layer(const model::VariantPlan& plan, std::int32_t layer);
+  void append_allgather_layer(const model::VariantPlan& plan, std::int32_t layer);
   void append_fills(std::int32_t layer);
   void append_gathers(const std::vector<model::SlotDescriptor>& gathers, std::int32_t layer);
   void append_barrier(std::int32_t layer);
@@ -154,6 +159,8 @@ class RankMachine {
   void run_coll_arrive(const CollectiveStep& op);
   void run_collective(Op op, std::int32_t layer, const CollectiveStep& op_range);
   void run_unpack(std::int32_t layer, const PageStep& op);
+  void run_all_gather(std::int32_t layer, const CollectiveStep& op);
+  void run_reorder(std::int32_t layer, const CollectiveStep& op);
   void run_layer_end(std::int32_t layer);
   void run_batch_arrive();
   void end_batch();
@@ -185,6 +192,7 @@ class RankMachine {
   model::VariantPlan plan_;
   model::PageInverse inverse_;
   std::vector<std::int64_t> inverse_page_begin_;  // per current index: first inverse entry (own pages)
+  std::vector<std::int64_t> inverse_current_row_;  // token-split variants: per inverse entry, its current row (index * P + row)
   model::Variant path_variant_ = model::Variant::staging_direct;  // after the capability choice
   // Peers read this rank's current pages from its dense buffer (symmetric memory), not from staging.
   bool peers_read_dense() const { return model::info(path_variant_).peer_pages == model::PeerPages::dense; }

@@ -127,7 +127,9 @@ class World {
   std::uint8_t* staging_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const;
   std::uint8_t* dense_page(std::int32_t rank, std::int32_t half, std::size_t kind, std::int64_t slot) const;
   std::uint8_t* compact_page(std::int32_t rank, std::size_t kind, std::int64_t index) const;
-  std::uint8_t* scratch(std::int32_t rank) const;  // collective receive buffer, row_bytes_max * P * slots
+  // Collective receive buffer: row_bytes_max x max(P * slots, current pages * (P + 2 cp)) (an
+  // all-reduce's range, or one kind's all-gathered token rows).
+  std::uint8_t* scratch(std::int32_t rank) const;
 
   Counter& barrier_counter(std::int32_t rank) const;
   Counter& collective_counter(std::int32_t rank) const;
@@ -142,6 +144,9 @@ class World {
   harness::Totals& totals(std::int32_t rank) const;
   BarrierShadow& barrier_shadow(std::int32_t layer, std::int32_t use) const;
   PageFillers& fillers(std::int32_t half, std::int64_t current_index) const;
+  // Section 12's token-split variants: the fillers of one current row (current index * P + row),
+  // where writer exclusivity (invariant 1) is per token row.
+  PageFillers& row_fillers(std::int64_t current_row) const;
   StagingStamp& stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
   StagingStamp& dense_stamp(std::int32_t rank, std::int32_t half, std::int64_t slot) const;
 
@@ -181,7 +186,7 @@ class World {
   struct Header;
   struct Offsets {
     std::uint64_t header, positions, barrier, collective, batch, reset, probes, paths, verdicts, reading, colllog,
-        stamps, dense_stamps, arrivals, fillers, totals, violations, pool, staging, dense, compact, scratch, total;
+        stamps, dense_stamps, arrivals, fillers, row_fillers, totals, violations, pool, staging, dense, compact, scratch, total;
     std::uint64_t pool_rank, staging_rank, dense_rank, dense_half, compact_rank, scratch_rank, stamps_per_half;
     std::vector<std::uint64_t> pool_kind, dense_kind, compact_kind;
   };
