@@ -33,6 +33,7 @@ SUITES=(
   "probe       the gather probe (bench/gather_probe.cu, 2 GPUs), no project build       -"
   "vmm         the sparse pool: the production pool at cp 2 and 4 on one GPU, its tests  cpkv cpkv.tests.gpu_vmm cpkv.tests.gpu_pool_backing"
   "guards      the plugin host's guards: misbehaving plugins, counters, device faults    cpkv cpkv.tests.gpu_guard cpkv.tests.gpu_counters cpkv_misbehaving_none cpkv_misbehaving_past_dense cpkv_misbehaving_pool cpkv_misbehaving_counters cpkv_misbehaving_fault"
+  "imports     cpkv's module and torch imported in both orders on CUDA ranks (issue 34 item 22)   cpkv cpkv_python"
 )
 
 suite_names() { local row; for row in "${SUITES[@]}"; do echo "${row%% *}"; done; }
@@ -224,6 +225,33 @@ suite_vmm() {
   done
   grep -E "gpu memory|needs|passed|FAIL" "$logs/vmm.log" | cut -c1-300 | tail -12
   ctest_step vmm tests 300 -R "GpuVmm|PoolBacking|PoolNeed"
+}
+
+# Which order of `import cpkv` (its pybind11 module) and `import torch` a CUDA conformance rank
+# survives, and what each order loads: the C++ runtime and the libraries both bring, and the
+# pybind11 internals names of both modules (an order that aborts shows its backtrace).
+suite_imports() {
+  local first
+  for first in 0 1; do
+    PYTHONPATH="$build/python" CPKV_IMPORT_TORCH_FIRST=$first step imports "torch-first-$first" 180 \
+      python3 -m cpkv.conformance "$samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --device cuda
+  done
+  PYTHONPATH="$build/python" step imports loaded-libraries 120 import_diagnosis "$build"
+}
+import_diagnosis() {
+  local order so
+  for order in "cpkv._cpkv torch" "torch cpkv._cpkv"; do
+    echo "-- import $order: the runtimes loaded"
+    LD_DEBUG=libs python3 -c "import importlib; [importlib.import_module(m) for m in '$order'.split()]" 2>&1 \
+      | grep -E "calling init: .*(libstdc|libgcc_s|libfmt|libc10|libtorch_python|_cpkv)" | sed 's/^ *[0-9]*: *//' | head -12
+    echo "-- import $order, then a CUDA tensor: exit $(python3 -c "import importlib; [importlib.import_module(m) for m in '$order'.split()]; import torch; torch.ones(1, device='cuda')" >/dev/null 2>&1; echo $?)"
+  done
+  so=$(ls "$1"/python/cpkv/_cpkv*.so 2>/dev/null | head -1)
+  echo "-- pybind11 internals names: cpkv's $(strings "$so" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
+  echo "   torch's $(strings "$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python.so"))')" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
+  command -v gdb >/dev/null && CPKV_IMPORT_TORCH_FIRST=0 timeout 120 gdb -batch -ex run -ex bt --args python3 -c \
+    "import cpkv._cpkv, torch; torch.ones(1, device='cuda')" 2>&1 | tail -25
+  return 0
 }
 
 suite_guards() {
