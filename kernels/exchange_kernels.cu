@@ -214,41 +214,6 @@ cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t
 
 namespace {
 
-constexpr int kZeroThreads = 256;
-constexpr std::uint64_t kZeroBlocksMax = 4096;  // enough to fill every SM several times over; the loop strides past it
-
-// Every thread strides over each range in turn: the bytes before its first 16-byte boundary, the
-// 16-byte words of its body, the bytes after them.
-__global__ void zero_ranges_kernel(ZeroRanges ranges) {
-  const std::uint64_t stride = static_cast<std::uint64_t>(blockDim.x) * gridDim.x;
-  const std::uint64_t first = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (std::int32_t i = 0; i < ranges.count; ++i) {
-    std::uint8_t* p = ranges.base[i];
-    const std::uint64_t n = ranges.bytes[i];
-    const std::uint64_t misaligned = reinterpret_cast<std::uintptr_t>(p) % 16;
-    const std::uint64_t head = misaligned == 0 ? 0 : (16 - misaligned < n ? 16 - misaligned : n);
-    const std::uint64_t words = (n - head) / 16;
-    for (std::uint64_t x = first; x < head; x += stride) p[x] = 0;
-    uint4* body = reinterpret_cast<uint4*>(p + head);
-    for (std::uint64_t x = first; x < words; x += stride) body[x] = make_uint4(0, 0, 0, 0);
-    for (std::uint64_t x = head + words * 16 + first; x < n; x += stride) p[x] = 0;
-  }
-}
-
-}  // namespace
-
-cudaError_t launch_zero_ranges(const ZeroRanges& ranges, cudaStream_t stream) {
-  std::uint64_t words = 0;
-  for (std::int32_t i = 0; i < ranges.count; ++i) words = words > ranges.bytes[i] / 16 ? words : ranges.bytes[i] / 16;
-  if (ranges.count == 0) return cudaSuccess;
-  const std::uint64_t wanted = (words + kZeroThreads - 1) / kZeroThreads;
-  const unsigned blocks = static_cast<unsigned>(wanted == 0 ? 1 : wanted < kZeroBlocksMax ? wanted : kZeroBlocksMax);
-  zero_ranges_kernel<<<blocks, kZeroThreads, 0, stream>>>(ranges);
-  return cudaGetLastError();
-}
-
-namespace {
-
 __global__ void spin_kernel(long long cycles) {
   const long long start = clock64();
   while (clock64() - start < cycles) {

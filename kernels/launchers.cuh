@@ -179,16 +179,6 @@ cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t
 cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
                                 std::int32_t count, BarrierStatus* status, cudaStream_t stream);
 
-// Byte ranges zeroed in one launch: the fused plugin's dense half, one range per kind (the host's
-// guard bytes between two kinds' buffers stay as they are), where a cudaMemsetAsync per range
-// costs a launch (a graph node) each. Any alignment; 16-byte stores over each range's aligned body.
-struct ZeroRanges {
-  std::uint8_t* base[kKindsMax];
-  std::uint64_t bytes[kKindsMax];
-  std::int32_t count;
-};
-cudaError_t launch_zero_ranges(const ZeroRanges& ranges, cudaStream_t stream);
-
 // Test and benchmark helpers for the barrier: spin for `cycles` on the device (a slow producer),
 // stamp `value` into `word`, and count the peers whose stamp word differs from `expected`.
 cudaError_t launch_spin(long long cycles, cudaStream_t stream);
