@@ -240,6 +240,7 @@ suite_imports() {
 }
 import_diagnosis() {
   local order so
+  export CPKV_IMPORT_TORCH_FIRST=0  # the package's own torch-first import would hide the order asked for
   for order in "cpkv._cpkv torch" "torch cpkv._cpkv"; do
     echo "-- import $order: the runtimes loaded"
     LD_DEBUG=libs python3 -c "import importlib; [importlib.import_module(m) for m in '$order'.split()]" 2>&1 \
