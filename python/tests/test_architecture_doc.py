@@ -66,7 +66,7 @@ def test_the_checker_itself_sees_a_missing_file_and_a_missing_function(tmp_path)
 # The dependency table: what each folder's sources include and its CMake targets link, read from
 # the tree. A folder that includes (or links) a folder the table does not list for it breaks the
 # layering the page promises, and a listed dependency that no include or link has is a false claim.
-FOLDERS = ("model", "traces", "harness", "sim", "properties", "include", "examples", "kernels", "gpu", "cli", "python", "fuzz",
+FOLDERS = ("model", "traces", "harness", "sim", "backends", "properties", "include", "examples", "kernels", "gpu", "cli", "python", "fuzz",
            "tests", "bench")
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".c")
 # Third-party headers by the first part of their <path>: the library the table names.
