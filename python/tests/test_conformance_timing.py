@@ -28,7 +28,7 @@ from cpkv.conformance import _timing  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.environ.get("CPKV_SOURCE_DIR", os.path.join(HERE, "..", ".."))
 TINY = os.path.join(SOURCE, "traces", "samples", "tiny.jsonl")
-BENCH_JSON = os.path.join(SOURCE, "docs", "benchmarks", "2026-11-30-h200x2-evening-seeds_batch-cp2.json")
+BENCH_JSON = os.path.join(SOURCE, "docs", "benchmarks", "bench-cp2-seeds_batch.json")
 # No case here must run into a wait's bound (each passes, or fails on a check or at setup), so the bound
 # is one no loaded machine's stall reaches: it costs nothing when nothing waits it out.
 WINDOW_S = 20.0
