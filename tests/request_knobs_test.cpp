@@ -27,7 +27,7 @@ struct KnobCase {
 };
 // Values from the options' meanings (docs: the README's knobs), none of them a default.
 const KnobCase kCases[] = {
-    {"CPKV_EXCHANGE", "--exchange", "inprocess"},
+    {"CPKV_EXCHANGE", "--exchange", CPKV_FUSED_PLUGIN},  // a plugin's path ("inprocess" is gone and refused)
     {"CPKV_EXCHANGE_LOAD_MS", "--exchange-load-ms-max", "2500"},
     {"CPKV_POOL_MEMORY", "--pool-memory", "dense"},
     {"CPKV_COMPOSE_BLOCKS_PER_SM", "--compose-blocks-per-sm", "2"},
