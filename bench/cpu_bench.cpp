@@ -4,6 +4,7 @@
 // Run: build/bench/cpkv.bench.cpu [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -161,27 +162,42 @@ BENCHMARK(BM_SimScheduledTiny)->Unit(benchmark::kMillisecond);
 // --max-batches 7000` would (the importer's defaults otherwise), made once in memory. Each
 // iteration reads and checks the whole trace (header, 7,000 batch lines) from a string stream into
 // one reused batch, as `cpkv replay --backend model` does; batches_per_s is the figure.
+// The bundled Mooncake log imported as `cpkv import mooncake` does with its defaults (cp 8, P 64,
+// kv_fp8 + indexer_k, 61 F layers, pool 65536 pages, zigzag, 16 requests), with the extend-token
+// cap and batch count each benchmark names; every imported batch goes to `each(setting, batch)`.
+template <typename Each>
+cpkv::model::Setting import_bundled_mooncake(std::int64_t max_total_extend_tokens, std::optional<std::int64_t> max_batches, Each each) {
+  namespace mc = cpkv::traces::mooncake;
+  mc::ImportOptions options;
+  cpkv::model::Setting& s = options.setting;
+  s.cp = 8;
+  s.page_size = 64;
+  s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
+  s.layer_pattern = std::string(61, 'F');
+  s.pool_pages = 65536;
+  s.split = cpkv::model::SplitPolicy::zigzag;
+  s.caps.max_total_extend_tokens = max_total_extend_tokens;
+  s.caps.max_batch_requests = 16;
+  if (max_batches) options.max_batches = *max_batches;
+  mc::MooncakeReader log(std::string(CPKV_SOURCE_DIR) + "/traces/data/mooncake/synthetic_trace.jsonl", options.block_tokens,
+                         /*skip_bad=*/false);
+  mc::import_mooncake(log, options, [&](const cpkv::model::Batch& batch) { each(s, batch); });
+  return s;
+}
+
 const std::string& mooncake_trace() {
   static const std::string text = [] {
-    namespace mc = cpkv::traces::mooncake;
-    mc::ImportOptions options;
-    cpkv::model::Setting& s = options.setting;
-    s.cp = 8;
-    s.page_size = 64;
-    s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
-    s.layer_pattern = std::string(61, 'F');
-    s.pool_pages = 65536;
-    s.caps.max_total_extend_tokens = 5120;
-    s.caps.max_batch_requests = 16;
-    options.max_batches = 7000;
-    mc::MooncakeReader log(std::string(CPKV_SOURCE_DIR) + "/traces/data/mooncake/synthetic_trace.jsonl", options.block_tokens,
-                           /*skip_bad=*/false);
-    cpkv::traces::TraceHeader header;
-    header.setting = s;
-    header.source = {{"kind", "bench"}};
     std::ostringstream out;
-    cpkv::traces::TraceWriter writer(out, header);
-    mc::import_mooncake(log, options, [&](const cpkv::model::Batch& batch) { writer.write(batch); });
+    cpkv::traces::TraceHeader header;
+    header.source = {{"kind", "bench"}};
+    std::optional<cpkv::traces::TraceWriter> writer;  // made at the first batch, when the setting is known
+    import_bundled_mooncake(5120, 7000, [&](const cpkv::model::Setting& setting, const cpkv::model::Batch& batch) {
+      if (!writer) {
+        header.setting = setting;
+        writer.emplace(out, header);
+      }
+      writer->write(batch);
+    });
     return out.str();
   }();
   return text;
@@ -210,22 +226,8 @@ BENCHMARK(BM_ReadMooncakeTrace)->Unit(benchmark::kMillisecond);
 const std::vector<cpkv::model::Batch>& default_mooncake_batches(cpkv::model::Setting& setting_out) {
   static cpkv::model::Setting setting;
   static const std::vector<cpkv::model::Batch> batches = [] {
-    namespace mc = cpkv::traces::mooncake;
-    mc::ImportOptions options;
-    cpkv::model::Setting& s = options.setting;
-    s.cp = 8;
-    s.page_size = 64;
-    s.kinds = {*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")};
-    s.layer_pattern = std::string(61, 'F');
-    s.pool_pages = 65536;
-    s.split = cpkv::model::SplitPolicy::zigzag;
-    s.caps.max_total_extend_tokens = 16384;
-    s.caps.max_batch_requests = 16;
-    mc::MooncakeReader log(std::string(CPKV_SOURCE_DIR) + "/traces/data/mooncake/synthetic_trace.jsonl", options.block_tokens,
-                           /*skip_bad=*/false);
     std::vector<cpkv::model::Batch> out;
-    mc::import_mooncake(log, options, [&](const cpkv::model::Batch& batch) { out.push_back(batch); });
-    setting = s;
+    setting = import_bundled_mooncake(16384, std::nullopt, [&](const cpkv::model::Setting&, const cpkv::model::Batch& batch) { out.push_back(batch); });
     return out;
   }();
   setting_out = setting;
