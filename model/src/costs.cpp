@@ -7,6 +7,16 @@ namespace cpkv::model {
 
 namespace {
 
+// How many of `items` (pages or tokens) zigzag gives rank k: the items cut into 2*cp blocks, the
+// first items % (2*cp) of them one longer, rank k holding blocks k and 2cp-1-k (PROTOCOL.md
+// sections 2 and 12; model::layout_batch and model::token_owner assign them so).
+std::int64_t zigzag_share(std::int64_t items, std::int32_t cp, std::int32_t k) {
+  const std::int64_t blocks = 2 * std::int64_t{cp};
+  const std::int64_t small = items / blocks;
+  const std::int64_t big_blocks = items % blocks;
+  return 2 * small + (k < big_blocks ? 1 : 0) + (blocks - 1 - k < big_blocks ? 1 : 0);
+}
+
 // Adds one request's current pages per writer under the setting's page split: zigzag block by block
 // (as model::layout_batch assigns them, no division per page), the others page by page.
 void count_page_writers(const model::Setting& setting, std::int64_t pages, std::int64_t first_index, std::vector<std::int64_t>& by_writer) {
@@ -15,13 +25,7 @@ void count_page_writers(const model::Setting& setting, std::int64_t pages, std::
     for (std::int64_t j = 0; j < pages; ++j) ++by_writer[model::writer_of(setting.split, j, pages, first_index + j, cp)];
     return;
   }
-  const std::int64_t blocks = 2 * std::int64_t{cp};
-  const std::int64_t small = pages / blocks;
-  const std::int64_t big_blocks = pages % blocks;
-  for (std::int32_t k = 0; k < cp; ++k) {
-    // Rank k holds blocks k and 2cp-1-k; the first big_blocks blocks are one page longer.
-    by_writer[k] += 2 * small + (k < big_blocks ? 1 : 0) + (blocks - 1 - k < big_blocks ? 1 : 0);
-  }
+  for (std::int32_t k = 0; k < cp; ++k) by_writer[k] += zigzag_share(pages, cp, k);
 }
 
 // Adds one request's tokens per rank under both token splits (section 12), by the same block rule
@@ -29,11 +33,8 @@ void count_page_writers(const model::Setting& setting, std::int64_t pages, std::
 void count_token_owners(std::int64_t tokens, std::int32_t cp, BatchCounts& counts) {
   std::vector<std::int64_t>& zigzag = counts.tokens_by_rank[static_cast<std::size_t>(model::TokenSplit::zigzag)];
   std::vector<std::int64_t>& continuous = counts.tokens_by_rank[static_cast<std::size_t>(model::TokenSplit::continuous)];
-  const std::int64_t blocks = 2 * std::int64_t{cp};
-  const std::int64_t small = tokens / blocks;
-  const std::int64_t big_blocks = tokens % blocks;
   for (std::int32_t k = 0; k < cp; ++k) {
-    zigzag[k] += 2 * small + (k < big_blocks ? 1 : 0) + (blocks - 1 - k < big_blocks ? 1 : 0);
+    zigzag[k] += zigzag_share(tokens, cp, k);
     continuous[k] += tokens / cp + (k < tokens % cp ? 1 : 0);
   }
 }
