@@ -248,6 +248,13 @@ import_diagnosis() {
     echo "-- import $order, then a CUDA tensor: exit $(python3 -c "import importlib; [importlib.import_module(m) for m in '$order'.split()]; import torch; torch.ones(1, device='cuda')" >/dev/null 2>&1; echo $?)"
   done
   so=$(ls "$1"/python/cpkv/_cpkv*.so 2>/dev/null | head -1)
+  echo "-- the module's libraries and its exported symbols ($(nm -D --defined-only "$so" | wc -l) defined)"
+  ldd "$so" | sed 's/ (0x.*//'
+  echo "-- cpkv first, then a CUDA tensor: the Python stack at the abort, if any"
+  timeout 120 python3 -X faulthandler -c "import cpkv._cpkv, torch; torch.ones(1, device='cuda'); print('ok')" 2>&1 | tail -15
+  echo "-- symbols that a library other than the module bound to the module's or libfmt's copy"
+  LD_DEBUG=bindings timeout 120 python3 -c "import cpkv._cpkv, torch; torch.ones(1, device='cuda')" 2>&1 \
+    | grep -E "to .*(_cpkv|libfmt)" | grep -vE "binding file .*(_cpkv|libfmt)[^ ]* " | sed 's/^ *[0-9]*: *//' | head -15
   echo "-- pybind11 internals names: cpkv's $(strings "$so" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
   echo "   torch's $(strings "$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python.so"))')" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
   command -v gdb >/dev/null && CPKV_IMPORT_TORCH_FIRST=0 timeout 120 gdb -batch -ex run -ex bt --args python3 -c \
