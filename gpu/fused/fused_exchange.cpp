@@ -293,16 +293,24 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   });
 }
 
+// The all-reduce variants' zeroing of the layer's dense half: one memset per kind active on the
+// layer (the bytes between two kinds' buffers are the host's guard, which no plugin writes), over
+// the batch's slots only. Nothing reads a slot past the batch's (attention's plan ends there, and
+// so does the host's byte check), so zeroing slot_count_max slots as before cost bytes for nothing.
+void zero_dense_half(cpkv_exchange_ctx* c, const FusedBatch& b, std::int32_t l, cudaStream_t stream) {
+  const std::int32_t half = model::parity_half(l);
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, b.plan.layout.slot_count * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
+  }
+}
+
 // Before the compose launch: the dense half zeroed (all-reduce variants), then cpkv's producer
 // writing the layer's rows where the plan fills (the mutants no_barrier and barrier_passes_early
 // delay the last rank's; skip_zero leaves the tails as the destination held them).
 cpkv_status zero_and_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, cudaStream_t stream) {
   const FusedBatch& b = *s.batch;
-  const std::int32_t half = model::parity_half(l);
-  // One memset per kind's buffer: the bytes between two are the host's guard, which no plugin writes.
-  for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense && !s.mutant.skips_zero(); ++k) {
-    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
-  }
+  if (b.plan.plan.zero_dense && !s.mutant.skips_zero()) zero_dense_half(c, b, l, stream);
   if (s.mutant.slow_producer()) cuda_ok(kernels::launch_spin(kernels::kMutantWindowCycles, stream), "launch_spin");
   std::array<void*, CPKV_KINDS_MAX> dest{};
   for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[l] != 0 ? fill_destination(c, s, l, k) : nullptr;
@@ -398,9 +406,7 @@ cpkv_status fused_enqueue_part(cpkv_exchange_ctx* c, std::int32_t part, std::int
         return c->produce_rows(c, dest.data(), b.fill_page, b.plan.plan.zero_own_current ? 1 : 0, stream);
       }
       case CPKV_PART_COMPOSE:
-        for (std::int32_t k = 0; k < c->kind_count && b.plan.plan.zero_dense; ++k) {
-          cuda_ok(cudaMemsetAsync(c->dense[model::parity_half(layer) * c->kind_count + k], 0, c->slot_count_max * page_bytes(c, k), st), "cudaMemsetAsync(dense half)");
-        }
+        if (b.plan.plan.zero_dense) zero_dense_half(c, b, layer, st);
         cuda_ok(kernels::launch_compose(b.compose[layer], st), "launch_compose");
         return collectives(c, s, layer, stream);
       case CPKV_PART_PRE_SIGNAL:
