@@ -667,6 +667,11 @@ std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   for (model::Variant v : model::barrier_variants()) {
     shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
   }
+  // Section 12's token splits: no barrier, one all-gather of every rank's send rows per kind and
+  // layer between two collective barriers, then the re-ordering into the dense half.
+  for (model::Variant v : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
+    shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
+  }
   // One current page: rank 0 writes it, every other rank has nothing to write but must still take
   // part in the barrier (section 4) and still reads rank 0's page.
   shapes.push_back(shape("idle_rank", cp, {one_request(2, 2, {5})}, model::Variant::staging_direct));
