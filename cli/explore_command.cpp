@@ -203,6 +203,7 @@ bool check_reduction(const ExploreCliOptions& o, ShardedRun& run, std::int32_t l
   fmt::print("{}\n", header);
   std::vector<harness::Mutant> mutants = {harness::Mutant::none};
   mutants.insert(mutants.end(), std::begin(harness::kAllMutants), std::end(harness::kAllMutants));
+  if (!o.check.mutant.empty()) mutants = {*harness::parse_mutant(o.check.mutant)};  // checked in run_explore
   std::map<std::string, std::int32_t> verdicts;
   for (std::int32_t cp = 1; cp <= std::min(4, o.cp_max); ++cp) {
     for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
@@ -279,12 +280,18 @@ void run_explore(const ExploreCliOptions& o) {
       throw OptionError(fmt::format("--check-shape: unknown shape '{}' (one of {})", o.check.shape, fmt::join(names, ", ")));
     }
   }
+  if (!o.check.mutant.empty()) {
+    const auto m = harness::parse_mutant(o.check.mutant);
+    if (!m || (*m != harness::Mutant::none && std::find(std::begin(harness::kAllMutants), std::end(harness::kAllMutants), *m) == std::end(harness::kAllMutants))) {
+      throw OptionError(fmt::format("--check-mutant: unknown planted bug '{}' (none or one of the simulator's)", o.check.mutant));
+    }
+  }
   const std::int32_t layers = std::min(o.shape_layers, o.layers_max);
   ShardedRun run = sharded_run("explore", o.shard, explore_units(o.cp_max, o.layers_max, o.shapes, o.check_reduction, o.check),
                                {{"cp_max", o.cp_max}, {"layers_max", o.layers_max}, {"variant", o.variant}, {"shapes", o.shapes},
                                 {"shape_layers", o.shape_layers}, {"seconds_max", o.seconds_max}, {"reduction", o.reduction}, {"symmetry", o.symmetry},
                                 {"bitstate", o.bitstate}, {"check_reduction", o.check_reduction},
-                                {"check_cp", o.check.cp}, {"check_shape", o.check.shape}});
+                                {"check_cp", o.check.cp}, {"check_shape", o.check.shape}, {"check_mutant", o.check.mutant}});
   RunOutputs outputs = open_run_outputs(o.outputs);
   fmt::print("cpkv explore: the interleavings of the rank step machines | visited set of 128-bit full-state fingerprints{} | reduction {} | "
              "variant {} | batch: (prefix 2 extend 3) (extend 2), page 2, kv_fp8 + indexer_k, layers FSFS\n",
@@ -327,6 +334,7 @@ void register_explore(CLI::App& app) {
   cmd->add_flag("--check-reduction", o->check_reduction, "also compare the reduced and the full search (every violation and deadlock) on every shape of cp 1..min(4, N)");
   cmd->add_option("--check-cp", o->check.cp, "with --check-reduction: compare at this cp only (0: every cp)")->capture_default_str()->check(whole_in<std::int32_t>(0, 4));
   cmd->add_option("--check-shape", o->check.shape, "with --check-reduction: compare this shape only (a name of the shapes table)");
+  cmd->add_option("--check-mutant", o->check.mutant, "with --check-reduction: compare for this planted bug only (or none: the correct protocol)");
   cmd->add_flag("!--no-shapes", o->shapes, "leave out the shapes table and the planted-bug hunt over the shapes");
   cmd->add_option("--shard", o->shard, "K/N: run only the explorations i (0-based, in the order the tables print them) with i % N == K - 1");
   add_run_output_options(*cmd, o->outputs, "each exploration's row", "exploration");

@@ -21,7 +21,7 @@ std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool sha
   }
   if (check_reduction) {
     for (std::int32_t cp = 1; cp <= std::min(4, cp_max); ++cp) {
-      for (const properties::ExploreShape& s : properties::exploration_shapes(cp)) units += filter.selected(cp, s.name) ? mutants + 1 : 0;
+      for (const properties::ExploreShape& s : properties::exploration_shapes(cp)) units += filter.selected(cp, s.name) ? filter.mutants(mutants + 1) : 0;
     }
   }
   return units;

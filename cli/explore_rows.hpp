@@ -19,7 +19,9 @@ namespace cpkv::cli {
 struct CheckFilter {
   std::int32_t cp = 0;   // --check-cp: 0 for every cp
   std::string shape;     // --check-shape: "" for every shape
+  std::string mutant;    // --check-mutant: "" for none and every planted bug
   bool selected(std::int32_t at_cp, const std::string& name) const { return (cp == 0 || cp == at_cp) && (shape.empty() || shape == name); }
+  std::size_t mutants(std::size_t all) const { return mutant.empty() ? all : 1; }
 };
 std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction, const CheckFilter& filter = {});
 
