@@ -315,8 +315,9 @@ void register_explore(CLI::App& app) {
                                      "Explore the interleavings of the rank step machines for small settings (cp 1..N, layers 1..M) over a visited "
                                      "set of full-state fingerprints, independent steps in one order (partial-order reduction): proves parity-half "
                                      "reuse safety and barrier phase safety for them, and finds the single_half, no_barrier and arrive_before_fill "
-                                     "counterexamples; then proves every shape (the barrier variants, an idle rank, overflow then normal, two "
-                                     "batches, every rank writing, the capability fallback) for cp 1..N and hunts every planted bug over them.");
+                                     "counterexamples; then proves every shape (the barrier variants, the token-split variants, an idle rank, overflow "
+                                     "then normal, two batches, every rank writing, the capability fallback) for cp 1..N and hunts every planted bug "
+                                     "over them; states equal up to a permutation of the idle ranks are one.");
   cmd->add_option("--cp-max", o->cp_max, "largest group explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 8));
   cmd->add_option("--layers-max", o->layers_max, "most layers explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_option("--variant", o->variant, "exchange variant")->capture_default_str();

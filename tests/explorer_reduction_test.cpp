@@ -159,6 +159,9 @@ TEST(ExplorerSymmetry, IdleRanksOfTheShapesAtEightRanks) {
   EXPECT_EQ(idle.at("staging_direct"), 0b11011100);  // ranks 2, 3, 4, 6, 7
   EXPECT_EQ(idle.at("idle_rank"), 0b11011110);       // ranks 1, 2, 3, 4, 6, 7
   EXPECT_EQ(idle.at("every_rank_writes"), 0);
+  // two_batches' second batch: prefix page 3 (rank 3's), 2 current pages (ranks 0, 1).
+  EXPECT_EQ(idle.at("two_batches"), 0b11010100);
+  EXPECT_EQ(idle.at("allgather_zigzag"), 0) << "the token split gives every rank its place in the all-gather";
   EXPECT_EQ(idle.at("capability_fallback"), 0b01011100);  // and not rank 7, whose probe fails
   // overflow_then_normal's first batch has 4 current pages, one each for ranks 0..3 (and the
   // second is the exploration batch): ranks 4, 6, 7.
