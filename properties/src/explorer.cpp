@@ -160,7 +160,9 @@ struct Explorer {
         key_steps[r] = options.plant_forget_positions && (orbits->idle() & bit(r)) ? 0 : machines[r].steps_taken();
         key_batches[r] = static_cast<std::uint64_t>(machines[r].batch_index() + 1);
       }
-      return orbits->key(hash, key_steps, key_batches, to_canonical);
+      const Fingerprint f = orbits->key(hash, key_steps, key_batches, to_canonical);
+      if (options.verify_footprints) verify_key(f);
+      return f;
     }
     Fingerprint f = options.key == StateKey::full_state ? hash.value() : Fingerprint{};
     for (std::uint32_t r = 0; r < machines.size(); ++r) {
@@ -170,6 +172,17 @@ struct Explorer {
       f.b += model::mix64(model::mix64(steps + 0x51ed27ULL * (r + 1)) ^ batch);
     }
     return f;
+  }
+
+  // verify_footprints: the canonical key from the incremental bucket sums equals the one from a
+  // state hash built from scratch.
+  void verify_key(const Fingerprint& f) {
+    const detail::RegionHash fresh(world);
+    const detail::Orbits fresh_orbits(world, fresh, orbits->idle(), options.plant_forget_shadow_bits);
+    std::vector<std::uint8_t> places(to_canonical.size());
+    if (!(fresh_orbits.key(fresh, key_steps, key_batches, places) == f) || places != to_canonical) {
+      throw std::logic_error("explore: the canonical key from the incremental hash differs from the one from scratch");
+    }
   }
 
   std::uint64_t counter(std::uint32_t r, std::int32_t kind) const {
