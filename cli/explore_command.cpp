@@ -31,8 +31,10 @@ struct ExploreCliOptions {
   bool shapes = true;
   std::int32_t shape_layers = 3;
   std::string reduction = "partial-order";
+  std::string symmetry = "idle-ranks";
   std::int32_t bitstate = 0;         // log2 of the bitstate array's bits; 0: exhaustive
   bool check_reduction = false;      // compare the reduced and the full search over the shapes, cp 1..min(4, cp max)
+  CheckFilter check;                 // --check-cp, --check-shape: a part of the comparison
   std::optional<std::string> shard;  // K/N over the units (cli/explore_rows.hpp)
   RunOutputOptions outputs;          // --json, --junit, --out
 };
@@ -40,6 +42,7 @@ struct ExploreCliOptions {
 properties::ExploreOptions with_cli(properties::ExploreOptions options, const ExploreCliOptions& o) {
   options.seconds_max = o.seconds_max;
   options.reduction = o.reduction == "none" ? properties::Reduction::none : properties::Reduction::partial_order;
+  options.symmetry = o.symmetry == "none" ? properties::Symmetry::none : properties::Symmetry::idle_ranks;
   options.bitstate_log2 = o.bitstate;
   return options;
 }
@@ -67,6 +70,7 @@ std::uint64_t UnreducedEstimate::full(const std::string& name, std::int32_t cp, 
     if (s.name != name) continue;
     properties::ExploreOptions options = with_cli(properties::options_for(s, layers, harness::Mutant::none), o);
     options.reduction = properties::Reduction::none;
+    options.symmetry = properties::Symmetry::none;
     options.bitstate_log2 = 0;
     const properties::ExploreResult r = properties::explore(options);
     return measured[{name, cp}] = r.complete ? r.states : 0;
@@ -84,7 +88,7 @@ std::string UnreducedEstimate::text(const properties::ExploreShape& shape, std::
 
 // Every shape proved for cp 1..cp_max, with the unreduced states beside the reduced ones.
 bool prove_shapes(const ExploreCliOptions& o, ShardedRun& run, std::int32_t layers) {
-  fmt::print("\nshapes ({} layers, pattern FSFS, page 2, kv_fp8 + indexer_k; reduction {})\n", layers, o.reduction);
+  fmt::print("\nshapes ({} layers, pattern FSFS, page 2, kv_fp8 + indexer_k; reduction {}, symmetry {})\n", layers, o.reduction, o.symmetry);
   const std::string header = fmt::format("{:<21} {:>3} {:>10} {:>12} {:>11} {:>9} {:>9}  {}", "shape", "cp", "states", "transitions", "unreduced",
                                          "cpu s", "states/s", "result");
   fmt::print("{}\n", header);
@@ -175,32 +179,53 @@ std::string compare_verdict(const properties::ExploreResult& full, const propert
                : "DIFFER (the full search, stopped at the limit, found what the reduced one did not)";
 }
 
+// With symmetry on top: the symmetric search's findings, up to a permutation of the idle ranks,
+// must be those of a complete search without it (the reduced one, else the full one).
+std::string symmetry_verdict(const std::string& verdict, const properties::ExploreResult& full, const properties::ExploreResult& reduced,
+                             const properties::ExploreResult& symmetric) {
+  if (symmetric.symmetric_ranks == 0) return verdict;
+  const properties::ExploreResult* base = reduced.complete ? &reduced : full.complete ? &full : nullptr;
+  if (!symmetric.complete) return verdict == "agree" ? "INCOMPLETE (the symmetric search hit the limit)" : verdict;
+  if (base == nullptr) return verdict;
+  const std::uint8_t ranks = symmetric.symmetric_ranks;
+  if (properties::canonical_findings(base->findings, ranks) != properties::canonical_findings(symmetric.findings, ranks)) {
+    return "DIFFER (with and without symmetry, up to a permutation of the idle ranks)";
+  }
+  return verdict;
+}
+
 // --check-reduction: on every shape of cp 1..min(4, cp max), the correct protocol and every planted
 // bug, the reduced and the full search collect every violation and deadlock; they must agree. The
 // last line counts the verdicts.
 bool check_reduction(const ExploreCliOptions& o, ShardedRun& run, std::int32_t layers) {
   fmt::print("\nreduced against full: every violation and deadlock of every shape, none and every planted bug ({} layers)\n", layers);
-  const std::string header = fmt::format("{:<21} {:>3} {:<26} {:>10} {:>10} {:>8}  {}", "shape", "cp", "mutant", "full", "reduced", "findings", "result");
+  const std::string header = fmt::format("{:<21} {:>3} {:<26} {:>10} {:>10} {:>10} {:>8}  {}", "shape", "cp", "mutant", "full", "reduced", "symmetric", "findings", "result");
   fmt::print("{}\n", header);
   std::vector<harness::Mutant> mutants = {harness::Mutant::none};
   mutants.insert(mutants.end(), std::begin(harness::kAllMutants), std::end(harness::kAllMutants));
+  if (!o.check.mutant.empty()) mutants = {*harness::parse_mutant(o.check.mutant)};  // checked in run_explore
   std::map<std::string, std::int32_t> verdicts;
   for (std::int32_t cp = 1; cp <= std::min(4, o.cp_max); ++cp) {
     for (const properties::ExploreShape& shape : properties::exploration_shapes(cp)) {
+      if (!o.check.selected(cp, shape.name)) continue;
       for (harness::Mutant mutant : mutants) {
         if (!run.take()) continue;
         properties::ExploreOptions options = with_cli(properties::options_for(shape, layers, mutant), o);
         options.collect_all = true;
         options.bitstate_log2 = 0;
+        const properties::Symmetry symmetry = options.symmetry;
         options.reduction = properties::Reduction::none;
+        options.symmetry = properties::Symmetry::none;
         const properties::ExploreResult full = properties::explore(options);
         options.reduction = properties::Reduction::partial_order;
         const properties::ExploreResult reduced = properties::explore(options);
-        const std::string verdict = compare_verdict(full, reduced);
+        options.symmetry = symmetry;
+        const properties::ExploreResult symmetric = symmetry == properties::Symmetry::none ? properties::ExploreResult{} : properties::explore(options);
+        const std::string verdict = symmetry_verdict(compare_verdict(full, reduced), full, reduced, symmetric);
         const bool agree = verdict == "agree";
         ++verdicts[verdict.substr(0, verdict.find(' '))];
-        const std::string line = fmt::format("{:<21} {:>3} {:<26} {:>10} {:>10} {:>8}  {}", shape.name, cp, harness::to_string(mutant), full.states, reduced.states,
-                                             full.findings.size(), verdict);
+        const std::string line = fmt::format("{:<21} {:>3} {:<26} {:>10} {:>10} {:>10} {:>8}  {}", shape.name, cp, harness::to_string(mutant), full.states, reduced.states,
+                                             symmetric.symmetric_ranks ? fmt::format("{}", symmetric.states) : "-", full.findings.size(), verdict);
         fmt::print("{}\n", line);
         run.add(explore_row(header, fmt::format("{} cp {} {}", shape.name, cp, harness::to_string(mutant)), reduced, agree, line, ""));
         std::fflush(stdout);
@@ -248,11 +273,25 @@ void run_explore(const ExploreCliOptions& o) {
   const auto variant = model::parse_variant(o.variant);
   if (!variant) throw OptionError(fmt::format("--variant: unknown variant '{}'", o.variant));
   if (o.bitstate > 0 && o.bitstate < 10) throw OptionError(fmt::format("--bitstate: {} is below 10 (0: off, else 10..36)", o.bitstate));
+  if (!o.check.shape.empty()) {
+    std::vector<std::string> names;
+    for (const properties::ExploreShape& s : properties::exploration_shapes(1)) names.push_back(s.name);
+    if (std::find(names.begin(), names.end(), o.check.shape) == names.end()) {
+      throw OptionError(fmt::format("--check-shape: unknown shape '{}' (one of {})", o.check.shape, fmt::join(names, ", ")));
+    }
+  }
+  if (!o.check.mutant.empty()) {
+    const auto m = harness::parse_mutant(o.check.mutant);
+    if (!m || (*m != harness::Mutant::none && std::find(std::begin(harness::kAllMutants), std::end(harness::kAllMutants), *m) == std::end(harness::kAllMutants))) {
+      throw OptionError(fmt::format("--check-mutant: unknown planted bug '{}' (none or one of the simulator's)", o.check.mutant));
+    }
+  }
   const std::int32_t layers = std::min(o.shape_layers, o.layers_max);
-  ShardedRun run = sharded_run("explore", o.shard, explore_units(o.cp_max, o.layers_max, o.shapes, o.check_reduction),
+  ShardedRun run = sharded_run("explore", o.shard, explore_units(o.cp_max, o.layers_max, o.shapes, o.check_reduction, o.check),
                                {{"cp_max", o.cp_max}, {"layers_max", o.layers_max}, {"variant", o.variant}, {"shapes", o.shapes},
-                                {"shape_layers", o.shape_layers}, {"seconds_max", o.seconds_max}, {"reduction", o.reduction},
-                                {"bitstate", o.bitstate}, {"check_reduction", o.check_reduction}});
+                                {"shape_layers", o.shape_layers}, {"seconds_max", o.seconds_max}, {"reduction", o.reduction}, {"symmetry", o.symmetry},
+                                {"bitstate", o.bitstate}, {"check_reduction", o.check_reduction},
+                                {"check_cp", o.check.cp}, {"check_shape", o.check.shape}, {"check_mutant", o.check.mutant}});
   RunOutputs outputs = open_run_outputs(o.outputs);
   fmt::print("cpkv explore: the interleavings of the rank step machines | visited set of 128-bit full-state fingerprints{} | reduction {} | "
              "variant {} | batch: (prefix 2 extend 3) (extend 2), page 2, kv_fp8 + indexer_k, layers FSFS\n",
@@ -276,8 +315,9 @@ void register_explore(CLI::App& app) {
                                      "Explore the interleavings of the rank step machines for small settings (cp 1..N, layers 1..M) over a visited "
                                      "set of full-state fingerprints, independent steps in one order (partial-order reduction): proves parity-half "
                                      "reuse safety and barrier phase safety for them, and finds the single_half, no_barrier and arrive_before_fill "
-                                     "counterexamples; then proves every shape (the barrier variants, an idle rank, overflow then normal, two "
-                                     "batches, every rank writing, the capability fallback) for cp 1..N and hunts every planted bug over them.");
+                                     "counterexamples; then proves every shape (the barrier variants, the token-split variants, an idle rank, overflow "
+                                     "then normal, two batches, every rank writing, the capability fallback) for cp 1..N and hunts every planted bug "
+                                     "over them; states equal up to a permutation of the idle ranks are one.");
   cmd->add_option("--cp-max", o->cp_max, "largest group explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 8));
   cmd->add_option("--layers-max", o->layers_max, "most layers explored")->capture_default_str()->check(whole_in<std::int32_t>(1, 4));
   cmd->add_option("--variant", o->variant, "exchange variant")->capture_default_str();
@@ -286,10 +326,16 @@ void register_explore(CLI::App& app) {
   cmd->add_option("--reduction", o->reduction, "partial-order (persistent and sleep sets) or none (every interleaving)")
       ->capture_default_str()
       ->check(CLI::IsMember({"partial-order", "none"}));
+  cmd->add_option("--symmetry", o->symmetry, "idle-ranks (states equal up to a permutation of the idle ranks are one) or none")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"idle-ranks", "none"}));
   cmd->add_option("--bitstate", o->bitstate, "LOG2: bitstate hashing over 2^LOG2 bits (partial coverage, stated) instead of the exhaustive table; 0: off")
       ->capture_default_str()
       ->check(whole_in<std::int32_t>(0, 36));
   cmd->add_flag("--check-reduction", o->check_reduction, "also compare the reduced and the full search (every violation and deadlock) on every shape of cp 1..min(4, N)");
+  cmd->add_option("--check-cp", o->check.cp, "with --check-reduction: compare at this cp only (0: every cp)")->capture_default_str()->check(whole_in<std::int32_t>(0, 4));
+  cmd->add_option("--check-shape", o->check.shape, "with --check-reduction: compare this shape only (a name of the shapes table)");
+  cmd->add_option("--check-mutant", o->check.mutant, "with --check-reduction: compare for this planted bug only (or none: the correct protocol)");
   cmd->add_flag("!--no-shapes", o->shapes, "leave out the shapes table and the planted-bug hunt over the shapes");
   cmd->add_option("--shard", o->shard, "K/N: run only the explorations i (0-based, in the order the tables print them) with i % N == K - 1");
   add_run_output_options(*cmd, o->outputs, "each exploration's row", "exploration");

@@ -12,7 +12,7 @@
 
 namespace cpkv::cli {
 
-std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction) {
+std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction, const CheckFilter& filter) {
   std::size_t units = static_cast<std::size_t>(cp_max) * static_cast<std::size_t>(layers_max) + 3;
   const std::size_t mutants = std::size(harness::kAllMutants);
   if (shapes) {
@@ -20,7 +20,9 @@ std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool sha
     units += mutants;
   }
   if (check_reduction) {
-    for (std::int32_t cp = 1; cp <= std::min(4, cp_max); ++cp) units += properties::exploration_shapes(cp).size() * (mutants + 1);
+    for (std::int32_t cp = 1; cp <= std::min(4, cp_max); ++cp) {
+      for (const properties::ExploreShape& s : properties::exploration_shapes(cp)) units += filter.selected(cp, s.name) ? filter.mutants(mutants + 1) : 0;
+    }
   }
   return units;
 }

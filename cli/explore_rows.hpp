@@ -14,8 +14,16 @@ namespace cpkv::cli {
 
 // The explorations of a run: the grid (cp 1..cp_max x layers 1..layers_max), the three planted bugs
 // at cp 2, then, with the shapes, every shape of cp 1..cp_max and one hunt per planted bug, then,
-// with --check-reduction, one comparison per shape of cp 1..min(4, cp_max) and per mutant (none first).
-std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction);
+// with --check-reduction, one comparison per shape of cp 1..min(4, cp_max) and per mutant (none first),
+// only those check_selected keeps.
+struct CheckFilter {
+  std::int32_t cp = 0;   // --check-cp: 0 for every cp
+  std::string shape;     // --check-shape: "" for every shape
+  std::string mutant;    // --check-mutant: "" for none and every planted bug
+  bool selected(std::int32_t at_cp, const std::string& name) const { return (cp == 0 || cp == at_cp) && (shape.empty() || shape == name); }
+  std::size_t mutants(std::size_t all) const { return mutant.empty() ? all : 1; }
+};
+std::size_t explore_units(std::int32_t cp_max, std::int32_t layers_max, bool shapes, bool check_reduction, const CheckFilter& filter = {});
 
 // What a found exploration left behind: the `cpkv replay` line of its batches and schedule, and its
 // timeline (the replayed schedule's steps: docs/event-log.md). Each is written or says why not, on

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <algorithm>
+#include <cctype>
 #include <bit>
 #include <optional>
 
@@ -13,6 +14,8 @@
 
 #include "cpkv/model/content.hpp"
 #include "cpkv/properties/footprint.hpp"
+#include "cpkv/model/variants.hpp"
+#include "cpkv/sim/attention_plan.hpp"
 #include "cpkv/sim/checkers.hpp"
 #include "cpkv/sim/machine.hpp"
 #include "cpkv/sim/runner.hpp"
@@ -95,6 +98,9 @@ struct Explorer {
   std::vector<FootprintCache> cache;
   std::vector<const Horizon*> horizons;
   Horizon finished_horizon;
+  std::optional<detail::Orbits> orbits;
+  std::vector<std::uint8_t> to_canonical;  // the last key's permutation (identity without symmetry)
+  std::vector<std::uint64_t> key_steps, key_batches;
 
   Explorer(const ExploreOptions& o, sim::World& w)
       : options(o),
@@ -103,8 +109,19 @@ struct Explorer {
         hash(w),
         mutant(o.mutant),
         cache(static_cast<std::size_t>(o.setting.cp)),
-        horizons(static_cast<std::size_t>(o.setting.cp)) {
+        horizons(static_cast<std::size_t>(o.setting.cp)),
+        to_canonical(static_cast<std::size_t>(o.setting.cp)),
+        key_steps(static_cast<std::size_t>(o.setting.cp)),
+        key_batches(static_cast<std::size_t>(o.setting.cp)) {
     if (o.bitstate_log2 > 0) bits.emplace(o.bitstate_log2);
+    for (std::size_t r = 0; r < to_canonical.size(); ++r) to_canonical[r] = static_cast<std::uint8_t>(r);
+    // Symmetry rides on the reduction: Reduction::none is every interleaving, with nothing merged.
+    const bool symmetric = o.symmetry == Symmetry::idle_ranks && o.key == StateKey::full_state && o.reduction == Reduction::partial_order;
+    const std::uint8_t idle = symmetric ? static_cast<std::uint8_t>(idle_ranks(o) | o.plant_symmetric_ranks) : 0;
+    if (std::popcount(idle) >= 2) {
+      orbits.emplace(w, hash, idle, o.plant_forget_shadow_bits);
+      result.symmetric_ranks = idle;
+    }
   }
 
   bool reduced() const { return options.reduction == Reduction::partial_order; }
@@ -123,7 +140,30 @@ struct Explorer {
   }
   const Footprint& next_footprint(std::uint32_t r) { return footprint(r, machines[r].pc()); }
 
-  Fingerprint key() const {
+  // A rank mask in the canonical state's places, and back.
+  std::uint8_t to_canonical_mask(std::uint8_t m) const {
+    if (options.plant_unmapped_sleep) return m;
+    std::uint8_t out = 0;
+    for (std::uint32_t r = 0; r < machines.size(); ++r) out |= (m & bit(r)) ? bit(to_canonical[r]) : 0;
+    return out;
+  }
+  std::uint8_t from_canonical_mask(std::uint8_t m) const {
+    if (options.plant_unmapped_sleep) return m;
+    std::uint8_t out = 0;
+    for (std::uint32_t r = 0; r < machines.size(); ++r) out |= (m & bit(to_canonical[r])) ? bit(r) : 0;
+    return out;
+  }
+
+  Fingerprint key() {
+    if (orbits) {
+      for (std::uint32_t r = 0; r < machines.size(); ++r) {
+        key_steps[r] = options.plant_forget_positions && (orbits->idle() & bit(r)) ? 0 : machines[r].steps_taken();
+        key_batches[r] = static_cast<std::uint64_t>(machines[r].batch_index() + 1);
+      }
+      const Fingerprint f = orbits->key(hash, key_steps, key_batches, to_canonical);
+      if (options.verify_footprints) verify_key(f);
+      return f;
+    }
     Fingerprint f = options.key == StateKey::full_state ? hash.value() : Fingerprint{};
     for (std::uint32_t r = 0; r < machines.size(); ++r) {
       const std::uint64_t steps = machines[r].steps_taken();
@@ -132,6 +172,17 @@ struct Explorer {
       f.b += model::mix64(model::mix64(steps + 0x51ed27ULL * (r + 1)) ^ batch);
     }
     return f;
+  }
+
+  // verify_footprints: the canonical key from the incremental bucket sums equals the one from a
+  // state hash built from scratch.
+  void verify_key(const Fingerprint& f) {
+    const detail::RegionHash fresh(world);
+    const detail::Orbits fresh_orbits(world, fresh, orbits->idle(), options.plant_forget_shadow_bits);
+    std::vector<std::uint8_t> places(to_canonical.size());
+    if (!(fresh_orbits.key(fresh, key_steps, key_batches, places) == f) || places != to_canonical) {
+      throw std::logic_error("explore: the canonical key from the incremental hash differs from the one from scratch");
+    }
   }
 
   std::uint64_t counter(std::uint32_t r, std::int32_t kind) const {
@@ -405,14 +456,16 @@ void Explorer::visit_state(std::uint8_t sleep) {
     ++result.states;
     sleep = 0;  // bitstate keeps no sleep sets
   } else {
+    // Sleep sets are kept in the canonical state's rank places (identity without symmetry).
+    const std::uint8_t canonical_sleep = to_canonical_mask(sleep);
     std::uint8_t* stored = nullptr;
-    if (table.insert(f, sleep, stored)) {
+    if (table.insert(f, canonical_sleep, stored)) {
       ++result.states;
     } else {
       // Visited with sleep set Z: what it left unexplored is Z; now only Z minus this sleep set.
-      todo_mask = static_cast<std::uint8_t>(*stored & ~sleep);
+      todo_mask = from_canonical_mask(static_cast<std::uint8_t>(*stored & ~canonical_sleep));
       if (todo_mask == 0) return;
-      *stored &= sleep;
+      *stored &= canonical_sleep;
     }
   }
   if (over_limits()) return;
@@ -504,6 +557,57 @@ model::Batch exploration_batch() {
   return b;
 }
 
+std::uint8_t idle_ranks(const ExploreOptions& options) {
+  const std::int32_t cp = options.setting.cp;
+  const sim::MutantPolicy mutant(options.mutant);
+  if (model::info(options.variant).token_split != model::TokenSplit::none || mutant.reverses_request_order() || mutant.splits_tokens()) return 0;
+  std::uint8_t idle = static_cast<std::uint8_t>((1u << cp) - 1);
+  const auto busy = [&](std::int64_t r) { idle &= static_cast<std::uint8_t>(~(1u << r)); };
+  if (options.ipc_missing_rank >= 0) busy(options.ipc_missing_rank);
+  if (mutant.arrives_once_more(0)) busy(0);
+  for (const model::Batch& batch : options.batches) {
+    const model::BatchLayout layout = model::layout_batch(options.setting, batch);
+    for (const model::CurrentPage& page : layout.current) busy(page.writer);
+    for (const model::Slot& slot : layout.slots) {
+      if (slot.kind == model::SlotKind::prefix) busy(slot.page_or_index % cp);
+    }
+    for (std::int32_t r = 0; r < cp; ++r) {
+      if (!sim::rank_attention_plan(layout, batch, r, mutant).empty()) busy(r);
+    }
+  }
+  return idle;
+}
+
+std::set<std::string> canonical_findings(const std::set<std::string>& findings, std::uint8_t ranks) {
+  std::set<std::string> out;
+  for (const std::string& f : findings) {
+    std::string text;
+    for (std::size_t i = 0; i < f.size();) {
+      if (f.compare(i, 5, "rank ") == 0 && i + 5 < f.size() && std::isdigit(static_cast<unsigned char>(f[i + 5]))) {
+        std::size_t end = i + 5;
+        while (end < f.size() && std::isdigit(static_cast<unsigned char>(f[end]))) ++end;
+        const int r = std::stoi(f.substr(i + 5, end - i - 5));
+        text += r < 8 && (ranks & (1u << r)) ? std::string("rank *") : f.substr(i, end - i);
+        i = end;
+      } else {
+        text += f[i++];
+      }
+    }
+    // A deadlock lists every rank's position, "; " apart: sorted, an orbit's lists read the same.
+    const std::string::size_type colon = text.find("deadlock: ");
+    if (colon != std::string::npos) {
+      std::vector<std::string> positions;
+      std::string rest = text.substr(colon + 10);
+      for (std::size_t at; (at = rest.find("; ")) != std::string::npos; rest = rest.substr(at + 2)) positions.push_back(rest.substr(0, at));
+      positions.push_back(rest);
+      std::sort(positions.begin(), positions.end());
+      text = text.substr(0, colon + 10) + fmt::format("{}", fmt::join(positions, "; "));
+    }
+    out.insert(text);
+  }
+  return out;
+}
+
 ExploreResult explore(const ExploreOptions& options) {
   if (options.batches.empty()) throw std::invalid_argument("explore: no batch to explore");
   if (options.setting.cp > 8) throw std::invalid_argument("explore: at most 8 ranks");
@@ -574,6 +678,11 @@ std::string ExploreShape::describe() const {
 std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   std::vector<ExploreShape> shapes;
   for (model::Variant v : model::barrier_variants()) {
+    shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
+  }
+  // Section 12's token splits: no barrier, one all-gather of every rank's send rows per kind and
+  // layer between two collective barriers, then the re-ordering into the dense half.
+  for (model::Variant v : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
     shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
   }
   // One current page: rank 0 writes it, every other rank has nothing to write but must still take

@@ -82,6 +82,7 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
   const auto staging = [&](std::int32_t rank) { return rank_location(rank, h == 0 ? staging0 : staging1); };
   const model::VariantPlan& plan = m.plan();
   const bool peers_read_dense = model::info(m.path_variant()).peer_pages == model::PeerPages::dense;
+  if (plan.token_split != model::TokenSplit::none && s.op == sim::Op::fill) return token_fill_of(m, s);
   switch (s.op) {
     case sim::Op::probe:
     case sim::Op::choose_path: f.top = true; break;  // the prologue: run in one fixed order, never reduced
@@ -140,6 +141,18 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
   return f;
 }
 
+// Section 12's fill: this rank's send rows (its compact buffer), and its checker's read-modify-write
+// of each row's fillers word (World::row_fillers: one word per current row, not per half, so both
+// halves' locations of the page: fills of two layers of one row touch the same word).
+Footprint Footprints::token_fill_of(const sim::RankMachine& m, const sim::Step& s) const {
+  Footprint f;
+  const std::int64_t index = std::get<sim::FillStep>(s.operands).current_index;
+  f.writes.add(rank_location(m.rank(), compact));
+  f.writes.add(fillers_location(0, index));
+  f.writes.add(fillers_location(1, index));
+  return f;
+}
+
 // The barrier, collective and layer-end steps (the rest of Footprints::of).
 void Footprints::sync_of(const sim::RankMachine& m, const sim::Step& s, Footprint& f) const {
   const std::int32_t r = m.rank();
@@ -189,6 +202,8 @@ void Footprints::sync_of(const sim::RankMachine& m, const sim::Step& s, Footprin
       f.reads.add(rank_location(r, compact));
       dense_half(f.writes, r, h);
       break;
+    case sim::Op::all_gather: all_ranks(f.reads, compact, -1); break;  // into this rank's own scratch
+    case sim::Op::reorder: dense_half(f.writes, r, h); break;           // from its own scratch
     case sim::Op::layer_end:
       write_epoch(f, r, s.layer);
       dense_half(f.reads, r, h);

@@ -29,6 +29,11 @@ enum class Reduction { none, partial_order };
 // full_state: the sound key above. program_counters: the old key (the vector of steps taken), kept
 // to show what it misses (Explorer.OldKeyMissesWhatTheStateKeyFinds).
 enum class StateKey { full_state, program_counters };
+// idle_ranks: states that differ only by a permutation of the idle ranks (no page to write, no
+// referenced prefix page, no query token, in every batch) are one state (docs/properties.md,
+// "Symmetry"); findings then stand for their orbit (canonical_findings). Applied with the
+// partial-order reduction only (Reduction::none explores every interleaving).
+enum class Symmetry { none, idle_ranks };
 
 struct ExploreOptions {
   model::Setting setting;
@@ -41,6 +46,16 @@ struct ExploreOptions {
   double seconds_max = 120.0;            // ... or past this much CPU time of the exploring thread
   Reduction reduction = Reduction::partial_order;
   StateKey key = StateKey::full_state;
+  Symmetry symmetry = Symmetry::idle_ranks;
+  // Test-only, planted symmetry bugs (the comparison with and without symmetry must catch them):
+  // these ranks put in the idle ranks' orbit though they are not idle; the idle ranks' barrier
+  // shadow bits cleared but left out of their parts (an orbit fingerprint that forgets the mask
+  // bits); the idle ranks' machine positions left out of their parts; the sleep sets stored as
+  // they are, not mapped through the canonical permutation.
+  std::uint8_t plant_symmetric_ranks = 0;
+  bool plant_forget_shadow_bits = false;
+  bool plant_forget_positions = false;
+  bool plant_unmapped_sleep = false;
   // 0: exhaustive (a table of 128-bit fingerprints). k > 0: bitstate (supertrace) hashing over 2^k
   // bits, three bits per state: for settings past exhaustive reach; a state whose three bits are
   // all set is taken as visited, so coverage is partial (ExploreResult::coverage_estimate).
@@ -66,10 +81,21 @@ struct ExploreResult {
   std::vector<std::uint32_t> schedule;  // choices that reach it, for `cpkv replay --schedule FILE`
   std::set<std::string> findings;        // collect_all: every distinct violation and deadlock
   double coverage_estimate = 1.0;        // bitstate: estimated share of the reachable states visited
+  std::uint8_t symmetric_ranks = 0;      // the ranks canonicalised (a mask; 0: no symmetry applied)
   double states_per_second() const { return seconds > 0 ? static_cast<double>(states) / seconds : 0.0; }  // per CPU second
 };
 
 ExploreResult explore(const ExploreOptions& options);
+
+// The idle ranks of a setting (a mask): in every batch no current page to write, no referenced
+// prefix page to own, no query token, not the capability fallback's failing probe; none under a
+// token-split variant or a planted bug that moves the writers (reversed_request_order,
+// token_split), rank 0 not under unmatched_arrival (its extra arrival).
+std::uint8_t idle_ranks(const ExploreOptions& options);
+
+// Findings up to a permutation of `ranks`: every "rank N" with N in `ranks` reads "rank *", and a
+// deadlock's per-rank positions are sorted, so two findings of one orbit read the same.
+std::set<std::string> canonical_findings(const std::set<std::string>& findings, std::uint8_t ranks);
 
 // The exploration workload of `cpkv explore` and the explorer tests: small enough to explore
 // exhaustively, rich enough to matter: a prefix page, a full and a partial current page, a

@@ -80,6 +80,7 @@ class Footprints {
 
  private:
   std::int32_t shadow_location(std::int32_t layer) const;
+  Footprint token_fill_of(const sim::RankMachine& m, const sim::Step& s) const;
   std::int32_t fillers_location(std::int32_t half, std::int64_t index) const;
   void all_ranks(LocationSet& set, std::int32_t what, std::int32_t except) const;
   void sync_of(const sim::RankMachine& machine, const sim::Step& step, Footprint& f) const;
