@@ -57,6 +57,9 @@ enum RequestOptionBits : std::uint32_t {
   kTakesTimeline = 1u << 8,      // timeline: Chrome trace events, appended as the run goes
   kTakesPoolMemory = 1u << 9,    // pool_memory: sparse or dense device pools
   kTakesComposeBlocks = 1u << 10,  // compose_blocks_per_sm: the compose grid's cap per SM
+  kTakesImpl = 1u << 11,         // impl: a foreign exchange class, "module:Class(k=v, ...)"; its planted bugs (mutant) are its own
+  kTakesDevice = 1u << 12,       // device: cpu or cuda
+  kTakesRanks = 1u << 13,        // ranks: the rank processes to spawn (must be the source's cp)
 };
 
 struct ReplayRequest {
@@ -84,6 +87,12 @@ struct ReplayRequest {
   std::optional<std::int64_t> exchange_load_ms_max;   // the plugin loader's bound (default kLoadMsMax)
   std::optional<std::string> pool_memory;             // "sparse" (the default) or "dense": how the GPU backend backs its pools
   std::optional<std::int32_t> compose_blocks_per_sm;  // the compose grid's cap per SM (default: the kernels' kComposeBlocksPerSm)
+  // A foreign exchange (the torch backend, docs/conformance.md): the class as "module:Class" or
+  // "path/file.py:Class", with constructor arguments as "module:Class(k=v, ...)" (Python literals);
+  // the device its ranks run on (cpu or cuda; default cpu); the ranks to spawn (the source's cp).
+  std::optional<std::string> impl;
+  std::optional<std::string> device;
+  std::optional<std::int32_t> ranks;
 };
 
 // One knob of the resolved configuration: an option that a variable of the environment also sets,
@@ -116,6 +125,7 @@ namespace request_limits {
 inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a hang, not a wait
 inline constexpr std::int64_t exchange_load_ms_max = 600'000;  // ten minutes: a dlopen longer than that is a hang
 inline constexpr std::int32_t compose_blocks_per_sm_max = 32;   // the most resident blocks an SM holds (every CUDA GPU cpkv runs on)
+inline constexpr std::size_t impl_chars_max = 4096;             // an --impl longer than a page is a pasted file, not a class name
 }  // namespace request_limits
 
 struct BackendEntry;
@@ -174,6 +184,10 @@ struct BackendEntry {
   std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
   // The run header's extra line (the simulator's fault knobs), or empty.
   std::function<std::string(const CheckedRequest&)> knobs_line;
+  // handoff: the run is another front end's, in another process (the torch backend's is Python's
+  // conformance harness): the arguments after the interpreter that run this request there
+  // ("-m cpkv.conformance TRACE --impl ..."), given the source (its setting: the layers run).
+  std::function<std::vector<std::string>(const CheckedRequest&, const BatchSource&)> handoff;
   // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
   // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
   std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
@@ -269,6 +283,10 @@ struct VariantRun {
 // (either may be empty) see each as it starts and ends, so a verdict is out as soon as it is known.
 void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
                   const std::function<void(model::Variant)>& on_variant_start, const std::function<void(const VariantRun&)>& on_variant_end);
+
+// A word as a POSIX shell reads it back: unchanged where it holds only safe characters, else in
+// single quotes (an --impl with constructor arguments holds parentheses, spaces and quotes).
+std::string shell_word(std::string_view text);
 
 // The one-line reproducer of one variant's run: every option the request gave that changes what
 // runs, in the CLI's spelling.
