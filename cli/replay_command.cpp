@@ -114,11 +114,10 @@ struct StreamedOutputs {
     if (c.timeline) c.request.request.timeline = c.timeline->temporary();
     if (c.timeline) harness::begin_timeline(c.timeline->temporary());
   }
-  void commit(const std::string& mode) {
+  void commit() {
     // The backend's clock (the scheduled simulator's steps, the GPUs' CUDA events on the host's
-    // monotonic clock), else the host's wall clock.
-    const harness::BackendEntry& backend = *c.request.backend;
-    if (c.timeline) harness::end_timeline(c.timeline->temporary(), backend.timeline_clock ? backend.timeline_clock(mode) : harness::TimelineClock::wall_us);
+    // monotonic clock), else the host's wall clock: what its entry's check chose.
+    if (c.timeline) harness::end_timeline(c.timeline->temporary(), c.request.timeline_clock);
     if (c.timeline) c.timeline->commit();
     if (c.event_log) c.event_log->commit();
   }
@@ -199,13 +198,11 @@ void run_backend(CheckedReplay& c) {
   harness::ProgressFunction progress;
   if (bar.tty) progress = [&bar](std::int64_t done) { bar.show(done); };
   // The one backend interface, built by the backend's registry entry.
-  const std::unique_ptr<harness::Backend> backend = made_backend(c.request, progress);
+  const std::unique_ptr<harness::Backend> backend = made_backend(c.request, source, scanned, progress);
   const std::string mode = backend->name();
   fmt::print("{}\n", harness::run_header("cpkv replay", c.request, source, scanned, mode));
   if (const std::string knobs = harness::knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);  // the resolved configuration
-  if (c.request.backend->knobs_line) {
-    if (const std::string knobs = c.request.backend->knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);
-  }
+  if (!c.request.backend_line.empty()) fmt::print("{}\n", c.request.backend_line);
   if (c.request.mutant != harness::Mutant::none) {
     fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", harness::to_string(c.request.mutant));
   }
@@ -229,13 +226,13 @@ void run_backend(CheckedReplay& c) {
     });
   } catch (...) {
     try {
-      streamed.commit(mode);  // what was written up to the failure, kept whole
+      streamed.commit();  // what was written up to the failure, kept whole
     } catch (const std::exception&) {
       // the run's own failure is the one to report
     }
     throw;
   }
-  streamed.commit(mode);
+  streamed.commit();
   if (c.json) c.json->write(harness::replay_json(c.request, scanned, mode, json_runs).dump(2) + "\n");
   exit_status() = failed ? kExitFailure : kExitOk;
 }

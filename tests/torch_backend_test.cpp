@@ -128,18 +128,20 @@ class TorchBackendCli : public ::testing::Test {
 TEST_F(TorchBackendCli, ReplayBackendTorchRunsTheConformanceHarness) {
   const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--ranks", "2"});
   ASSERT_EQ(run.status, 0) << run.err << run.out;
-  EXPECT_NE(run.out.find("cpkv conformance: traces/samples/tiny.jsonl | cp 2 page 4 | 2 batches | 2 of 2 layers"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("cpkv conformance: traces/samples/tiny.jsonl | cp 2 page 4 | 3 batches | 2 of 2 layers"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find(std::string(kReference) + " "), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("pass"), std::string::npos) << run.out;
   EXPECT_EQ(run.out.find("FAIL"), std::string::npos) << run.out;
 }
 
-// A planted bug's run fails: exit 1 (not cpkv's 0), a located failure and a replay line.
+// A planted bug's run fails: exit 1 (not cpkv's 0), the invariant it breaks located, a replay line.
+// token_split gives a page two writers: invariant 1 (PROTOCOL.md section 9).
 TEST_F(TorchBackendCli, AFailingConformanceRunExitsOneWithItsReproducer) {
-  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--mutant", "skip_zero", "--seed", "3"});
+  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--mutant", "token_split"});
   EXPECT_EQ(run.status, 1) << run.err << run.out;
   EXPECT_NE(run.out.find("FAIL"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("replay: "), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("invariant 1"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("replay: python3 -m cpkv.conformance traces/samples/tiny.jsonl --impl " + std::string(kReference)), std::string::npos) << run.out;
 }
 
 // No interpreter, or one without torch: one line, exit 2, naming the interpreter and the Python

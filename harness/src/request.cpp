@@ -31,7 +31,7 @@ std::string RequestError::cli_message() const {
 
 void Registry::add(BackendEntry entry) {
   CPKV_ASSERT(find(entry.name) == nullptr);
-  CPKV_ASSERT(entry.make != nullptr || entry.model != nullptr || entry.handoff != nullptr);  // an entry does at least one of the verbs
+  CPKV_ASSERT(entry.replay != nullptr || entry.model != nullptr || entry.handoff != nullptr);  // an entry does at least one of the verbs
   entries_.push_back(std::move(entry));
 }
 
@@ -378,7 +378,6 @@ ScannedSource check_source(const CheckedRequest& checked, const BatchSource& sou
     throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", r.ipc_missing_rank, source.setting.cp));
   }
   s.stale_regions = sweep_stale_regions();
-  if (checked.backend->check_source) checked.backend->check_source(checked, source, s.scan.shape, s.layers);
   return s;
 }
 

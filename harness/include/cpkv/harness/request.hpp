@@ -143,6 +143,11 @@ struct CheckedRequest {
   // The run's whole configuration beyond the common options: every knob of kKnobTable the backend
   // takes, resolved (the option, else the environment, else the default), in the table's order.
   std::vector<ResolvedKnob> knobs;
+  // What the entry's check derived for the run's outputs: the run header's line of the backend's own
+  // configuration (the simulator's fault knobs, the GPUs' exchange), or empty; the clock a
+  // --timeline of the run counts (default: the host's wall clock in microseconds).
+  std::string backend_line;
+  TimelineClock timeline_clock = TimelineClock::wall_us;
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -164,26 +169,31 @@ struct BenchPrint {
 // each layer; the GPU backend counts whole batches (batches done x layers).
 using ProgressFunction = std::function<void(std::int64_t layers_done)>;
 
+struct ScannedSource;
+
+// A backend's registry entry: what it is (name, summary), what it takes (option bits, planted bugs,
+// its rank cap and default exchange), and its verbs. A front end asks which verbs an entry has,
+// never which backend it is; each verb is empty where the backend does not do it.
 struct BackendEntry {
   std::string name;                           // --backend NAME
   std::string summary;                        // one line for --help
   std::uint32_t options = 0;                  // RequestOptionBits it takes
   std::uint8_t mutants = 0;                   // BackendBits of the planted bugs it holds (0: none, moves no content)
   std::int32_t ranks_max = model::limits::cp_max;  // the most ranks it runs: a source of larger cp is refused
-  // Options beyond the common ones (a schedule file parsed, ranks_as named); may be empty.
+  // The exchange a request that names none runs (a backend that takes --exchange, where neither
+  // the option nor CPKV_EXCHANGE names one): its spelling as --exchange would give it. Empty: the
+  // backend's own exchange in process.
+  std::string default_exchange;
+  // check: options beyond the common ones (a schedule file parsed, ranks_as named), and what the run
+  // header and the outputs take from them (CheckedRequest::backend_line, timeline_clock); may be empty.
   std::function<void(CheckedRequest&)> check;
-  // What needs the source, before any rank starts (the simulator's /dev/shm space); may be empty.
-  std::function<void(const CheckedRequest&, const BatchSource&, const SourceShape&, std::int32_t layers)> check_source;
-  // The verbs a front end asks of a backend, each empty where the backend does not do it; a front
-  // end asks which verbs an entry has, never which backend it is.
-  // replay: the backend, whose runs move content through ranks; an environment it cannot run in
-  // (no GPU) is a RequestError naming "backend".
-  std::function<std::unique_ptr<Backend>(const CheckedRequest&, const ProgressFunction&)> make;
+  // replay: the backend for a checked request and source, whose runs move content through ranks,
+  // after what needs the source (the simulator's /dev/shm space), before any rank starts; an
+  // environment it cannot run in (no GPU) is a RequestError naming "backend".
+  std::function<std::unique_ptr<Backend>(const CheckedRequest&, const BatchSource&, const ScannedSource&, const ProgressFunction&)> replay;
   // model: the model replay instead (no ranks, no Backend: plans, verdicts, bytes and modelled time
   // of every batch and variant under these ceilings, harness/model_replay.hpp).
   std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
-  // The run header's extra line (the simulator's fault knobs), or empty.
-  std::function<std::string(const CheckedRequest&)> knobs_line;
   // handoff: the run is another front end's, in another process (the torch backend's is Python's
   // conformance harness): the arguments after the interpreter that run this request there
   // ("-m cpkv.conformance TRACE --impl ..."), given the source (its setting: the layers run).
@@ -191,13 +201,6 @@ struct BackendEntry {
   // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
   // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
   std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
-  // The exchange a request that names none runs (a backend that takes --exchange, where neither
-  // the option nor CPKV_EXCHANGE names one): its spelling as --exchange would give it. Empty: the
-  // backend's own exchange in process.
-  std::string default_exchange;
-  // The clock a --timeline of one of its runs counts, given the run's mode (RunReport::mode, the
-  // run header's name); empty: the host's wall clock in microseconds.
-  std::function<TimelineClock(std::string_view mode)> timeline_clock;
 };
 
 class Registry {
