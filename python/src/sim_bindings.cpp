@@ -177,8 +177,8 @@ void bind_sim(py::module_& m) {
         "'round-robin' or a schedule file. backend='model': the dict `cpkv replay --backend model --json FILE` writes "
         "(the nominal ceilings). backend='torch': impl ('module:Class' or 'module:Class(k=v, ...)') run under the conformance "
         "harness on device 'cpu' (gloo) or 'cuda', ranks (default: the trace's cp) rank processes; returns the dict "
-        "`python3 -m cpkv.conformance --json FILE` writes (the runs' totals, violations by invariant, failure and deadlock, "
-        "and the conformance-only figures in its `conformance` block).");
+        "`python3 -m cpkv.conformance --json FILE` writes (the run's totals, violations by invariant, failure and deadlock, "
+        "the harness's own figures beside them and in a top-level `conformance` block).");
   m.def("replay_batches", [](const model::Setting& setting, std::vector<model::Batch> batches, std::string variant, std::string ranks_as,
                              std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::string mutant,
                              std::optional<std::int64_t> wait_ms_max, std::int32_t ipc_missing_rank) {
