@@ -71,8 +71,9 @@ harness::BenchReport benched(const harness::CheckedBench& bench, const harness::
   return as_option_error([&] { return bench.checked.backend->bench(bench, source, print); });
 }
 
-std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::ProgressFunction& progress) {
-  return as_option_error([&] { return request.backend->make(request, progress); });
+std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::BatchSource& source, const harness::ScannedSource& scanned,
+                                               const harness::ProgressFunction& progress) {
+  return as_option_error([&] { return request.backend->replay(request, source, scanned, progress); });
 }
 
 }  // namespace cpkv::cli

@@ -19,6 +19,8 @@ harness::ScannedSource checked_source(const harness::CheckedRequest& request, co
 harness::CheckedBench checked_bench(const harness::BenchRequest& request);
 // The request's bench through its backend's entry (check_bench_request made sure it has one).
 harness::BenchReport benched(const harness::CheckedBench& bench, const harness::BatchSource& source, const harness::BenchPrint& print);
-std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::ProgressFunction& progress);
+// The request's backend through its entry's replay verb (what needs the source checked first).
+std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::BatchSource& source, const harness::ScannedSource& scanned,
+                                               const harness::ProgressFunction& progress);
 
 }  // namespace cpkv::cli

@@ -38,8 +38,8 @@ harness::BenchReport benched_with_timeline(harness::CheckedBench checked, const 
   checked.checked.request.timeline = timeline.temporary();
   harness::begin_timeline(timeline.temporary());
   const auto commit = [&] {
-    const harness::BackendEntry& backend = *checked.checked.backend;  // its clock, as a replay's timeline takes it
-    harness::end_timeline(timeline.temporary(), backend.timeline_clock ? backend.timeline_clock(backend.name) : harness::TimelineClock::wall_us);
+    // The backend's clock, as its entry's check chose it for a replay's timeline.
+    harness::end_timeline(timeline.temporary(), checked.checked.timeline_clock);
     timeline.commit();
   };
   try {

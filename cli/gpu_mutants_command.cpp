@@ -13,6 +13,7 @@
 
 #include "backends.hpp"
 #include "commands.hpp"
+#include "cpkv/model/assert.hpp"
 #include "cpkv/sim/mutant.hpp"
 #include "cpkv/sim/runner.hpp"
 #include "cuda_backend.hpp"
@@ -66,9 +67,13 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
   // --exchange, else CPKV_EXCHANGE, else the built-in plugin (cpkv's own fused compose through the
   // ABI), and the other knobs, resolved by the request check as a replay's are.
   harness::CheckedRequest knobs;
-  knobs.request.backend = "cuda";
   knobs.request.exchange = asked;
-  knobs.backend = backends().find("cuda");
+  // The entry that holds the GPU's planted bugs, as `cpkv mutants` chose it (by its bits, never its name).
+  for (const harness::BackendEntry& entry : backends().entries()) {
+    if ((entry.mutants & harness::kGpuHolds) != 0 && knobs.backend == nullptr) knobs.backend = &entry;
+  }
+  CPKV_ASSERT(knobs.backend != nullptr);  // run_mutants calls this only where such an entry is registered
+  knobs.request.backend = knobs.backend->name;
   try {
     knobs.knobs = harness::resolve_knobs(knobs.request, *knobs.backend);
   } catch (const harness::RequestError& e) {

@@ -180,29 +180,8 @@ model::CostParameters load_ceilings(const ModelReplayOptions& o, const InputFile
   return c;
 }
 
-namespace {
-
-#ifndef CPKV_CHART_PYTHON
-#define CPKV_CHART_PYTHON "python3"
-#endif
-
-// The interpreter that draws the chart: $CPKV_PYTHON when set and not empty, else the one configure
-// found (CMake's Python3_EXECUTABLE, baked in), never whichever python3 comes first on PATH (a pyenv
-// shim without matplotlib hid the interpreter that had it).
-struct ChartPython {
-  std::string program;
-  std::string origin;  // for messages: where the choice came from
-};
-ChartPython chart_python() {
-  const char* chosen = std::getenv("CPKV_PYTHON");
-  if (chosen != nullptr && *chosen != '\0') return {chosen, "from CPKV_PYTHON"};
-  return {CPKV_CHART_PYTHON, "configured at build time; CPKV_PYTHON overrides it"};
-}
-
-}  // namespace
-
 void check_chart_tools() {
-  const ChartPython python = chart_python();
+  const PythonInterpreter python = python_interpreter();
   const ChildOutcome probe = run_child({python.program, "-c", "import matplotlib"}, kChartProbeLimit);
   if (!probe.ran) {
     throw OptionError(fmt::format("--chart: the chart's interpreter {} ({}) cannot be started: {}", python.program, python.origin,
@@ -259,7 +238,7 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
   }
   const ChartInput times(".csv", csv);
   const ChartInput script(".py", kChartScript);
-  const ChartPython python = chart_python();
+  const PythonInterpreter python = python_interpreter();
   const ChildOutcome drawn = run_child({python.program, script.path(), times.path(), png.temporary(), title}, kChartDrawLimit);
   if (!drawn.ok()) throw std::runtime_error(fmt::format("--chart: {} failed to draw {} ({})", python.program, png.path(), drawn.describe()));
   png.commit();

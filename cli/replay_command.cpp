@@ -6,10 +6,12 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +22,7 @@
 #include "model_replay.hpp"
 #include "options.hpp"
 #include "rejected.hpp"
+#include "subprocess.hpp"
 #include "cpkv/harness/interrupt.hpp"
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/replay_report.hpp"
@@ -85,6 +88,7 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
   }
   c.request = checked_request(o.request);
+  if (c.request.backend->handoff) return;  // the run's front end checks its inputs and outputs (run_handoff)
   if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
   if (c.request.backend->model) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
   // Every rank reopens the trace: a pipe is read once, into a private spool file.
@@ -110,11 +114,10 @@ struct StreamedOutputs {
     if (c.timeline) c.request.request.timeline = c.timeline->temporary();
     if (c.timeline) harness::begin_timeline(c.timeline->temporary());
   }
-  void commit(const std::string& mode) {
+  void commit() {
     // The backend's clock (the scheduled simulator's steps, the GPUs' CUDA events on the host's
-    // monotonic clock), else the host's wall clock.
-    const harness::BackendEntry& backend = *c.request.backend;
-    if (c.timeline) harness::end_timeline(c.timeline->temporary(), backend.timeline_clock ? backend.timeline_clock(mode) : harness::TimelineClock::wall_us);
+    // monotonic clock), else the host's wall clock: what its entry's check chose.
+    if (c.timeline) harness::end_timeline(c.timeline->temporary(), c.request.timeline_clock);
     if (c.timeline) c.timeline->commit();
     if (c.event_log) c.event_log->commit();
   }
@@ -195,13 +198,11 @@ void run_backend(CheckedReplay& c) {
   harness::ProgressFunction progress;
   if (bar.tty) progress = [&bar](std::int64_t done) { bar.show(done); };
   // The one backend interface, built by the backend's registry entry.
-  const std::unique_ptr<harness::Backend> backend = made_backend(c.request, progress);
+  const std::unique_ptr<harness::Backend> backend = made_backend(c.request, source, scanned, progress);
   const std::string mode = backend->name();
   fmt::print("{}\n", harness::run_header("cpkv replay", c.request, source, scanned, mode));
   if (const std::string knobs = harness::knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);  // the resolved configuration
-  if (c.request.backend->knobs_line) {
-    if (const std::string knobs = c.request.backend->knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);
-  }
+  if (!c.request.backend_line.empty()) fmt::print("{}\n", c.request.backend_line);
   if (c.request.mutant != harness::Mutant::none) {
     fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", harness::to_string(c.request.mutant));
   }
@@ -225,20 +226,53 @@ void run_backend(CheckedReplay& c) {
     });
   } catch (...) {
     try {
-      streamed.commit(mode);  // what was written up to the failure, kept whole
+      streamed.commit();  // what was written up to the failure, kept whole
     } catch (const std::exception&) {
       // the run's own failure is the one to report
     }
     throw;
   }
-  streamed.commit(mode);
+  streamed.commit();
   if (c.json) c.json->write(harness::replay_json(c.request, scanned, mode, json_runs).dump(2) + "\n");
   exit_status() = failed ? kExitFailure : kExitOk;
+}
+
+// How long the interpreter may take to import what a handed-off run needs (torch: about 2.5 s on an
+// idle machine, far more on a loaded one) before it counts as unable to.
+constexpr std::chrono::milliseconds kHandoffProbeLimit{180'000};
+
+// A backend whose run is another front end's (torch: Python's conformance harness): the trace's
+// header read here (the layers run), the interpreter probed in a bounded child, then this process
+// becomes that run (exec): its output, its signals and its exit status are the run's. Where the
+// interpreter cannot run it, one line names the Python command that would.
+void run_handoff(const ReplayOptions& o, const CheckedReplay& c) {
+  const harness::BackendEntry& entry = *c.request.backend;
+  const InputFile trace("trace", o.trace_path);
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(o.trace_path, error)) {
+    throw OptionError(fmt::format("trace: {} is not a regular file (--backend {}: each rank process opens it)", o.trace_path, entry.name));
+  }
+  std::vector<std::string> args = entry.handoff(c.request, harness::BatchSource::from_trace(o.trace_path, c.request.request.batch));
+  if (o.json_path) args.insert(args.end(), {"--json", *o.json_path});
+  std::string command = "python3";
+  for (const std::string& a : args) command += " " + harness::shell_word(a);
+  const PythonInterpreter python = python_interpreter();
+  prepend_python_package_path();
+  const ChildOutcome probe = run_child({python.program, "-c", "import torch, cpkv.conformance"}, kHandoffProbeLimit);
+  if (!probe.ok()) {
+    throw OptionError(fmt::format("--backend {}: {} ({}) cannot run the conformance harness ({}); the same run is `{}` under an interpreter that "
+                                  "imports torch and cpkv (Debian: python3-torch; PYTHONPATH=<build>/python), or set CPKV_PYTHON to one",
+                                  entry.name, python.program, python.origin, probe.ran ? probe.describe() : "cannot be started: " + probe.stderr_tail, command));
+  }
+  args.insert(args.begin(), python.program);
+  exec_program(args);
+  throw OptionError(fmt::format("--backend {}: cannot run {}: {}", entry.name, python.program, std::strerror(errno)));
 }
 
 void run_replay(ReplayOptions& o) {
   CheckedReplay c;
   check_replay(o, c);
+  if (c.request.backend->handoff) return run_handoff(o, c);
   if (c.request.backend->model) {
     ModelReplayRun run{c.request.backend->model, o.trace_path, c.trace->path(), o.request.batch, *c.ceilings, c.json.get(), c.chart.get(), c.per_batch.get(), c.ceilings_shape};
     return run_model_replay(run, o.model);
@@ -278,6 +312,12 @@ void register_replay(CLI::App& app) {
                   "fused compose, under the same checks; its own planted bugs and the harness's (stale_page_inverse, reused_plan, unzeroed_rows) "
                   "are taken by --mutant (default: CPKV_EXCHANGE, else builtin)");
   add_knob_options(cmd, o->request);
+  cmd->add_option("--impl", o->request.impl,
+                  "torch: the exchange class to run under the conformance harness, module:Class or path/to/file.py:Class, with constructor "
+                  "arguments as 'module:Class(k=v, ...)' (docs/conformance.md); the run is `python3 -m cpkv.conformance` (CPKV_PYTHON picks the interpreter)");
+  cmd->add_option("--device", o->request.device, "torch: the ranks' device, cpu (gloo; the default) or cuda (NCCL, CUDA IPC)")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--ranks", o->request.ranks, "torch: the rank processes to spawn (default: the trace's cp, which it must be)")
+      ->check(whole_in<std::int32_t>(1, model::limits::cp_max));
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path,
                   "scheduled runs: write the event log (one step a line, docs/event-log.md) to this file as the run goes (a regular file)");

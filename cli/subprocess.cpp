@@ -130,3 +130,41 @@ ChildOutcome run_child(const std::vector<std::string>& argv, std::chrono::millis
 }
 
 }  // namespace cpkv::cli
+
+namespace cpkv::cli {
+
+#ifndef CPKV_CHART_PYTHON
+#define CPKV_CHART_PYTHON "python3"
+#endif
+#ifndef CPKV_PYTHON_PACKAGE_DIR
+#define CPKV_PYTHON_PACKAGE_DIR ""
+#endif
+
+PythonInterpreter python_interpreter() {
+  const char* chosen = std::getenv("CPKV_PYTHON");
+  if (chosen != nullptr && *chosen != '\0') return {chosen, "from CPKV_PYTHON"};
+  return {CPKV_CHART_PYTHON, "configured at build time; CPKV_PYTHON overrides it"};
+}
+
+void prepend_python_package_path() {
+  const std::string package = CPKV_PYTHON_PACKAGE_DIR;
+  std::error_code error;
+  if (package.empty() || !std::filesystem::exists(package + "/cpkv/__init__.py", error)) return;
+  const char* path = std::getenv("PYTHONPATH");
+  const std::string value = path == nullptr || *path == '\0' ? package : package + ":" + path;
+  ::setenv("PYTHONPATH", value.c_str(), 1);
+}
+
+void exec_program(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  harness::restore_signals();
+  ::execvp(args[0], args.data());
+  // The exec failed (errno set): the caller reports it in one line and exits at once; a signal until
+  // then has its default effect, which ends this process as the program's would have.
+}
+
+}  // namespace cpkv::cli

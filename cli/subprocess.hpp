@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+
 namespace cpkv::cli {
 
 struct ChildOutcome {
@@ -23,5 +24,24 @@ struct ChildOutcome {
 // whole group is killed (the helper's own children too: an orphaned python3 ran on and recreated
 // its output after cpkv had exited).
 ChildOutcome run_child(const std::vector<std::string>& argv, std::chrono::milliseconds limit);
+
+// The Python interpreter cpkv runs (--chart's drawing, --backend torch's conformance run):
+// $CPKV_PYTHON when set and not empty, else the one configure found (CMake's Python3_EXECUTABLE,
+// baked in), never whichever python3 comes first on PATH (a pyenv shim without matplotlib hid the
+// interpreter that had it).
+struct PythonInterpreter {
+  std::string program;
+  std::string origin;  // for messages: where the choice came from
+};
+PythonInterpreter python_interpreter();
+
+// The build's package folder (where this cpkv was built beside the Python package) put first on
+// this process's PYTHONPATH, so that a Python child imports the cpkv this cpkv was built with.
+void prepend_python_package_path();
+
+// Replaces this process with argv[0] (a path, or searched in PATH), the signal
+// dispositions restored first (harness::restore_signals): its output, signals and exit status are
+// the command's own. Returns only when the exec failed (errno set).
+void exec_program(const std::vector<std::string>& argv);
 
 }  // namespace cpkv::cli

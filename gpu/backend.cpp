@@ -181,7 +181,7 @@ void register_backend(harness::Registry& registry) {
   cuda.mutants = harness::kGpuHolds | harness::kHarnessHolds;
   cuda.ranks_max = kRanksMax;  // one node's GPUs (kernels::kCpMax): the bootstrap's per-rank arrays
   cuda.default_exchange = harness::kBuiltinExchange;
-  cuda.make = [](const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
+  cuda.replay = [](const harness::CheckedRequest& c, const harness::BatchSource&, const harness::ScannedSource&, const harness::ProgressFunction& progress) {
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;
     if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;
@@ -193,8 +193,10 @@ void register_backend(harness::Registry& registry) {
     if (c.request.swarm) options.slow_rank_cycles = slow_rank_cycles_of(c.request.seed);
     return make_cuda_backend(options);
   };
-  cuda.knobs_line = [](const harness::CheckedRequest& c) {
-    std::string line;
+  // The header's line of the exchange run (and a swarm's slow rank); a timeline counts CUDA events.
+  cuda.check = [](harness::CheckedRequest& c) {
+    c.timeline_clock = harness::TimelineClock::cuda_events;
+    std::string& line = c.backend_line;
     if (c.exchange) {
       line = fmt::format("exchange: plugin '{}' ({}), ABI version {}{}", c.exchange->name,
                          c.exchange_by_default ? fmt::format("{}, the default", harness::kBuiltinExchange) : c.request.exchange.value_or(""),
@@ -204,10 +206,8 @@ void register_backend(harness::Registry& registry) {
       line += fmt::format("{}slow rank: (batch + layer) % cp spins {} cycles before its exchange (drawn from seed {})", line.empty() ? "" : " | ",
                           slow_rank_cycles_of(c.request.seed), c.request.seed);
     }
-    return line;
   };
   cuda.bench = bench_report;
-  cuda.timeline_clock = [](std::string_view) { return harness::TimelineClock::cuda_events; };
   registry.add(std::move(cuda));
 }
 

@@ -227,9 +227,7 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
                          checked.request.trace_label, s.source.setting.cp, s.gpus, s.batches.size(), s.layers, c.reps,
                          s.source.setting.layer_count()));
   print.line(fmt::format("{}{}--bulk {} ({})", harness::knobs_line(checked), checked.knobs.empty() ? "knobs: " : " | ", c.bulk ? "on" : "off", c.bulk_origin));
-  if (checked.backend->knobs_line) {
-    if (const std::string knobs = checked.backend->knobs_line(checked); !knobs.empty()) print.line(knobs);
-  }
+  if (!checked.backend_line.empty()) print.line(checked.backend_line);
   if (s.gpus < s.source.setting.cp)
     print.line(fmt::format("TIME-SLICED: {} ranks on {} GPUs: the bytes are checked, the timings measure nothing", s.source.setting.cp, s.gpus));
   print.rejected(s.rejected);

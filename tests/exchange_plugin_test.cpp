@@ -146,17 +146,18 @@ class ExchangeRequest : public ::testing::Test {
  protected:
   void SetUp() override {
     // Entries with the options a plugin host takes; nothing is run, so their factories make nothing.
-    const auto make = [](const harness::CheckedRequest&, const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
+    const auto make = [](const harness::CheckedRequest&, const harness::BatchSource&, const harness::ScannedSource&,
+                         const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
     harness::BackendEntry plugin_host;
     plugin_host.name = "host";
     plugin_host.options = harness::kTakesExchange;
     plugin_host.mutants = harness::kGpuHolds | harness::kHarnessHolds;
-    plugin_host.make = make;
+    plugin_host.replay = make;
     registry.add(std::move(plugin_host));
     harness::BackendEntry other;
     other.name = "other";
     other.mutants = harness::kSimulatorHolds;
-    other.make = make;
+    other.replay = make;
     registry.add(std::move(other));
     // A plugin host whose default exchange (no --exchange, no CPKV_EXCHANGE) is the stub, as the
     // cuda backend's is the built-in plugin.
@@ -164,7 +165,7 @@ class ExchangeRequest : public ::testing::Test {
     defaulted.name = "defaulted";
     defaulted.options = harness::kTakesExchange;
     defaulted.mutants = harness::kGpuHolds | harness::kHarnessHolds;
-    defaulted.make = make;
+    defaulted.replay = make;
     defaulted.default_exchange = CPKV_STUB_ok;
     registry.add(std::move(defaulted));
     ::unsetenv("CPKV_EXCHANGE");  // the shell's choice is not this test's
@@ -292,7 +293,8 @@ TEST_F(ExchangeRequest, ABenchNeedsABackendThatBenchesAndItsEntryGetsTheCheckedP
   bencher.name = "bencher";
   bencher.options = harness::kTakesExchange;
   bencher.mutants = harness::kGpuHolds;
-  bencher.make = [](const harness::CheckedRequest&, const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
+  bencher.replay = [](const harness::CheckedRequest&, const harness::BatchSource&, const harness::ScannedSource&,
+                      const harness::ProgressFunction&) -> std::unique_ptr<harness::Backend> { return nullptr; };
   std::vector<std::string> benched;
   bencher.bench = [&](const harness::CheckedBench& c, const harness::BatchSource&, const harness::BenchPrint&) {
     for (model::Variant v : c.checked.variants) benched.emplace_back(model::to_string(v));

@@ -29,7 +29,7 @@ Registry registry_with(std::int32_t ranks_max) {
   entry.summary = "a backend of a few ranks";
   entry.ranks_max = ranks_max;
   // Never called: the cap is checked before any backend is made.
-  entry.make = [](const CheckedRequest&, const ProgressFunction&) -> std::unique_ptr<Backend> { return nullptr; };
+  entry.replay = [](const CheckedRequest&, const BatchSource&, const ScannedSource&, const ProgressFunction&) -> std::unique_ptr<Backend> { return nullptr; };
   registry.add(std::move(entry));
   return registry;
 }

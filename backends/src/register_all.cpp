@@ -14,6 +14,7 @@ void register_all(harness::Registry& registry) {
   sim::register_backends(registry);
   if (&cuda::register_backend != nullptr) cuda::register_backend(registry);
   harness::register_model_backend(registry);
+  register_torch_backend(registry);
 }
 
 const harness::Registry& registry() {

@@ -303,8 +303,8 @@ void untrack_file(const std::string& path) {
   std::erase(registry().files, path);
 }
 
-bool prepare_child(pid_t parent) {
-  g_pipe_write.store(-1);  // a signal to this child is its own, never the parent's
+void restore_signals() {
+  g_pipe_write.store(-1);  // a signal from now on is the new program's, never the watcher's
   struct sigaction action {};
   sigemptyset(&action.sa_mask);
   for (int s : kHandledSignals) {
@@ -315,6 +315,10 @@ bool prepare_child(pid_t parent) {
   sigemptyset(&all);
   for (int s : kHandledSignals) sigaddset(&all, s);
   ::sigprocmask(SIG_UNBLOCK, &all, nullptr);
+}
+
+bool prepare_child(pid_t parent) {
+  restore_signals();
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return false;
   return ::getppid() == parent;  // the parent died before prctl: the death signal will never come
 }

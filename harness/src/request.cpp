@@ -3,6 +3,7 @@
 #include "cpkv/harness/launch.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -30,7 +31,7 @@ std::string RequestError::cli_message() const {
 
 void Registry::add(BackendEntry entry) {
   CPKV_ASSERT(find(entry.name) == nullptr);
-  CPKV_ASSERT(entry.make != nullptr || entry.model != nullptr);  // an entry does at least one of the verbs
+  CPKV_ASSERT(entry.replay != nullptr || entry.model != nullptr || entry.handoff != nullptr);  // an entry does at least one of the verbs
   entries_.push_back(std::move(entry));
 }
 
@@ -78,7 +79,19 @@ std::string not_held(const ReplayRequest& r, const BackendEntry& backend) {
   return fmt::format("'{}' is not held by --backend {} (it holds: {})", r.mutant, backend.name, mutant_names(backend.mutants));
 }
 
+bool python_name(std::string_view text, bool dotted) {
+  const auto head = [](char ch) { return (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || ch == '_'; };
+  const auto tail = [&](char ch) { return head(ch) || (ch >= '0' && ch <= '9') || (dotted && ch == '.'); };
+  return !text.empty() && head(text.front()) && std::all_of(text.begin(), text.end(), tail) && text.back() != '.';
+}
+
 Mutant checked_mutant(const ReplayRequest& r, const BackendEntry& backend) {
+  // A foreign exchange's planted bugs are its own (the reference implementations', named where they
+  // live: Python's cpkv.conformance.reference checks the name); the harness's table has none of them.
+  if ((backend.options & kTakesImpl) != 0) {
+    if (r.mutant != "none" && !python_name(r.mutant, false)) throw RequestError("mutant", fmt::format("'{}' is not a planted bug's name", traces::escape_bytes(r.mutant)));
+    return Mutant::none;
+  }
   const auto mutant = parse_mutant(r.mutant);
   if (!mutant) throw RequestError("mutant", fmt::format("unknown mutant '{}' (one of: {})", r.mutant, mutant_names()));
   if (*mutant == Mutant::none) return *mutant;
@@ -104,7 +117,9 @@ void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
                {r.stuck_ms_max.has_value(), kTakesStuckMsMax, "stuck_ms_max"}, {r.ipc_missing_rank >= 0, kTakesIpcFault, "ipc_missing_rank"},
                {r.event_log.has_value(), kTakesEventLog, "event_log"},    {r.timeline.has_value(), kTakesTimeline, "timeline"},
                {r.exchange.has_value(), kTakesExchange, "exchange"},      {r.exchange_load_ms_max.has_value(), kTakesExchange, "exchange_load_ms_max"},
-               {r.pool_memory.has_value(), kTakesPoolMemory, "pool_memory"}, {r.compose_blocks_per_sm.has_value(), kTakesComposeBlocks, "compose_blocks_per_sm"}};
+               {r.pool_memory.has_value(), kTakesPoolMemory, "pool_memory"}, {r.compose_blocks_per_sm.has_value(), kTakesComposeBlocks, "compose_blocks_per_sm"},
+               {r.impl.has_value(), kTakesImpl, "impl"},                  {r.device.has_value(), kTakesDevice, "device"},
+               {r.ranks.has_value(), kTakesRanks, "ranks"}};
   for (const auto& g : given) {
     if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
   }
@@ -125,6 +140,32 @@ void check_numbers(const ReplayRequest& r) {
   }
   if (r.ipc_missing_rank < -1 || r.ipc_missing_rank >= model::limits::cp_max) {
     throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank in 0..{} (-1: none)", r.ipc_missing_rank, model::limits::cp_max - 1));
+  }
+}
+
+// A foreign exchange's options (kTakesImpl, kTakesDevice, kTakesRanks), in range: the class named as
+// Python imports it ("module:Class" or "path/file.py:Class", constructor arguments in parentheses,
+// which Python reads: cpkv.conformance._impl_spec), a device of the two, ranks of the model's cap.
+void check_foreign(const ReplayRequest& r) {
+  if (r.impl) {
+    const std::string& text = *r.impl;
+    const std::size_t open = text.size() > 1 && text.back() == ')' ? text.find('(') : std::string::npos;
+    const std::string_view head = std::string_view(text).substr(0, open);
+    const std::size_t colon = head.rfind(':');
+    const std::string_view module = colon == std::string_view::npos ? std::string_view() : head.substr(0, colon);
+    const bool file = module.size() > 3 && module.substr(module.size() - 3) == ".py";
+    const bool printable = std::none_of(text.begin(), text.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20; });
+    if (text.size() > request_limits::impl_chars_max || !printable || colon == std::string_view::npos || !(file || python_name(module, true)) ||
+        !python_name(head.substr(colon + 1), true)) {
+      throw RequestError("impl", fmt::format("'{}' is not module:Class or path/to/file.py:Class (constructor arguments: 'module:Class(k=v, ...)')",
+                                             traces::escape_bytes(text.substr(0, 200))));
+    }
+  }
+  if (r.device && *r.device != "cpu" && *r.device != "cuda") {
+    throw RequestError("device", fmt::format("'{}' is neither cpu nor cuda", traces::escape_bytes(*r.device)));
+  }
+  if (r.ranks && (*r.ranks < 1 || *r.ranks > model::limits::cp_max)) {
+    throw RequestError("ranks", fmt::format("{} is not in 1..{}", *r.ranks, model::limits::cp_max));
   }
 }
 
@@ -284,6 +325,7 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
   c.mutant = checked_mutant(request, *c.backend);
   check_numbers(request);
   check_taken(request, *c.backend);
+  check_foreign(request);
   c.knobs = resolve_knobs(c.request, *c.backend);
   check_exchange(c);
   if (request.event_log && c.variants.size() != 1) throw RequestError("event_log", "give one variant (the log is one run's)");
@@ -336,7 +378,6 @@ ScannedSource check_source(const CheckedRequest& checked, const BatchSource& sou
     throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", r.ipc_missing_rank, source.setting.cp));
   }
   s.stale_regions = sweep_stale_regions();
-  if (checked.backend->check_source) checked.backend->check_source(checked, source, s.scan.shape, s.layers);
   return s;
 }
 
@@ -368,16 +409,29 @@ void run_variants(const CheckedRequest& checked, const BatchSource& source, cons
   }
 }
 
+std::string shell_word(std::string_view text) {
+  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) != 0 || std::string_view("_.:/,=+-@%").find(ch) != std::string_view::npos;
+  });
+  if (plain) return std::string(text);
+  std::string out = "'";
+  for (char ch : text) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
 std::string replay_line(const CheckedRequest& checked, model::Variant variant, std::int32_t layers) {
   const ReplayRequest& r = checked.request;
-  std::string line = fmt::format("cpkv replay {} --backend {} --variant {} --seed {} --layers {}", r.trace_label, r.backend,
-                                 model::to_string(variant), r.seed, layers);
+  // A foreign exchange is its own variant: the line names it (quoted: its arguments hold parentheses).
+  const std::string what = r.impl ? fmt::format("--impl {}", shell_word(*r.impl)) : fmt::format("--variant {}", model::to_string(variant));
+  std::string line = fmt::format("cpkv replay {} --backend {} {} --seed {} --layers {}", r.trace_label, r.backend, what, r.seed, layers);
+  if (r.ranks) line += fmt::format(" --ranks {}", *r.ranks);
+  if (r.device) line += fmt::format(" --device {}", *r.device);
   if (r.schedule) line += fmt::format(" --schedule {}", *r.schedule);
   if (!r.schedule && (checked.backend->options & kTakesRanksAs) != 0) line += fmt::format(" --ranks-as {}", r.ranks_as.value_or("processes"));
   if (r.swarm) line += " --swarm";
   if (r.wait_ms_max) line += fmt::format(" --wait-ms-max {}", *r.wait_ms_max);
   if (r.stuck_ms_max) line += fmt::format(" --stuck-ms-max {}", *r.stuck_ms_max);
-  if (checked.mutant != Mutant::none) line += fmt::format(" --mutant {}", to_string(checked.mutant));
+  if (r.mutant != "none") line += fmt::format(" --mutant {}", r.mutant);
   if (r.batch) line += fmt::format(" --batch {}", *r.batch);
   if (r.ipc_missing_rank >= 0) line += fmt::format(" --ipc-missing-rank {}", r.ipc_missing_rank);
   if (r.exchange) line += fmt::format(" --exchange {}", traces::escape_bytes(*r.exchange));

@@ -29,7 +29,9 @@ Property tests
 
 Replay and plan
     ``plan(path)`` and ``replay(path, backend="sim")`` return what ``cpkv plan --json FILE`` and
-    ``cpkv replay --json`` write; ``replay_batches`` replays batches held in memory.
+    ``cpkv replay --json`` write; ``replay(path, backend="torch", impl="module:Class")`` runs the
+    conformance harness (``cpkv.conformance``) and returns what its ``--json`` writes;
+    ``replay_batches`` replays batches held in memory.
 
 Bad input raises ``InputError`` or ``TraceError`` (both ValueErrors) with the command's one line.
 Every number comes from the C++ model; this package only converts and arranges.

@@ -368,7 +368,8 @@ MUTANTS: Dict[str, Tuple[int, Tuple[str, ...]]]  # name -> (invariant, backends 
 def replay(path: PathArg, backend: str = "sim", variant: str = "all", ranks_as: Optional[str] = None, schedule: Optional[str] = None,
            seed: int = 1, layers: Union[int, str] = 4, batch: Optional[int] = None, mutant: str = "none",
            wait_ms_max: Optional[int] = None, stuck_ms_max: Optional[int] = None, swarm: bool = False,
-           ipc_missing_rank: int = -1) -> Dict[str, Any]: ...
+           ipc_missing_rank: int = -1, impl: Optional[str] = None, device: Optional[str] = None,
+           ranks: Optional[int] = None) -> Dict[str, Any]: ...
 def replay_batches(setting: Setting, batches: Sequence[BatchLike], variant: str = "all", ranks_as: str = "threads",
                    schedule: Optional[str] = None, seed: int = 1, layers: Union[int, str] = 4, mutant: str = "none",
                    wait_ms_max: Optional[int] = None, ipc_missing_rank: int = -1) -> Dict[str, Any]: ...

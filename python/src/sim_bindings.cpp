@@ -4,6 +4,7 @@
 // tests compare the two. Options are checked in the CLI's order with the CLI's reasons, named by
 // the Python parameter.
 #include <chrono>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <pybind11/stl.h>
@@ -13,6 +14,7 @@
 #include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
+#include "cpkv/model/assert.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cpkv/traces/trace.hpp"
@@ -56,7 +58,7 @@ py::dict run_source(const harness::BatchSource& source, const py::object& trace_
   // Validates every batch before any rank starts; the batches the overflow verdict rejects are
   // listed as the CLI's report lists them (PROTOCOL.md section 4: a rejected batch is named).
   const harness::ScannedSource scanned = as_input_error([&] { return harness::check_source(checked, source); });
-  const std::unique_ptr<harness::Backend> backend = as_input_error([&] { return checked.backend->make(checked, {}); });
+  const std::unique_ptr<harness::Backend> backend = as_input_error([&] { return checked.backend->replay(checked, source, scanned, {}); });
   nlohmann::json runs = nlohmann::json::array();
   run_interruptible([&] {  // ranks may be threads or forked processes: none touches Python
     harness::run_variants(checked, source, scanned, *backend, {}, [&](const harness::VariantRun& run) {
@@ -79,6 +81,9 @@ struct PyRequest {
   std::optional<std::int64_t> stuck_ms_max;
   bool swarm;
   std::int32_t ipc_missing_rank;
+  std::optional<std::string> impl = std::nullopt;    // the torch backend's
+  std::optional<std::string> device = std::nullopt;
+  std::optional<std::int32_t> ranks = std::nullopt;
 };
 
 harness::CheckedRequest checked_request(std::string backend, std::string label, std::optional<std::int64_t> batch, const PyRequest& p) {
@@ -95,6 +100,9 @@ harness::CheckedRequest checked_request(std::string backend, std::string label, 
   r.stuck_ms_max = p.stuck_ms_max;
   r.swarm = p.swarm;
   r.ipc_missing_rank = p.ipc_missing_rank;
+  r.impl = p.impl;
+  r.device = p.device;
+  r.ranks = p.ranks;
   // The request's own checks come first, in the CLI's order; layers is checked here as the CLI parses it.
   harness::CheckedRequest checked = as_input_error([&] { return harness::check_request(r, python_backends()); });
   checked.request.layers = checked_layers(p.layers);
@@ -109,6 +117,21 @@ py::dict run_model(const harness::BackendEntry& entry, const std::string& read_p
   py::dict json = to_python(out.json);
   json["trace"] = path_text(label);  // as the simulator's dict names it
   return json;
+}
+
+// A backend whose verb is the handoff (torch: Python's conformance harness): the checked request's
+// command run in this process by the module it names (`-m cpkv.conformance ARGS`: its replay_command),
+// which returns the report its --json writes. The trace must be a file: every rank process opens it.
+py::dict run_handoff(const harness::CheckedRequest& checked, const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    throw InputError("trace", fmt::format("{} is not a regular file (backend {}: each rank process opens it)", path, checked.backend->name));
+  }
+  const std::vector<std::string> args = checked.backend->handoff(checked, harness::BatchSource::from_trace(path, checked.request.batch));
+  CPKV_ASSERT(args.size() >= 2 && args[0] == "-m");
+  py::list argv;
+  for (std::size_t i = 2; i < args.size(); ++i) argv.append(args[i]);
+  return py::module_::import(args[1].c_str()).attr("replay_command")(argv).cast<py::dict>();
 }
 
 }  // namespace
@@ -127,11 +150,13 @@ void bind_sim(py::module_& m) {
   m.attr("MUTANTS") = mutants;
   m.def("replay", [](const py::object& path_object, std::string backend, std::string variant, std::optional<std::string> ranks_as,
                      std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::optional<std::int64_t> batch, std::string mutant,
-                     std::optional<std::int64_t> wait_ms_max, std::optional<std::int64_t> stuck_ms_max, bool swarm, std::int32_t ipc_missing_rank) {
+                     std::optional<std::int64_t> wait_ms_max, std::optional<std::int64_t> stuck_ms_max, bool swarm, std::int32_t ipc_missing_rank,
+                     std::optional<std::string> impl, std::optional<std::string> device, std::optional<std::int32_t> ranks) {
     const PyRequest p{std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), std::move(mutant),
-                      wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank};
+                      wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank, std::move(impl), std::move(device), ranks};
     const std::string path = path_argument(path_object, "path");
     const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
+    if (checked.backend->handoff) return run_handoff(checked, path);
     const SpooledInput input(path);  // a pipe is read more than once: the scan, then every rank and variant
     try {
       if (checked.backend->model) return run_model(*checked.backend, input.read_path(), path, batch);
@@ -142,14 +167,18 @@ void bind_sim(py::module_& m) {
     }
   }, py::arg("path"), py::arg("backend") = "sim", py::arg("variant") = "all", py::arg("ranks_as") = py::none(), py::arg("schedule") = py::none(),
         py::arg("seed") = 1, py::arg("layers") = 4, py::arg("batch") = py::none(), py::arg("mutant") = "none", py::arg("wait_ms_max") = py::none(),
-        py::arg("stuck_ms_max") = py::none(), py::arg("swarm") = false, py::arg("ipc_missing_rank") = -1,
+        py::arg("stuck_ms_max") = py::none(), py::arg("swarm") = false, py::arg("ipc_missing_rank") = -1, py::arg("impl") = py::none(),
+        py::arg("device") = py::none(), py::arg("ranks") = py::none(),
         "Replay every batch of a trace through a backend with one variant, a comma-separated list or 'all', as `cpkv replay` "
         "does (the same request checks, in harness/request.hpp). backend='sim': the rank simulator, checking every dense "
         "byte; returns the dict `cpkv replay --json FILE` writes: trace, seed, layers, mode, mutant, and per variant run: "
         "passed, mismatches, violations, deadlock, failure, steps, seconds, per-rank totals, violation details. schedule: "
         "None (free-running ranks_as processes or threads; swarm draws every fault knob from the seed), 'random', "
         "'round-robin' or a schedule file. backend='model': the dict `cpkv replay --backend model --json FILE` writes "
-        "(the nominal ceilings).");
+        "(the nominal ceilings). backend='torch': impl ('module:Class' or 'module:Class(k=v, ...)') run under the conformance "
+        "harness on device 'cpu' (gloo) or 'cuda', ranks (default: the trace's cp) rank processes; returns the dict "
+        "`python3 -m cpkv.conformance --json FILE` writes (the run's totals, violations by invariant, failure and deadlock, "
+        "the harness's own figures beside them and in a top-level `conformance` block).");
   m.def("replay_batches", [](const model::Setting& setting, std::vector<model::Batch> batches, std::string variant, std::string ranks_as,
                              std::optional<std::string> schedule, std::uint64_t seed, py::object layers, std::string mutant,
                              std::optional<std::int64_t> wait_ms_max, std::int32_t ipc_missing_rank) {

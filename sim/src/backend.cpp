@@ -88,7 +88,13 @@ void check_sim_request(harness::CheckedRequest& c) {
   }
   if (r.swarm && r.schedule) throw harness::RequestError("swarm", "fault knobs exist only for free-running ranks (no schedule)");
   if (r.event_log && !r.schedule) throw harness::RequestError("event_log", "only scheduled runs (a schedule) have an event log");
-  if (!r.schedule) return;
+  // Scheduled runs count steps of the schedule on a timeline; free-running ones, the host's wall
+  // clock, and their header names the fault knobs.
+  if (!r.schedule) {
+    c.backend_line = fmt::format("{}: {}", r.swarm ? "swarm knobs" : "fault knobs", describe(fault_options(r)));
+    return;
+  }
+  c.timeline_clock = harness::TimelineClock::steps;
   std::optional<Schedule> schedule = named_schedule(*r.schedule, r.seed);
   if (!schedule) {
     try {
@@ -108,7 +114,16 @@ RunLimits limits_of(const harness::ReplayRequest& r, const harness::ProgressFunc
   return limits;
 }
 
-std::unique_ptr<harness::Backend> make_sim(const harness::CheckedRequest& c, const harness::ProgressFunction& progress) {
+// A /dev/shm too small is one line before any output, not a SIGBUS mid-run.
+void check_sim_space(const harness::BatchSource& source, const harness::SourceShape& shape, std::int32_t layers) {
+  harness::RunOptions sized;
+  sized.layers = layers;
+  World::check_space(world_geometry(source, sized, shape));
+}
+
+std::unique_ptr<harness::Backend> replay_sim(const harness::CheckedRequest& c, const harness::BatchSource& source, const harness::ScannedSource& scanned,
+                                             const harness::ProgressFunction& progress) {
+  check_sim_space(source, scanned.scan.shape, scanned.layers);
   const harness::ReplayRequest& r = c.request;
   Recording recording;
   recording.event_log_path = r.event_log.value_or("");
@@ -116,18 +131,6 @@ std::unique_ptr<harness::Backend> make_sim(const harness::CheckedRequest& c, con
   if (const auto schedule = schedule_of(c)) return make_scheduled_backend(*schedule, limits_of(r, progress), std::move(recording));
   const RanksAs ranks_as = r.ranks_as.value_or("processes") == "threads" ? RanksAs::threads : RanksAs::processes;
   return make_free_backend(ranks_as, fault_options(r), limits_of(r, progress), std::move(recording));
-}
-
-// A /dev/shm too small is one line before any output, not a SIGBUS mid-run.
-void check_sim_space(const harness::CheckedRequest&, const harness::BatchSource& source, const harness::SourceShape& shape, std::int32_t layers) {
-  harness::RunOptions sized;
-  sized.layers = layers;
-  World::check_space(world_geometry(source, sized, shape));
-}
-
-std::string sim_knobs_line(const harness::CheckedRequest& c) {
-  if (c.request.schedule) return {};
-  return fmt::format("{}: {}", c.request.swarm ? "swarm knobs" : "fault knobs", describe(fault_options(c.request)));
 }
 
 }  // namespace
@@ -140,11 +143,7 @@ void register_backends(harness::Registry& registry) {
                 harness::kTakesIpcFault | harness::kTakesEventLog | harness::kTakesTimeline;
   sim.mutants = harness::kSimulatorHolds;
   sim.check = check_sim_request;
-  sim.check_source = check_sim_space;
-  sim.make = make_sim;
-  sim.knobs_line = sim_knobs_line;
-  // Scheduled runs count steps of the schedule; free-running ones, the host's wall clock.
-  sim.timeline_clock = [](std::string_view mode) { return mode == kScheduledMode ? harness::TimelineClock::steps : harness::TimelineClock::wall_us; };
+  sim.replay = replay_sim;
   registry.add(std::move(sim));
 }
 

@@ -12,7 +12,10 @@ simulator's state checker, and bounds every wait::
     outcome = conformance.run("my_engine.exchange:MyExchange", setting, batches, seed=7)
     assert outcome.passed, outcome.report()
 
-``python3 -m cpkv.conformance TRACE --impl module:Class --ranks N`` is the same from a shell.
+``python3 -m cpkv.conformance TRACE --impl module:Class --ranks N`` is the same from a shell, and
+``cpkv.replay(TRACE, backend="torch", impl="module:Class")`` the same through the one replay request
+(returning the report ``--json`` writes); ``cpkv replay TRACE --backend torch --impl module:Class``
+hands the request to the first.
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ def run_cases(cases: List[RunSpec]) -> List[Outcome]:
     if len({c.setting.cp for c in cases}) > 1:
         raise _cpkv_input_error("cases", "every case of a session must have the same cp")
     return launch_cases(cases)
+
+
+def replay_command(argv: List[str]) -> dict:
+    """`python3 -m cpkv.conformance ARGV` in process, nothing printed: the report `--json` writes.
+    The torch backend's handoff (cpkv.replay(path, backend="torch", impl=...)) runs through it."""
+    from .__main__ import replay
+
+    return replay(argv)
 
 
 def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:

@@ -42,9 +42,14 @@ SEED_MAX = (1 << 64) - 1  # seeds are the model's uint64
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's usage dump for a bad value replaced by one line and exit 2 (issue 34, item 15)."""
+    """argparse's usage dump for a bad value replaced by one line and exit 2 (issue 34, item 15);
+    in process (cpkv.replay(backend="torch")), an InputError instead."""
+
+    in_process = False
 
     def error(self, message: str):  # type: ignore[override]
+        if self.in_process:
+            raise InputError("options", message)
         print(f"cpkv conformance: error: {message} (see {PROG} --help)", file=sys.stderr)
         sys.exit(2)
 
@@ -69,8 +74,9 @@ def resolve_knobs(a: argparse.Namespace) -> None:
         a.knobs.append((flag, getattr(a, attr), origin))
 
 
-def parse(argv: List[str]) -> argparse.Namespace:
+def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
     p = _Parser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
+    p.in_process = in_process
     p.add_argument("trace", help="a batch trace (format v1)")
     p.add_argument("--impl", required=True, help="module:Class or path/to/file.py:Class, optionally with constructor arguments: "
                    "'module:Class(k=v, ...)' (each value a Python literal)")
@@ -272,6 +278,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 128 + stopped.signum
 
 
+def run_prepared(a: argparse.Namespace, spec: RunSpec, setting: _cpkv.Setting, outs: List[Optional[_outputs.Output]],
+                 torchrun: bool) -> Optional[Outcome]:
+    """The run of a prepared command: every rank launched (or this one under torchrun), the timeline
+    written, and under --time on CUDA the built-in staging_direct timed on the same batches."""
+    if torchrun:
+        outcome = run_torchrun(spec)
+    else:
+        outcome = run_with_timeline(spec, outs[1], launch) if outs[1] else launch(spec)
+    if outcome is not None and a.time and a.device == "cuda":
+        timed = [a.batch] if a.batch is not None else [b["batch"] for b in outcome.batches]
+        outcome.builtin = _timing.builtin_staging_direct(a.trace, spec.layers, timed, setting.cp, _timing.find_cpkv(a.cpkv_bin))
+    return outcome
+
+
+def replay(argv: List[str]) -> dict:
+    """The torch backend's run in process (cpkv.replay(path, backend="torch", impl=...), through the
+    request check in C++, whose handoff gives these arguments): the same checks and run as the
+    command, nothing printed; returns the report `--json` writes (and writes it there too, where
+    given). Bad input raises InputError or TraceError, as every backend's replay() does."""
+    a = parse(argv, in_process=True)
+    try:
+        resolve_knobs(a)
+        spec, setting, outs, torchrun = prepare(a)
+    except ContractError as error:
+        raise InputError("impl", str(error)) from None
+    if torchrun:
+        raise InputError("backend", "torch: not in process under torchrun (run python3 -m cpkv.conformance in each rank)")
+    outcome = run_prepared(a, spec, setting, outs, torchrun)
+    report = _report.replay_json(spec, outcome, a.trace, "processes", reproducer(a, spec))
+    if outs[0] is not None:
+        _outputs.write_output(outs[0], json.dumps(report, indent=2, sort_keys=True).encode())
+    return report
+
+
 def run_main(argv: Optional[List[str]]) -> int:
     a = parse(sys.argv[1:] if argv is None else argv)
     try:
@@ -283,15 +323,9 @@ def run_main(argv: Optional[List[str]]) -> int:
     quiet = torchrun and int(os.environ["RANK"]) != 0
     if not quiet:
         print("\n".join(header(a, setting, len(spec.batches), spec.layers)), flush=True)
-    if torchrun:
-        outcome = run_torchrun(spec)
-    else:
-        outcome = run_with_timeline(spec, outs[1], launch) if outs[1] else launch(spec)
+    outcome = run_prepared(a, spec, setting, outs, torchrun)
     if outcome is None:
         return 0
-    if a.time and a.device == "cuda":
-        timed = [a.batch] if a.batch is not None else [b["batch"] for b in outcome.batches]
-        outcome.builtin = _timing.builtin_staging_direct(a.trace, spec.layers, timed, setting.cp, _timing.find_cpkv(a.cpkv_bin))
     print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))

@@ -31,6 +31,10 @@ void open_missing_standard_streams();
 // cannot be made (a file-descriptor limit).
 // Forked rank children must not keep the handlers: launch_ranks and prepare_child() reset them.
 void install_interrupt_handling();
+// The signal dispositions and mask the process was started with (the handlers gone, a signal it
+// was started with ignored still ignored), for a process about to exec another program in its place
+// (cpkv replay --backend torch execs Python's conformance harness: its Ctrl-C is Python's).
+void restore_signals();
 
 // What the process is doing now, for the one line ("replay tiny.jsonl variant v2, sim/processes").
 void set_activity(const std::string& what);

@@ -57,6 +57,9 @@ enum RequestOptionBits : std::uint32_t {
   kTakesTimeline = 1u << 8,      // timeline: Chrome trace events, appended as the run goes
   kTakesPoolMemory = 1u << 9,    // pool_memory: sparse or dense device pools
   kTakesComposeBlocks = 1u << 10,  // compose_blocks_per_sm: the compose grid's cap per SM
+  kTakesImpl = 1u << 11,         // impl: a foreign exchange class, "module:Class(k=v, ...)"; its planted bugs (mutant) are its own
+  kTakesDevice = 1u << 12,       // device: cpu or cuda
+  kTakesRanks = 1u << 13,        // ranks: the rank processes to spawn (must be the source's cp)
 };
 
 struct ReplayRequest {
@@ -84,6 +87,12 @@ struct ReplayRequest {
   std::optional<std::int64_t> exchange_load_ms_max;   // the plugin loader's bound (default kLoadMsMax)
   std::optional<std::string> pool_memory;             // "sparse" (the default) or "dense": how the GPU backend backs its pools
   std::optional<std::int32_t> compose_blocks_per_sm;  // the compose grid's cap per SM (default: the kernels' kComposeBlocksPerSm)
+  // A foreign exchange (the torch backend, docs/conformance.md): the class as "module:Class" or
+  // "path/file.py:Class", with constructor arguments as "module:Class(k=v, ...)" (Python literals);
+  // the device its ranks run on (cpu or cuda; default cpu); the ranks to spawn (the source's cp).
+  std::optional<std::string> impl;
+  std::optional<std::string> device;
+  std::optional<std::int32_t> ranks;
 };
 
 // One knob of the resolved configuration: an option that a variable of the environment also sets,
@@ -116,6 +125,7 @@ namespace request_limits {
 inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a hang, not a wait
 inline constexpr std::int64_t exchange_load_ms_max = 600'000;  // ten minutes: a dlopen longer than that is a hang
 inline constexpr std::int32_t compose_blocks_per_sm_max = 32;   // the most resident blocks an SM holds (every CUDA GPU cpkv runs on)
+inline constexpr std::size_t impl_chars_max = 4096;             // an --impl longer than a page is a pasted file, not a class name
 }  // namespace request_limits
 
 struct BackendEntry;
@@ -133,6 +143,11 @@ struct CheckedRequest {
   // The run's whole configuration beyond the common options: every knob of kKnobTable the backend
   // takes, resolved (the option, else the environment, else the default), in the table's order.
   std::vector<ResolvedKnob> knobs;
+  // What the entry's check derived for the run's outputs: the run header's line of the backend's own
+  // configuration (the simulator's fault knobs, the GPUs' exchange), or empty; the clock a
+  // --timeline of the run counts (default: the host's wall clock in microseconds).
+  std::string backend_line;
+  TimelineClock timeline_clock = TimelineClock::wall_us;
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -154,36 +169,38 @@ struct BenchPrint {
 // each layer; the GPU backend counts whole batches (batches done x layers).
 using ProgressFunction = std::function<void(std::int64_t layers_done)>;
 
+struct ScannedSource;
+
+// A backend's registry entry: what it is (name, summary), what it takes (option bits, planted bugs,
+// its rank cap and default exchange), and its verbs. A front end asks which verbs an entry has,
+// never which backend it is; each verb is empty where the backend does not do it.
 struct BackendEntry {
   std::string name;                           // --backend NAME
   std::string summary;                        // one line for --help
   std::uint32_t options = 0;                  // RequestOptionBits it takes
   std::uint8_t mutants = 0;                   // BackendBits of the planted bugs it holds (0: none, moves no content)
   std::int32_t ranks_max = model::limits::cp_max;  // the most ranks it runs: a source of larger cp is refused
-  // Options beyond the common ones (a schedule file parsed, ranks_as named); may be empty.
-  std::function<void(CheckedRequest&)> check;
-  // What needs the source, before any rank starts (the simulator's /dev/shm space); may be empty.
-  std::function<void(const CheckedRequest&, const BatchSource&, const SourceShape&, std::int32_t layers)> check_source;
-  // The verbs a front end asks of a backend, each empty where the backend does not do it; a front
-  // end asks which verbs an entry has, never which backend it is.
-  // replay: the backend, whose runs move content through ranks; an environment it cannot run in
-  // (no GPU) is a RequestError naming "backend".
-  std::function<std::unique_ptr<Backend>(const CheckedRequest&, const ProgressFunction&)> make;
-  // model: the model replay instead (no ranks, no Backend: plans, verdicts, bytes and modelled time
-  // of every batch and variant under these ceilings, harness/model_replay.hpp).
-  std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
-  // The run header's extra line (the simulator's fault knobs), or empty.
-  std::function<std::string(const CheckedRequest&)> knobs_line;
-  // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
-  // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
-  std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
   // The exchange a request that names none runs (a backend that takes --exchange, where neither
   // the option nor CPKV_EXCHANGE names one): its spelling as --exchange would give it. Empty: the
   // backend's own exchange in process.
   std::string default_exchange;
-  // The clock a --timeline of one of its runs counts, given the run's mode (RunReport::mode, the
-  // run header's name); empty: the host's wall clock in microseconds.
-  std::function<TimelineClock(std::string_view mode)> timeline_clock;
+  // check: options beyond the common ones (a schedule file parsed, ranks_as named), and what the run
+  // header and the outputs take from them (CheckedRequest::backend_line, timeline_clock); may be empty.
+  std::function<void(CheckedRequest&)> check;
+  // replay: the backend for a checked request and source, whose runs move content through ranks,
+  // after what needs the source (the simulator's /dev/shm space), before any rank starts; an
+  // environment it cannot run in (no GPU) is a RequestError naming "backend".
+  std::function<std::unique_ptr<Backend>(const CheckedRequest&, const BatchSource&, const ScannedSource&, const ProgressFunction&)> replay;
+  // model: the model replay instead (no ranks, no Backend: plans, verdicts, bytes and modelled time
+  // of every batch and variant under these ceilings, harness/model_replay.hpp).
+  std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
+  // handoff: the run is another front end's, in another process (the torch backend's is Python's
+  // conformance harness): the arguments after the interpreter that run this request there
+  // ("-m cpkv.conformance TRACE --impl ..."), given the source (its setting: the layers run).
+  std::function<std::vector<std::string>(const CheckedRequest&, const BatchSource&)> handoff;
+  // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
+  // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
+  std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
 };
 
 class Registry {
@@ -269,6 +286,10 @@ struct VariantRun {
 // (either may be empty) see each as it starts and ends, so a verdict is out as soon as it is known.
 void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
                   const std::function<void(model::Variant)>& on_variant_start, const std::function<void(const VariantRun&)>& on_variant_end);
+
+// A word as a POSIX shell reads it back: unchanged where it holds only safe characters, else in
+// single quotes (an --impl with constructor arguments holds parentheses, spaces and quotes).
+std::string shell_word(std::string_view text);
 
 // The one-line reproducer of one variant's run: every option the request gave that changes what
 // runs, in the CLI's spelling.
