@@ -398,15 +398,13 @@ class _AllGather:
 
     def reorder(self, ctx: Context, tokens, gathered: torch.Tensor, count: int) -> torch.Tensor:
         ordered = torch.zeros((ctx.current_tokens_total(), gathered.shape[1]), dtype=torch.uint8, device=ctx.device)
-        packed = 0  # rows of the earlier ranks without their padding
+        counts = [theirs["order"].numel() for theirs in tokens]
         for k, theirs in enumerate(tokens):
-            n = theirs["order"].numel()
-            if self.mutant == "wrong_rank_count":
-                n = min(n, tokens[ctx.rank]["order"].numel())
+            n = min(counts[k], counts[ctx.rank]) if self.mutant == "wrong_rank_count" else counts[k]
+            packed = sum(counts[:k])  # rows of the earlier ranks without their padding
             start = packed if self.mutant == "padding_left_in" else k * count
             where = torch.arange(packed, packed + n, device=ctx.device) if self.mutant == "skipped_reorder" else theirs["order"][:n]
             ordered[where] = gathered[start:start + n]
-            packed += theirs["order"].numel()
         return ordered
 
     def assemble(self, ctx: Context, layer: int, kind: str, ordered: torch.Tensor) -> torch.Tensor:
