@@ -17,6 +17,12 @@ page-aligned split, ``ctx.attention_plan()``, section 11), where the plan bugs o
   barrier and adds), as an engine's custom all-reduce kernel does it; its compact buffers rotate
   over two parity halves, as staging does, so the barrier and parity bugs apply to it too.
   ``V2(allreduce="collective")`` sums with torch.distributed.all_reduce instead.
+
+- ``AllGatherZigzag``, ``AllGatherContinuous``: section 12, an exchange without staging. Each rank's
+  token rows (ctx.batch_tokens(), the model's token split) padded to ctx.max_rank_tokens(), ONE
+  torch.distributed.all_gather per kind, the re-ordering into token order (checked before the
+  assembly: ctx.check_current), then the dense assembly with the prefix from the pool. Their own
+  planted bugs are ALLGATHER_MUTANTS (no staging, no barrier: the staging bugs do not apply).
 """
 
 from __future__ import annotations
