@@ -576,6 +576,9 @@ std::vector<ExploreShape> exploration_shapes(std::int32_t cp) {
   for (model::Variant v : model::barrier_variants()) {
     shapes.push_back(shape(std::string(model::to_string(v)), cp, {exploration_batch()}, v));
   }
+  // Section 12's token split over the same batch: no staging and no barrier, one all-gather per kind
+  // between collective barriers, then the re-ordering (where allgather_skipped_reorder lives).
+  shapes.push_back(shape("allgather_zigzag", cp, {exploration_batch()}, model::Variant::allgather_zigzag));
   // One current page: rank 0 writes it, every other rank has nothing to write but must still take
   // part in the barrier (section 4) and still reads rank 0's page.
   shapes.push_back(shape("idle_rank", cp, {one_request(2, 2, {5})}, model::Variant::staging_direct));
