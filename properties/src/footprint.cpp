@@ -100,7 +100,9 @@ Footprint Footprints::of(const sim::RankMachine& m, const sim::Step& s) const {
       break;
     case sim::Op::zero_own:
     case sim::Op::fill:
-      if (plan.fill_to_staging) {
+      if (plan.token_split != model::TokenSplit::none && s.op == sim::Op::fill) {
+        f.writes.add(rank_location(r, compact));  // section 12: its send rows (its peers' all-gather is top)
+      } else if (plan.fill_to_staging) {
         f.writes.add(staging(r));
         read_epochs(f, r, s.layer, h);
       } else {
@@ -189,6 +191,7 @@ void Footprints::sync_of(const sim::RankMachine& m, const sim::Step& s, Footprin
       f.reads.add(rank_location(r, compact));
       dense_half(f.writes, r, h);
       break;
+    case sim::Op::reorder: dense_half(f.writes, r, h); break;  // section 12: from its own scratch (the all-gather is top)
     case sim::Op::layer_end:
       write_epoch(f, r, s.layer);
       dense_half(f.reads, r, h);
