@@ -93,7 +93,7 @@ mc::ImportOptions to_import_options(const ImportCommandOptions& c) {
   }
   s.pool_pages = c.pool_pages;
   const auto split = model::parse_split_policy(c.split);
-  if (!split) throw OptionError(fmt::format("--split: unknown policy '{}' (zigzag, contiguous, round_robin)", c.split));
+  if (!split) throw OptionError(fmt::format("--split: unknown policy '{}' (zigzag, contiguous, round_robin, zigzag_tokens, continuous_tokens)", c.split));
   s.split = *split;
   if (c.max_total_extend_tokens < 1) throw OptionError(fmt::format("--max-total-extend-tokens: {} is less than 1", c.max_total_extend_tokens));
   if (c.max_batch_requests < 1) throw OptionError(fmt::format("--max-batch-requests: {} is less than 1", c.max_batch_requests));
@@ -239,7 +239,7 @@ void register_import(CLI::App& app) {
   cmd->add_option("--layers", c->layers, "model layers (DeepSeek-V3.2: 61)")->capture_default_str()->check(whole_in<std::int32_t>(1, model::limits::layer_count_max));
   cmd->add_option("--layer-pattern", c->layer_pattern, "one F (runs the indexer) or S per layer (default: every layer F, as V3.2)");
   cmd->add_option("--pool-pages", c->pool_pages, "logical pages of the paged KV pool; cached blocks and in-flight requests share it")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::pool_pages_max));
-  cmd->add_option("--split", c->split, "writer policy recorded in the trace: zigzag, contiguous, round_robin")->capture_default_str();
+  cmd->add_option("--split", c->split, "writer policy recorded in the trace: zigzag, contiguous, round_robin (pages, section 2), or zigzag_tokens, continuous_tokens (an engine's token split, section 12)")->capture_default_str();
   cmd->add_option("--max-total-extend-tokens", c->max_total_extend_tokens, "admission cap: extend tokens per batch (>= page size); longer requests are chunked")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::request_tokens_max));
   cmd->add_option("--max-batch-requests", c->max_batch_requests, "admission cap: requests (or chunks) per batch (>= 1)")->capture_default_str()->check(whole_in<std::int64_t>(1, model::limits::batch_requests_max));
   cmd->add_option("--staging-mib", c->staging_mib, "staging size override recorded in the trace (MiB; default: sized by the caps)")->check(whole_in<std::int64_t>(1, model::limits::staging_mib_max));

@@ -126,6 +126,7 @@ TEST(Explorer, EveryPlantedBugIsFoundInOneOfTheShapes) {
       {harness::Mutant::batch_as_one_sequence, "staging_direct", 2, "invariant 9"},
       {harness::Mutant::causal_off_by_one, "staging_direct", 2, "invariant 9"},
       {harness::Mutant::key_base_skips_prefix, "staging_direct", 2, "invariant 9"},
+      {harness::Mutant::allgather_skipped_reorder, "allgather_zigzag", 2, "invariant 6"},
   };
   ASSERT_EQ(expected.size(), harness::kAllMutants.size());
   for (const Expected& e : expected) {

@@ -175,5 +175,31 @@ TEST(ModelSplit, SplitPolicyNamesRoundTrip) {
   EXPECT_FALSE(parse_split_policy("token").has_value());
 }
 
+// A trace of a token split (section 12): the page-writer variants get each current page from the
+// owner of its first token. One request of 10 tokens, P 2, cp 2. Zigzag over 4 token blocks of
+// 3, 3, 2, 2: rank 0 tokens 0-2 and 8-9, rank 1 tokens 3-7; pages start at tokens 0, 2, 4, 6, 8, so
+// writers 0, 0, 1, 1, 0 (page 1 holds tokens 2 and 3: two token writers, legal there). Continuous:
+// every page starts at an even token, so rank 0 writes every page (the rounding's cost: documented).
+TEST(ModelSplit, TokenSplitTracesGivePagesTheirFirstTokensOwner) {
+  Setting setting;
+  setting.cp = 2;
+  setting.page_size = 2;
+  setting.pool_pages = 8;
+  Batch batch;
+  batch.requests.push_back(Request{0, 10, {}});
+  const auto layout_writers = [&](SplitPolicy policy) {
+    setting.split = policy;
+    std::vector<std::int32_t> out;
+    for (const CurrentPage& page : layout_batch(setting, batch).current) out.push_back(page.writer);
+    return out;
+  };
+  EXPECT_EQ(layout_writers(SplitPolicy::zigzag_tokens), (std::vector<std::int32_t>{0, 0, 1, 1, 0}));
+  EXPECT_EQ(layout_writers(SplitPolicy::continuous_tokens), (std::vector<std::int32_t>{0, 0, 0, 0, 0}));
+  EXPECT_EQ(parse_split_policy("zigzag_tokens"), SplitPolicy::zigzag_tokens);
+  EXPECT_EQ(to_string(SplitPolicy::continuous_tokens), "continuous_tokens");
+  EXPECT_TRUE(is_token_split(SplitPolicy::zigzag_tokens));
+  EXPECT_FALSE(is_token_split(SplitPolicy::round_robin));
+}
+
 }  // namespace
 }  // namespace cpkv::model

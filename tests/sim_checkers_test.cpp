@@ -49,6 +49,7 @@ std::set<std::string> answers(const MutantPolicy& policy) {
       std::string("plan_takes_batch_as_one_sequence=") + (policy.plan_takes_batch_as_one_sequence() ? "1" : "0"),
       "causal_window_shift=" + std::to_string(policy.causal_window_shift()),
       std::string("key_base_skips_prefix=") + (policy.key_base_skips_prefix() ? "1" : "0"),
+      std::string("skips_reorder=") + (policy.skips_reorder() ? "1" : "0"),
   };
 }
 
@@ -101,6 +102,7 @@ TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
   EXPECT_EQ(differences(Mutant::batch_as_one_sequence), (S{"plan_takes_batch_as_one_sequence=1"}));
   EXPECT_EQ(differences(Mutant::causal_off_by_one), (S{"causal_window_shift=-1"}));
   EXPECT_EQ(differences(Mutant::key_base_skips_prefix), (S{"key_base_skips_prefix=1"}));
+  EXPECT_EQ(differences(Mutant::allgather_skipped_reorder), (S{"skips_reorder=1"}));
   for (Mutant m : harness::kAllMutants) EXPECT_FALSE(differences(m).empty()) << to_string(m) << " changes nothing the machine asks";
 }
 

@@ -167,6 +167,15 @@ MutantCase address_keyed_plan_cache_case() {
 // cp 2, one request of 6 tokens. Page-granular zigzag: 2 pages, page 0 to rank 0, page 1 to rank 1.
 // Token-granular zigzag cuts 6 tokens into 4 blocks of 2, 2, 1, 1: tokens 0-1 to rank 0 and 2-3 to
 // rank 1 straddle page 0, which gets two writers.
+// cp 2, allgather_zigzag (section 12), one request of 6 fresh tokens: 4 token blocks of 2, 2, 1, 1,
+// so rank 0 sends tokens 0, 1, 5 and rank 1 tokens 2, 3, 4 (3 rows each). Without the re-ordering the
+// current rows take the gathered rows in order, 0, 1, 5, 2, 3, 4: row 2 holds token 5's bytes.
+MutantCase allgather_skipped_reorder_case() {
+  MutantCase c = base_case(Mutant::allgather_skipped_reorder, small_setting(2), {model::Batch{{fresh(6)}}}, round_robin(), {6});
+  c.options.variant = model::Variant::allgather_zigzag;
+  return c;
+}
+
 MutantCase token_split_case() {
   return base_case(Mutant::token_split, small_setting(2), {model::Batch{{fresh(6)}}}, round_robin(), {1});
 }
@@ -254,6 +263,7 @@ MutantCase case_for(Mutant mutant) {
     case Mutant::batch_as_one_sequence:
     case Mutant::causal_off_by_one:
     case Mutant::key_base_skips_prefix: return attention_case(mutant);
+    case Mutant::allgather_skipped_reorder: return allgather_skipped_reorder_case();
     case Mutant::none: break;
     // The harness's own around an exchange plugin (tests/gpu_plugin_test.cpp): not the simulator's.
     case Mutant::stale_page_inverse:

@@ -909,7 +909,7 @@ TEST(TraceLimits, HugeKeysAndValuesAreCutInTheErrorLine) {
             "unknown key (expected one of: format, version, cp, page_size, buffer_kinds, layers, pool_pages, split, caps, source)");
   EXPECT_EQ(refusal(with_header_change([&](json& h) { h["caps"][big] = 1; }), 1, "caps." + cut_key).field(), "caps." + cut_key);
   EXPECT_EQ(refusal(with_header_change([&](json& h) { h["split"] = big; }), 1, "split").reason(),
-            "unknown split policy \"" + cut_value + "\" (known: zigzag, contiguous, round_robin)");
+            "unknown split policy \"" + cut_value + "\" (known: zigzag, contiguous, round_robin, zigzag_tokens, continuous_tokens)");
   EXPECT_EQ(refusal(with_header_change([&](json& h) { h["format"] = big; }), 1, "format").reason(),
             "unknown format \"" + cut_value + "\" (expected \"cpkv-batch-trace\")");
   refusal(with_header_change([&](json& h) { h["buffer_kinds"][1] = big; }), 1, "buffer_kinds[1]");

@@ -61,6 +61,8 @@ UnitSplit unit_split(SplitPolicy policy) {
     case SplitPolicy::zigzag: return UnitSplit::zigzag;
     case SplitPolicy::contiguous: return UnitSplit::contiguous;
     case SplitPolicy::round_robin: return UnitSplit::round_robin;
+    case SplitPolicy::zigzag_tokens:
+    case SplitPolicy::continuous_tokens: break;  // pages by their first token's owner: rank_queries
   }
   return UnitSplit::zigzag;
 }
@@ -77,12 +79,15 @@ std::vector<QueryToken> rank_queries(const Setting& setting, const Batch& batch,
     const std::int64_t n = batch.requests[r].extend_len;
     const std::int64_t pages = (n + P - 1) / P;
     // Pages own their tokens (section 2); a token split owns each token itself (section 12).
-    const bool by_page = split == QuerySplit::pages;
+    // On a trace of a token split the page split gives each page to its first token's owner (setting.hpp).
+    const bool by_page = split == QuerySplit::pages && !is_token_split(setting.split);
+    const bool first_token = split == QuerySplit::pages && !by_page;
+    const bool zigzag_tokens = first_token ? setting.split == SplitPolicy::zigzag_tokens : split == QuerySplit::zigzag_tokens;
     const std::vector<std::int32_t> owner =
         by_page ? unit_owners(unit_split(setting.split), pages, first_index, setting.cp)
-                : unit_owners(split == QuerySplit::zigzag_tokens ? UnitSplit::zigzag : UnitSplit::round_robin, n, 0, setting.cp);
+                : unit_owners(zigzag_tokens ? UnitSplit::zigzag : UnitSplit::round_robin, n, 0, setting.cp);
     for (std::int64_t t = 0; t < n; ++t) {
-      if (owner[by_page ? t / P : t] == rank) out.push_back({static_cast<std::int32_t>(r), t});
+      if (owner[by_page ? t / P : first_token ? t / P * P : t] == rank) out.push_back({static_cast<std::int32_t>(r), t});
     }
     first_index += pages;
   }

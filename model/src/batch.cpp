@@ -1,6 +1,7 @@
 #include "cpkv/model/batch.hpp"
 
 #include "cpkv/model/assert.hpp"
+#include "cpkv/model/plan.hpp"
 
 #include <fmt/format.h>
 
@@ -60,8 +61,15 @@ std::int32_t writer_in_request(SplitPolicy policy, std::int64_t page, std::int64
 }
 
 std::int32_t writer_of(SplitPolicy policy, std::int64_t page, std::int64_t count, std::int64_t current_index, std::int32_t cp) {
+  CPKV_ASSERT(!is_token_split(policy));
   if (policy == SplitPolicy::round_robin) return static_cast<std::int32_t>(current_index % cp);
   return writer_in_request(policy, page, count, cp);
+}
+
+std::int32_t page_writer_of_token_split(SplitPolicy policy, std::int64_t page, std::int64_t extend_len, std::int32_t page_size,
+                                        std::int32_t cp) {
+  CPKV_ASSERT(is_token_split(policy));
+  return token_owner(policy == SplitPolicy::zigzag_tokens ? TokenSplit::zigzag : TokenSplit::continuous, page * page_size, extend_len, cp);
 }
 
 BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
@@ -100,7 +108,9 @@ BatchLayout layout_batch(const Setting& setting, const Batch& batch) {
       CurrentPage page;
       page.request = request;
       // Zigzag writers are assigned block by block below (no divisions per page).
-      page.writer = setting.split == SplitPolicy::zigzag ? 0 : writer_of(setting.split, j, count, index, setting.cp);
+      page.writer = setting.split == SplitPolicy::zigzag    ? 0
+                    : is_token_split(setting.split) ? page_writer_of_token_split(setting.split, j, req.extend_len, setting.page_size, setting.cp)
+                                                    : writer_of(setting.split, j, count, index, setting.cp);
       page.page_in_request = j;
       page.slot = slot;
       page.rows_valid = static_cast<std::int32_t>(rows_left < setting.page_size ? rows_left : setting.page_size);

@@ -19,8 +19,13 @@ std::int64_t zigzag_share(std::int64_t items, std::int32_t cp, std::int32_t k) {
 
 // Adds one request's current pages per writer under the setting's page split: zigzag block by block
 // (as model::layout_batch assigns them, no division per page), the others page by page.
-void count_page_writers(const model::Setting& setting, std::int64_t pages, std::int64_t first_index, std::vector<std::int64_t>& by_writer) {
+void count_page_writers(const model::Setting& setting, std::int64_t extend_len, std::int64_t pages, std::int64_t first_index,
+                        std::vector<std::int64_t>& by_writer) {
   const std::int32_t cp = setting.cp;
+  if (model::is_token_split(setting.split)) {
+    for (std::int64_t j = 0; j < pages; ++j) ++by_writer[model::page_writer_of_token_split(setting.split, j, extend_len, setting.page_size, cp)];
+    return;
+  }
   if (setting.split != model::SplitPolicy::zigzag) {
     for (std::int64_t j = 0; j < pages; ++j) ++by_writer[model::writer_of(setting.split, j, pages, first_index + j, cp)];
     return;
@@ -63,7 +68,7 @@ void count_batch(const model::Setting& setting, const model::Batch& batch, Batch
       for (std::int64_t page : request.prefix_pages) ++counts.prefix_pages_by_owner[page % cp];
     }
     const std::int64_t pages = model::current_page_count(request.extend_len, page_size);
-    count_page_writers(setting, pages, counts.current_pages_total, counts.current_pages_by_writer);
+    count_page_writers(setting, request.extend_len, pages, counts.current_pages_total, counts.current_pages_by_writer);
     count_token_owners(request.extend_len, cp, counts);
     counts.current_pages_total += pages;
     counts.span_pages.push_back(static_cast<std::int64_t>(request.prefix_pages.size()));

@@ -93,6 +93,9 @@ std::int32_t writer(SplitPolicy policy, std::int64_t page, std::int64_t pages, s
     case SplitPolicy::round_robin:
       // The page with batch current index i goes to rank i % cp.
       return static_cast<std::int32_t>(current_index % cp);
+    case SplitPolicy::zigzag_tokens:
+    case SplitPolicy::continuous_tokens:
+      return -1;  // a token split's page writer needs the request's token count, not its page count
   }
   return -1;
 }

@@ -75,12 +75,15 @@ std::string_view to_string(SplitPolicy policy) {
     case SplitPolicy::zigzag: return "zigzag";
     case SplitPolicy::contiguous: return "contiguous";
     case SplitPolicy::round_robin: return "round_robin";
+    case SplitPolicy::zigzag_tokens: return "zigzag_tokens";
+    case SplitPolicy::continuous_tokens: return "continuous_tokens";
   }
   return "?";
 }
 
 std::optional<SplitPolicy> parse_split_policy(std::string_view text) {
-  for (SplitPolicy p : {SplitPolicy::zigzag, SplitPolicy::contiguous, SplitPolicy::round_robin}) {
+  for (SplitPolicy p : {SplitPolicy::zigzag, SplitPolicy::contiguous, SplitPolicy::round_robin, SplitPolicy::zigzag_tokens,
+                        SplitPolicy::continuous_tokens}) {
     if (to_string(p) == text) return p;
   }
   return std::nullopt;

@@ -303,6 +303,15 @@ class EventChecker {
     if (peer != rank) world_->reading_layer(rank).store(layer);
     c.on_staging_read(world_->stamp(peer, half, current_index), peer, layer, current_index);
   }
+  // Section 12: this rank computed current row `current_row` (current index * P + row) for its
+  // all-gather (invariant 1 per token row: a page may have several writers, a row one).
+  void token_write(std::int32_t rank, std::int32_t layer, std::int64_t current_row) {
+    auto& c = checker(rank, layer);
+    if (current_row < 0 || current_row >= world_->current_capacity() * setting_.page_size) {
+      throw InputError("row", fmt::format("current row {} is outside [0, {})", current_row, world_->current_capacity() * setting_.page_size));
+    }
+    c.on_token_fill(layer, current_row, -1);
+  }
   void arrive(std::int32_t rank, std::int32_t layer) { checker(rank, layer).on_barrier_arrive(layer); }
   void passed(std::int32_t rank, std::int32_t layer, std::uint64_t phase) { checker(rank, layer).on_barrier_pass(layer, phase); }
   void layer_end(std::int32_t rank, std::int32_t layer) {
@@ -352,6 +361,7 @@ void bind_checker(py::module_& m) {
       .def("layer_begin", &EventChecker::layer_begin, py::arg("rank"), py::arg("layer"))
       .def("write", &EventChecker::write, py::arg("rank"), py::arg("layer"), py::arg("half"), py::arg("current_index"), py::arg("fill"))
       .def("read", &EventChecker::read, py::arg("rank"), py::arg("layer"), py::arg("peer"), py::arg("half"), py::arg("current_index"))
+      .def("token_write", &EventChecker::token_write, py::arg("rank"), py::arg("layer"), py::arg("current_row"))
       .def("arrive", &EventChecker::arrive, py::arg("rank"), py::arg("layer"))
       .def("passed", &EventChecker::passed, py::arg("rank"), py::arg("layer"), py::arg("phase"))
       .def("layer_end", &EventChecker::layer_end, py::arg("rank"), py::arg("layer"))

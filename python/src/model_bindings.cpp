@@ -40,7 +40,7 @@ model::Setting make_setting(std::int32_t cp, std::int32_t page_size, const std::
   s.layer_pattern = layer_pattern;
   s.pool_pages = pool_pages;
   const auto policy = model::parse_split_policy(split);
-  if (!policy) throw InputError("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin)", split));
+  if (!policy) throw InputError("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin, zigzag_tokens, continuous_tokens)", split));
   s.split = *policy;
   s.caps.max_total_extend_tokens = max_total_extend_tokens;
   s.caps.max_batch_requests = max_batch_requests;
@@ -78,7 +78,7 @@ void bind_setting(py::module_& m) {
            py::arg("split") = "zigzag", py::arg("max_total_extend_tokens") = py::none(), py::arg("max_batch_requests") = py::none(),
            py::arg("staging_mib") = py::none(),
            "Build and validate a setting. kinds: buffer kind names (kv_fp8, kv_bf16, indexer_k); layer_pattern: one 'F' "
-           "(full, runs the indexer) or 'S' (shared) per layer; split: zigzag, contiguous or round_robin; the caps size staging.")
+           "(full, runs the indexer) or 'S' (shared) per layer; split: zigzag, contiguous, round_robin, zigzag_tokens or continuous_tokens; the caps size staging.")
       .def_readonly("cp", &model::Setting::cp, "Ranks in the CP group.")
       .def_readonly("page_size", &model::Setting::page_size, "P, tokens per page.")
       .def_readonly("kinds", &model::Setting::kinds, "The buffer kinds, in trace order.")
@@ -198,7 +198,9 @@ void bind_model(py::module_& m) {
   m.attr("VARIANTS") = py::tuple(variants);
   m.attr("SPLIT_POLICIES") = py::make_tuple(std::string(model::to_string(model::SplitPolicy::zigzag)),
                                             std::string(model::to_string(model::SplitPolicy::contiguous)),
-                                            std::string(model::to_string(model::SplitPolicy::round_robin)));
+                                            std::string(model::to_string(model::SplitPolicy::round_robin)),
+                                            std::string(model::to_string(model::SplitPolicy::zigzag_tokens)),
+                                            std::string(model::to_string(model::SplitPolicy::continuous_tokens)));
   py::dict kinds;
   for (const model::BufferKind& k : model::kBufferKinds) kinds[py::str(std::string(k.name))] = k;
   m.attr("BUFFER_KINDS") = kinds;

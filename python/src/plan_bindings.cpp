@@ -167,6 +167,15 @@ void bind_variant_plan(py::module_& m) {
       .def_readonly("compact_allreduce", &model::VariantPlan::compact_allreduce, "v2: pack own current pages, one all-reduce over all current pages.")
       .def_readonly("compact_pages", &model::VariantPlan::compact_pages, "v2: pages of the compact buffer (current_pages_total).")
       .def_readonly("publish", &model::VariantPlan::publish, "staging_publish: copy own current pages dense -> staging.")
+      .def_property_readonly("token_split", [](const model::VariantPlan& p) {
+        return std::string(p.token_split == model::TokenSplit::zigzag ? "zigzag" : p.token_split == model::TokenSplit::continuous ? "continuous" : "none");
+      }, "Section 12's token split of the variant: 'zigzag', 'continuous', or 'none' (a page-split variant).")
+      .def_readonly("allgather_rank_rows", &model::VariantPlan::allgather_rank_rows,
+                    "Token-split variants: the rows every rank sends to the all-gather (the largest rank's token count; the others pad).")
+      .def_property_readonly("reorder_source", [](const model::VariantPlan& p) { return to_numpy(std::vector<std::int64_t>(p.reorder_source)); },
+                             "Token-split variants: int64 per current row of the batch (current index * P + row), the gathered row "
+                             "(owner * allgather_rank_rows + its position among the owner's tokens) it is copied from; -1: a zero row past "
+                             "the end of a partial page.")
       .def("allreduce_count", &model::VariantPlan::allreduce_count, "All-reduces per layer and buffer kind.");
   m.def("variant_plan", [](const model::BatchLayout& l, const std::string& variant, std::int32_t rank) {
     return model::variant_plan(l, require_variant(variant), require_rank(rank, l.cp));
@@ -218,6 +227,22 @@ void bind_inverse_and_ragged(py::module_& m) {
     require_same_batch(l, b);
     return model::ragged_index_plan(l, b, require_rank(rank, l.cp));
   }, py::arg("layout"), py::arg("batch"), py::arg("rank"), "The indexer's ragged index plan of one rank.");
+  m.def("token_split_index_plan", [](const model::BatchLayout& l, const model::Batch& b, const model::VariantPlan& p) {
+    require_same_batch(l, b);
+    if (p.token_split == model::TokenSplit::none) throw InputError("plan", fmt::format("variant {} has no token split (section 12)", model::to_string(p.variant)));
+    if (static_cast<std::int64_t>(p.reorder_source.size()) != l.current_pages_total * l.page_size) {
+      throw InputError("plan", fmt::format("{} current rows, but the layout has {}", p.reorder_source.size(), l.current_pages_total * l.page_size));
+    }
+    return model::token_split_index_plan(l, b, p);
+  }, py::arg("layout"), py::arg("batch"), py::arg("plan"),
+        "The ragged index plan of a rank of a token-split variant (section 12), read off its variant_plan: its queries are the tokens it sends.");
+  m.def("token_owner", [](const std::string& split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
+    if (split != "zigzag" && split != "continuous") throw InputError("split", fmt::format("'{}' is not zigzag or continuous", split));
+    if (cp < 1) throw InputError("cp", fmt::format("{} is not a rank count", cp));
+    if (token < 0 || token >= extend_len) throw InputError("token", fmt::format("{} is not an offset of an extend of {}", token, extend_len));
+    return model::token_owner(split == "zigzag" ? model::TokenSplit::zigzag : model::TokenSplit::continuous, token, extend_len, cp);
+  }, py::arg("split"), py::arg("token"), py::arg("extend_len"), py::arg("cp"),
+        "The rank that computes extend offset `token` of a request under section 12's token split (model::token_owner).");
 }
 
 void bind_layer_bytes(py::module_& m) {

@@ -156,3 +156,26 @@ def test_the_reader_streams_and_reports_where_it_is(tiny):
     assert (reader.line, reader.batch_index) == (2, 0)
     assert [r.prefix_pages for r in first.requests] == [[5, 2], []]
     assert len(list(reader)) == 2
+
+
+def test_import_records_a_token_split_and_the_model_replays_it(cli, tmp_path):
+    # `--split zigzag_tokens` (section 12) beside the page policies: the trace records it, and the
+    # page-writer variants get each page from its first token's owner while the all-gather variants
+    # split tokens themselves, so the model replay of every variant runs on it.
+    imported = tmp_path / "tokens.jsonl"
+    subprocess.run([cli, "import", "mooncake", str(SOURCE_DIR / "traces/data/mooncake/synthetic_trace.jsonl"), "-o", str(imported),
+                    "--max-requests", "24", "--max-batches", "4", "--split", "zigzag_tokens"], check=True, capture_output=True)
+    reader = cpkv.read_trace(str(imported))
+    assert reader.setting.split == "zigzag_tokens"
+    for batch in reader:
+        layout = cpkv.layout_batch(reader.setting, batch)
+        for page in layout.current:
+            extend = batch.requests[page.request].extend_len
+            first = page.page_in_request * reader.setting.page_size
+            assert page.writer == cpkv._cpkv.token_owner("zigzag", first, extend, reader.setting.cp)
+    replay = subprocess.run([cli, "replay", str(imported), "--backend", "model", "--variant", "all"], capture_output=True, text=True)
+    assert replay.returncode == 0, replay.stderr
+    assert "allgather_zigzag" in replay.stdout and "staging_direct" in replay.stdout
+    bad = subprocess.run([cli, "import", "mooncake", str(SOURCE_DIR / "traces/data/mooncake/synthetic_trace.jsonl"), "-o",
+                          str(tmp_path / "x.jsonl"), "--split", "tokens"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "zigzag_tokens, continuous_tokens" in bad.stderr

@@ -88,7 +88,13 @@ std::vector<std::string> race_lines(std::int64_t batch, const std::vector<HbRace
   std::set<std::tuple<std::int32_t, std::int32_t, std::int32_t, std::int32_t, std::string>> seen;
   for (const HbRace& r : races) {
     if (!seen.insert({r.write.rank, r.read.rank, r.write.layer, r.read.layer, r.write.what}).second) continue;
-    if (lines.size() < limit) {
+    if (lines.size() < limit && r.location.half >= kHbTokenRowHalf) {
+      // A token row of a section 12 exchange (its send rows, read through the collective).
+      lines.push_back(fmt::format("invariant 2 (parity-half reuse safety): batch {}: rank {}'s {} of its all-gather row for current row {} on layer {} "
+                                  "and rank {}'s read of it through the collective on layer {} are concurrent (happens-before: the write is "
+                                  "not before the writer's entry into the collective, whatever this run's timing)",
+                                  batch, r.write.rank, r.write.what, r.location.slot % kHbTokenRowStride, r.write.layer, r.read.rank, r.read.layer));
+    } else if (lines.size() < limit) {
       lines.push_back(fmt::format("invariant 2 (parity-half reuse safety): batch {}: rank {}'s {} of its half {} slot {} on layer {} and rank {}'s "
                                   "read of it on layer {} are concurrent (happens-before: no barrier pass or collective orders them, "
                                   "whatever this run's timing)",

@@ -821,10 +821,12 @@ void RankMachine::run_reorder(std::int32_t layer, const CollectiveStep& op) {
   if (gathered_rows * static_cast<std::int64_t>(row_bytes) > static_cast<std::int64_t>(world_->scratch_span(rank_).bytes)) {
     return checker_.on_plan_out_of_bounds(layer, gathered_rows, static_cast<std::int64_t>(world_->scratch_span(rank_).bytes / row_bytes), "gathered row");
   }
+  std::int64_t next_gathered = 0;  // the planted skipped re-ordering: the gathered rows in their order
   for (std::int64_t i = 0; i < layout_.current_pages_total; ++i) {
     std::uint8_t* page = world_->dense_page(rank_, dense_half(layer), k, layout_.current[i].slot);
     for (std::int64_t row = 0; row < page_size; ++row) {
-      const std::int64_t source = plan_.reorder_source[i * page_size + row];
+      std::int64_t source = plan_.reorder_source[i * page_size + row];
+      if (source >= 0 && mutant_.skips_reorder()) source = next_gathered++;
       if (source < 0) {
         std::memset(page + row * row_bytes, 0, row_bytes);
       } else {

@@ -234,7 +234,7 @@ TraceHeader parse_header(const LineChecker& checker, const json& header_json) {
   if (const json* split = LineChecker::optional(header_json, "split")) {
     const std::string& name = checker.string(*split, "split");
     const std::optional<model::SplitPolicy> policy = model::parse_split_policy(name);
-    if (!policy) checker.fail("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin)", quote_name(name)));
+    if (!policy) checker.fail("split", fmt::format("unknown split policy \"{}\" (known: zigzag, contiguous, round_robin, zigzag_tokens, continuous_tokens)", quote_name(name)));
     setting.split = *policy;
   }
   if (const json* caps = LineChecker::optional(header_json, "caps")) setting.caps = parse_caps(checker, *caps);

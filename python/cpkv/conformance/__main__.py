@@ -32,7 +32,7 @@ from . import _timing
 from ._context import ContractError
 from ._launch import Outcome, launch
 from ._rank import Reporter, RunSpec, drive
-from .reference import MUTANTS
+from .reference import ALLGATHER_MUTANTS, MUTANTS
 
 PROG = "python3 -m cpkv.conformance"
 # --window: a wait's bound in seconds. Above an hour a wait is no bound (and gloo's timedelta overflows near 1e300).
@@ -88,7 +88,7 @@ def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
     p.add_argument("--swarm", action="store_true", help="draw every delay knob from --seed, as `cpkv replay --swarm` does")
     p.add_argument("--layers", type=int, help="layers to run (default: the trace's)")
     p.add_argument("--batch", type=int, help="run only this batch of the trace")
-    p.add_argument("--mutant", choices=sorted(MUTANTS), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
+    p.add_argument("--mutant", choices=sorted({**MUTANTS, **ALLGATHER_MUTANTS}), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
     # The names `cpkv replay` gives these options; --ipc-fail-rank and --window (seconds) are the old
     # spellings, still taken (docs/conformance.md).

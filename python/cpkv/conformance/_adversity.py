@@ -105,11 +105,13 @@ class Adversity:
         self.uses_pause_points = True
         if not self.enabled:
             return
-        if name == "before_fill" and self.is_slow("producer") and not self.held_producer:
+        # Inside a collective (events.collective) the slow producer is held as before its fill: its
+        # peers wait in the collective for it, and a write it makes after entering comes late.
+        if name in ("before_fill", "collective") and self.is_slow("producer") and not self.held_producer:
             return self.hold_producer()
         if name == "gather" and self.is_slow("reader") and not self.held_reader:
             return self.hold_reader()
-        probability = {"before_fill": "write_delay_probability", "gather": "gather_delay_probability"}.get(
+        probability = {"before_fill": "write_delay_probability", "collective": "write_delay_probability", "gather": "gather_delay_probability"}.get(
             name, "flag_write_delay_probability")
         if self.rng.random() < float(self.knob[probability]):
             self.delay_us(self.rng.randint(1, max(1, int(self.knob["delay_us_max"]))))

@@ -100,16 +100,62 @@ def _explained(ctx: Context, layer: int, kind: str, line: str, slot: int, row: i
 
 
 def check_layer(ctx: Context, oracle, layer: int, out, expected_cache: Optional[dict] = None) -> List[str]:
-    """Every dense byte of the layer's outputs against the oracle: one located line per wrong kind."""
+    """Every dense byte of the layer's outputs against the oracle: one located line per wrong kind,
+    saying, where the implementation checked its current rows first (ctx.check_current), whether the
+    gather or the dense assembly was wrong."""
     lines = []
     for kind, dense in outputs(ctx, layer, out).items():
         if ctx.device.type == "cuda":
             line = _check_cuda(ctx, oracle, layer, kind, dense, expected_cache if expected_cache is not None else {})
         else:
             line = _check_cpu(ctx, oracle, layer, kind, dense)
+        line = _with_current_rows(ctx, layer, kind, line)
         if line:
             lines.append(line)
     return lines
+
+
+# --- the check before the dense assembly (ctx.check_current, section 12's exchanges) ---------------
+
+def current_rows_line(ctx: Context, kind: str, rows) -> Optional[str]:
+    """ctx.check_current: the current rows in the batch's token order against the specification's;
+    None when right, else the first wrong row, located (token, the rank and all-gather row it comes
+    from) and explained."""
+    tokens = ctx._token_map()
+    total, row_bytes = tokens.request.size, ctx.row_bytes[kind]
+    if not isinstance(rows, torch.Tensor) or rows.dtype != torch.uint8 or rows.numel() != total * row_bytes:
+        what = f"{rows.dtype} {tuple(rows.shape)}" if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise ContractError(f"ctx.check_current({kind!r}): {what}, expected torch.uint8 ({total}, {row_bytes}): the batch's current rows in token order")
+    with _probes.uncounted():  # the harness's own copy, not the implementation's synchronization
+        actual = rows.detach().reshape(total, row_bytes).cpu()
+    expected = torch.empty((total, row_bytes), dtype=torch.uint8)
+    _cpkv.conformance.fill_current_rows(expected.numpy(), ctx.setting, ctx.seed, ctx.layer, kind, tokens.request.tolist(), tokens.token.tolist())
+    wrong_rows = (actual != expected).any(dim=1).nonzero().reshape(-1)
+    if wrong_rows.numel() == 0:
+        return None
+    i = int(wrong_rows[0])
+    byte = int((actual[i] != expected[i]).nonzero()[0])
+    request, token = int(tokens.request[i]), int(tokens.token[i])
+    owner = next(k for k, mine in enumerate(tokens.per_rank) if i in mine["order"])
+    position = int(np.nonzero(tokens.per_rank[owner]["order"] == i)[0][0])
+    slot, row = divmod(int(tokens.dense_row[i]), ctx.setting.page_size)
+    why = _explained(ctx, ctx.layer, kind, "", slot, row, byte, actual[i])[len("; the wrong row is "):]
+    return (f"current row {i} in token order (request {request} token {token}, rank {owner}'s all-gather row {position}) byte {byte}: "
+            f"expected 0x{int(expected[i, byte]):02x} got 0x{int(actual[i, byte]):02x} ({wrong_rows.numel()} wrong rows of {total}); "
+            f"the wrong row is {why}")
+
+
+def _with_current_rows(ctx: Context, layer: int, kind: str, line: Optional[str]) -> Optional[str]:
+    if (layer, kind) not in ctx._current_checks:
+        return line
+    before = ctx._current_checks[(layer, kind)]
+    if before is None:
+        return None if line is None else (f"{line}; the current rows in token order were right before the dense assembly "
+                                          f"(ctx.check_current), so the assembly is wrong")
+    if line is None:
+        return (f"current rows: rank {ctx.rank} batch {ctx.batch_index} layer {layer} kind {kind}: wrong before the dense assembly "
+                f"(ctx.check_current), though the dense buffer is right: {before}")
+    return f"{line}; the current rows in token order were already wrong before the dense assembly, so the gather is wrong: {before}"
 
 
 # --- the attention plan (invariant 9, PROTOCOL.md section 11) --------------------------------------
@@ -173,9 +219,14 @@ def attention_output_line(ctx: Context, oracle, layer: int, dense: torch.Tensor,
 
 # --- the batch-level checks, on rank 0 over every rank's summary -----------------------------------
 
-def overflow_findings(batch: int, summaries: List[dict], current_pages_total: int, declared: int) -> List[str]:
+def overflow_findings(batch: int, summaries: List[dict], current_pages_total: int, declared: Optional[int]) -> List[str]:
     """Invariant 3: an overflowing batch is refused by every rank on its first layer before any write or
-    wait; a batch that fits is refused by none."""
+    wait; a batch that fits is refused by none. declared None: the implementation has no staging
+    (ctx.declare_staging(None), section 12), so nothing overflows and a refusal is the finding."""
+    if declared is None:
+        return [f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} refused the batch, but it declared no staging "
+                f"(ctx.declare_staging(None)): overflow does not apply to an exchange without staging (PROTOCOL.md section 12)"
+                for s in summaries if s["refused_at"] is not None]
     overflow = current_pages_total > declared
     verdict = _cpkv.overflow_verdict(current_pages_total, declared).describe()
     lines = []
@@ -211,7 +262,7 @@ class EventReplay:
             self._dispatch(what, rank, layer, a, b, c)
         lines = self.checker.violations()[self.reported:]
         self.reported += len(lines)
-        return lines + _arrival_counts(batch, summaries)
+        return lines + _arrival_counts(batch, summaries) + _collective_agreement(batch, summaries)
 
     def _dispatch(self, what: str, rank: int, layer: int, a: int, b: int, c: int) -> None:
         if what == "layer_begin":
@@ -222,10 +273,30 @@ class EventReplay:
             self.checker.write(rank, layer, a, b, bool(c))
         elif what == "read":
             self.checker.read(rank, layer, a, b, c)
+        elif what == "token_write":
+            self.checker.token_write(rank, layer, a)
         elif what == "arrive":
             self.checker.arrive(rank, layer)
         elif what == "passed":
             self.checker.passed(rank, layer, a)
+
+
+def _collective_agreement(batch: int, summaries: List[dict]) -> List[str]:
+    """Invariant 7 over events.collective: every rank enters the same collectives in the same order
+    (a rank that issues another one, or one more, leaves the group mismatched: section 7)."""
+    issued = {s["rank"]: [(e[3], e[5]) for e in s["events"] if e[1] == "collective_enter"] for s in summaries if s["events_used"]}
+    if not any(issued.values()):
+        return []
+    first = min(issued)
+    for rank, calls in sorted(issued.items()):
+        for call, (mine, theirs) in enumerate(zip(issued[first], calls), start=1):
+            if mine != theirs:
+                return [f"invariant 7 (capability agreement): batch {batch}: collective {call}: rank {first} entered it on layer {mine[0]}, "
+                        f"rank {rank} entered another (layer {theirs[0]}, a different name) there"]
+        if len(calls) != len(issued[first]):
+            return [f"invariant 7 (capability agreement): batch {batch}: rank {first} entered {len(issued[first])} collectives, "
+                    f"rank {rank} {len(calls)}"]
+    return []
 
 
 def _arrival_counts(batch: int, summaries: List[dict]) -> List[str]:

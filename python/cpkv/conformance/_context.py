@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+import contextlib
+import zlib
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -19,6 +21,7 @@ from .. import _cpkv
 from . import _adversity as adv
 from . import _probes
 from . import _shm
+from . import _tokens
 
 
 class StagingOverflow(RuntimeError):
@@ -64,12 +67,22 @@ class Events:
         self.used = True
         self.log.append((time.monotonic_ns(), what, self._ctx.rank, self._ctx.layer, a, b, c))
 
-    def write(self, half: int, slots: Sequence[int], what: str = "fill") -> None:
-        """This rank writes (what='zero' or 'fill') the given current indices of its staging half."""
+    def write(self, half: Optional[int] = None, slots: Sequence[int] = (), what: str = "fill", *, rows=None) -> None:
+        """This rank writes (what='zero' or 'fill') the given current indices of its staging half; or,
+        for an exchange without staging (section 12), `rows=`: the current rows of the tokens it
+        computed (ctx.token_rows(...)["current_row"]), just before it writes them into its all-gather
+        send buffer (invariant 1 per token row; invariant 2 against the collective that reads them)."""
         if not self.enabled:
+            return
+        if rows is not None:
+            for row in _ints(rows):
+                self._add("token_write", row)
+            self._ctx._publish(adv.STAGE_FILLED)
             return
         if what not in ("zero", "fill"):
             raise ContractError(f"events.write: what={what!r} is not 'zero' or 'fill'")
+        if half is None:
+            raise ContractError("events.write: give a staging half and its slots, or rows= (the current rows of a token split)")
         for slot in _ints(slots):
             self._add("write", half, slot, 1 if what == "fill" else 0)
         if what == "fill":
@@ -82,6 +95,26 @@ class Events:
         self._ctx._publish(adv.STAGE_READING)
         for slot in _ints(slots):
             self._add("read", peer, half, slot)
+
+    @contextlib.contextmanager
+    def collective(self, name: str, rows=()) -> Iterator[None]:
+        """`with ctx.events.collective("all_gather", rows): dist.all_gather(...)`: this rank enters a
+        collective every rank takes part in (the synchronization of a section 12 exchange), sending the
+        current rows `rows` it wrote; on leaving it has read every peer's rows. Every rank must enter
+        the same collectives in the same order (invariant 7). The harness may hold a rank inside it
+        (after its entry, before the call), as the swarm holds a slow producer."""
+        if not self.enabled:
+            yield
+            return
+        call = 1 + sum(1 for e in self.log if e[1] == "collective_enter")
+        self._add("collective_enter", call, zlib.crc32(name.encode()))
+        for row in _ints(rows):
+            self._add("collective_row", call, row)
+        self._ctx._publish(adv.STAGE_ARRIVED)
+        self._ctx.pause_point("collective")
+        yield
+        self._add("collective_exit", call, zlib.crc32(name.encode()))
+        self._ctx._publish(adv.STAGE_PASSED)
 
     def arrive(self, phase: int) -> None:
         """This rank arrives at a counting barrier (phase: its arrivals so far, this one included)."""
@@ -126,6 +159,7 @@ class Context:
         self.row_bytes = {k.name: k.row_bytes for k in setting.kinds}
         self.staging_slots = _cpkv.staging_capacity(setting).staging_slots
         self.declared_staging_slots: Optional[int] = None
+        self.no_staging = False  # ctx.declare_staging(None): overflow (invariant 3) does not apply
         self.pool: Dict[str, List[torch.Tensor]] = {}
         self.events = Events(self)
         self.batch: Optional[_cpkv.Batch] = None
@@ -147,6 +181,8 @@ class Context:
         # of the harness's for it, and a layer can be captured into a CUDA graph. Not to be modified.
         self._batch_cache: Dict[str, torch.Tensor] = {}
         self._pool_guard = None  # the harness's copy of this rank's pool slabs (_guards.PoolGuard)
+        # ctx.check_current per (layer, kind) of this batch: None (right) or the located line.
+        self._current_checks: Dict[Tuple[int, str], Optional[str]] = {}
         # Whose tokens this rank's queries are (PROTOCOL.md sections 11, 12): what the attention plan is checked against.
         self.query_split = "pages"
 
@@ -157,10 +193,13 @@ class Context:
         over the group (a MIN) before choosing a path: PROTOCOL.md section 7."""
         return self._ipc_capable
 
-    def declare_staging(self, staging_slots: int) -> None:
+    def declare_staging(self, staging_slots: Optional[int]) -> None:
         """Declare the staging capacity (slots per half per kind) the implementation registered in
-        setup; batches beyond it must be refused with StagingOverflow. Default: cpkv's capacity."""
-        self.declared_staging_slots = int(staging_slots)
+        setup; batches beyond it must be refused with StagingOverflow. Default: cpkv's capacity.
+        None: no staging at all (section 12: the collective is the synchronization), so no batch
+        overflows and none may be refused."""
+        self.no_staging = staging_slots is None
+        self.declared_staging_slots = None if staging_slots is None else int(staging_slots)
 
     def alloc_shared(self, name: str, nbytes: int, device: Optional[str] = None) -> SharedBuffer:
         """Collective (every rank, same name and size): memory every peer maps, on the run's device
@@ -181,13 +220,83 @@ class Context:
         self.query_split = name
 
     def attention_plan(self) -> torch.Tensor:
-        """cpkv's attention plan of this rank for the page-aligned split (the model's ragged index
-        plan in section 11's neutral form): (n, 5) int64 [request, q_base, q_len, kv_len, k_base]."""
+        """cpkv's attention plan of this rank for its split (ctx.split: the page-aligned split's ragged
+        index plan, or the token split's, model::token_split_index_plan) in section 11's neutral form:
+        (n, 5) int64 [request, q_base, q_len, kv_len, k_base]."""
         def make() -> torch.Tensor:
-            segments = _cpkv.ragged_index_plan(self.layout, self.batch, self.rank).attention_segments()
+            if self.query_split in _tokens.VARIANT_OF_SPLIT:
+                plan = _cpkv.variant_plan(self.layout, _tokens.VARIANT_OF_SPLIT[self.query_split], self.rank)
+                segments = _cpkv.token_split_index_plan(self.layout, self.batch, plan).attention_segments()
+            else:
+                segments = _cpkv.ragged_index_plan(self.layout, self.batch, self.rank).attention_segments()
             return torch.from_numpy(np.ascontiguousarray(_cpkv.attention_plan_array(segments)))
 
-        return self._cached("attention_plan", make)
+        return self._cached(f"attention_plan-{self.query_split}", make)
+
+    # --- an exchange without staging: section 12's token split (ctx.split first) -------------------
+
+    def _token_map(self) -> _tokens.TokenMap:
+        if self.query_split not in _tokens.VARIANT_OF_SPLIT:
+            raise ContractError(f"the token helpers need a token split: call ctx.split('zigzag_tokens') or "
+                                f"ctx.split('continuous_tokens') first (the split is {self.query_split!r})")
+        key = f"token_map-{self.query_split}"
+        if key not in self._batch_cache:
+            self._batch_cache[key] = _tokens.token_map(self.layout, self.batch, self.query_split)
+        return self._batch_cache[key]
+
+    def max_rank_tokens(self) -> int:
+        """The most current tokens one rank computes in this batch under the token split: the rows
+        every rank sends to the all-gather (the others pad)."""
+        return self._token_map().max_rank_tokens
+
+    def current_tokens_total(self) -> int:
+        """The batch's current tokens (the rows of the token order)."""
+        return int(sum(r.extend_len for r in self.batch.requests))
+
+    def batch_tokens(self) -> List[Dict[str, torch.Tensor]]:
+        """Per rank, in its send order (request by request, token by token): its tokens' `request`,
+        `token` (position in the request's sequence, prefix first), `dense_row`, `order` (place in
+        the batch's token order) and `current_row` (current index * P + row), int64 on ctx.device,
+        made once per batch: from the model's token owner rule (model::token_owner), not re-derived
+        here. ctx.rank's entry is what it computes."""
+        tokens = self._token_map()
+        out = []
+        for k, mine in enumerate(tokens.per_rank):
+            out.append({name: self._cached(f"batch_tokens-{self.query_split}-{k}-{name}", lambda a=mine[name]: torch.from_numpy(a.copy()))
+                        for name in ("request", "token", "dense_row", "order", "current_row")})
+        return out
+
+    def token_order(self) -> Dict[str, torch.Tensor]:
+        """The batch's current tokens in token order (request by request, token by token: what the
+        re-ordering after the all-gather produces): `request`, `token`, `dense_row`, `current_row`,
+        int64 on ctx.device, made once per batch."""
+        tokens = self._token_map()
+        return {name: self._cached(f"token_order-{self.query_split}-{name}", lambda a=getattr(tokens, name): torch.from_numpy(a.copy()))
+                for name in ("request", "token", "dense_row", "current_row")}
+
+    def token_rows(self, requests, tokens) -> Dict[str, torch.Tensor]:
+        """Where any current tokens (request, position in its sequence) live: `order` (place in the
+        batch's token order), `current_row` (current index * P + row: what events.write(rows=) and
+        events.collective take) and `dense_row`, int64 on ctx.device. ContractError names a token that
+        is not current."""
+        with _probes.uncounted():
+            req = torch.as_tensor(requests).reshape(-1).cpu().numpy()
+            tok = torch.as_tensor(tokens).reshape(-1).cpu().numpy()
+        try:
+            found = _tokens.rows_of(self._token_map(), self.setting.page_size, req, tok)
+        except ValueError as error:
+            raise ContractError(f"ctx.token_rows: {error}") from None
+        with _probes.uncounted():
+            return {name: torch.from_numpy(value).to(self.device) for name, value in found.items()}
+
+    def check_current(self, kind: str, rows) -> None:
+        """The check before the dense assembly: `rows` are this layer's current rows of `kind` in the
+        batch's token order ((current_tokens_total(), row_bytes) uint8, after the all-gather and the
+        re-ordering). The harness compares them with the specification's rows now, and the byte check
+        of the dense buffer then says whether the gather or the assembly was wrong. Off in --time runs."""
+        if self.events.enabled:
+            from . import _check  # _check imports this module
+            self._current_checks[(self.layer, kind)] = _check.current_rows_line(self, kind, rows)
 
     def pause_point(self, name: str) -> None:
         """Where the harness may inject a delay: 'before_fill', 'after_fill', 'before_barrier',
@@ -300,6 +409,7 @@ class Context:
         self.batch = batch
         self.layout = _cpkv.layout_batch(self.setting, batch)
         self._batch_cache = {}
+        self._current_checks = {}
 
     def _begin_layer(self, layer: int) -> None:
         self.layer = layer

@@ -35,6 +35,12 @@ def _program_order(summaries: List[dict]) -> Iterable[tuple]:
     return heapq.merge(*streams, key=lambda e: e[0])
 
 
+# The halves of section 12's token rows (sim/happens_before.hpp kHbTokenRowHalf): apart from staging's 0 and 1.
+TOKEN_ROW_HALF = 2
+# A token row's location is (call * TOKEN_ROW_STRIDE + current row): the collective that sends it (kHbTokenRowStride).
+TOKEN_ROW_STRIDE = 1 << 32
+
+
 class HappensBefore:
     """Rank 0's judge over each batch's merged events (beside _check.EventReplay). The batch sync
     before a batch is a collective, so each batch starts with every earlier access ordered before it."""
@@ -46,8 +52,11 @@ class HappensBefore:
         if not any(s["events_used"] for s in summaries):
             return []
         clocks = _cpkv.conformance.HbClocks(self.cp)
+        sent: dict = {}  # (call, rank) -> the current rows the rank sent into that collective
         for _, what, rank, layer, a, b, c in _program_order(summaries):
-            if what == "write":
+            if what.startswith("collective") or what == "token_write":
+                self._token_event(clocks, sent, what, rank, layer, a, b)
+            elif what == "write":
                 clocks.write(rank, rank, a, b, layer, "fill" if c else "zero")
             elif what == "read":
                 clocks.read(rank, a, b, c, layer)
@@ -56,6 +65,27 @@ class HappensBefore:
             elif what == "passed":
                 clocks.passed(rank, "barrier", a)
         return clocks.race_lines(batch)
+
+    def _token_event(self, clocks, sent: dict, what: str, rank: int, layer: int, a: int, b: int) -> None:
+        """Section 12's events: a token row written into the writer's send rows, a collective entered
+        (an arrival) and left (a pass joining every entry, then a read of every peer's sent rows). A
+        write belongs to the collective the rank has not yet left (its location is the row of that
+        call: each kind's all-gather has send rows of its own), so a write made after the writer
+        entered the collective that sends it is concurrent with the peers' reads of it."""
+        half = TOKEN_ROW_HALF + layer % 2
+        if what == "token_write":
+            call = 1 + sent.get(("left", rank), 0)
+            clocks.write(rank, rank, half, call * TOKEN_ROW_STRIDE + a, layer, "fill")
+        elif what == "collective_enter":
+            clocks.arrive(rank, "collective", a)
+        elif what == "collective_row":
+            sent.setdefault((a, rank), []).append(b)
+        elif what == "collective_exit":
+            sent[("left", rank)] = a
+            clocks.passed(rank, "collective", a)
+            for peer in range(self.cp):
+                for row in sent.get((a, peer), []) if peer != rank else []:
+                    clocks.read(rank, peer, half, a * TOKEN_ROW_STRIDE + row, layer)
 
 
 class Judges:

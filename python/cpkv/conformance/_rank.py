@@ -330,7 +330,7 @@ def _batch_sync(ctx: Context, spec: RunSpec, index: int, outcome: BatchOutcome, 
     dist.all_gather_object(summaries, outcome.summary(ctx), group=ctx._hgroup)
     verdict = [False, False]
     if ctx.rank == 0:
-        declared = ctx.declared_staging_slots or ctx.staging_slots
+        declared = None if ctx.no_staging else ctx.declared_staging_slots or ctx.staging_slots  # None: no staging (section 12)
         findings = [s["contract"] for s in summaries if s["contract"]]
         raised = [s["error"] for s in sorted(summaries, key=lambda s: s["error_ns"]) if s["error"]]
         findings += _check.overflow_findings(index, summaries, ctx.layout.current_pages_total, declared)

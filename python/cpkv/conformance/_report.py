@@ -65,6 +65,8 @@ def rejected(spec: RunSpec, o: Outcome) -> List[dict]:
     """rejected_json: the batches whose current pages exceed the staging (the implementation's
     declared staging where it declared one, else cpkv's capacity), as `cpkv replay` lists them."""
     declared = next((b["declared_staging_slots"] for b in o.batches), _cpkv.staging_capacity(spec.setting).staging_slots)
+    if declared is None:
+        return []  # ctx.declare_staging(None): no staging, so no batch overflows (PROTOCOL.md section 12)
     out = []
     for index, batch in enumerate(spec.batches):
         total = _cpkv.layout_batch(spec.setting, batch).current_pages_total

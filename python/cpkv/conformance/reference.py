@@ -17,6 +17,12 @@ page-aligned split, ``ctx.attention_plan()``, section 11), where the plan bugs o
   barrier and adds), as an engine's custom all-reduce kernel does it; its compact buffers rotate
   over two parity halves, as staging does, so the barrier and parity bugs apply to it too.
   ``V2(allreduce="collective")`` sums with torch.distributed.all_reduce instead.
+
+- ``AllGatherZigzag``, ``AllGatherContinuous``: section 12, an exchange without staging. Each rank's
+  token rows (ctx.batch_tokens(), the model's token split) padded to ctx.max_rank_tokens(), ONE
+  torch.distributed.all_gather per kind, the re-ordering into token order (checked before the
+  assembly: ctx.check_current), then the dense assembly with the prefix from the pool. Their own
+  planted bugs are ALLGATHER_MUTANTS (no staging, no barrier: the staging bugs do not apply).
 """
 
 from __future__ import annotations
@@ -354,3 +360,80 @@ class V2(_Exchange):
                 dense[slots] = ctx.pool[kind][entry][layer][plan[slots, 1]]
         dense[ctx.current_slots()] = summed
         return dense.view(-1, row_bytes)
+
+
+# --- section 12: the token-split exchanges, without staging ---------------------------------------
+
+# Their planted bugs (mutant=NAME), one line each: what the code does wrong.
+ALLGATHER_MUTANTS = {
+    "skipped_reorder": "the gathered rows are taken rank by rank, not re-ordered into token order",
+    "padding_left_in": "the padded all-gather is read as if unpadded: a padding row takes a later rank's token's place",
+    "wrong_rank_count": "the re-ordering takes every rank's token count as this rank's own: a rank with more loses rows",
+}
+
+
+class _AllGather:
+    """PROTOCOL.md section 12: this rank's token rows padded to the largest rank's count, ONE
+    all-gather per kind, the re-ordering into token order, then the dense assembly (prefix from pool)."""
+
+    split = "zigzag_tokens"
+
+    def __init__(self, mutant: Optional[str] = None) -> None:
+        if mutant is not None and mutant not in ALLGATHER_MUTANTS:
+            raise TypeError(f"unknown mutant '{mutant}' (known: {', '.join(ALLGATHER_MUTANTS)})")
+        self.mutant = mutant
+
+    def setup(self, ctx: Context) -> None:
+        ctx.declare_staging(None)  # no staging: the all-gather is the synchronization
+        ctx.split(self.split)
+
+    def compose_layer(self, ctx: Context, layer: int) -> Dict[str, torch.Tensor]:
+        tokens, count = ctx.batch_tokens(), ctx.max_rank_tokens()
+        mine, out = tokens[ctx.rank], {"attention": ctx.attention_plan()}
+        for kind in ctx.kinds_on(layer):
+            send = torch.zeros((count, ctx.row_bytes[kind]), dtype=torch.uint8, device=ctx.device)
+            ctx.events.write(rows=mine["current_row"])
+            send[:mine["token"].numel()] = ctx.row_content(kind, mine["request"], mine["token"])  # this rank's KV write
+            gathered = torch.empty((ctx.cp * count, ctx.row_bytes[kind]), dtype=torch.uint8, device=ctx.device)
+            with ctx.events.collective("all_gather", mine["current_row"]):
+                dist.all_gather(list(gathered.chunk(ctx.cp)), send, group=ctx.group)
+            ordered = self.reorder(ctx, tokens, gathered, count)
+            ctx.check_current(kind, ordered)  # the rows before the assembly: a finding says which step was wrong
+            out[kind] = self.assemble(ctx, layer, kind, ordered)
+        return out
+
+    def reorder(self, ctx: Context, tokens, gathered: torch.Tensor, count: int) -> torch.Tensor:
+        ordered = torch.zeros((ctx.current_tokens_total(), gathered.shape[1]), dtype=torch.uint8, device=ctx.device)
+        counts = [theirs["order"].numel() for theirs in tokens]
+        for k, theirs in enumerate(tokens):
+            n = min(counts[k], counts[ctx.rank]) if self.mutant == "wrong_rank_count" else counts[k]
+            packed = sum(counts[:k])  # rows of the earlier ranks without their padding
+            start = packed if self.mutant == "padding_left_in" else k * count
+            where = torch.arange(packed, packed + n, device=ctx.device) if self.mutant == "skipped_reorder" else theirs["order"][:n]
+            ordered[where] = gathered[start:start + n]
+        return ordered
+
+    def assemble(self, ctx: Context, layer: int, kind: str, ordered: torch.Tensor) -> torch.Tensor:
+        plan, page, row_bytes = ctx.plan(), ctx.setting.page_size, ctx.row_bytes[kind]
+        dense = torch.zeros((plan.shape[0], page, row_bytes), dtype=torch.uint8, device=ctx.device)
+        for owner in range(ctx.cp):  # prefix pages from their storage owners' pool slabs
+            slots = torch.nonzero(plan[:, 0] == owner).reshape(-1)
+            dense[slots] = ctx.pool[kind][owner][layer][plan[slots, 1]]
+        dense.view(-1, row_bytes)[ctx.token_order()["dense_row"]] = ordered  # partial pages keep zero tails
+        return dense.view(-1, row_bytes)
+
+    def end_batch(self, ctx: Context) -> None:
+        pass
+
+    def teardown(self, ctx: Context) -> None:
+        pass
+
+
+class AllGatherZigzag(_AllGather):
+    """Section 12, zigzag: rank k computes token blocks k and 2*cp-1-k of every request."""
+
+
+class AllGatherContinuous(_AllGather):
+    """Section 12, continuous: token t of a request is computed by rank t % cp."""
+
+    split = "continuous_tokens"

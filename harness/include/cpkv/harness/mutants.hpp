@@ -37,6 +37,7 @@ enum class Mutant : std::uint8_t {
   batch_as_one_sequence,
   causal_off_by_one,
   key_base_skips_prefix,
+  allgather_skipped_reorder,
 };
 
 // Which backends can switch a planted bug on (a bit set: a bug may live in several).
@@ -84,6 +85,8 @@ inline constexpr MutantInfo kMutantTable[] = {
     {Mutant::causal_off_by_one, "causal_off_by_one", 9, kSimulatorHolds, "the attention plan's kv_len is one short: a query does not see itself"},
     {Mutant::key_base_skips_prefix, "key_base_skips_prefix", 9, kSimulatorHolds,
      "the attention plan's k_base is the request's first current row: its prefix keys are skipped"},
+    {Mutant::allgather_skipped_reorder, "allgather_skipped_reorder", 6, kSimulatorHolds,
+     "a token-split all-gather's re-ordering is skipped: the gathered rows, padding included, fill the current slots in gathered order"},
 };
 inline constexpr std::size_t kMutantRows = std::size(kMutantTable);
 
@@ -116,7 +119,7 @@ constexpr std::array<Mutant, count_held(Backend)> held_by() {
 }  // namespace detail
 static_assert(detail::mutant_table_follows_enum(),
               "kMutantTable: one row per Mutant in enum order, unique names, none first with invariant 0, the rest 1..9, each held somewhere");
-static_assert(static_cast<std::size_t>(Mutant::key_base_skips_prefix) + 1 == kMutantRows,
+static_assert(static_cast<std::size_t>(Mutant::allgather_skipped_reorder) + 1 == kMutantRows,
               "kMutantTable: a row is missing (the last enumerator must close the table)");
 
 // Every planted bug (none excluded), and the subsets each backend holds, in the table's order.

@@ -30,9 +30,14 @@ std::int64_t current_page_count(std::int64_t extend_len, std::int32_t page_size)
 std::int32_t writer_in_request(SplitPolicy policy, std::int64_t page_in_request,
                                std::int64_t page_count, std::int32_t cp);
 
-// The writer of a current page under any policy.
+// The writer of a current page under any page policy (not a token split: see below).
 std::int32_t writer_of(SplitPolicy policy, std::int64_t page_in_request, std::int64_t page_count,
                        std::int64_t current_index, std::int32_t cp);
+
+// The page writer on a trace of a token split (setting.hpp): the rank that computes the page's first
+// token under that split (model::token_owner), for the variants that need one writer per page.
+std::int32_t page_writer_of_token_split(SplitPolicy policy, std::int64_t page_in_request, std::int64_t extend_len,
+                                        std::int32_t page_size, std::int32_t cp);
 
 // One current page of the batch, by its current index.
 struct CurrentPage {

@@ -12,8 +12,17 @@
 
 namespace cpkv::model {
 
-// How current pages are assigned to writers (PROTOCOL.md section 2).
-enum class SplitPolicy : std::uint8_t { zigzag, contiguous, round_robin };
+// How current pages are assigned to writers (PROTOCOL.md section 2), or (zigzag_tokens,
+// continuous_tokens) how an engine with section 12's token split assigned its tokens. Under a token
+// split a page can have two writers, which is legal there: invariant 1 holds per token row. The
+// page-writer variants (staging, v2, ...) cannot host that (one writer per page, section 2), so on
+// such a trace each current page goes to the owner of its first token: the page-aligned rounding of
+// the token split (model::page_writer_of_token_split); the all-gather variants split tokens themselves.
+enum class SplitPolicy : std::uint8_t { zigzag, contiguous, round_robin, zigzag_tokens, continuous_tokens };
+// True for zigzag_tokens and continuous_tokens.
+constexpr bool is_token_split(SplitPolicy policy) {
+  return policy == SplitPolicy::zigzag_tokens || policy == SplitPolicy::continuous_tokens;
+}
 
 // A KV buffer kind. The registry below is closed: a trace naming any other kind is refused, because
 // the row size is what every byte count and the staging size depend on.

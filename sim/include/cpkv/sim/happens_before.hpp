@@ -38,6 +38,13 @@ struct HbAccess {
   std::string what;        // "zero", "fill" or "read"
 };
 
+// Locations of section 12's token rows (a rank's all-gather send rows, by current row) use halves
+// kHbTokenRowHalf + layer % 2, apart from the staging halves 0 and 1.
+// Their slot is call * kHbTokenRowStride + current row: the collective that sends the row (each
+// buffer kind's all-gather has send rows of its own).
+inline constexpr std::int32_t kHbTokenRowHalf = 2;
+inline constexpr std::int64_t kHbTokenRowStride = std::int64_t{1} << 32;
+
 struct HbLocation {
   std::int32_t owner = 0;
   std::int32_t half = 0;

@@ -57,6 +57,9 @@ class MutantPolicy {
   std::int64_t causal_window_shift() const { return mutant_ == harness::Mutant::causal_off_by_one ? -1 : 0; }
   // Does a request's k_base point at its first current row, past its prefix?
   bool key_base_skips_prefix() const { return mutant_ == harness::Mutant::key_base_skips_prefix; }
+  // Section 12: does the re-ordering after the all-gather copy the gathered rows in gathered order
+  // (padding included) instead of each current row from the gathered row the plan names?
+  bool skips_reorder() const { return mutant_ == harness::Mutant::allgather_skipped_reorder; }
 
  private:
   harness::Mutant mutant_;
