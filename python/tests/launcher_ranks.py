@@ -131,3 +131,32 @@ class Hangs(StagingDirect):
         mark("running", ctx.rank)
         while True:
             time.sleep(0.05)
+
+
+class RaisesInSetupThenPeerRaises(StagingDirect):
+    """Both ranks raise in setup: rank `first` at once; the other only after `first` has exited (a
+    consequence, as a peer's "Connection reset by peer" is). Each raise is a report the launcher must
+    name over a death: neither rank dies without one."""
+
+    def __init__(self, first: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.first = first
+
+    def setup(self, ctx) -> None:
+        mark("setup", ctx.rank)
+        if ctx.rank == self.first:
+            raise ValueError("the first raise")
+        path = os.path.join(os.environ["CPKV_TEST_DIR"], f"setup.{self.first}")
+        deadline = time.monotonic() + WAIT_S_MAX
+        while time.monotonic() < deadline and not (os.path.exists(path) and _exited(int(open(path).read() or 0))):
+            time.sleep(0.02)
+        raise RuntimeError("the consequent raise, after its peer exited")
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: it has sent everything it will send."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True

@@ -467,6 +467,42 @@ def test_a_rank_that_dies_is_named_before_its_peers_consequent_error(setting_bat
     assert outcome.leftovers == []
 
 
+class ReadsAfterEveryExitLauncher(_launch.Launcher):
+    """A launcher that gets no CPU until every rank has exited (a loaded machine): it reads the ranks'
+    reports only then, every pipe at once, rank 0's first."""
+
+    def watch(self) -> None:
+        for p in self.processes:
+            p.join(GONE_S_MAX)
+        super().watch()
+
+
+def test_a_capture_control_refused_by_both_ranks_is_named_when_the_launcher_reads_after_both_exited(setting_batches):
+    """Issue 35, item 9: under load the launcher named "rank 1 in setup: died (exit code 1) without a
+    report" for a cp-1 control at cp 2, whose ranks both refused in setup and reported it: rank 1's
+    report was in its pipe when rank 0's was read, and rank 1's exit was taken for a silent death."""
+    setting, batches = setting_batches
+    spec = conformance.case("cpkv.conformance.controls:PrecomputedGather", setting, batches[:1], layers=2, window_s=60)
+    outcome = ReadsAfterEveryExitLauncher([spec]).run()[0]
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert "is a cp 1 control" in outcome.failure and "this run has cp 2" in outcome.failure, outcome.failure
+    assert outcome.leftovers == []
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_of_two_ranks_that_reported_and_exited_the_first_raise_is_named(tmp_path, monkeypatch, setting_batches, first):
+    """The rank that raised first is named, whichever pipe is read first: the other's raise came after
+    the first rank had exited (a consequence), and neither is a death without a report."""
+    monkeypatch.setenv("CPKV_TEST_DIR", str(tmp_path))
+    setting, batches = setting_batches
+    spec = conformance.case(f"{RANKS}:RaisesInSetupThenPeerRaises", setting, batches[:1], layers=2, window_s=60,
+                            impl_kwargs={"first": first})
+    outcome = ReadsAfterEveryExitLauncher([spec]).run()[0]
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert outcome.failure.startswith(f"rank {first} in setup: ValueError: the first raise"), outcome.failure
+    assert outcome.leftovers == []
+
+
 def test_after_a_raise_and_a_peers_timeout_the_next_case_passes(setting_batches):
     """(d) the raising case's peer runs into its barrier's timeout (WINDOW_S); the next, correct case of
     the same run_cases (its own window generous) runs in a fresh group and passes. The old launcher
