@@ -62,7 +62,8 @@ def late_done_rank(rank, specs, queue) -> None:
 
 class DiesInLayer0(StagingDirect):
     """Rank 0 dies in layer 0 of batch 0 while rank 1 waits for it in a collective of the
-    implementation's group: by SIGKILL (as the OOM killer kills) or exit status 3 (mode)."""
+    implementation's group: by SIGKILL (as the OOM killer kills) or exit status 3 (mode), the latter
+    after two lines on stderr (last_words)."""
 
     def __init__(self, mode: str = "sigkill", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -73,6 +74,8 @@ class DiesInLayer0(StagingDirect):
             if ctx.rank == 0:
                 if self.mode == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if self.mode == "last_words":  # as a C library writes before it exits
+                    os.write(2, b"cpkv-test: some earlier line\ncpkv-test: the last words before exit 3\n\n")
                 os._exit(3)
             dist.barrier(group=ctx.group)  # rank 1: its error is the death's consequence
         return super().compose_layer(ctx, layer)

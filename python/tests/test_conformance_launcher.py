@@ -458,7 +458,9 @@ def test_a_rank_that_exited_after_reporting_is_not_a_death_when_a_peers_report_i
     assert outcomes[0].leftovers == []
 
 
-@pytest.mark.parametrize("mode, words", [("sigkill", "died (signal 9 SIGKILL"), ("exit3", "died (exit code 3)")])
+@pytest.mark.parametrize("mode, words", [("sigkill", "died (signal 9 SIGKILL"), ("exit3", "died (exit code 3) without a report"),
+                                         ("last_words", "died (exit code 3) without a report; its stderr ended: "
+                                                        "cpkv-test: the last words before exit 3")])
 def test_a_rank_that_dies_is_named_before_its_peers_consequent_error(setting_batches, mode, words):
     setting, batches = setting_batches
     outcome = conformance.run(f"{RANKS}:DiesInLayer0", setting, batches[:1], layers=2, window_s=60, impl_kwargs={"mode": mode})

@@ -25,7 +25,7 @@ import torch
 
 from .._errors import InputError
 from . import _adversity as adv
-from . import _channel, _lifeline
+from . import _channel, _lifeline, _stderr
 from . import _shm
 from ._rank import RunSpec, harness_timeout_s, rank_main
 
@@ -174,6 +174,7 @@ class Launcher:
         self.queue = _channel.Inbox(readers)
         self.outboxes = [_channel.Outbox(w) for w in writers]
         self.processes: List[multiprocessing.Process] = []
+        self.stderr: List[_stderr.Tee] = []  # per rank: its stderr, passed through, and its tail for a death's line
         self.outcomes = [Outcome() for _ in specs]
         self.done: List[set] = [set() for _ in specs]
         self.fatal = False
@@ -190,9 +191,12 @@ class Launcher:
     def spawn(self, rank: int, target, args: tuple) -> None:
         """One rank process, tied to this launcher (_lifeline: its own session, a death signal and a
         pipe it watches, a subreaper of what its implementation forks)."""
-        p = self.context.Process(target=_lifeline.rank_entry, args=(target, self.lifeline, os.getpid(), *args),
+        stderr_in, stderr_out = self.context.Pipe(duplex=False)
+        p = self.context.Process(target=_lifeline.rank_entry, args=(target, self.lifeline, os.getpid(), stderr_out, *args),
                                  name=f"cpkv-conformance-rank{rank}", daemon=True)
         p.start()
+        stderr_out.close()  # the rank's alone now: its end (and its descendants') is the pipe's EOF
+        self.stderr.append(_stderr.Tee(stderr_in))
         self.processes.append(p)
         for arg in args:  # the rank's ends of its pipes are the rank's alone now (their EOF is its exit)
             if isinstance(arg, (_channel.Inbox, _channel.Outbox)):
@@ -365,7 +369,8 @@ class Launcher:
             pass
 
     def death_line(self, rank: int, code: int) -> str:
-        return f"rank {rank} {self.where(rank)}: died ({exit_words(code)}) without a report"
+        tail = self.stderr[rank].tail() if rank < len(self.stderr) else ""
+        return f"rank {rank} {self.where(rank)}: died ({exit_words(code)}) without a report" + (f"; its stderr ended: {tail}" if tail else "")
 
     def dying_peer(self, reporter: int, reports: Optional[List[tuple]] = None) -> Optional[int]:
         """A rank other than `reporter` that died or is dying without a report: the cause to name
@@ -426,6 +431,8 @@ class Launcher:
             _lifeline.kill_group(p.pid)  # what the implementation forked into the rank's group, and nothing else
         self.lifeline.close()
         self.lifeline_end.close()
+        for tee in self.stderr:
+            tee.close(KILL_GRACE_S)  # every rank and its group are gone: the pipes are at their end
         codes = [p.exitcode for p in self.processes]
         if not self.failed() and any(c != 0 for c in codes):
             self.fail("died", f"ranks exited with {codes}")
