@@ -63,7 +63,7 @@ def late_done_rank(rank, specs, queue) -> None:
 class DiesInLayer0(StagingDirect):
     """Rank 0 dies in layer 0 of batch 0 while rank 1 waits for it in a collective of the
     implementation's group: by SIGKILL (as the OOM killer kills) or exit status 3 (mode), the latter
-    after two lines on stderr (last_words)."""
+    after two lines on stderr (last_words); or by sys.exit(0) (sys_exit), which is a raise to report."""
 
     def __init__(self, mode: str = "sigkill", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -74,6 +74,8 @@ class DiesInLayer0(StagingDirect):
             if ctx.rank == 0:
                 if self.mode == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if self.mode == "sys_exit":  # an engine that ends the process as Python code does
+                    sys.exit(0)
                 if self.mode == "last_words":  # as a C library writes before it exits
                     os.write(2, b"cpkv-test: some earlier line\ncpkv-test: the last words before exit 3\n\n")
                 os._exit(3)

@@ -469,6 +469,17 @@ def test_a_rank_that_dies_is_named_before_its_peers_consequent_error(setting_bat
     assert outcome.leftovers == []
 
 
+def test_sys_exit_in_compose_layer_is_a_located_raise_not_a_silent_exit(setting_batches):
+    """A rank whose implementation calls sys.exit(0) reports it (SystemExit is not an Exception, and
+    escaped the rank's report: exit 0 without a report, named only as a death)."""
+    setting, batches = setting_batches
+    outcome = conformance.run(f"{RANKS}:DiesInLayer0", setting, batches[:1], layers=2, window_s=60, impl_kwargs={"mode": "sys_exit"})
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: SystemExit: 0 (at "), outcome.failure
+    assert "launcher_ranks.py" in outcome.failure, outcome.failure
+    assert outcome.leftovers == []
+
+
 class ReadsAfterEveryExitLauncher(_launch.Launcher):
     """A launcher that gets no CPU until every rank has exited (a loaded machine): it reads the ranks'
     reports only then, every pipe at once, rank 0's first."""
