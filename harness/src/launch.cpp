@@ -274,7 +274,10 @@ void Watcher::end_on_silent_rank(Clock::time_point now) {
     if (const std::string cause = stop_cause(r); !cause.empty()) {
       return stuck(fmt::format("{}; it cannot progress, whatever its peers do (window {} ms)", blame(r, now), o_.stuck_ms_max), r);
     }
-    if (silent_ms <= own_window(r) || area_[r].waiting_on.load() >= 0) continue;
+    if (silent_ms <= own_window(r) || area_[r].waiting_on.load(std::memory_order_acquire) >= 0) continue;
+    // The heartbeat was read before the wait (observe_heartbeats, then /proc): a wait that ended in
+    // between beat first (done_waiting), so a beat seen now is progress, not silence.
+    if (area_[r].heartbeat.load(std::memory_order_relaxed) != w.heartbeat) continue;
     if (const std::int32_t q = moved_on_without(r); q >= 0) {
       return stuck(fmt::format("{}; it made no progress while other ranks did (rank {}, {} ms ago; window {} ms)", blame(r, now), q,
                                ms_between(ranks_[q].last_progress, now), own_window(r)),

@@ -62,7 +62,8 @@ def late_done_rank(rank, specs, queue) -> None:
 
 class DiesInLayer0(StagingDirect):
     """Rank 0 dies in layer 0 of batch 0 while rank 1 waits for it in a collective of the
-    implementation's group: by SIGKILL (as the OOM killer kills) or exit status 3 (mode)."""
+    implementation's group: by SIGKILL (as the OOM killer kills) or exit status 3 (mode), the latter
+    after two lines on stderr (last_words); or by sys.exit(0) (sys_exit), which is a raise to report."""
 
     def __init__(self, mode: str = "sigkill", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -73,6 +74,10 @@ class DiesInLayer0(StagingDirect):
             if ctx.rank == 0:
                 if self.mode == "sigkill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if self.mode == "sys_exit":  # an engine that ends the process as Python code does
+                    sys.exit(0)
+                if self.mode == "last_words":  # as a C library writes before it exits
+                    os.write(2, b"cpkv-test: some earlier line\ncpkv-test: the last words before exit 3\n\n")
                 os._exit(3)
             dist.barrier(group=ctx.group)  # rank 1: its error is the death's consequence
         return super().compose_layer(ctx, layer)
@@ -131,3 +136,32 @@ class Hangs(StagingDirect):
         mark("running", ctx.rank)
         while True:
             time.sleep(0.05)
+
+
+class RaisesInSetupThenPeerRaises(StagingDirect):
+    """Both ranks raise in setup: rank `first` at once; the other only after `first` has exited (a
+    consequence, as a peer's "Connection reset by peer" is). Each raise is a report the launcher must
+    name over a death: neither rank dies without one."""
+
+    def __init__(self, first: int = 1, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.first = first
+
+    def setup(self, ctx) -> None:
+        mark("setup", ctx.rank)
+        if ctx.rank == self.first:
+            raise ValueError("the first raise")
+        path = os.path.join(os.environ["CPKV_TEST_DIR"], f"setup.{self.first}")
+        deadline = time.monotonic() + WAIT_S_MAX
+        while time.monotonic() < deadline and not (os.path.exists(path) and _exited(int(open(path).read() or 0))):
+            time.sleep(0.02)
+        raise RuntimeError("the consequent raise, after its peer exited")
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie: it has sent everything it will send."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True

@@ -458,12 +458,61 @@ def test_a_rank_that_exited_after_reporting_is_not_a_death_when_a_peers_report_i
     assert outcomes[0].leftovers == []
 
 
-@pytest.mark.parametrize("mode, words", [("sigkill", "died (signal 9 SIGKILL"), ("exit3", "died (exit code 3)")])
+@pytest.mark.parametrize("mode, words", [("sigkill", "died (signal 9 SIGKILL"), ("exit3", "died (exit code 3) without a report"),
+                                         ("last_words", "died (exit code 3) without a report; its stderr ended: "
+                                                        "cpkv-test: the last words before exit 3")])
 def test_a_rank_that_dies_is_named_before_its_peers_consequent_error(setting_batches, mode, words):
     setting, batches = setting_batches
     outcome = conformance.run(f"{RANKS}:DiesInLayer0", setting, batches[:1], layers=2, window_s=60, impl_kwargs={"mode": mode})
     assert outcome.failure_kind == "died", outcome.failure
     assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: " + words), outcome.failure
+    assert outcome.leftovers == []
+
+
+def test_sys_exit_in_compose_layer_is_a_located_raise_not_a_silent_exit(setting_batches):
+    """A rank whose implementation calls sys.exit(0) reports it (SystemExit is not an Exception, and
+    escaped the rank's report: exit 0 without a report, named only as a death)."""
+    setting, batches = setting_batches
+    outcome = conformance.run(f"{RANKS}:DiesInLayer0", setting, batches[:1], layers=2, window_s=60, impl_kwargs={"mode": "sys_exit"})
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert outcome.failure.startswith("rank 0 batch 0 layer 0 in compose_layer: SystemExit: 0 (at "), outcome.failure
+    assert "launcher_ranks.py" in outcome.failure, outcome.failure
+    assert outcome.leftovers == []
+
+
+class ReadsAfterEveryExitLauncher(_launch.Launcher):
+    """A launcher that gets no CPU until every rank has exited (a loaded machine): it reads the ranks'
+    reports only then, every pipe at once, rank 0's first."""
+
+    def watch(self) -> None:
+        for p in self.processes:
+            p.join(GONE_S_MAX)
+        super().watch()
+
+
+def test_a_capture_control_refused_by_both_ranks_is_named_when_the_launcher_reads_after_both_exited(setting_batches):
+    """Issue 35, item 9: under load the launcher named "rank 1 in setup: died (exit code 1) without a
+    report" for a cp-1 control at cp 2, whose ranks both refused in setup and reported it: rank 1's
+    report was in its pipe when rank 0's was read, and rank 1's exit was taken for a silent death."""
+    setting, batches = setting_batches
+    spec = conformance.case("cpkv.conformance.controls:PrecomputedGather", setting, batches[:1], layers=2, window_s=60)
+    outcome = ReadsAfterEveryExitLauncher([spec]).run()[0]
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert "is a cp 1 control" in outcome.failure and "this run has cp 2" in outcome.failure, outcome.failure
+    assert outcome.leftovers == []
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_of_two_ranks_that_reported_and_exited_the_first_raise_is_named(tmp_path, monkeypatch, setting_batches, first):
+    """The rank that raised first is named, whichever pipe is read first: the other's raise came after
+    the first rank had exited (a consequence), and neither is a death without a report."""
+    monkeypatch.setenv("CPKV_TEST_DIR", str(tmp_path))
+    setting, batches = setting_batches
+    spec = conformance.case(f"{RANKS}:RaisesInSetupThenPeerRaises", setting, batches[:1], layers=2, window_s=60,
+                            impl_kwargs={"first": first})
+    outcome = ReadsAfterEveryExitLauncher([spec]).run()[0]
+    assert outcome.failure_kind == "raised", outcome.failure
+    assert outcome.failure.startswith(f"rank {first} in setup: ValueError: the first raise"), outcome.failure
     assert outcome.leftovers == []
 
 

@@ -1,4 +1,5 @@
-"""No function in the C++ and CUDA sources is longer than 70 lines (the house style: TigerBeetle's rule).
+"""No function in the C++, CUDA and Python sources, tests included, is longer than 70 lines (the house
+style: TigerBeetle's rule).
 
 Why it matters: a function that fits on a screen can be read whole and checked by eye; past that,
 reviews skim. The rule held by habit and drifted, so it is checked here mechanically.
@@ -9,17 +10,22 @@ character literals (raw strings too) and preprocessor lines taken out: every `{`
 class or `extern` scope whose header ends in a parameter list (and its qualifiers, trailing return
 type or constructor initializers) opens a function; lambdas and local classes inside a function
 count as part of it. Python's clang bindings (Debian's python3-clang) are not installed on the CI
-machine, so this does not use them.
+machine, so this does not use them. A Python function is measured by its own parser (ast), from its
+`def` line to its last line; a function nested in another counts as part of it, and on its own too.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from pathlib import Path
 
 ROOT = Path(os.environ.get("CPKV_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-FOLDERS = ("model", "traces", "harness", "sim", "properties", "gpu", "kernels", "cli", "python/src", "bench", "examples", "fuzz")
+FOLDERS = ("model", "traces", "harness", "sim", "properties", "gpu", "kernels", "cli", "python/src", "bench", "examples", "fuzz",
+           "tests")
+# Every Python file of the project lives under one of these (the build folder, which holds copies, is not one).
+PYTHON_FOLDERS = ("python", "bench", "scripts", "examples", "traces", "tests")
 EXTENSIONS = {".cpp", ".hpp", ".h", ".cc", ".cu", ".cuh"}
 LINES_MAX = 70
 
@@ -266,3 +272,25 @@ def test_no_function_is_longer_than_70_lines():
     assert not too_long, f"functions over {LINES_MAX} lines:\n" + "\n".join(too_long)
     assert not grown, "allowed functions that grew:\n" + "\n".join(grown)
     assert not fixed, "allow-list entries that name no function (remove them):\n" + "\n".join(fixed)
+
+
+def python_functions(path: Path) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of every function and method in a Python file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_python_scanner_measures_a_function_from_its_def_to_its_last_line(tmp_path):
+    sample = tmp_path / "sample.py"
+    body = "".join(f"    x += {i}\n" for i in range(69))
+    sample.write_text(f"import os\n\n\ndef h(x):\n{body}    return x\n\n\nclass C:\n    def m(self):\n        pass\n")
+    assert python_functions(sample) == [("h", 4, 71), ("m", 78, 2)]  # 69 + def + return: 71, one over the limit
+
+
+def test_no_python_function_is_longer_than_70_lines():
+    files = [p for folder in PYTHON_FOLDERS for p in sorted((ROOT / folder).rglob("*.py")) if "__pycache__" not in p.parts]
+    assert len(files) > 50, f"too few Python files under {PYTHON_FOLDERS}: {len(files)}"
+    too_long = [f"{p.relative_to(ROOT)}:{first}: {name} is {lines} lines"
+                for p in files for name, first, lines in python_functions(p) if lines > LINES_MAX]
+    assert not too_long, f"functions over {LINES_MAX} lines:\n" + "\n".join(too_long)

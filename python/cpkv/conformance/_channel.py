@@ -80,6 +80,7 @@ class Inbox:
 
     def __init__(self, ends: List[Connection]) -> None:
         self.ends = list(ends)
+        self.sources: List[Optional[Connection]] = list(ends)  # by writer (a rank); None once at its end
 
     def get(self, timeout: Optional[float] = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -90,8 +91,7 @@ class Inbox:
                 try:
                     return end.recv()
                 except (EOFError, OSError):  # its writer is gone and the pipe is drained
-                    self.ends.remove(end)
-                    end.close()
+                    self._drop(end)
             if not ready:
                 break
         if not self.ends and deadline is not None:  # every writer gone: wait out the timeout, as an empty Queue would
@@ -101,10 +101,30 @@ class Inbox:
     def get_nowait(self) -> Any:
         return self.get(0.0)
 
+    def rest_of(self, source: int) -> List[Any]:
+        """Every message left in writer `source`'s pipe, without waiting: for a writer that has exited,
+        whose pipe holds all it sent (each send was whole before it returned). A pipe whose other end
+        a descendant of the writer still holds has no EOF yet, so only poll(0) says what is there."""
+        end, messages = self.sources[source], []
+        while end is not None and end in self.ends:
+            try:
+                if not end.poll(0):
+                    break
+                messages.append(end.recv())
+            except (EOFError, OSError):
+                self._drop(end)
+        return messages
+
+    def _drop(self, end: Connection) -> None:
+        self.ends.remove(end)
+        self.sources = [None if e is end else e for e in self.sources]
+        end.close()
+
     def close(self) -> None:
         for end in self.ends:
             end.close()
         self.ends = []
+        self.sources = []
 
 
 def pipes(context, count: int):

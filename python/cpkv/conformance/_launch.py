@@ -25,7 +25,7 @@ import torch
 
 from .._errors import InputError
 from . import _adversity as adv
-from . import _channel, _lifeline
+from . import _channel, _lifeline, _stderr
 from . import _shm
 from ._rank import RunSpec, harness_timeout_s, rank_main
 
@@ -174,6 +174,7 @@ class Launcher:
         self.queue = _channel.Inbox(readers)
         self.outboxes = [_channel.Outbox(w) for w in writers]
         self.processes: List[multiprocessing.Process] = []
+        self.stderr: List[_stderr.Tee] = []  # per rank: its stderr, passed through, and its tail for a death's line
         self.outcomes = [Outcome() for _ in specs]
         self.done: List[set] = [set() for _ in specs]
         self.fatal = False
@@ -190,9 +191,12 @@ class Launcher:
     def spawn(self, rank: int, target, args: tuple) -> None:
         """One rank process, tied to this launcher (_lifeline: its own session, a death signal and a
         pipe it watches, a subreaper of what its implementation forks)."""
-        p = self.context.Process(target=_lifeline.rank_entry, args=(target, self.lifeline, os.getpid(), *args),
+        stderr_in, stderr_out = self.context.Pipe(duplex=False)
+        p = self.context.Process(target=_lifeline.rank_entry, args=(target, self.lifeline, os.getpid(), stderr_out, *args),
                                  name=f"cpkv-conformance-rank{rank}", daemon=True)
         p.start()
+        stderr_out.close()  # the rank's alone now: its end (and its descendants') is the pipe's EOF
+        self.stderr.append(_stderr.Tee(stderr_in))
         self.processes.append(p)
         for arg in args:  # the rank's ends of its pipes are the rank's alone now (their EOF is its exit)
             if isinstance(arg, (_channel.Inbox, _channel.Outbox)):
@@ -256,23 +260,40 @@ class Launcher:
                 if case + 1 < len(self.specs) and not self.fatal:  # a failed case ends the launch: the next is not run here
                     self.case = case + 1
         elif what == "error" and not self.fatal:
-            _, _, rank, kind, line, where = message
-            culprit = self.culprit(rank)
-            dead = self.dying_peer(rank)
-            if dead is not None:
-                self.fail("died", self.death_line(dead, self.processes[dead].exitcode))
-            elif culprit is not None:
-                # A harness wait timed out: the rank to name is the one that never came to it.
-                self.fail("hang", f"rank {culprit} {self.where(culprit)}: never returned (rank {rank} timed out waiting for it "
-                                  f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
-            else:
-                self.fail_for(kind, rank, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
+            self.failure_reported(message)
         elif what == "raising" and not self.fatal and not _timed_out(message[3]):
             # Sent as a rank raised in compose_layer, before its batch sync: reported now, not when the
             # peers' waits on it time out, and the group torn down (its collectives are out of step).
             # A timeout is left to the batch sync, where the harness's own wait names the rank it
             # waited for (a peer that never returned) when there is one.
-            self.fail_for("raised", message[2], message[3])
+            self.failure_reported(message)
+
+    def failure_reported(self, message: tuple) -> None:
+        """A rank's failure report: 'error' (rank, kind, line, where, raised_ns) as it ends, or
+        'raising' (rank, line, raised_ns) as compose_layer raised. A peer that died without a report is
+        what is named (the report is its consequence). A peer that exited has sent all it will send, so
+        its pipe is read to the end first: when it reported too, the earlier raise of the two is named,
+        whichever pipe was read first (under load both ranks of a case refused in setup and exited before
+        the launcher read either: rank 1's exit was taken for a death without a report, issue 35, item 9)."""
+        reports = [message]
+        dead = self.dying_peer(message[2], reports)
+        if self.fatal:
+            return  # a peer's earlier message (its batch's raise) was named while its pipe was read
+        if dead is not None:
+            self.fail("died", self.death_line(dead, self.processes[dead].exitcode))
+            return
+        first = min(reports, key=lambda m: m[-1])
+        if first[0] == "raising":
+            self.fail("raised", first[3])
+            return
+        _, _, rank, kind, line, where, _ = first
+        culprit = self.culprit(rank)
+        if culprit is not None:
+            # A harness wait timed out: the rank to name is the one that never came to it.
+            self.fail("hang", f"rank {culprit} {self.where(culprit)}: never returned (rank {rank} timed out waiting for it "
+                              f"at {adv.STAGE_NAMES[self.stage(rank)]}: {line})")
+        else:
+            self.fail(kind, f"rank {rank} {self.where(rank)}: {line}" + (f" (at {where})" if where else ""))
 
     def all_done(self) -> bool:
         return len(self.done[-1]) == self.cp
@@ -348,29 +369,39 @@ class Launcher:
             pass
 
     def death_line(self, rank: int, code: int) -> str:
-        return f"rank {rank} {self.where(rank)}: died ({exit_words(code)}) without a report"
+        tail = self.stderr[rank].tail() if rank < len(self.stderr) else ""
+        return f"rank {rank} {self.where(rank)}: died ({exit_words(code)}) without a report" + (f"; its stderr ended: {tail}" if tail else "")
 
-    def dying_peer(self, reporter: int) -> Optional[int]:
+    def dying_peer(self, reporter: int, reports: Optional[List[tuple]] = None) -> Optional[int]:
         """A rank other than `reporter` that died or is dying without a report: the cause to name
         before the reporter's consequent error (a gloo "Connection reset by peer" comes from a peer's
         death; issue 35, item 7f). A dying process is flagged PF_EXITING before its sockets close, so
-        the peer's error can never be seen before the flag: no wall-clock window is involved."""
+        the peer's error can never be seen before the flag: no wall-clock window is involved. Such a
+        peer's pipe is read to its end (rest_of): its other messages are handled, and its failure
+        reports go to `reports`; a peer that left one did not die without a report."""
         for rank, p in enumerate(self.processes):
             if rank == reporter or rank in self.finished:
                 continue
             if p.exitcode is not None or _exiting(p.pid):
                 p.join(DEATH_S_MAX)  # it is exiting: its status comes within the bound
-                if p.exitcode is not None and not (p.exitcode == 0 and all(rank in done for done in self.done)):
+                if p.exitcode is None:
+                    continue
+                left = self.failure_reports_left_by(rank)
+                if reports is not None:
+                    reports += left
+                if not left and not (p.exitcode == 0 and all(rank in done for done in self.done)):
                     return rank
         return None
 
-    def fail_for(self, kind: str, rank: int, line: str) -> None:
-        """A rank's failure, unless a peer's death caused it: then the death is what is named."""
-        dead = self.dying_peer(rank)
-        if dead is not None:
-            self.fail("died", self.death_line(dead, self.processes[dead].exitcode))
-        else:
-            self.fail(kind, line)
+    def failure_reports_left_by(self, rank: int) -> List[tuple]:
+        """What an exited rank's pipe still holds: its failure reports, returned; the rest, handled."""
+        failures = []
+        for message in self.queue.rest_of(rank):
+            if message[0] == "error" or (message[0] == "raising" and not _timed_out(message[3])):
+                failures.append(message)
+            else:
+                self.handle(message)
+        return failures
 
     def hang_line(self) -> str:
         # The rank that has been where it is longest is the one the others wait on.
@@ -400,6 +431,8 @@ class Launcher:
             _lifeline.kill_group(p.pid)  # what the implementation forked into the rank's group, and nothing else
         self.lifeline.close()
         self.lifeline_end.close()
+        for tee in self.stderr:
+            tee.close(KILL_GRACE_S)  # every rank and its group are gone: the pipes are at their end
         codes = [p.exitcode for p in self.processes]
         if not self.failed() and any(c != 0 for c in codes):
             self.fail("died", f"ranks exited with {codes}")

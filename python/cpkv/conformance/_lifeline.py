@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Dict, List
 
+from . import _stderr
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # Rounds of killing a tree that forks while it is killed; each round ends with the reaping.
@@ -132,9 +134,11 @@ def become_rank(lifeline_fd: int, launcher_pid: int) -> None:
         _die()
 
 
-def rank_entry(target, lifeline, launcher_pid: int, *args) -> None:
+def rank_entry(target, lifeline, launcher_pid: int, stderr_end, *args) -> None:
     """The spawned process's target: become a rank tied to its launcher, then run target(*args).
-    lifeline: the read end of the launcher's pipe (a multiprocessing Connection)."""
+    lifeline: the read end of the launcher's pipe (a multiprocessing Connection); stderr_end: the
+    write end of the pipe that is the rank's stderr (_stderr: its tail names a death's cause)."""
+    _stderr.redirect(stderr_end)
     become_rank(lifeline.fileno(), launcher_pid)
     target(*args)
 

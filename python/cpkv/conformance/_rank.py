@@ -413,7 +413,7 @@ def run_case(spec: RunSpec, rank: int, groups, reporter: Reporter) -> None:
         oracle = _cpkv.conformance.ByteOracle(spec.setting, batch)
         outcome = run_batch(ctx, impl, spec, index, batch, oracle)
         if outcome.error:  # the launcher names it now, not when the peers' waits on this rank time out
-            reporter.send("raising", rank, outcome.error)
+            reporter.send("raising", rank, outcome.error, outcome.error_ns)
         stop, everyone_composed = _batch_sync(ctx, spec, index, outcome, replay, reporter)
         composed = (index, batch) if everyone_composed else composed
         if stop:
@@ -452,10 +452,12 @@ def rank_main(rank: int, specs, queue, body=None) -> None:
     try:
         (body or drive)(specs, rank, reporter)
     except ContractError as error:
-        reporter.send("error", rank, "contract", str(error), "")
+        reporter.send("error", rank, "contract", str(error), "", time.monotonic_ns())
         code = 2 if str(error).startswith("--") else 1
-    except Exception as error:  # the implementation raised (or a wait timed out): named, located
-        reporter.send("error", rank, "raised", _first_line(error), _where_in_impl(error))
+    except BaseException as error:  # the implementation raised, called sys.exit, or a wait timed out: named, located
+        # Each failure report carries when it was raised: of two ranks that reported, the first is named
+        # (the launcher: a peer's raise after the first rank exited is its consequence).
+        reporter.send("error", rank, "raised", _first_line(error), _where_in_impl(error), time.monotonic_ns())
         code = 1
     finally:
         if dist.is_initialized():

@@ -76,9 +76,12 @@ class RankProgress {
   void at(std::int64_t batch, std::int32_t layer);
   void step(std::string_view name);  // names what the rank does now; beats
   void wait_on(std::int32_t who) { record_->waiting_on.store(who, std::memory_order_relaxed); }
+  // The beat comes first, and the wait's end is published after it (release): a watcher that sees
+  // the wait ended sees the beat too, so a rank ending a long wait is never seen silent and not
+  // waiting in between (end_on_silent_rank reads the heartbeat again after the wait).
   void done_waiting() {
-    record_->waiting_on.store(kNotWaiting, std::memory_order_relaxed);
     beat();
+    record_->waiting_on.store(kNotWaiting, std::memory_order_release);
   }
   std::int32_t waiting_on() const { return record_->waiting_on.load(std::memory_order_relaxed); }
   Progress& record() { return *record_; }
