@@ -170,7 +170,7 @@ void print_counted_by(const harness::RunReport& report) {
   }
   if (!plugin) return;
   fmt::print("  counters: peer_bytes and barriers are the plugin's own (ctx->counters); collectives and reduced are cpkv's count of all_reduce_sum "
-             "(and {} device barriers of its IPC all-reduce at most); the model's peer_bytes for the variant run ({}): max {} min {}{}\n",
+             "and all_gather (and {} device barriers of its IPC collectives at most); the model's peer_bytes for the variant run ({}): max {} min {}{}\n",
              service, model::to_string(report.variant), model_max, model_min,
              differ.empty() ? "" : fmt::format(" -- the plugin's differ on rank(s){}", differ));
 }

@@ -99,15 +99,17 @@ std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int3
   return pages;
 }
 
+std::uint64_t peer_rows_all_gathered(const BatchPlan& b, std::int32_t cp) {
+  if (b.plan.token_split == model::TokenSplit::none) return 0;
+  return static_cast<std::uint64_t>(cp - 1) * static_cast<std::uint64_t>(b.plan.allgather_rank_rows);
+}
+
 BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
                            std::int64_t staging_slots, std::vector<bool>& populated) {
-  // Section 12's token-split all-gathers have no GPU path yet; the fused plugin does not list them.
-  if (model::splits_tokens(variant)) {
-    throw std::invalid_argument("variant " + std::string(model::to_string(variant)) + " (section 12's all-gather) has no GPU path yet");
-  }
   BatchPlan b;
   b.layout = model::layout_batch(setting, batch);
-  b.overflow = model::overflow_verdict(b.layout.current_pages_total, staging_slots).overflow;
+  // Section 12's token-split all-gathers have no staging: overflow does not apply to them.
+  b.overflow = !model::splits_tokens(variant) && model::overflow_verdict(b.layout.current_pages_total, staging_slots).overflow;
   // A rejected batch moves nothing, so it must not claim pool pages as populated either (a later
   // batch reading them would find them never written: found by the GPU property test).
   if (b.overflow) return b;
@@ -137,6 +139,28 @@ BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& ba
     b.slots.push_back({slot.prefix ? slot.logical_page : -1, slot.first_token, slot.request, slot.rows_valid});
   }
   return b;
+}
+
+SendRows token_send_rows(const model::BatchLayout& layout, const model::Batch& batch, const model::VariantPlan& plan, std::int32_t rank) {
+  CPKV_ASSERT(plan.token_split != model::TokenSplit::none);
+  const std::int64_t page_size = layout.page_size;
+  SendRows out;
+  out.rows_per_rank = plan.allgather_rank_rows;
+  out.request.assign(static_cast<std::size_t>(out.rows_per_rank), -1);
+  out.token.assign(static_cast<std::size_t>(out.rows_per_rank), -1);
+  CPKV_ASSERT(static_cast<std::int64_t>(plan.reorder_source.size()) == layout.current_pages_total * page_size);
+  for (std::int64_t i = 0; i < layout.current_pages_total; ++i) {
+    const model::CurrentPage& page = layout.current[i];
+    for (std::int64_t row = 0; row < page_size; ++row) {
+      const std::int64_t source = plan.reorder_source[i * page_size + row];
+      if (source < 0 || source / out.rows_per_rank != rank) continue;
+      const auto at = static_cast<std::size_t>(source - rank * out.rows_per_rank);
+      CPKV_ASSERT(out.request[at] < 0);  // one token per send row
+      out.request[at] = page.request;
+      out.token[at] = batch.requests[page.request].prefix_len + page.page_in_request * page_size + row;
+    }
+  }
+  return out;
 }
 
 void check_entries(const Entries& entries, const TableBounds& bounds) {

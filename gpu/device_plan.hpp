@@ -41,6 +41,18 @@ struct BatchPlan {
 BatchPlan build_batch_plan(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t rank,
                            std::int64_t staging_slots, std::vector<bool>& populated);
 
+// Section 12's send rows of one rank under a token-split plan: the tokens it computes in its query
+// order (request by request, ascending), each as its request and its position in the request's
+// sequence (prefix included), -1 for the padding up to the largest rank's count (rows_per_rank,
+// the plan's allgather_rank_rows). Read off the plan's reorder_source, so the rows the producer
+// writes are the ones the re-ordering reads back.
+struct SendRows {
+  std::int64_t rows_per_rank = 0;
+  std::vector<std::int32_t> request;  // [rows_per_rank]
+  std::vector<std::int64_t> token;    // [rows_per_rank]
+};
+SendRows token_send_rows(const model::BatchLayout& layout, const model::Batch& batch, const model::VariantPlan& plan, std::int32_t rank);
+
 // The bounds a gather entry read through the pointer table must keep: entries 0..cp-1 address pool
 // pages, cp..2cp-1 staging slots (or symmetric dense slots), the own bases this rank's buffers.
 struct TableBounds {
@@ -79,6 +91,9 @@ class DeviceUploads {
 // The pages a rank's gathers read from its peers (pools and staging or dense buffers of other
 // ranks), per active kind and layer: the fused plugin's peer-bytes counter.
 std::uint64_t peer_pages_per_kind(const BatchPlan& b, std::int32_t cp, std::int32_t rank);
+// Section 12's variants: the rows each all-gather brings from the peers (cp - 1 ranks' padded send
+// rows), per active kind and layer; 0 for the other variants.
+std::uint64_t peer_rows_all_gathered(const BatchPlan& b, std::int32_t cp);
 
 // The barrier of the fused compose launch: none (the variant has none, or the planted bug no_barrier),
 // the signal at its start, or after the publish (the peers read what the publish writes). The

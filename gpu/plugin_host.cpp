@@ -173,6 +173,27 @@ cpkv_status all_reduce_sum_body(cpkv_exchange_ctx* c, void* buffer, std::uint64_
   return CPKV_OK;
 }
 
+// The all-gather service (revision 5): both ranges inside memory cpkv knows (the peers read the
+// send bytes through their mappings of it), apart, and counted as one collective of the
+// functional layers.
+cpkv_status all_gather_body(cpkv_exchange_ctx* c, const void* send, void* recv, std::uint64_t bytes, void* stream) {
+  PluginHost& h = *host_of(c);
+  if (stream != static_cast<void*>(h.r.stream)) return fail(c, "all_gather: enqueue on the stream compose_layer was given");
+  const auto* own = static_cast<const std::uint8_t*>(send);
+  auto* into = static_cast<std::uint8_t*>(recv);
+  const std::uint64_t recv_bytes = bytes * static_cast<std::uint64_t>(h.r.cp());
+  const auto range = symmetric_range(h, own, bytes);
+  if (!range) return fail(c, fmt::format("all_gather: the {} send bytes at {} are not inside the dense buffers or a symmetric allocation", bytes, send));
+  if (!symmetric_range(h, into, recv_bytes)) {
+    return fail(c, fmt::format("all_gather: the {} receive bytes (cp {} x {}) at {} are not inside the dense buffers or a symmetric allocation", recv_bytes, h.r.cp(),
+                               bytes, recv));
+  }
+  if (own < into + recv_bytes && into < own + bytes) return fail(c, fmt::format("all_gather: the send bytes at {} overlap the receive bytes at {}", send, recv));
+  h.r.all_gather(own, range->first, range->second, into, bytes);
+  if (h.counting) ++h.r.ctx.boot->totals[h.r.ctx.rank].collectives;
+  return CPKV_OK;
+}
+
 // The services run cpkv's code under the plugin's frames (C, maybe without unwind tables): an
 // exception there (a CUDA failure, located by the fault hook, bootstrap.hpp) becomes the service's
 // error and its text, which the plugin passes on or the host's check after the call names.
@@ -193,6 +214,9 @@ cpkv_status all_reduce_sum(cpkv_exchange_ctx* c, void* buffer, std::uint64_t byt
 }
 cpkv_status produce_rows(cpkv_exchange_ctx* c, void* const* dest, const std::int64_t* dest_page, std::int32_t zero_tails, void* stream) {
   return served(c, [&] { return produce_rows_body(c, dest, dest_page, zero_tails, stream); });
+}
+cpkv_status all_gather(cpkv_exchange_ctx* c, const void* send, void* recv, std::uint64_t bytes, void* stream) {
+  return served(c, [&] { return all_gather_body(c, send, recv, bytes, stream); });
 }
 
 void describe_setting(PluginHost& h) {
@@ -260,6 +284,7 @@ void build_context(PluginHost& h) {
   c.all_reduce_sum = all_reduce_sum;
   c.harness = &h;
   c.produce_rows = produce_rows;
+  c.all_gather = all_gather;
   c.reader_spin_cycles = r.ctx.cuda.slow_reader_rank == r.ctx.rank ? kernels::kMutantWindowCycles : 0;
 }
 
@@ -285,19 +310,55 @@ void allocate_plugin_memory(PluginHost& h) {
   }
 }
 
+// Section 12's send rows (exchange_abi.h, cpkv_batch): this rank's tokens in its query order, padded
+// to whole pages past the largest rank's count; own_current_index -1 (no current page).
+void describe_send_rows(PluginHost& h, const model::Batch& batch, const model::BatchLayout& layout, PluginBatch& pb) {
+  const std::int32_t rank = h.r.ctx.rank, P = layout.page_size;
+  const SendRows send = token_send_rows(layout, batch, model::variant_plan(layout, h.r.variant, rank), rank);
+  const std::int64_t pages = (send.rows_per_rank + P - 1) / P;
+  pb.own_current_index.assign(pages, -1);
+  pb.produce_row_token.assign(pages * P, kernels::kRowZero);
+  pb.row_request.assign(pages * P, -1);
+  pb.row_token.assign(pages * P, -1);
+  for (std::size_t q = 0; q < send.request.size(); ++q) {
+    if (send.request[q] < 0) continue;  // padding: zero
+    pb.produce_row_token[q] = static_cast<std::int32_t>(pb.inv_request.size());
+    pb.row_request[q] = send.request[q];
+    pb.row_token[q] = send.token[q];
+    pb.inv_request.push_back(send.request[q]);
+    pb.inv_token.push_back(send.token[q]);
+  }
+  pb.pages.resize(pages);
+  std::iota(pb.pages.begin(), pb.pages.end(), 0);
+}
+
+void describe_own_pages(PluginHost& h, const model::Batch& batch, const model::BatchLayout& layout, PluginBatch& pb);
+
 // The ABI's view of the batch: PROTOCOL.md sections 2, 3 and 5, from the layout alone.
 void describe_layout(PluginHost& h, const model::Batch& batch, const model::BatchLayout& layout, PluginBatch& pb) {
-  const std::int32_t cp = h.r.cp(), rank = h.r.ctx.rank, P = layout.page_size;
+  const std::int32_t cp = h.r.cp();
   for (const model::Slot& slot : layout.slots) {
     const bool prefix = slot.kind == model::SlotKind::prefix;
     const std::int64_t page = slot.page_or_index;
     pb.plan_table_index.push_back(prefix ? static_cast<std::int32_t>(page % cp) : cp + layout.current[page].writer);
     pb.plan_source_page.push_back(prefix ? page / cp : page);
   }
+  for (const model::CurrentPage& page : layout.current) {
+    pb.writer.push_back(page.writer);
+    pb.current_slot.push_back(page.slot);
+  }
+  if (model::splits_tokens(h.r.variant)) {
+    describe_send_rows(h, batch, layout, pb);
+  } else {
+    describe_own_pages(h, batch, layout, pb);
+  }
+}
+
+// The page split's own pages: the producer's rows of the current pages this rank writes.
+void describe_own_pages(PluginHost& h, const model::Batch& batch, const model::BatchLayout& layout, PluginBatch& pb) {
+  const std::int32_t rank = h.r.ctx.rank, P = layout.page_size;
   std::vector<std::int64_t> own_index_of(layout.current.size(), -1);
   for (std::size_t i = 0; i < layout.current.size(); ++i) {
-    pb.writer.push_back(layout.current[i].writer);
-    pb.current_slot.push_back(layout.current[i].slot);
     if (layout.current[i].writer != rank) continue;
     own_index_of[i] = static_cast<std::int64_t>(pb.own_current_index.size());
     pb.own_current_index.push_back(static_cast<std::int64_t>(i));
@@ -365,7 +426,7 @@ void fill_batch(PluginHost& h, const model::Batch& batch, std::int64_t index, co
   c.slot_count = layout.slot_count;
   c.current_pages = layout.current_pages_total;
   c.staging_slots = h.r.staging_slots;
-  c.overflow = layout.current_pages_total > h.r.staging_slots ? 1 : 0;
+  c.overflow = !model::splits_tokens(h.r.variant) && layout.current_pages_total > h.r.staging_slots ? 1 : 0;  // section 12: no staging
   c.plan_table_index = up.upload(pb.plan_table_index);
   c.plan_source_page = up.upload(pb.plan_source_page);
   c.writer = up.upload(pb.writer);
@@ -531,6 +592,16 @@ Verdicts agree_on_verdict(PluginHost& h, bool refused, std::int64_t index) {
   return out;
 }
 
+// Whose queries a rank holds on the path the group runs: the page split's, or section 12's token split's.
+model::QuerySplit query_split(model::Variant variant) {
+  switch (model::info(variant).token_split) {
+    case model::TokenSplit::zigzag: return model::QuerySplit::zigzag_tokens;
+    case model::TokenSplit::continuous: return model::QuerySplit::continuous_tokens;
+    case model::TokenSplit::none: break;
+  }
+  return model::QuerySplit::pages;
+}
+
 // The plugin's attention plan of the batch, copied out of its memory without trusting the pointer
 // (process_vm_readv on this process: a wild pointer is an error, not a crash of the rank). Empty and
 // a reason where there is none to check.
@@ -561,8 +632,9 @@ std::vector<model::AttentionSegment> read_attention_plan(const cpkv_exchange_ctx
 
 // Invariant 9 for a plugin that returns its plan (CPKV_FLAG_ATTENTION_PLAN), after a batch whose
 // layers every rank ran: this rank's plan against the specification (model::check_attention_plan,
-// the page split's queries), then, on rank 0, every rank's queries against one another
-// (model::check_attention_coverage) through the bootstrap segment. Collective: every rank calls it.
+// the queries of the split the group runs: query_split), then, on rank 0, every rank's queries
+// against one another (model::check_attention_coverage) through the bootstrap segment. Collective:
+// every rank calls it.
 void check_attention(PluginHost& h, const model::Batch& batch, std::int64_t index) {
   Rank& r = h.r;
   Bootstrap& boot = *r.ctx.boot;
@@ -571,7 +643,7 @@ void check_attention(PluginHost& h, const model::Batch& batch, std::int64_t inde
   std::string why;
   const std::vector<model::AttentionSegment> plan = read_attention_plan(h.ctx, tokens, why);
   if (why.empty()) {
-    if (const auto finding = model::check_attention_plan(r.ctx.source.setting, batch, r.ctx.rank, plan)) why = finding->detail();
+    if (const auto finding = model::check_attention_plan(r.ctx.source.setting, batch, r.ctx.rank, plan, query_split(r.variant))) why = finding->detail();
   }
   if (why.empty() && static_cast<std::int64_t>(plan.size()) > Bootstrap::kAttentionSegmentsMax) {
     throw std::runtime_error(fmt::format("{}: its attention plan of {} segments exceeds the {} per rank cpkv compares across ranks",

@@ -99,6 +99,10 @@ struct Rank {
   }
   // A sum all-reduce of `bytes` at byte offset `offset` of every rank's dense (or compact) buffer.
   void all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint64_t bytes);
+  // An all-gather of `bytes` per rank (PROTOCOL.md section 12): every rank's `bytes` at byte offset
+  // `offset` of its send buffer (`peers`: every rank's base of it; own_send this rank's bytes) into
+  // recv, rank p's at recv + p * bytes.
+  void all_gather(const std::uint8_t* own_send, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint8_t* recv, std::uint64_t bytes);
 };
 
 // rank_memory.cpp: the set-up steps, in order, and the tear-down.

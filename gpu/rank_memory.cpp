@@ -204,4 +204,20 @@ void Rank::all_reduce(std::uint8_t* own, const std::vector<std::uint8_t*>& peers
   if (bytes > 0) CPKV_CUDA_CHECK(cudaMemcpyAsync(own, mem.scratch, bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
+// NCCL's all-gather with one GPU per rank; where ranks share a GPU, the IPC stand-in: a barrier
+// (every rank's send bytes are written), a copy of each rank's bytes from its mapping, a barrier
+// (no rank's next layer rewrites its send bytes while a peer still copies them).
+void Rank::all_gather(const std::uint8_t* own_send, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint8_t* recv, std::uint64_t bytes) {
+  if (use_nccl) {
+    CPKV_NCCL_CHECK(ncclAllGather(own_send, recv, bytes, ncclUint8, comm, stream));
+    return;
+  }
+  device_barrier();
+  for (std::int32_t p = 0; p < cp() && bytes > 0; ++p) {
+    const std::uint8_t* from = p == ctx.rank ? own_send : peers[p] + offset;
+    CPKV_CUDA_CHECK(cudaMemcpyAsync(recv + p * bytes, from, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  device_barrier();
+}
+
 }  // namespace cpkv::cuda

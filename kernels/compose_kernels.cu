@@ -255,6 +255,42 @@ cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream) {
 
 namespace {
 
+// Copies (or zeroes, `in` null) one row with the widest accesses both ends' alignment allows.
+__device__ void warp_copy_row(std::uint8_t* out, const std::uint8_t* in, std::uint32_t bytes, std::uint32_t lane) {
+  const auto align = reinterpret_cast<std::uintptr_t>(out) | reinterpret_cast<std::uintptr_t>(in) | bytes;
+  if (align % 16 == 0) {
+    for (std::uint32_t i = lane; i < bytes / 16; i += 32) reinterpret_cast<uint4*>(out)[i] = in ? reinterpret_cast<const uint4*>(in)[i] : uint4{0, 0, 0, 0};
+  } else if (align % 4 == 0) {
+    for (std::uint32_t i = lane; i < bytes / 4; i += 32) reinterpret_cast<std::uint32_t*>(out)[i] = in ? reinterpret_cast<const std::uint32_t*>(in)[i] : 0U;
+  } else {
+    for (std::uint32_t i = lane; i < bytes; i += 32) out[i] = in ? in[i] : 0;
+  }
+}
+
+__global__ void reorder_kernel(const __grid_constant__ ReorderArgs a) {
+  const ReorderKind& k = a.kind[blockIdx.y];
+  const std::uint32_t lane = threadIdx.x % 32;
+  const std::int64_t warps_per_block = blockDim.x / 32;
+  for (std::int64_t row = blockIdx.x * warps_per_block + threadIdx.x / 32; row < a.rows; row += gridDim.x * warps_per_block) {
+    const std::int64_t source = a.source[row];
+    if (source < 0 && a.zero_missing == 0) continue;
+    std::uint8_t* out = k.dense + (a.slot[row / a.page_size] * a.page_size + row % a.page_size) * static_cast<std::uint64_t>(k.row_bytes);
+    warp_copy_row(out, source < 0 ? nullptr : k.gathered + source * static_cast<std::uint64_t>(k.row_bytes), k.row_bytes, lane);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_reorder(const ReorderArgs& args, cudaStream_t stream) {
+  CPKV_ASSERT(args.kinds >= 0 && args.kinds <= kKindsMax);
+  if (args.rows == 0 || args.kinds == 0) return cudaSuccess;
+  const int blocks = static_cast<int>(std::clamp<std::int64_t>((args.rows + kProduceWarps - 1) / kProduceWarps, 1, kProduceBlocksMax));
+  reorder_kernel<<<dim3(blocks, args.kinds), kProduceThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+namespace {
+
 __global__ void barrier_next_kernel(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, BarrierState* state, std::int32_t lag,
                                     BarrierStatus* status) {
   const std::uint64_t phase = state->phase + 1;

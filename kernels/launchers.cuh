@@ -107,6 +107,27 @@ struct ProduceArgs {
 };
 cudaError_t launch_produce(const ProduceArgs& args, cudaStream_t stream);
 
+// Section 12's re-ordering of one layer, every active kind in one launch (blockIdx.y): current row
+// i * page_size + o of the batch (current index i, dense slot slot[i]) is copied from row
+// source[i * page_size + o] of the kind's gathered rows (every rank's padded send rows, one
+// all-gather's output), or zeroed where that is -1 (past the end of a partial page), or left as it
+// is there when zero_missing is 0 (the planted bug skip_zero). One warp per row.
+struct ReorderKind {
+  std::uint8_t* dense;           // the kind's dense half (slot 0)
+  const std::uint8_t* gathered;  // the kind's gathered rows
+  std::uint32_t row_bytes;
+};
+struct ReorderArgs {
+  ReorderKind kind[kKindsMax];
+  std::int32_t kinds;
+  std::int32_t page_size;
+  const std::int64_t* slot;    // [current pages]
+  const std::int64_t* source;  // [rows]
+  std::int64_t rows;           // current pages * page_size
+  std::int32_t zero_missing;
+};
+cudaError_t launch_reorder(const ReorderArgs& args, cudaStream_t stream);
+
 // The compose exchange of one layer, every active kind, in one launch, with the counting barrier
 // folded in: warps copy the pre-signal entries (the pack and the publish, which read this layer's
 // fill), the rank signals every peer (at the start when nothing of this launch needs to be

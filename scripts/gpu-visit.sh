@@ -34,6 +34,7 @@ SUITES=(
   "vmm         the sparse pool: the production pool at cp 2 and 4 on one GPU, its tests  cpkv cpkv.tests.gpu_vmm cpkv.tests.gpu_pool_backing"
   "guards      the plugin host's guards: misbehaving plugins, counters, device faults    cpkv cpkv.tests.gpu_guard cpkv.tests.gpu_counters cpkv_misbehaving_none cpkv_misbehaving_past_dense cpkv_misbehaving_pool cpkv_misbehaving_counters cpkv_misbehaving_fault"
   "imports     cpkv's module and torch imported in both orders on CUDA ranks (issue 34 item 22)   cpkv cpkv_python"
+  "allgather   section 12's all-gathers: their tests, every bundled trace at cp 2, 4, 8, a planted bug   cpkv cpkv_exchange_fused cpkv.tests.gpu_allgather cpkv.tests.gpu_plan cpkv.tests.fused_plugin"
 )
 
 suite_names() { local row; for row in "${SUITES[@]}"; do echo "${row%% *}"; done; }
@@ -180,6 +181,24 @@ suite_conformance() {
     PYTHONPATH="$build/python" step conformance "${name// /_}" 180 "${expect[@]}" \
       python3 -m cpkv.conformance "$samples/tiny.jsonl" $args --ranks 2 --device cuda --window 10
   done
+}
+
+# Section 12's variants: every bundled trace with its header's cp set to 2, 4 and 8 (ranks time-slice
+# on one GPU: the IPC all-gather; NCCL's where every rank has a GPU), through the built-in plugin and
+# the fused .so, and skip_zero (the re-ordering's zero rows left out) caught: exit 1.
+suite_allgather() {
+  local name cp variants=allgather_zigzag,allgather_continuous
+  ctest_step allgather tests 240 -R "GpuAllGather|GpuPlan|FusedPlugin"
+  for name in tiny seeds_batch mooncake_slice; do
+    for cp in 2 4 8; do
+      sed -E "1s/\"cp\":[0-9]+/\"cp\":$cp/" "$samples/$name.jsonl" > "$work/$name-cp$cp.jsonl"
+      step allgather "$name-cp$cp" 120 "$cpkv" replay "$work/$name-cp$cp.jsonl" --backend cuda --variant $variants --layers 2
+    done
+  done
+  step allgather fused-so-seeds 120 "$cpkv" replay "$samples/seeds_batch.jsonl" --backend cuda --variant $variants --layers 2 \
+    --exchange "$build/gpu/libcpkv_exchange_fused.so"
+  step allgather skip_zero-caught 120 =1 "$cpkv" replay "$samples/tiny.jsonl" --backend cuda --variant $variants --layers 2 --mutant skip_zero
+  grep -E "^(allgather|staging|cp |  [a-z_]+ )|mismatch|violat|FAIL|wrong" "$logs/allgather.log" | head -60
 }
 
 suite_plugin() {

@@ -26,6 +26,8 @@ _Static_assert(offsetof(cpkv_exchange_ctx, attention_segment_count) > offsetof(c
  * the size such a plugin declares in struct_bytes, and every field it knows keeps its offset. */
 _Static_assert(sizeof(void*) != 8 || CPKV_TABLE_BYTES_REVISION_3 == 80, "a table of revisions 1 to 3 is 80 bytes");
 _Static_assert(offsetof(cpkv_exchange_v1_t, parts) == offsetof(cpkv_exchange_v1_t, teardown) + sizeof(void*), "parts comes after revision 3's last");
+/* Revision 5 appends the all-gather service to the context, after revision 3's last field. */
+_Static_assert(offsetof(cpkv_exchange_ctx, all_gather) > offsetof(cpkv_exchange_ctx, attention_segment_count), "revision 5's field comes after revision 3's last");
 _Static_assert(CPKV_PART_COUNT <= 32, "every part has a bit in cpkv_exchange_parts.offered");
 _Static_assert(offsetof(cpkv_exchange_parts, version) == 0, "the parts' version comes first, so any version's can be read for it");
 _Static_assert(sizeof(cpkv_attention_segment) == 5 * sizeof(int64_t), "a segment is five int64 fields, no padding");
@@ -60,6 +62,17 @@ int main(void) {
   ctx.ctx_bytes = (uint32_t)sizeof(ctx);
   if (!CPKV_CTX_HAS(&ctx, attention_segments) || !CPKV_CTX_HAS(&ctx, attention_segment_count)) {
     fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-3 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  /* A context of revision 3 or 4 (ctx_bytes up to the attention plan) lacks revision 5's all_gather. */
+  ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, all_gather);
+  if (CPKV_CTX_HAS(&ctx, all_gather) || !CPKV_CTX_HAS(&ctx, attention_segment_count)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-3 context of %u bytes\n", ctx.ctx_bytes);
+    return 1;
+  }
+  ctx.ctx_bytes = (uint32_t)sizeof(ctx);
+  if (!CPKV_CTX_HAS(&ctx, all_gather)) {
+    fprintf(stderr, "CPKV_CTX_HAS is wrong for a revision-5 context of %u bytes\n", ctx.ctx_bytes);
     return 1;
   }
   ctx.ctx_bytes = (uint32_t)offsetof(cpkv_exchange_ctx, reader_spin_cycles) + 4; /* half a field: not there */

@@ -1,6 +1,6 @@
 // cpkv's own fused compose as an exchange plugin (gpu/fused/), checked without a GPU: the shared
 // object passes the loader's checks, names itself 'fused', lists every variant of
-// model::kVariantTable but section 12's token-split all-gathers (no GPU path yet: refused by name) and, as the planted bugs it holds, exactly the
+// model::kVariantTable (section 12's token-split all-gathers included) and, as the planted bugs it holds, exactly the
 // rows of harness::kMutantTable the GPU holds and invariant 9's three; it exports cpkv_exchange_v1 and nothing else (nm -D);
 // the built-in table the cuda backend registers is the same table, reached as `builtin`.
 #include <cstdio>
@@ -20,9 +20,7 @@ namespace {
 
 std::vector<model::Variant> every_variant() {
   std::vector<model::Variant> out;
-  for (const model::VariantInfo& row : model::kVariantTable) {
-    if (row.token_split == model::TokenSplit::none) out.push_back(row.variant);
-  }
+  for (const model::VariantInfo& row : model::kVariantTable) out.push_back(row.variant);
   return out;
 }
 
@@ -39,8 +37,8 @@ std::vector<std::string> held_mutants() {
 void expect_fused_table(const harness::ExchangePlugin& plugin) {
   EXPECT_EQ(plugin.name, "fused");
   EXPECT_EQ(plugin.variants, every_variant()) << "every variant the cuda backend runs, in kVariantTable order";
-  EXPECT_FALSE(plugin.implements(model::Variant::allgather_zigzag)) << "section 12's all-gathers have no GPU path yet";
-  EXPECT_FALSE(plugin.implements(model::Variant::allgather_continuous));
+  EXPECT_TRUE(plugin.implements(model::Variant::allgather_zigzag)) << "section 12's all-gathers run on the GPU too";
+  EXPECT_TRUE(plugin.implements(model::Variant::allgather_continuous));
   EXPECT_EQ(plugin.mutants, held_mutants()) << "the GPU's planted bugs and invariant 9's, held by the plugin itself";
   EXPECT_EQ(plugin.uses, CPKV_USES_PRODUCE) << "cpkv's producer writes its rows where it fills (no copy through ctx->rows), and it plans the batch itself";
   EXPECT_EQ(plugin.table->flags, CPKV_FLAG_REPLAYABLE | CPKV_FLAG_ATTENTION_PLAN)

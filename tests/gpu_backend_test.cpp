@@ -27,7 +27,6 @@ std::string sample(const std::string& name) { return std::string(CPKV_SOURCE_DIR
 void expect_every_variant_exact(const harness::BatchSource& source, std::int32_t layers) {
   auto backend = cuda::make_cuda_backend(cuda::CudaOptions{});
   for (model::Variant variant : model::kAllVariants) {
-    if (model::splits_tokens(variant)) continue;  // section 12's all-gathers: no GPU path yet
     harness::RunOptions options;
     options.variant = variant;
     options.layers = layers;

@@ -21,13 +21,14 @@
 namespace cpkv {
 namespace {
 
-// What the executor and the fused plugin count: each gather entry that reads a peer's memory, one
-// page of every kind active on the layer.
+// What the fused plugin counts: each gather entry that reads a peer's memory, one page of every
+// kind active on the layer, and for section 12's variants the peers' rows each all-gather brings.
 std::uint64_t counted_by_cpkv(const model::Setting& setting, const cuda::BatchPlan& b, std::int32_t rank, std::int32_t layers) {
   const std::uint64_t pages = cuda::peer_pages_per_kind(b, setting.cp, rank);
+  const std::uint64_t rows = pages * setting.page_size + cuda::peer_rows_all_gathered(b, setting.cp);
   std::uint64_t sum = 0;
   for (std::int32_t l = 0; l < layers; ++l) {
-    for (std::size_t k = 0; k < setting.kinds.size(); ++k) sum += setting.kind_active(k, l) ? pages * setting.kinds[k].row_bytes * setting.page_size : 0;
+    for (std::size_t k = 0; k < setting.kinds.size(); ++k) sum += setting.kind_active(k, l) ? rows * setting.kinds[k].row_bytes : 0;
   }
   return sum;
 }
@@ -53,7 +54,6 @@ TEST(GpuCounters, TheModelsPeerGatherBytesAreWhatCpkvsOwnExchangeCountsForEveryV
     const model::Setting& setting = source.setting;
     const std::int64_t staging_slots = model::staging_capacity(setting).staging_slots;
     for (model::Variant variant : model::kAllVariants) {
-      if (model::splits_tokens(variant)) continue;  // section 12's all-gathers: no GPU path yet
       for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
         std::vector<bool> populated(setting.pool_pages_per_rank(), false);
         harness::BatchCursor cursor(source);

@@ -5,6 +5,7 @@
 // are the plan's lists, what reads the fill (pack, publish) first, each with its destination.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -12,11 +13,16 @@
 #include <vector>
 
 #include "cpkv/harness/source.hpp"
+#include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "device_plan.hpp"
 
 namespace cpkv {
 namespace {
+
+std::string fmt_where(const char* trace, std::int32_t cp, model::Variant variant, std::size_t batch) {
+  return std::string(trace) + " cp " + std::to_string(cp) + " " + std::string(model::to_string(variant)) + " batch " + std::to_string(batch);
+}
 
 std::vector<model::Batch> batches_of(const harness::BatchSource& source) {
   std::vector<model::Batch> out;
@@ -85,7 +91,7 @@ TEST(GpuPlan, ProducerAndComposeListsKeepTheirContractsForEveryVariantAndRank) {
       const std::int64_t staging_slots = model::staging_capacity(source.setting).staging_slots;
       const std::vector<model::Batch> batches = batches_of(source);
       for (model::Variant variant : model::kAllVariants) {
-        if (model::splits_tokens(variant)) continue;  // section 12's all-gathers: no GPU path yet
+        if (model::splits_tokens(variant)) continue;  // section 12's producer writes send rows: EachRanksSendRows... below
         for (std::int32_t rank = 0; rank < cp; ++rank) {
           std::vector<bool> populated(source.setting.pool_pages_per_rank(), false);
           for (std::size_t i = 0; i < batches.size(); ++i) {
@@ -97,6 +103,101 @@ TEST(GpuPlan, ProducerAndComposeListsKeepTheirContractsForEveryVariantAndRank) {
             expect_compose_entries(b, where);
             if (HasFailure()) return;
           }
+        }
+      }
+    }
+  }
+}
+
+// Section 12's send rows, against the attention oracle written from sections 11 and 12 alone
+// (model::rank_queries, which knows nothing of the plan): each rank sends exactly the tokens it
+// computes, in its query order, then padding up to the largest rank's count, which is the
+// all-gather's rows per rank.
+void expect_send_rows(const model::Setting& setting, const model::Batch& batch, model::Variant variant, const std::string& where) {
+  const model::QuerySplit split = model::info(variant).token_split == model::TokenSplit::zigzag ? model::QuerySplit::zigzag_tokens : model::QuerySplit::continuous_tokens;
+  std::vector<std::vector<model::QueryToken>> queries;
+  std::size_t most = 0;
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+    queries.push_back(model::rank_queries(setting, batch, rank, split));
+    most = std::max(most, queries.back().size());
+  }
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+    std::vector<bool> populated(setting.pool_pages_per_rank(), false);
+    const cuda::BatchPlan b = cuda::build_batch_plan(setting, batch, variant, rank, model::staging_capacity(setting).staging_slots, populated);
+    const cuda::SendRows send = cuda::token_send_rows(b.layout, batch, b.plan, rank);
+    ASSERT_EQ(send.rows_per_rank, static_cast<std::int64_t>(most)) << where << " rank " << rank << ": rows per rank";
+    ASSERT_EQ(send.request.size(), most) << where;
+    for (std::size_t q = 0; q < most; ++q) {
+      if (q >= queries[rank].size()) {
+        EXPECT_EQ(send.request[q], -1) << where << " rank " << rank << " row " << q << ": padding";
+        continue;
+      }
+      const model::QueryToken& t = queries[rank][q];
+      EXPECT_EQ(send.request[q], t.request) << where << " rank " << rank << " row " << q;
+      EXPECT_EQ(send.token[q], batch.requests[t.request].prefix_len + t.token) << where << " rank " << rank << " row " << q;
+    }
+  }
+}
+
+// What the GPU's layer does with them, on the host: every rank's send rows all-gathered (rank p's
+// at p * rows_per_rank), then each current row of the batch taken from the gathered row the plan's
+// reorder_source names. Every valid row of every current page must then hold its own token
+// (section 3: page i's row o is token page_in_request * P + o of its request) and every row past a
+// partial page's end none (-1: zero), so the producer, the all-gather's layout and the
+// re-ordering agree on every rank.
+void expect_gather_and_reorder(const model::Setting& setting, const model::Batch& batch, model::Variant variant, const std::string& where) {
+  std::vector<std::pair<std::int32_t, std::int64_t>> gathered;  // (request, token) per gathered row
+  cuda::BatchPlan b;
+  for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
+    std::vector<bool> populated(setting.pool_pages_per_rank(), false);
+    b = cuda::build_batch_plan(setting, batch, variant, rank, model::staging_capacity(setting).staging_slots, populated);
+    const cuda::SendRows send = cuda::token_send_rows(b.layout, batch, b.plan, rank);
+    for (std::size_t q = 0; q < send.request.size(); ++q) gathered.emplace_back(send.request[q], send.token[q]);
+  }
+  const std::int64_t P = setting.page_size;
+  ASSERT_EQ(static_cast<std::int64_t>(b.plan.reorder_source.size()), b.layout.current_pages_total * P) << where;
+  for (std::int64_t i = 0; i < b.layout.current_pages_total; ++i) {
+    const model::CurrentPage& page = b.layout.current[i];
+    for (std::int64_t o = 0; o < P; ++o) {
+      const std::int64_t source = b.plan.reorder_source[i * P + o];
+      if (o >= page.rows_valid) {
+        EXPECT_EQ(source, -1) << where << ": current page " << i << " row " << o << " is past its end";
+        continue;
+      }
+      ASSERT_GE(source, 0) << where << ": current page " << i << " row " << o;
+      ASSERT_LT(source, static_cast<std::int64_t>(gathered.size())) << where;
+      EXPECT_EQ(gathered[source].first, page.request) << where << ": current page " << i << " row " << o;
+      EXPECT_EQ(gathered[source].second, batch.requests[page.request].prefix_len + page.page_in_request * P + o) << where << ": current page " << i << " row " << o;
+    }
+  }
+}
+
+TEST(GpuPlan, EveryTokenSentAllGatheredAndReorderedLandsAtItsOwnDenseRow) {
+  for (const char* name : {"tiny.jsonl", "seeds_batch.jsonl", "mooncake_slice.jsonl"}) {
+    harness::BatchSource source = harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
+    for (std::int32_t cp : {2, 3, 4, 8}) {
+      source.setting.cp = cp;
+      for (model::Variant variant : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
+        const std::vector<model::Batch> batches = batches_of(source);
+        for (std::size_t i = 0; i < batches.size() && i < 8; ++i) {
+          expect_gather_and_reorder(source.setting, batches[i], variant, fmt_where(name, cp, variant, i));
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuPlan, EachRanksSendRowsAreItsTokenSplitQueriesPaddedToTheLargestRank) {
+  for (const char* name : {"tiny.jsonl", "seeds_batch.jsonl", "mooncake_slice.jsonl"}) {
+    harness::BatchSource source = harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
+    for (std::int32_t cp : {2, 3, source.setting.cp}) {
+      source.setting.cp = cp;
+      for (model::Variant variant : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
+        const std::vector<model::Batch> batches = batches_of(source);
+        for (std::size_t i = 0; i < batches.size() && i < 8; ++i) {
+          expect_send_rows(source.setting, batches[i], variant, fmt_where(name, cp, variant, i));
+          if (HasFailure()) return;
         }
       }
     }

@@ -10,12 +10,18 @@
 // phase), so the layers replay as a CUDA graph (CPKV_FLAG_REPLAYABLE). The four GPU planted bugs
 // (ctx->mutant) switch through cuda::GpuMutantPolicy, with its race-window spins. Its attention
 // plan (CPKV_FLAG_ATTENTION_PLAN) is cpkv's ragged index plan, and holds invariant 9's three bugs.
+// Section 12's token-split variants (allgather_zigzag, allgather_continuous) take another layer
+// (token_layer): the producer writes this rank's token rows into its send rows, the compose launch
+// pulls the prefix pages from the pool, one all-gather per kind (ctx->all_gather: NCCL, or cpkv's
+// IPC copy where ranks share a GPU) brings every rank's padded rows, and the re-ordering writes
+// every current row of the dense half from them; its attention plan is the token split's.
 #include "fused_exchange.hpp"
 
 #include <array>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -35,22 +41,14 @@ namespace cpkv::fused {
 
 namespace {
 
-// The names the table lists: every row of model::kVariantTable but section 12's token-split
-// all-gathers, whose GPU path (NCCL's all-gather and the re-ordering) does not exist yet: the
-// request check refuses them in one line ("does not implement allgather_zigzag"), and `--variant
-// all` leaves them out. Then the rows of harness::kMutantTable the GPU holds. NULL-terminated,
+// The names the table lists: every row of model::kVariantTable (section 12's token-split
+// all-gathers included), then the rows of harness::kMutantTable the GPU holds. NULL-terminated,
 // built at compile time.
-constexpr std::size_t kRunnableVariants = [] {
-  std::size_t n = 0;
-  for (const model::VariantInfo& row : model::kVariantTable) n += row.token_split == model::TokenSplit::none ? 1 : 0;
-  return n;
-}();
+constexpr std::size_t kRunnableVariants = std::size(model::kVariantTable);
 constexpr std::array<const char*, kRunnableVariants + 1> variant_names() {
   std::array<const char*, kRunnableVariants + 1> out{};
   std::size_t n = 0;
-  for (const model::VariantInfo& row : model::kVariantTable) {
-    if (row.token_split == model::TokenSplit::none) out[n++] = row.name.data();
-  }
+  for (const model::VariantInfo& row : model::kVariantTable) out[n++] = row.name.data();
   return out;
 }
 // Its attention plan's planted bugs (invariant 9): held here, in the plan it returns, as a plugin
@@ -82,6 +80,9 @@ struct FusedBatch {
   std::vector<kernels::ComposeArgs> compose;               // [layer]
   const kernels::GatherEntry* current_only = nullptr;      // device: gather 2's entries of current pages (the bench's isolated part)
   std::int64_t current_count = 0;
+  // Section 12: each current page's dense slot and each current row's gathered row (-1: zero).
+  const std::int64_t* reorder_slot = nullptr;
+  const std::int64_t* reorder_source = nullptr;
 };
 
 struct FusedState {
@@ -91,6 +92,9 @@ struct FusedState {
   model::ArenaCarve carve;
   cpkv_symmetric staging{}, compact{};
   std::vector<std::uint64_t> compact_offset;  // [kind]
+  // Section 12's variants only: this rank's send rows and every rank's gathered rows, per kind.
+  cpkv_symmetric send{}, gathered{};
+  std::vector<std::uint64_t> send_offset, gathered_offset;  // [kind]
   cudaStream_t upload_stream = nullptr;       // begin_batch's uploads (compose_layer gets the layer's stream)
   kernels::BarrierState* barrier_state = nullptr;
   kernels::BarrierStatus* barrier_status = nullptr;
@@ -135,6 +139,24 @@ model::Batch batch_of(const cpkv_batch& b) {
   return batch;
 }
 
+// Per-kind offsets of `pages` pages of each kind, 256-aligned, into `offset`; their total bytes.
+std::uint64_t kind_offsets(const cpkv_exchange_ctx* c, std::int64_t pages, std::vector<std::uint64_t>& offset) {
+  std::uint64_t bytes = 0;
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    offset.push_back(bytes);
+    bytes += (static_cast<std::uint64_t>(pages) * page_bytes(c, k) + 255) / 256 * 256;
+  }
+  return bytes;
+}
+
+// Section 12's buffers (no staging, no compact buffer): the send rows, at most every current row
+// of the largest batch (a rank's tokens and their padding up to the largest rank's count never
+// exceed the batch's current pages), and cp ranks' of them gathered.
+cpkv_status allocate_token_rows(cpkv_exchange_ctx* c, FusedState& s) {
+  if (c->alloc_symmetric(c, kind_offsets(c, c->current_pages_max, s.send_offset), &s.send) != CPKV_OK) return CPKV_ERROR;
+  return c->alloc_symmetric(c, kind_offsets(c, c->current_pages_max * c->cp, s.gathered_offset), &s.gathered);
+}
+
 cpkv_status fused_setup(cpkv_exchange_ctx* c) {
   return guarded(c, [&] {
     if (!CPKV_CTX_HAS(c, produce_rows) || c->produce_rows == nullptr) {
@@ -144,18 +166,19 @@ cpkv_status fused_setup(cpkv_exchange_ctx* c) {
     s->setting = setting_of(c);
     const std::optional<model::Variant> v = model::parse_variant(c->path_variant);
     if (!v) throw std::runtime_error(std::string("ctx->path_variant '") + c->path_variant + "' is no variant of cpkv's");
-    if (model::splits_tokens(*v)) throw std::runtime_error(std::string("variant '") + c->path_variant + "' (section 12's all-gather) has no GPU path yet");
     s->variant = *v;
     s->held = mutant_of(c->mutant);
     s->mutant = cuda::GpuMutantPolicy(s->held, c->rank, c->cp);
     s->carve = model::carve_arena(s->setting, c->staging_slots, 0);
-    if (c->alloc_symmetric(c, s->carve.staging_bytes, &s->staging) != CPKV_OK) return CPKV_ERROR;
-    std::uint64_t compact_bytes = 0;
-    for (std::int32_t k = 0; k < c->kind_count; ++k) {
-      s->compact_offset.push_back(compact_bytes);
-      compact_bytes += (c->current_pages_max * page_bytes(c, k) + 255) / 256 * 256;
+    if (model::splits_tokens(s->variant)) {
+      if (!CPKV_CTX_HAS(c, all_gather) || c->all_gather == nullptr) {
+        throw std::runtime_error("this cpkv hands over no all_gather (a context before revision 5 of ABI version 1): section 12's variants need it");
+      }
+      if (allocate_token_rows(c, *s) != CPKV_OK) return CPKV_ERROR;
+    } else {
+      if (c->alloc_symmetric(c, s->carve.staging_bytes, &s->staging) != CPKV_OK) return CPKV_ERROR;
+      if (c->alloc_symmetric(c, kind_offsets(c, c->current_pages_max, s->compact_offset), &s->compact) != CPKV_OK) return CPKV_ERROR;
     }
-    if (c->alloc_symmetric(c, compact_bytes, &s->compact) != CPKV_OK) return CPKV_ERROR;
     cuda_ok(cudaStreamCreateWithFlags(&s->upload_stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     cuda_ok(cudaMalloc(&s->barrier_state, sizeof(kernels::BarrierState)), "cudaMalloc(barrier state)");
     cuda_ok(cudaMemset(s->barrier_state, 0, sizeof(kernels::BarrierState)), "cudaMemset(barrier state)");
@@ -188,6 +211,33 @@ std::vector<std::int64_t> fill_pages(const cpkv_exchange_ctx* c, const FusedStat
   return out;
 }
 
+// `offset` bytes into a symmetric allocation, or null where the variant has none (section 12's
+// variants allocate no staging and no compact buffer).
+std::uint8_t* at(void* base, std::uint64_t offset) { return base == nullptr ? nullptr : static_cast<std::uint8_t*>(base) + offset; }
+std::uint8_t* at(void* base, const std::vector<std::uint64_t>& offset, std::size_t k) { return base == nullptr ? nullptr : static_cast<std::uint8_t*>(base) + offset[k]; }
+
+// Section 12: the producer's pages are this rank's send pages (ctx->batch->own_pages, the host's
+// description of its token rows), in order.
+std::vector<std::int64_t> send_pages(const cpkv_exchange_ctx* c) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(c->batch->own_pages));
+  for (std::size_t j = 0; j < out.size(); ++j) out[j] = static_cast<std::int64_t>(j);
+  return out;
+}
+
+// Section 12: the re-ordering's device arrays, from the plan (every rank builds the same one).
+void upload_reorder(const cpkv_exchange_ctx* c, FusedBatch& b) {
+  const model::BatchLayout& layout = b.plan.layout;
+  std::vector<std::int64_t> slot;
+  for (const model::CurrentPage& page : layout.current) slot.push_back(page.slot);
+  b.reorder_slot = b.uploads->upload(slot);
+  b.reorder_source = b.uploads->upload(b.plan.plan.reorder_source);
+  const std::int64_t send_rows = (b.plan.plan.allgather_rank_rows + c->page_size - 1) / c->page_size * c->page_size;
+  if (c->batch->own_pages * c->page_size != send_rows) {
+    throw std::runtime_error("batch " + std::to_string(c->batch->index) + ": cpkv describes " + std::to_string(c->batch->own_pages) + " send pages, the plan's " +
+                             std::to_string(b.plan.plan.allgather_rank_rows) + " rows per rank need " + std::to_string(send_rows / c->page_size));
+  }
+}
+
 kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, std::size_t k) {
   const std::int32_t dense_half = model::parity_half(l);
   const std::int32_t staging_half = s.mutant.half_of(l);
@@ -196,11 +246,10 @@ kernels::PointerTable pointer_table(const cpkv_exchange_ctx* c, const FusedState
   kernels::PointerTable t{};
   for (std::int32_t p = 0; p < c->cp; ++p) {
     t.base[p] = static_cast<const std::uint8_t*>(c->pool[p]) + c->pool_offset[l * c->kind_count + k];
-    t.base[c->cp + p] = symm ? static_cast<const std::uint8_t*>(c->dense_peer[p]) + dense_offset
-                             : static_cast<const std::uint8_t*>(s.staging.peers[p]) + s.carve.slot_offset(staging_half, k, 0);
+    t.base[c->cp + p] = symm ? static_cast<const std::uint8_t*>(c->dense_peer[p]) + dense_offset : at(s.staging.peers[p], s.carve.slot_offset(staging_half, k, 0));
   }
   t.base[kernels::kTableOwnDense] = static_cast<const std::uint8_t*>(c->dense[dense_half * c->kind_count + k]);
-  t.base[kernels::kTableOwnCompact] = static_cast<const std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+  t.base[kernels::kTableOwnCompact] = at(s.compact.local, s.compact_offset, k);
   return t;
 }
 
@@ -213,8 +262,8 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
     kernels::ComposeKind& ck = a.kind[a.kinds++];
     const std::int32_t staging_half = s.mutant.half_of(l);
     ck.dst[kernels::kToDense] = static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]);
-    ck.dst[kernels::kToStaging] = static_cast<std::uint8_t*>(s.staging.local) + s.carve.slot_offset(staging_half, k, 0);
-    ck.dst[kernels::kToCompact] = static_cast<std::uint8_t*>(s.compact.local) + s.compact_offset[k];
+    ck.dst[kernels::kToStaging] = at(s.staging.local, s.carve.slot_offset(staging_half, k, 0));
+    ck.dst[kernels::kToCompact] = at(s.compact.local, s.compact_offset, k);
     kernels::set_page_geometry(ck, page_bytes(c, k));
     ck.table = b.tables[l][k];
   }
@@ -234,14 +283,17 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
 }
 
 // This rank's attention plan of the batch (PROTOCOL.md section 11): cpkv's ragged index plan of
-// the layout in the neutral form, with the planted bug of invariant 9 it holds switched on:
-// batch_as_one_sequence (kv_len counts every earlier request's keys), causal_off_by_one (kv_len one
-// short), key_base_skips_prefix (k_base at the request's first current row).
-std::vector<cpkv_attention_segment> attention_plan(const model::BatchLayout& layout, const model::Batch& batch, std::int32_t rank, harness::Mutant held) {
+// the layout (the page split's, or section 12's token split's for those variants) in the neutral
+// form, with the planted bug of invariant 9 it holds switched on: batch_as_one_sequence (kv_len
+// counts every earlier request's keys), causal_off_by_one (kv_len one short),
+// key_base_skips_prefix (k_base at the request's first current row).
+std::vector<cpkv_attention_segment> attention_plan(const cuda::BatchPlan& b, const model::Batch& batch, std::int32_t rank, harness::Mutant held) {
   std::vector<std::int64_t> keys_before(batch.requests.size() + 1, 0);
   for (std::size_t q = 0; q < batch.requests.size(); ++q) keys_before[q + 1] = keys_before[q] + batch.requests[q].prefix_len + batch.requests[q].extend_len;
+  const model::RaggedIndexPlan plan =
+      model::splits_tokens(b.plan.variant) ? model::token_split_index_plan(b.layout, batch, b.plan) : model::ragged_index_plan(b.layout, batch, rank);
   std::vector<cpkv_attention_segment> out;
-  for (const model::AttentionSegment& g : model::attention_segments(model::ragged_index_plan(layout, batch, rank))) {
+  for (const model::AttentionSegment& g : model::attention_segments(plan)) {
     cpkv_attention_segment x{g.request, g.q_base, g.q_len, g.kv_len, g.k_base};
     if (held == harness::Mutant::batch_as_one_sequence) x.kv_len += keys_before[g.request];
     if (held == harness::Mutant::causal_off_by_one) x.kv_len -= 1;
@@ -264,7 +316,7 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
       s.batch.reset();
       return CPKV_OVERFLOW;
     }
-    s.attention = attention_plan(b.plan.layout, batch, c->rank, s.held);
+    s.attention = attention_plan(b.plan, batch, c->rank, s.held);
     if (CPKV_CTX_HAS(c, attention_segment_count)) {
       c->attention_segments = s.attention.data();
       c->attention_segment_count = static_cast<std::int64_t>(s.attention.size());
@@ -274,7 +326,7 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     // No pool_referenced: the ABI does not say which pool pages are backed; the host checks its own
     // plan of the batch against them (plugin_host.cpp: run_plugin_batch).
     b.device = cuda::upload_plan(b.plan, cuda::TableBounds{c->cp, c->pool_pages_per_rank, symm ? c->slot_count_max : c->staging_slots}, *b.uploads);
-    b.fill_page = b.uploads->upload(fill_pages(c, s));
+    b.fill_page = b.uploads->upload(model::splits_tokens(s.variant) ? send_pages(c) : fill_pages(c, s));
     b.peer_pages_per_kind = cuda::peer_pages_per_kind(b.plan, c->cp, c->rank);
     std::vector<kernels::GatherEntry> current_only;  // the isolated exchange's: pages read from a rank's staging or dense half
     for (const kernels::GatherEntry& e : b.plan.gather2) {
@@ -282,6 +334,7 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
     }
     b.current_only = b.uploads->upload(current_only);
     b.current_count = static_cast<std::int64_t>(current_only.size());
+    if (model::splits_tokens(s.variant)) upload_reorder(c, b);
     b.tables.assign(c->layers, std::vector<kernels::PointerTable>(c->kind_count));
     for (std::int32_t l = 0; l < c->layers; ++l) {
       for (std::int32_t k = 0; k < c->kind_count; ++k) b.tables[l][k] = pointer_table(c, s, l, k);
@@ -338,10 +391,55 @@ cpkv_status collectives(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t 
   return CPKV_OK;
 }
 
+// Section 12's producer: this rank's token rows of layer l into its send rows, the padding zeroed
+// (skip_zero: left as it was; the re-ordering never reads it).
+cpkv_status token_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream) {
+  std::array<void*, CPKV_KINDS_MAX> dest{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) dest[k] = c->kinds[k].active[l] != 0 ? at(s.send.local, s.send_offset, k) : nullptr;
+  return c->produce_rows(c, dest.data(), s.batch->fill_page, s.mutant.skips_zero() ? 0 : 1, stream);
+}
+
+// Section 12's exchange of layer l after the fill: one all-gather per active kind of every rank's
+// padded send rows (ctx->all_gather), then the re-ordering of every current row of the dense half
+// (skip_zero leaves the rows past a partial page's end as the dense buffer held them).
+cpkv_status token_gather_and_reorder(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream) {
+  const FusedBatch& b = *s.batch;
+  kernels::ReorderArgs a{};
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    const std::uint64_t rank_bytes = static_cast<std::uint64_t>(b.plan.plan.allgather_rank_rows) * c->kinds[k].row_bytes;
+    std::uint8_t* gathered = at(s.gathered.local, s.gathered_offset, k);
+    if (c->all_gather(c, at(s.send.local, s.send_offset, k), gathered, rank_bytes, stream) != CPKV_OK) return CPKV_ERROR;
+    a.kind[a.kinds++] = {static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]), gathered, c->kinds[k].row_bytes};
+  }
+  a.page_size = c->page_size;
+  a.slot = b.reorder_slot;
+  a.source = b.reorder_source;
+  a.rows = static_cast<std::int64_t>(b.plan.plan.reorder_source.size());
+  a.zero_missing = s.mutant.skips_zero() ? 0 : 1;
+  cuda_ok(kernels::launch_reorder(a, static_cast<cudaStream_t>(stream)), "launch_reorder");
+  return CPKV_OK;
+}
+
+// Section 12's layer: the fill, the prefix pages from the pool (the compose launch of gather 1,
+// no barrier), the all-gathers and the re-ordering. Counted: the prefix pages read from peers'
+// pools and the peers' rows each all-gather brings (the model's peer bytes of the variant).
+cpkv_status token_layer(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream) {
+  const FusedBatch& b = *s.batch;
+  if (token_fill(c, s, l, stream) != CPKV_OK) return CPKV_ERROR;
+  const std::uint64_t peer_rows = cuda::peer_rows_all_gathered(b.plan, c->cp);
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] != 0) c->counters.bytes_gathered_from_peers += b.peer_pages_per_kind * page_bytes(c, k) + peer_rows * c->kinds[k].row_bytes;
+  }
+  if (b.compose[l].count > 0) cuda_ok(kernels::launch_compose(b.compose[l], static_cast<cudaStream_t>(stream)), "launch_compose");
+  return token_gather_and_reorder(c, s, l, stream);
+}
+
 cpkv_status fused_compose_layer(cpkv_exchange_ctx* c, std::int32_t layer, void* stream) {
   return guarded(c, [&] {
     FusedState& s = state_of(c);
     if (!s.batch) throw std::runtime_error("compose_layer without an accepted batch (begin_batch refused it or was not called)");
+    if (model::splits_tokens(s.variant)) return token_layer(c, s, layer, stream);
     auto* st = static_cast<cudaStream_t>(stream);
     if (zero_and_fill(c, s, layer, st) != CPKV_OK) return CPKV_ERROR;
     const kernels::ComposeArgs& args = s.batch->compose[layer];
@@ -393,10 +491,39 @@ cpkv_status isolated(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, 
   return CPKV_OK;
 }
 
+// Section 12's parts: the fill; the layer without it (prefix pages, all-gathers, re-ordering); the
+// all-gathers alone as the isolated exchange (the current rows moved between ranks, with the IPC
+// stand-in's barriers where ranks share a GPU). It has no pre-signal copies and no barrier of its
+// own, so those parts and the isolated one without a barrier enqueue nothing.
+cpkv_status token_part(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t part, std::int32_t layer, void* stream) {
+  const FusedBatch& b = *s.batch;
+  switch (static_cast<cpkv_part>(part)) {
+    case CPKV_PART_FILL:
+      return token_fill(c, s, layer, stream);
+    case CPKV_PART_COMPOSE:
+      if (b.compose[layer].count > 0) cuda_ok(kernels::launch_compose(b.compose[layer], static_cast<cudaStream_t>(stream)), "launch_compose");
+      return token_gather_and_reorder(c, s, layer, stream);
+    case CPKV_PART_ISOLATED:
+      for (std::int32_t k = 0; k < c->kind_count; ++k) {
+        if (c->kinds[k].active[layer] == 0) continue;
+        const std::uint64_t rank_bytes = static_cast<std::uint64_t>(b.plan.plan.allgather_rank_rows) * c->kinds[k].row_bytes;
+        if (c->all_gather(c, at(s.send.local, s.send_offset, k), at(s.gathered.local, s.gathered_offset, k), rank_bytes, stream) != CPKV_OK) return CPKV_ERROR;
+      }
+      return CPKV_OK;
+    case CPKV_PART_PRE_SIGNAL:
+    case CPKV_PART_NO_BARRIER:
+    case CPKV_PART_ISOLATED_NO_BARRIER:
+      return CPKV_OK;
+    default:
+      throw std::runtime_error("enqueue_part: part " + std::to_string(part) + " is none the fused exchange offers");
+  }
+}
+
 cpkv_status fused_enqueue_part(cpkv_exchange_ctx* c, std::int32_t part, std::int32_t layer, void* stream) {
   return guarded(c, [&] {
     FusedState& s = state_of(c);
     if (!s.batch) throw std::runtime_error("enqueue_part without an accepted batch");
+    if (model::splits_tokens(s.variant)) return token_part(c, s, part, layer, stream);
     auto* st = static_cast<cudaStream_t>(stream);
     const FusedBatch& b = *s.batch;
     switch (static_cast<cpkv_part>(part)) {

@@ -22,6 +22,8 @@
  * below): a plugin declares the table's size in struct_bytes, and cpkv reads `parts` only from a
  * table whose struct_bytes holds it (CPKV_TABLE_HAS), so a plugin built against revision 1 to 3
  * (struct_bytes CPKV_TABLE_BYTES_REVISION_3) loads and runs as before, with no parts timed.
+ * Revision 5 appended one field to the context, `all_gather` (the service section 12's variants
+ * gather their token rows with), and gave the batch's own_* fields their meaning for those variants.
  *
  * The bench's parts (optional, versioned on their own: cpkv_exchange_parts, CPKV_EXCHANGE_PARTS_VERSION):
  * `cpkv bench` times every exchange through one path, the plugin host. It always times the table's
@@ -151,7 +153,13 @@ typedef struct cpkv_batch {
   const int64_t* plan_source_page;
   const int32_t* writer;              /* device [current_pages]: the writer rank of each current index (§2) */
   const int64_t* current_slot;        /* device [current_pages]: its dense slot */
-  /* This rank's page inverse (§5): the current pages it writes, in current-index order. */
+  /* This rank's page inverse (§5): the current pages it writes, in current-index order. Where the
+   * path variant splits tokens (PROTOCOL.md §12: allgather_zigzag, allgather_continuous; revision 5)
+   * they describe this rank's send rows instead: row j*P+o is its (j*P+o)-th token in its query
+   * order (request by request, ascending), padded with rows of no token (-1) to a whole number of
+   * pages past the largest rank's token count (max_rank_tokens, the all-gather's rows per rank);
+   * own_pages is those pages and own_current_index[j] is -1 (a send page is no current page). The
+   * producer (produce_rows, ctx->rows) writes these rows, padding zero. */
   int64_t own_pages;
   const int64_t* own_current_index;   /* device [own_pages]: the current index of own page j */
   const int32_t* row_request;         /* device [own_pages * page_size]: request of row j*P+o, -1 past its end */
@@ -251,6 +259,19 @@ struct cpkv_exchange_ctx {
    * rank): a wrong plan, or none, is invariant 9's violation with the checker's line. */
   const cpkv_attention_segment* attention_segments;
   int64_t attention_segment_count;
+  /* Revision 5 of version 1: the all-gather service (section 12's token-split variants; test with
+   * CPKV_CTX_HAS(ctx, all_gather)). all_gather(ctx, send, recv, bytes, stream) gathers every rank's
+   * `bytes` at `send` into `recv`: rank p's land at recv + p * bytes, this rank's own included,
+   * enqueued on `stream` (the one compose_layer or enqueue_part was given). `send .. send + bytes`
+   * must lie inside the dense buffers or a symmetric allocation (peers read it there), and `recv ..
+   * recv + cp * bytes` inside one too, apart from `send`. Collective: every rank makes the same
+   * calls with the same `bytes`. With one GPU per rank it is NCCL's all-gather (ncclAllGather);
+   * where ranks share a GPU (NCCL refuses two ranks on one device) it is cpkv's over CUDA IPC: a
+   * device barrier (every rank's send bytes written), a copy of each peer's bytes from its mapping,
+   * a second barrier (no rank rewrites its send bytes while a peer still reads them). cpkv counts
+   * the calls as collectives. A path variant of section 12 (ctx->path_variant allgather_zigzag or
+   * allgather_continuous) also changes what the batch's own_* fields describe: see cpkv_batch. */
+  cpkv_status (*all_gather)(cpkv_exchange_ctx* ctx, const void* send, void* recv, uint64_t bytes, void* stream);
 };
 
 /* The bench's parts of one layer (cpkv_exchange_parts.enqueue_part's `part`). */
