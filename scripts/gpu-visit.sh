@@ -250,16 +250,15 @@ suite_vmm() {
 # survives, and what each order loads: the C++ runtime and the libraries both bring, and the
 # pybind11 internals names of both modules (an order that aborts shows its backtrace).
 suite_imports() {
-  local first
-  for first in 0 1; do
-    PYTHONPATH="$build/python" CPKV_IMPORT_TORCH_FIRST=$first step imports "torch-first-$first" 180 \
-      python3 -m cpkv.conformance "$samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --device cuda
-  done
+  # The package imports cpkv's module first and torch after it (cpkv.conformance); torch first too.
+  PYTHONPATH="$build/python" step imports cpkv-first 180 \
+    python3 -m cpkv.conformance "$samples/tiny.jsonl" --impl cpkv.conformance.reference:StagingDirect --ranks 2 --device cuda
+  PYTHONPATH="$build/python" step imports torch-first 180 python3 -c \
+    "import torch, sys; from cpkv.conformance.__main__ import run_main; sys.exit(run_main(['$samples/tiny.jsonl', '--impl', 'cpkv.conformance.reference:StagingDirect', '--ranks', '2', '--device', 'cuda']))"
   PYTHONPATH="$build/python" step imports loaded-libraries 120 import_diagnosis "$build"
 }
 import_diagnosis() {
   local order so
-  export CPKV_IMPORT_TORCH_FIRST=0  # the package's own torch-first import would hide the order asked for
   for order in "cpkv._cpkv torch" "torch cpkv._cpkv"; do
     echo "-- import $order: the runtimes loaded"
     LD_DEBUG=libs python3 -c "import importlib; [importlib.import_module(m) for m in '$order'.split()]" 2>&1 \
@@ -276,7 +275,7 @@ import_diagnosis() {
     | grep -E "to .*(_cpkv|libfmt)" | grep -vE "binding file .*(_cpkv|libfmt)[^ ]* " | sed 's/^ *[0-9]*: *//' | head -15
   echo "-- pybind11 internals names: cpkv's $(strings "$so" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
   echo "   torch's $(strings "$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python.so"))')" | grep -o '__pybind11_internals[a-z0-9_]*' | sort -u | tr '\n' ' ')"
-  command -v gdb >/dev/null && CPKV_IMPORT_TORCH_FIRST=0 timeout 120 gdb -batch -ex run -ex bt --args python3 -c \
+  command -v gdb >/dev/null && timeout 120 gdb -batch -ex run -ex bt --args python3 -c \
     "import cpkv._cpkv, torch; torch.ones(1, device='cuda')" 2>&1 | tail -25
   return 0
 }

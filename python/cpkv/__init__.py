@@ -39,30 +39,14 @@ Every number comes from the C++ model; this package only converts and arranges.
 
 from __future__ import annotations
 
-import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
 
 # No torch here (issue 34, item 22): a trace library paid 2.4 s and 234 MB for it; only
-# cpkv.conformance imports torch. But an `import cpkv` then `import torch` aborts inside torch's import
-# on the GPU machine (PyTorch 2.11, pybind11 3.1: "free(): invalid pointer"; measured 2026-12-01 and
-# again 2026-12-04 with the module's own PYBIND11_COMPILER_TYPE), so a module built against pybind11
-# 3 or later (_build.TORCH_FIRST, written by python/CMakeLists.txt) imports torch first where it is
-# installed. CPKV_IMPORT_TORCH_FIRST=1 or 0 overrides it.
-def _torch_first() -> bool:
-    forced = _os.environ.get("CPKV_IMPORT_TORCH_FIRST")
-    if forced in ("0", "1"):
-        return forced == "1"
-    try:
-        from ._build import TORCH_FIRST
-    except ImportError:  # the source tree, not a build: nothing says so
-        return False
-    return bool(TORCH_FIRST)
-
-
-if "torch" not in _sys.modules and _torch_first() and _importlib_util.find_spec("torch") is not None:
-    import torch as _torch  # noqa: F401
-
+# cpkv.conformance imports torch. `import cpkv` before `import torch` once aborted in torch's CUDA
+# start on the GPU machine ("free(): invalid pointer", PyTorch 2.11 with pybind11 3.1): the module
+# exported 869 symbols (fmt, std:: and nlohmann instances, cpkv's own). It now exports its init
+# function only (python/exports.map), and both orders pass there (2026-12-06, one H100).
 from . import _cpkv
 from ._check import assert_dense_equal, first_mismatch
 from ._cpkv import (
