@@ -66,6 +66,15 @@ std::int32_t writer_of(SplitPolicy policy, std::int64_t page, std::int64_t count
   return writer_in_request(policy, page, count, cp);
 }
 
+// Here, beside the block rule it uses, not in plan.cpp: the trace readers (and the fuzz build,
+// which links no plan) need it for a token-split trace's page writers.
+std::int32_t token_owner(TokenSplit split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
+  CPKV_ASSERT(token >= 0 && token < extend_len);
+  if (split == TokenSplit::continuous) return static_cast<std::int32_t>(token % cp);
+  CPKV_ASSERT(split == TokenSplit::zigzag);
+  return writer_in_request(SplitPolicy::zigzag, token, extend_len, cp);
+}
+
 std::int32_t page_writer_of_token_split(SplitPolicy policy, std::int64_t page, std::int64_t extend_len, std::int32_t page_size,
                                         std::int32_t cp) {
   CPKV_ASSERT(is_token_split(policy));

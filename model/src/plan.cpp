@@ -212,13 +212,6 @@ void allgather_continuous(const BatchLayout& layout, std::int32_t rank, VariantP
 
 }  // namespace plans
 
-std::int32_t token_owner(TokenSplit split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
-  CPKV_ASSERT(token >= 0 && token < extend_len);
-  if (split == TokenSplit::continuous) return static_cast<std::int32_t>(token % cp);
-  CPKV_ASSERT(split == TokenSplit::zigzag);
-  return writer_in_request(SplitPolicy::zigzag, token, extend_len, cp);
-}
-
 VariantPlan variant_plan(const BatchLayout& layout, Variant variant, std::int32_t rank) {
   CPKV_ASSERT(rank >= 0 && rank < layout.cp);
   VariantPlan plan;

@@ -66,6 +66,10 @@ def build_plan(cp: int, page_size: int, split: str, prefix_lens: Sequence[int], 
             mine = zigzag_writers(pages, cp)
         elif split == "contiguous":
             mine = contiguous_writers(pages, cp)
+        elif split == "zigzag_tokens":  # a token-split trace: each page to its first token's owner
+            mine = zigzag_writers(extend_len, cp)[::page_size]
+        elif split == "continuous_tokens":
+            mine = [(p * page_size) % cp for p in range(pages)]
         else:  # round_robin: by the batch current index
             mine = [(len(writers) + p) % cp for p in range(pages)]
         for p in range(pages):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(os.environ.get("CPKV_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 SCRIPT = ROOT / "scripts" / "gpu-visit.sh"
-SUITES = ["gpu", "mutants", "bench", "conformance", "plugin", "probe", "vmm", "guards", "imports"]  # issue 36, item 4
+SUITES = ["gpu", "mutants", "bench", "conformance", "plugin", "probe", "vmm", "guards", "imports", "allgather"]  # issue 36, item 4
 
 
 def run(*args: str, out: Path) -> subprocess.CompletedProcess:
