@@ -23,8 +23,12 @@ WAIT_S_MAX = 120.0
 def mark(name: str, rank: int) -> None:
     folder = os.environ.get("CPKV_TEST_DIR")
     if folder:
-        with open(os.path.join(folder, f"{name}.{rank}"), "w") as f:
+        # Written aside and renamed: a test waiting for the name never reads it empty (seen once,
+        # on a fresh clone's suite: `int('')` in _rank_pids).
+        path = os.path.join(folder, f"{name}.{rank}")
+        with open(path + ".part", "w") as f:
             f.write(str(os.getpid()))
+        os.replace(path + ".part", path)
 
 
 def _reaped(pid: int) -> bool:
