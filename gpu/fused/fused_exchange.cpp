@@ -399,19 +399,26 @@ cpkv_status token_fill(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l
   return c->produce_rows(c, dest.data(), s.batch->fill_page, s.mutant.skips_zero() ? 0 : 1, stream);
 }
 
+// One all-gather per kind active on layer l of every rank's padded send rows (ctx->all_gather);
+// where `a` is given, each kind's gathered rows and dense half go into the re-ordering's arguments.
+cpkv_status token_all_gathers(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream, kernels::ReorderArgs* a) {
+  for (std::int32_t k = 0; k < c->kind_count; ++k) {
+    if (c->kinds[k].active[l] == 0) continue;
+    const std::uint64_t rank_bytes = static_cast<std::uint64_t>(s.batch->plan.plan.allgather_rank_rows) * c->kinds[k].row_bytes;
+    std::uint8_t* gathered = at(s.gathered.local, s.gathered_offset, k);
+    if (c->all_gather(c, at(s.send.local, s.send_offset, k), gathered, rank_bytes, stream) != CPKV_OK) return CPKV_ERROR;
+    if (a != nullptr) a->kind[a->kinds++] = {static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]), gathered, c->kinds[k].row_bytes};
+  }
+  return CPKV_OK;
+}
+
 // Section 12's exchange of layer l after the fill: one all-gather per active kind of every rank's
 // padded send rows (ctx->all_gather), then the re-ordering of every current row of the dense half
 // (skip_zero leaves the rows past a partial page's end as the dense buffer held them).
 cpkv_status token_gather_and_reorder(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t l, void* stream) {
   const FusedBatch& b = *s.batch;
   kernels::ReorderArgs a{};
-  for (std::int32_t k = 0; k < c->kind_count; ++k) {
-    if (c->kinds[k].active[l] == 0) continue;
-    const std::uint64_t rank_bytes = static_cast<std::uint64_t>(b.plan.plan.allgather_rank_rows) * c->kinds[k].row_bytes;
-    std::uint8_t* gathered = at(s.gathered.local, s.gathered_offset, k);
-    if (c->all_gather(c, at(s.send.local, s.send_offset, k), gathered, rank_bytes, stream) != CPKV_OK) return CPKV_ERROR;
-    a.kind[a.kinds++] = {static_cast<std::uint8_t*>(c->dense[model::parity_half(l) * c->kind_count + k]), gathered, c->kinds[k].row_bytes};
-  }
+  if (token_all_gathers(c, s, l, stream, &a) != CPKV_OK) return CPKV_ERROR;
   a.page_size = c->page_size;
   a.slot = b.reorder_slot;
   a.source = b.reorder_source;
@@ -504,12 +511,7 @@ cpkv_status token_part(cpkv_exchange_ctx* c, const FusedState& s, std::int32_t p
       if (b.compose[layer].count > 0) cuda_ok(kernels::launch_compose(b.compose[layer], static_cast<cudaStream_t>(stream)), "launch_compose");
       return token_gather_and_reorder(c, s, layer, stream);
     case CPKV_PART_ISOLATED:
-      for (std::int32_t k = 0; k < c->kind_count; ++k) {
-        if (c->kinds[k].active[layer] == 0) continue;
-        const std::uint64_t rank_bytes = static_cast<std::uint64_t>(b.plan.plan.allgather_rank_rows) * c->kinds[k].row_bytes;
-        if (c->all_gather(c, at(s.send.local, s.send_offset, k), at(s.gathered.local, s.gathered_offset, k), rank_bytes, stream) != CPKV_OK) return CPKV_ERROR;
-      }
-      return CPKV_OK;
+      return token_all_gathers(c, s, layer, stream, nullptr);
     case CPKV_PART_PRE_SIGNAL:
     case CPKV_PART_NO_BARRIER:
     case CPKV_PART_ISOLATED_NO_BARRIER:
