@@ -172,36 +172,32 @@ void expect_gather_and_reorder(const model::Setting& setting, const model::Batch
   }
 }
 
-TEST(GpuPlan, EveryTokenSentAllGatheredAndReorderedLandsAtItsOwnDenseRow) {
+// `check` over the first 8 batches of every bundled trace at each cp of `cps` (0: the trace's own)
+// under both token-split variants; stops at the first failure.
+template <typename Check>
+void for_each_token_split_case(std::initializer_list<std::int32_t> cps, const Check& check) {
   for (const char* name : {"tiny.jsonl", "seeds_batch.jsonl", "mooncake_slice.jsonl"}) {
     harness::BatchSource source = harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
-    for (std::int32_t cp : {2, 3, 4, 8}) {
-      source.setting.cp = cp;
+    const std::int32_t own_cp = source.setting.cp;
+    for (std::int32_t cp : cps) {
+      source.setting.cp = cp == 0 ? own_cp : cp;
       for (model::Variant variant : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
         const std::vector<model::Batch> batches = batches_of(source);
         for (std::size_t i = 0; i < batches.size() && i < 8; ++i) {
-          expect_gather_and_reorder(source.setting, batches[i], variant, fmt_where(name, cp, variant, i));
-          if (HasFailure()) return;
+          check(source.setting, batches[i], variant, fmt_where(name, source.setting.cp, variant, i));
+          if (::testing::Test::HasFailure()) return;
         }
       }
     }
   }
 }
 
+TEST(GpuPlan, EveryTokenSentAllGatheredAndReorderedLandsAtItsOwnDenseRow) {
+  for_each_token_split_case({2, 3, 4, 8}, [](const auto&... args) { expect_gather_and_reorder(args...); });
+}
+
 TEST(GpuPlan, EachRanksSendRowsAreItsTokenSplitQueriesPaddedToTheLargestRank) {
-  for (const char* name : {"tiny.jsonl", "seeds_batch.jsonl", "mooncake_slice.jsonl"}) {
-    harness::BatchSource source = harness::BatchSource::from_trace(std::string(CPKV_SOURCE_DIR) + "/traces/samples/" + name);
-    for (std::int32_t cp : {2, 3, source.setting.cp}) {
-      source.setting.cp = cp;
-      for (model::Variant variant : {model::Variant::allgather_zigzag, model::Variant::allgather_continuous}) {
-        const std::vector<model::Batch> batches = batches_of(source);
-        for (std::size_t i = 0; i < batches.size() && i < 8; ++i) {
-          expect_send_rows(source.setting, batches[i], variant, fmt_where(name, cp, variant, i));
-          if (HasFailure()) return;
-        }
-      }
-    }
-  }
+  for_each_token_split_case({2, 3, 0}, [](const auto&... args) { expect_send_rows(args...); });
 }
 
 }  // namespace
