@@ -174,7 +174,8 @@ double allreduces_us(const model::Setting& setting, const BatchCounts& counts, m
                      const CostParameters& ceilings);
 
 // The all-gathers of one layer (section 12's variants), per active kind: one call of cp *
-// max_rank_tokens rows, padding included. Not measured yet (no GPU path): an all-gather of N bytes
+// max_rank_tokens rows, padding included. Not measured yet (the GPU path runs only time-sliced on one
+// GPU, which times nothing): an all-gather of N bytes
 // is timed as an all-reduce of N / 2 (allreduce_call_us), because with nccl-tests' bus bandwidth
 // convention a ring all-gather moves (cp-1)/cp N per rank and a ring all-reduce of N / 2 the same.
 double allgathers_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant, std::int32_t layer,
