@@ -343,6 +343,46 @@ TEST_F(Signals, RanksDieWithTheirParentWhenOnlyTheParentIsKilled) {
   EXPECT_FALSE(cpkv::harness::region_exists(left.front()));
 }
 
+// A killed process not yet reaped (a zombie: in a container whose init never reaps, it stays so for
+// good) holds no descriptor: its region is stale and the sweep removes it. The sweep used to ask
+// kill(pid, 0), which answers 0 for a zombie, and left the region for every later run (CI, stop 41).
+TEST(SweepStaleRegions, ARegionWhoseCreatorIsAnUnreapedZombieIsSwept) {
+  int names[2];
+  ASSERT_EQ(::pipe(names), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(names[0]);
+    auto region = cpkv::harness::SharedRegion::create(4096);
+    const std::string line = region.name() + "\n";
+    (void)!::write(names[1], line.data(), line.size());
+    ::raise(SIGKILL);  // no destructor runs: the name stays behind
+    ::_exit(1);
+  }
+  ::close(names[1]);
+  std::string name;
+  char c = 0;
+  while (::read(names[0], &c, 1) == 1 && c != '\n') name += c;
+  ::close(names[0]);
+  ASSERT_FALSE(name.empty()) << "the child made no region";
+  const auto zombie = [&] {
+    std::ifstream stat(fmt::format("/proc/{}/stat", child));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const std::size_t close = text.rfind(')');
+    return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+  };
+  const bool dead = wait_until(zombie, kExitMsMax);
+  EXPECT_TRUE(dead) << "child " << child << " is not a zombie " << kExitMsMax << " ms after SIGKILL";
+  ASSERT_TRUE(process_exists(child)) << "kill(pid, 0) answers for a zombie: the case under test";
+  EXPECT_TRUE(cpkv::harness::region_exists(name));
+  (void)cpkv::harness::sweep_stale_regions();
+  const bool swept = !cpkv::harness::region_exists(name);
+  if (!swept) std::filesystem::remove(std::filesystem::path("/dev/shm") / name);  // not for the next test to see
+  int raw = 0;
+  ::waitpid(child, &raw, 0);
+  EXPECT_TRUE(swept) << name << " of the unreaped zombie " << child << " outlived the sweep";
+}
+
 // A stopped rank: its peer gives up waiting after --wait-ms-max and the report names the stopped
 // rank (by pid) as the one that made no progress, not the one that waited for it.
 TEST_F(Signals, AStoppedRankIsNamedAsTheOneThatMadeNoProgress) {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <thread>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -42,6 +43,22 @@ int creator_pid(const std::string& name) {
   } catch (const std::exception&) {
     return -1;
   }
+}
+
+// Whether the process runs: a zombie (killed, not yet reaped; in a container whose init never reaps,
+// for good) has closed every descriptor and will never touch its region again, so it counts as gone.
+// kill(pid, 0) alone said a zombie runs, and a killed run's region outlived every sweep (CI, stop 41:
+// cpkv.<rank pid>.0 of a SIGKILLed conformance launch left in /dev/shm).
+bool process_runs(int pid) {
+  if (::kill(pid, 0) != 0 && errno != EPERM) return false;
+  std::FILE* stat = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (stat == nullptr) return true;  // no procfs: trust kill
+  char text[512] = {};
+  const std::size_t got = std::fread(text, 1, sizeof(text) - 1, stat);
+  std::fclose(stat);
+  const char* close = std::strrchr(text, ')');  // the command name may hold spaces and parentheses
+  if (got == 0 || close == nullptr || close[1] != ' ') return true;
+  return close[2] != 'Z' && close[2] != 'X';
 }
 }  // namespace
 
@@ -133,7 +150,7 @@ std::string held_by_others() {
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
     const int pid = creator_pid(entry.path().filename().string());
-    if (pid <= 0 || pid == ::getpid() || (::kill(pid, 0) != 0 && errno != EPERM)) continue;
+    if (pid <= 0 || pid == ::getpid() || !process_runs(pid)) continue;
     struct stat st {};
     if (::stat(entry.path().c_str(), &st) != 0) continue;
     bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
@@ -268,7 +285,7 @@ int sweep_stale_regions() {
     const std::string name = entry.path().filename().string();
     const int pid = creator_pid(name);
     if (pid <= 0) continue;
-    if (::kill(pid, 0) == 0 || errno == EPERM) continue;  // its creator runs here (also regions of older cpkv builds, which hold no lock)
+    if (process_runs(pid)) continue;  // its creator runs here (also regions of older cpkv builds, which hold no lock)
     if (held_by_a_live_process(entry.path())) continue;   // its creator or a rank runs, perhaps in another PID namespace
     if (bip::shared_memory_object::remove(name.c_str())) ++removed;
   }
