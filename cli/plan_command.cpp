@@ -1,4 +1,6 @@
-// cpkv plan: the batch-logical plan of every batch of a trace, without moving any content.
+// cpkv plan: the batch-logical plan of every batch of a trace, without moving any content: the page
+// split's (staging, verdict, writers) or, for section 12's token-split all-gather variants, the
+// token split's (tokens per rank, the padded all-gather, prefix pulls by owner).
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "cpkv/model/batch.hpp"
 #include "cpkv/model/plan.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/model/token_plan.hpp"
 #include "cpkv/traces/trace.hpp"
 
 namespace cpkv::cli {
@@ -44,8 +47,18 @@ struct BatchPlan {
   // [rank]: the attention plan cpkv's backends hand each rank's attention kernels (PROTOCOL.md
   // section 11: model::ragged_index_plan); empty for a rejected batch.
   std::vector<std::vector<model::AttentionSegment>> attention;
+  // A token-split variant's (PROTOCOL.md section 12): its split, all-gather and prefix pulls, and
+  // the token split's attention plans; it has no staging, so verdict and writers are not printed.
+  std::optional<model::TokenSplitPlan> tokens;
   std::int32_t rank_first = 0, rank_end = 0;       // the ranks printed
 };
+
+// What a token-split variant says instead of an overflow verdict.
+std::string no_staging_detail(model::Variant variant) {
+  return fmt::format("no staging: {} rebuilds the current rows with one all-gather, the collective is the synchronization, so the "
+                     "overflow verdict (invariant 3) does not apply (PROTOCOL.md section 12)",
+                     model::to_string(variant));
+}
 
 // A row's own entry is the reader's own memory (a local copy); the rest is pulled from peers.
 std::uint64_t pulled_from_peers(const std::vector<std::uint64_t>& row, std::int32_t rank) {
@@ -54,8 +67,43 @@ std::uint64_t pulled_from_peers(const std::vector<std::uint64_t>& row, std::int3
   return sum;
 }
 
+nlohmann::json segments_json(const std::vector<model::AttentionSegment>& plan) {
+  nlohmann::json segments = nlohmann::json::array();
+  for (const model::AttentionSegment& s : plan) {
+    segments.push_back({{"request", s.request}, {"q_base", s.q_base}, {"q_len", s.q_len}, {"kv_len", s.kv_len}, {"k_base", s.k_base}});
+  }
+  return segments;
+}
+
+// A token-split variant's batch (PROTOCOL.md section 12): the keys of the page split's that still
+// mean something, staging and verdict null (no staging), and per rank its tokens as runs, the
+// all-gather's bytes, the prefix pulls by owner, the model's row of bytes and its attention plan.
+nlohmann::json token_split_json(const BatchPlan& p, const model::Setting& setting, model::Variant variant, std::int64_t index, std::size_t requests) {
+  const model::TokenSplitPlan& t = *p.tokens;
+  nlohmann::json out = {{"batch", index}, {"requests", requests}, {"current_pages_total", p.layout.current_pages_total},
+                        {"slot_count", p.layout.slot_count}, {"staging_slots", nullptr}, {"staging_source", nullptr}, {"verdict", "no_staging"},
+                        {"verdict_detail", no_staging_detail(variant)}, {"writers", nullptr}, {"variant", model::to_string(variant)},
+                        {"layers", setting.layer_count()}, {"token_split", model::to_string(t.split)}, {"tokens_total", t.tokens_total},
+                        {"max_rank_tokens", t.max_rank_tokens}, {"allgather_rows", t.allgather_rows}, {"padding_rows", t.padding_rows},
+                        {"allgathers", t.allgathers}};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    const model::TokenSplitRank& r = t.ranks[rank];
+    nlohmann::json runs = nlohmann::json::array();
+    for (const model::TokenRun& run : r.tokens) runs.push_back({{"request", run.request}, {"first", run.first}, {"count", run.count}, {"step", run.step}});
+    ranks.push_back({{"rank", rank}, {"tokens", runs}, {"token_count", r.token_count}, {"padding_rows", r.padding_rows},
+                     {"allgather_bytes", r.allgather_bytes}, {"allgather_peer_bytes", r.allgather_peer_bytes},
+                     {"prefix_pages_from", r.prefix_pages_from}, {"prefix_bytes_from", r.prefix_bytes_from},
+                     {"bytes_pulled_from", p.matrix[rank]}, {"local_bytes", p.matrix[rank][rank]}, {"peer_bytes", pulled_from_peers(p.matrix[rank], rank)},
+                     {"attention", segments_json(r.attention)}});
+  }
+  out["ranks"] = ranks;
+  return out;
+}
+
 std::string batch_json(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
                        std::int64_t index, std::size_t requests) {
+  if (p.tokens) return token_split_json(p, setting, variant, index, requests).dump() + "\n";
   nlohmann::json out;
   out["batch"] = index;
   out["requests"] = requests;
@@ -75,11 +123,7 @@ std::string batch_json(const BatchPlan& p, const model::Setting& setting, const 
       entry["bytes_pulled_from"] = p.matrix[rank];
       entry["local_bytes"] = p.matrix[rank][rank];
       entry["peer_bytes"] = pulled_from_peers(p.matrix[rank], rank);
-      nlohmann::json segments = nlohmann::json::array();
-      for (const model::AttentionSegment& s : p.attention[rank]) {
-        segments.push_back({{"request", s.request}, {"q_base", s.q_base}, {"q_len", s.q_len}, {"kv_len", s.kv_len}, {"k_base", s.k_base}});
-      }
-      entry["attention"] = segments;
+      entry["attention"] = segments_json(p.attention[rank]);
     }
     ranks.push_back(entry);
   }
@@ -92,8 +136,9 @@ std::string batch_json(const BatchPlan& p, const model::Setting& setting, const 
 // pulled, so an equal row is printed once and each rank's split after it.
 std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model::Variant variant) {
   std::string text = fmt::format("  bytes each rank reads per batch ({}, {} layers), by the rank that holds them; a rank's own entry is "
-                                 "local (its own memory, not pulled), the others are pulled from peers:\n",
-                                 model::to_string(variant), setting.layer_count());
+                                 "local (its own memory, not pulled), the others are pulled from peers{}:\n",
+                                 model::to_string(variant), setting.layer_count(),
+                                 model::splits_tokens(variant) ? " (the all-gather's peer blocks counted from the ring predecessor, as the cost model counts them)" : "");
   bool same = p.rank_end - p.rank_first > 1;
   for (std::int32_t rank = p.rank_first + 1; rank < p.rank_end; ++rank) same = same && p.matrix[rank] == p.matrix[p.rank_first];
   if (same) text += fmt::format("    every rank reads [{}] from ranks 0..{}\n", fmt::join(p.matrix[p.rank_first], " "), setting.cp - 1);
@@ -127,8 +172,54 @@ std::string attention_text(const BatchPlan& p) {
   return text;
 }
 
+// A rank's tokens as runs: "request 0: 0..1 5; request 1: 1..7 step 2".
+std::string token_runs_text(const std::vector<model::TokenRun>& runs) {
+  std::string text;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const model::TokenRun& run = runs[i];
+    if (i == 0 || runs[i - 1].request != run.request) text += fmt::format("{}request {}:", i == 0 ? "" : "; ", run.request);
+    const std::int64_t last = run.first + (run.count - 1) * run.step;
+    text += run.count == 1 ? fmt::format(" {}", run.first) : fmt::format(" {}..{}", run.first, last);
+    if (run.count > 1 && run.step != 1) text += fmt::format(" step {}", run.step);
+  }
+  return text.empty() ? std::string("no tokens") : text;
+}
+
+// Section 12's plan in words: the split, the padded all-gather, each rank's tokens, its all-gather
+// and prefix bytes; the model's row of bytes and the attention plans follow.
+std::string token_split_text(const BatchPlan& p, const model::Setting& setting) {
+  const model::TokenSplitPlan& t = *p.tokens;
+  std::string text = fmt::format("  token split {}: {} current tokens, max_rank_tokens {}; each all-gather moves cp {} x {} = {} rows, {} of them "
+                                 "padding; {} all-gathers per batch (one per layer and active kind)\n",
+                                 model::to_string(t.split), t.tokens_total, t.max_rank_tokens, setting.cp, t.max_rank_tokens, t.allgather_rows,
+                                 t.padding_rows, t.allgathers);
+  text += "  tokens each rank computes and sends, per request, in its send order (extend offsets; a..b step s: every s-th); its send rows "
+          "past its count are padding:\n";
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    const model::TokenSplitRank& r = t.ranks[rank];
+    text += fmt::format("    rank {}: {} tokens, {} padding rows: {}\n", rank, r.token_count, r.padding_rows, token_runs_text(r.tokens));
+  }
+  text += fmt::format("  bytes per batch ({} layers): the gathered buffer each rank ends with (padding counted) and of it the peers' blocks; "
+                      "the prefix pages and bytes it pulls from the pool by owner (its own entry is local):\n",
+                      setting.layer_count());
+  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
+    const model::TokenSplitRank& r = t.ranks[rank];
+    text += fmt::format("    rank {}: all-gather {}, from peers {}; prefix pages [{}], bytes [{}]\n", rank, r.allgather_bytes, r.allgather_peer_bytes,
+                        fmt::join(r.prefix_pages_from, " "), fmt::join(r.prefix_bytes_from, " "));
+  }
+  return text;
+}
+
 std::string batch_text(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
                        std::int64_t index, const model::Batch& batch) {
+  if (p.tokens) {
+    std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, {}\n", index, batch.requests.size(),
+                                   p.layout.current_pages_total, p.layout.slot_count, no_staging_detail(variant));
+    for (std::size_t r = 0; r < batch.requests.size(); ++r) {
+      text += fmt::format("  request {}: prefix {} + extend {} tokens\n", r, batch.requests[r].prefix_len, batch.requests[r].extend_len);
+    }
+    return text + token_split_text(p, setting) + bytes_text(p, setting, variant) + attention_text(p);
+  }
   std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, staging_slots {} ({}), verdict {}\n", index,
                                  batch.requests.size(), p.layout.current_pages_total, p.layout.slot_count, capacity.staging_slots,
                                  model::to_string(capacity.source), p.verdict.describe());
@@ -146,10 +237,17 @@ void plan_batch(const PlanOptions& options, const model::Setting& setting, const
                 std::int64_t index, const model::Batch& batch, OutputFile* json, std::string& held) {
   BatchPlan p;
   p.layout = model::layout_batch(setting, batch);
-  p.verdict = model::overflow_verdict(p.layout.current_pages_total, capacity.staging_slots);
-  p.writers = writers_by_request(p.layout, batch.requests.size());
+  if (model::splits_tokens(variant)) {
+    // Section 12: no staging, so no verdict; the attention plans are the token split's.
+    p.tokens = model::token_split_plan(setting, p.layout, batch, variant);
+    p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
+    for (const model::TokenSplitRank& r : p.tokens->ranks) p.attention.push_back(r.attention);
+  } else {
+    p.verdict = model::overflow_verdict(p.layout.current_pages_total, capacity.staging_slots);
+    p.writers = writers_by_request(p.layout, batch.requests.size());
+  }
   // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
-  if (!p.verdict.overflow) {
+  if (!p.tokens && !p.verdict.overflow) {
     p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
     for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
       p.attention.push_back(model::attention_segments(model::ragged_index_plan(p.layout, batch, rank)));
@@ -209,11 +307,13 @@ void register_plan(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "plan",
       "Print the batch-logical plan of every batch of a trace: current_pages_total, slot_count, staging_slots, the "
-      "overflow verdict, the writer of each current page per request, and per rank the bytes pulled from each peer.");
+      "overflow verdict, the writer of each current page per request, and per rank the bytes pulled from each peer and its attention plan; "
+      "under a token-split all-gather variant (allgather_zigzag, allgather_continuous: no staging, no verdict) per rank its tokens, the "
+      "padded all-gather's bytes, the prefix pages pulled from each owner and the token split's attention plan.");
   cmd->add_option("trace", options->trace_path, "batch trace (JSON Lines, format cpkv-batch-trace v1)")->required();
   cmd->add_option("--batch", options->batch, "only this batch (0-based)")->check(whole_in<std::int64_t>(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--rank", options->rank, "only this rank's bytes")->check(whole_in<std::int32_t>(0, model::limits::cp_max - 1));
-  cmd->add_option("--variant", options->variant_name, fmt::format("exchange variant whose bytes are counted: {}", model::variant_names()))
+  cmd->add_option("--variant", options->variant_name, fmt::format("exchange variant whose plan is printed: {}", model::variant_names()))
       ->capture_default_str();
   cmd->add_option("--json", options->json_path,
                   "also write the plan as JSON Lines to this file, one object per batch (a regular file, replaced only when the run "

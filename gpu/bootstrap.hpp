@@ -18,6 +18,7 @@
 #include "config.cuh"
 #include "cpkv/harness/launch.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/model/limits.hpp"
 #include "cuda_backend.hpp"
 
 namespace cpkv::cuda {
@@ -101,9 +102,9 @@ struct Bootstrap {
   struct AttentionQueries {
     std::int32_t request, q_base, q_len;
   };
-  // Per rank and batch: a page-split plan has about two per request, a continuous token split one per
-  // token (seeds_batch at cp 2: 22,297). 8 ranks x 65,536 x 12 bytes = 6 MiB of the region.
-  static constexpr std::int64_t kAttentionSegmentsMax = 65536;
+  // Per rank and batch: the one limit (its reason in model/limits.hpp), which the backend's entry
+  // checks against every batch's model plan before any rank starts (harness/attention_limit.hpp).
+  static constexpr std::int64_t kAttentionSegmentsMax = model::limits::attention_segments_max;
   std::atomic<std::int64_t> attention_count[kRanksMax];
   AttentionQueries attention[kRanksMax][kAttentionSegmentsMax];
   BenchRank bench_results[kRanksMax];

@@ -110,6 +110,83 @@ TEST(CliPlan, EveryRanksAttentionPlanIsPrintedAndWrittenAsSection11Says) {
   EXPECT_NE(run.out.find("rank 1: (0, 4, 2, 14, 0) (1, 4, 5, 9, 16)"), std::string::npos) << run.out;
 }
 
+// Section 12's token-split variants, by hand for tiny batch 0 (cp 2, P 4; r0: prefix 8 (pages 5, 2),
+// extend 6; r1: no prefix, extend 9; kv_fp8 656 B + indexer_k 132 B on the F layer, 656 B on S).
+// Zigzag cuts each request's tokens into 2 * cp = 4 blocks (section 2's rule on tokens): r0's 6 ->
+// 2,2,1,1 (0..1 | 2..3 | 4 | 5), r1's 9 -> 3,2,2,2 (0..2 | 3..4 | 5..6 | 7..8); rank 0 takes blocks 0
+// and 3, rank 1 blocks 1 and 2. Continuous: token t to rank t % 2. Either way rank 0 computes 3 + 5 =
+// 8 tokens and rank 1 3 + 4 = 7: max_rank_tokens 8, each all-gather 2 x 8 = 16 rows, padding
+// 16 - 15 = 1 (rank 1's). A row is 788 B on F and 656 B on S: the gathered buffer is 16 x 1444 =
+// 23104 B per batch, the peer's block half of it (11552 B), in 3 all-gathers (2 kinds on F, 1 on S).
+// Prefix: page 5 lives on rank 1, page 2 on rank 0, 4 x 1444 = 5776 B each, on every rank. The model's
+// row of bytes counts the ring all-gather's receive from the predecessor: rank 0 [5776, 5776 + 11552].
+// Attention (section 11, kv_len = prefix + q_base + q_len, r1's keys from row (2 + 2) x 4 = 16): zigzag
+// rank 0 (0,0,2,10,0) (0,5,1,14,0) (1,0,3,3,16) (1,7,2,9,16), rank 1 (0,2,3,13,0) (1,3,4,7,16).
+TEST(CliPlan, TokenSplitVariantsPrintTheirSplitAllGatherAndPrefixPullsAsSection12Says) {
+  const auto run = [](const nlohmann::json& r, std::int64_t first, std::int64_t count, std::int64_t step) {
+    return nlohmann::json{{"request", r}, {"first", first}, {"count", count}, {"step", step}};
+  };
+  const auto segment = [](std::int64_t r, std::int64_t q_base, std::int64_t q_len, std::int64_t kv_len, std::int64_t k_base) {
+    return nlohmann::json{{"request", r}, {"q_base", q_base}, {"q_len", q_len}, {"kv_len", kv_len}, {"k_base", k_base}};
+  };
+  for (const std::string variant : {"allgather_zigzag", "allgather_continuous"}) {
+    const auto batches = plan_json(sample("tiny.jsonl"), "--batch 0 --variant " + variant);
+    ASSERT_EQ(batches.size(), 1u) << variant;
+    const auto& b = batches[0];
+    EXPECT_EQ(b["variant"], variant);
+    EXPECT_EQ(b["token_split"], variant == "allgather_zigzag" ? "zigzag_tokens" : "continuous_tokens");
+    EXPECT_TRUE(b["staging_slots"].is_null()) << "section 12: no staging";
+    EXPECT_EQ(b["verdict"], "no_staging");
+    EXPECT_NE(b["verdict_detail"].get<std::string>().find("invariant 3) does not apply"), std::string::npos) << b["verdict_detail"];
+    EXPECT_EQ(b["tokens_total"], 15);
+    EXPECT_EQ(b["max_rank_tokens"], 8);
+    EXPECT_EQ(b["allgather_rows"], 16);
+    EXPECT_EQ(b["padding_rows"], 1);
+    EXPECT_EQ(b["allgathers"], 3);
+    ASSERT_EQ(b["ranks"].size(), 2u);
+    for (int k = 0; k < 2; ++k) {
+      const auto& r = b["ranks"][k];
+      EXPECT_EQ(r["token_count"], k == 0 ? 8 : 7) << variant << " rank " << k;
+      EXPECT_EQ(r["padding_rows"], k == 0 ? 0 : 1) << variant << " rank " << k;
+      EXPECT_EQ(r["allgather_bytes"], 23104) << variant << " rank " << k;
+      EXPECT_EQ(r["allgather_peer_bytes"], 11552) << variant << " rank " << k;
+      EXPECT_EQ(r["prefix_pages_from"], nlohmann::json::parse("[1, 1]")) << variant << " rank " << k;
+      EXPECT_EQ(r["prefix_bytes_from"], nlohmann::json::parse("[5776, 5776]")) << variant << " rank " << k;
+    }
+    EXPECT_EQ(b["ranks"][0]["bytes_pulled_from"], nlohmann::json::parse("[5776, 17328]")) << variant;
+    EXPECT_EQ(b["ranks"][1]["bytes_pulled_from"], nlohmann::json::parse("[17328, 5776]")) << variant;
+  }
+  const auto zigzag = plan_json(sample("tiny.jsonl"), "--batch 0 --variant allgather_zigzag")[0]["ranks"];
+  EXPECT_EQ(zigzag[0]["tokens"], nlohmann::json::array({run(0, 0, 2, 1), run(0, 5, 1, 1), run(1, 0, 3, 1), run(1, 7, 2, 1)}));
+  EXPECT_EQ(zigzag[1]["tokens"], nlohmann::json::array({run(0, 2, 3, 1), run(1, 3, 4, 1)}));
+  EXPECT_EQ(zigzag[0]["attention"], nlohmann::json::array({segment(0, 0, 2, 10, 0), segment(0, 5, 1, 14, 0), segment(1, 0, 3, 3, 16), segment(1, 7, 2, 9, 16)}));
+  EXPECT_EQ(zigzag[1]["attention"], nlohmann::json::array({segment(0, 2, 3, 13, 0), segment(1, 3, 4, 7, 16)}));
+  const auto continuous = plan_json(sample("tiny.jsonl"), "--batch 0 --variant allgather_continuous")[0]["ranks"];
+  EXPECT_EQ(continuous[0]["tokens"], nlohmann::json::array({run(0, 0, 3, 2), run(1, 0, 5, 2)}));
+  EXPECT_EQ(continuous[1]["tokens"], nlohmann::json::array({run(0, 1, 3, 2), run(1, 1, 4, 2)}));
+  // One segment per token: rank 1's r0 tokens 1, 3, 5 see 8 + t + 1 keys.
+  EXPECT_EQ(continuous[1]["attention"].size(), 7u);
+  EXPECT_EQ(continuous[1]["attention"][2], segment(0, 5, 1, 14, 0));
+}
+
+// The text says the same: no staging verdict, the split per rank, the all-gather's rows and padding.
+TEST(CliPlan, TokenSplitTextSaysNoStagingAndPrintsEachRanksTokens) {
+  const CliRun run = run_cpkv(fmt::format("plan '{}' --batch 0 --variant allgather_zigzag", sample("tiny.jsonl")));
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(run.out.find("staging_slots"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("writers"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("no staging"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("max_rank_tokens 8; each all-gather moves cp 2 x 8 = 16 rows, 1 of them padding"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 0: 8 tokens, 0 padding rows: request 0: 0..1 5; request 1: 0..2 7..8"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 1: 7 tokens, 1 padding rows: request 0: 2..4; request 1: 3..6"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 0: all-gather 23104, from peers 11552; prefix pages [1 1], bytes [5776 5776]"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("rank 0: (0, 0, 2, 10, 0) (0, 5, 1, 14, 0) (1, 0, 3, 3, 16) (1, 7, 2, 9, 16)"), std::string::npos) << run.out;
+  const CliRun continuous = run_cpkv(fmt::format("plan '{}' --batch 0 --variant allgather_continuous", sample("tiny.jsonl")));
+  ASSERT_EQ(continuous.status, 0) << continuous.err;
+  EXPECT_NE(continuous.out.find("rank 1: 7 tokens, 1 padding rows: request 0: 1..5 step 2; request 1: 1..7 step 2"), std::string::npos)
+      << continuous.out;
+}
+
 TEST(CliPlan, BatchAndRankOptionsSelectOneBatchAndOneRank) {
   const auto batches = plan_json(sample("tiny.jsonl"), "--batch 1 --rank 0");
   ASSERT_EQ(batches.size(), 1u);

@@ -11,6 +11,7 @@
 
 #include "cpkv/model/costs.hpp"
 #include "cpkv/model/plan.hpp"
+#include "cpkv/model/token_plan.hpp"
 #include "model_tiny_batch.hpp"
 
 namespace cpkv::model {
@@ -655,6 +656,18 @@ TEST(ModelPlan, RingAllReduceVolumeAtFourRanksComesFromThePredecessor) {
     EXPECT_EQ(b.pulled_from, expected) << "rank " << rank;
     EXPECT_EQ(b.allreduce_bytes, 7872u);
   }
+}
+
+// `cpkv plan` prints a rank's tokens as runs (first, count, step). Each run is as long as it can be,
+// but two tokens with a step other than 1 are not a run: a zigzag rank at cp 3 with blocks of one
+// and three tokens (3 | 10 11 12) prints "3" and "10..12", not "3..10 step 7" and "11..12".
+// Continuous (t % cp) gives one run of step cp per request; a new request starts a new run.
+TEST(ModelTokenPlan, TokenRunsAreMaximalAndTakeAStepOtherThanOneOnlyOverThreeOrMoreTokens) {
+  EXPECT_EQ(token_runs({{0, 3}, {0, 10}, {0, 11}, {0, 12}}), (std::vector<TokenRun>{{0, 3, 1, 1}, {0, 10, 3, 1}}));
+  EXPECT_EQ(token_runs({{0, 1}, {0, 4}, {0, 7}, {1, 1}, {1, 4}}), (std::vector<TokenRun>{{0, 1, 3, 3}, {1, 1, 1, 1}, {1, 4, 1, 1}}));
+  EXPECT_EQ(token_runs({{0, 0}, {0, 1}, {1, 0}, {1, 1}}), (std::vector<TokenRun>{{0, 0, 2, 1}, {1, 0, 2, 1}}));
+  EXPECT_EQ(token_runs({{2, 5}}), (std::vector<TokenRun>{{2, 5, 1, 1}}));
+  EXPECT_TRUE(token_runs({}).empty());
 }
 
 }  // namespace

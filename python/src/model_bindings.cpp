@@ -196,6 +196,12 @@ void bind_model(py::module_& m) {
   py::list variants;
   for (model::Variant v : model::kAllVariants) variants.append(std::string(model::to_string(v)));
   m.attr("VARIANTS") = py::tuple(variants);
+  // Section 12's token-split all-gather variants (model::splits_tokens): their plan is token_split_plan's.
+  py::list token_split_variants;
+  for (model::Variant v : model::kAllVariants) {
+    if (model::splits_tokens(v)) token_split_variants.append(std::string(model::to_string(v)));
+  }
+  m.attr("TOKEN_SPLIT_VARIANTS") = py::tuple(token_split_variants);
   m.attr("SPLIT_POLICIES") = py::make_tuple(std::string(model::to_string(model::SplitPolicy::zigzag)),
                                             std::string(model::to_string(model::SplitPolicy::contiguous)),
                                             std::string(model::to_string(model::SplitPolicy::round_robin)),

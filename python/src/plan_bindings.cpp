@@ -7,6 +7,7 @@
 #include "bindings.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
+#include "cpkv/model/token_plan.hpp"
 
 namespace cpkv::python {
 namespace {
@@ -265,6 +266,41 @@ void bind_layer_bytes(py::module_& m) {
   }, py::arg("setting"), py::arg("plan"), py::arg("layer"), "The bytes the plan's rank moves on one layer.");
 }
 
+// Section 12's plan of a batch under a token-split variant, as `cpkv plan` prints it.
+void bind_token_split_plan(py::module_& m) {
+  py::class_<model::TokenRun>(m, "TokenRun", "A run of one request's tokens among a rank's, in its send order: first, first + step, ... (count of them).")
+      .def_readonly("request", &model::TokenRun::request, "The request.")
+      .def_readonly("first", &model::TokenRun::first, "Its first token's offset within the request's extend.")
+      .def_readonly("count", &model::TokenRun::count, "Tokens in the run.")
+      .def_readonly("step", &model::TokenRun::step, "Offset from one token of the run to the next.");
+  py::class_<model::TokenSplitRank>(m, "TokenSplitRank", "One rank under a token split: its tokens, the all-gather's bytes, its prefix pulls, its attention plan.")
+      .def_readonly("rank", &model::TokenSplitRank::rank, "The rank.")
+      .def_readonly("tokens", &model::TokenSplitRank::tokens, "Its tokens in send order, as a list of cpkv.TokenRun.")
+      .def_readonly("token_count", &model::TokenSplitRank::token_count, "Its send rows that hold a token.")
+      .def_readonly("padding_rows", &model::TokenSplitRank::padding_rows, "max_rank_tokens - token_count: its send rows that pad.")
+      .def_readonly("allgather_bytes", &model::TokenSplitRank::allgather_bytes, "The gathered buffer over the batch (cp * max_rank_tokens rows per all-gather).")
+      .def_readonly("allgather_peer_bytes", &model::TokenSplitRank::allgather_peer_bytes, "Of it, the peers' blocks ((cp - 1) of cp).")
+      .def_readonly("prefix_pages_from", &model::TokenSplitRank::prefix_pages_from, "Per owner: the batch's prefix pages its gather reads from that pool.")
+      .def_readonly("prefix_bytes_from", &model::TokenSplitRank::prefix_bytes_from, "Per owner: their bytes over the batch.")
+      .def_readonly("attention", &model::TokenSplitRank::attention, "Its attention plan (section 11), the token split's: a list of cpkv.RaggedSegment.");
+  py::class_<model::TokenSplitPlan>(m, "TokenSplitPlan", "A batch's plan under a token-split all-gather variant (PROTOCOL.md section 12).")
+      .def_property_readonly("split", [](const model::TokenSplitPlan& t) { return std::string(model::to_string(t.split)); }, "zigzag_tokens or continuous_tokens.")
+      .def_readonly("tokens_total", &model::TokenSplitPlan::tokens_total, "The batch's current tokens.")
+      .def_readonly("max_rank_tokens", &model::TokenSplitPlan::max_rank_tokens, "The largest rank's count: what every rank sends.")
+      .def_readonly("allgather_rows", &model::TokenSplitPlan::allgather_rows, "Rows of one all-gather: cp * max_rank_tokens.")
+      .def_readonly("padding_rows", &model::TokenSplitPlan::padding_rows, "allgather_rows - tokens_total.")
+      .def_readonly("allgathers", &model::TokenSplitPlan::allgathers, "All-gather calls over the batch: one per layer and active kind.")
+      .def_readonly("ranks", &model::TokenSplitPlan::ranks, "Every rank, a list of cpkv.TokenSplitRank.");
+  m.def("token_split_plan", [](const model::Setting& s, const model::BatchLayout& l, const model::Batch& b, const std::string& variant) {
+    require_same_batch(l, b);
+    const model::Variant v = require_variant(variant);
+    if (!model::splits_tokens(v)) throw InputError("variant", fmt::format("{} has no token split (section 12)", variant));
+    if (l.cp != s.cp || l.page_size != s.page_size) throw InputError("layout", "was built for another setting's cp or page size");
+    return model::token_split_plan(s, l, b, v);
+  }, py::arg("setting"), py::arg("layout"), py::arg("batch"), py::arg("variant"),
+        "The batch's plan under a token-split all-gather variant: what `cpkv plan --variant allgather_*` prints.");
+}
+
 }  // namespace
 
 void bind_layout(py::module_& m) {
@@ -277,6 +313,7 @@ void bind_plans(py::module_& m) {
   bind_variant_plan(m);
   bind_inverse_and_ragged(m);
   bind_layer_bytes(m);
+  bind_token_split_plan(m);
 }
 
 }  // namespace cpkv::python

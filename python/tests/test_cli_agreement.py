@@ -22,7 +22,7 @@ def cli_plan(cli, tmp_path, path, *args):
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda p: p.name)
-@pytest.mark.parametrize("variant", ["staging_direct", "legacy_span_ar", "v2"])
+@pytest.mark.parametrize("variant", ["staging_direct", "legacy_span_ar", "v2", "allgather_zigzag", "allgather_continuous"])
 def test_plan_equals_the_cli_json_on_every_sample(cli, tmp_path, sample, variant):
     assert cpkv.plan(str(sample), variant=variant) == cli_plan(cli, tmp_path, sample, "--variant", variant)
 
@@ -30,6 +30,15 @@ def test_plan_equals_the_cli_json_on_every_sample(cli, tmp_path, sample, variant
 def test_plan_with_batch_and_rank_equals_the_cli_json(cli, tmp_path, tiny):
     assert cpkv.plan(tiny, batch=2, rank=1) == cli_plan(cli, tmp_path, tiny, "--batch", "2", "--rank", "1")
     assert cpkv.plan(tiny, batch=2)[0]["verdict"] == "overflow"
+
+
+@pytest.mark.parametrize("variant", ["allgather_zigzag", "allgather_continuous"])
+def test_token_split_plan_with_batch_and_rank_equals_the_cli_json(cli, tmp_path, tiny, variant):
+    # Section 12: batch 2 overflows staging (8 current pages > 6 slots), but a token split has no staging.
+    mine = cpkv.plan(tiny, batch=2, rank=1, variant=variant)
+    assert mine == cli_plan(cli, tmp_path, tiny, "--batch", "2", "--rank", "1", "--variant", variant)
+    assert mine[0]["verdict"] == "no_staging" and mine[0]["staging_slots"] is None
+    assert [r["rank"] for r in mine[0]["ranks"]] == [1]
 
 
 @pytest.mark.parametrize("kwargs, option, field", [

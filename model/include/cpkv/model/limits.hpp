@@ -20,5 +20,11 @@ inline constexpr std::int64_t request_tokens_max = std::int64_t{1} << 24;
 inline constexpr std::int64_t pool_pages_max = (std::int64_t{1} << 31) - 1;
 // Staging override: 1 TiB, far above any GPU's memory, so a typo is caught rather than honoured.
 inline constexpr std::int64_t staging_mib_max = std::int64_t{1} << 20;
+// Attention-plan segments one rank may hold per batch on the GPU backend: the bootstrap region's
+// fixed per-rank array that rank 0 reads to check coverage across ranks (gpu/bootstrap.hpp,
+// invariant 9). A page split has about two per request; a continuous token split one per token
+// (seeds_batch at cp 2: 22,297). 8 ranks x 65,536 x 12 bytes = 6 MiB of the region. A source whose
+// plan needs more is refused before any rank starts (harness/attention_limit.hpp).
+inline constexpr std::int64_t attention_segments_max = 65536;
 
 }  // namespace cpkv::model::limits
