@@ -1,7 +1,9 @@
 """A run's report: the table `python3 -m cpkv.conformance` prints and the JSON `--json` writes.
 
-The JSON has `cpkv replay --json`'s schema (harness/src/replay_report.cpp: replay_json, run_json,
-rejected_json), every key with the same meaning; the implementation is the run's "variant". What
+The JSON is `cpkv replay --json`'s: its common part (trace, seed, layers, mode, mutant, the rejected
+batches with the model's verdicts) is the harness's own (harness/src/request.cpp: replay_json and
+harness/src/replay_report.cpp: rejected_json, through the checked request's binding); the run
+object has run_json's keys, every one with the same meaning; the implementation is the run's "variant". What
 the harness cannot observe of a foreign implementation (the bytes it copied from peers, its
 collectives, the simulator's scheduling steps) is null. What only the harness has is added beside
 (docs/conformance.md, "The JSON"): per run `compose_ms`, `host_syncs_per_layer`, `graph_capturable`,
@@ -11,7 +13,7 @@ fired, the located lines, the per-batch records and the reproducer).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .. import _cpkv
 from . import _adversity as adv
@@ -61,18 +63,18 @@ def host_syncs(o: Outcome) -> Optional[dict]:
     return {"max": max(counts), "mean": sum(counts) / len(counts), "rank_layers": len(counts)}
 
 
-def rejected(spec: RunSpec, o: Outcome) -> List[dict]:
-    """rejected_json: the batches whose current pages exceed the staging (the implementation's
-    declared staging where it declared one, else cpkv's capacity), as `cpkv replay` lists them."""
+def rejected(spec: RunSpec, o: Outcome) -> List[Tuple[int, int, int]]:
+    """The batches whose current pages exceed the staging (the implementation's declared staging
+    where it declared one, else cpkv's capacity), each (batch, current pages total, staging slots):
+    the harness's rejected_json writes them with the model's verdict, as `cpkv replay` lists them."""
     declared = next((b["declared_staging_slots"] for b in o.batches), _cpkv.staging_capacity(spec.setting).staging_slots)
     if declared is None:
         return []  # ctx.declare_staging(None): no staging, so no batch overflows (PROTOCOL.md section 12)
     out = []
     for index, batch in enumerate(spec.batches):
         total = _cpkv.layout_batch(spec.setting, batch).current_pages_total
-        verdict = _cpkv.overflow_verdict(total, declared)
-        if verdict.overflow:
-            out.append({"batch": index, "current_pages_total": total, "staging_slots": declared, "verdict": verdict.describe()})
+        if _cpkv.overflow_verdict(total, declared).overflow:
+            out.append((index, total, declared))
     return out
 
 
@@ -103,15 +105,16 @@ def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
             "builtin_staging_direct_ms": builtin_cell(spec, o), "timings_of_record": of_record(spec)}
 
 
-def replay_json(spec: RunSpec, o: Outcome, trace: str, mode: str, reproducer: str) -> dict:
-    """`cpkv replay --json`'s object for one implementation's run, plus the harness's own `conformance`."""
-    return {"trace": trace, "seed": spec.seed, "layers": spec.layers, "mode": f"conformance/{mode}", "mutant": spec.mutant or "none",
-            "rejected_batches": rejected(spec, o), "runs": [run_json(spec, o, mode)],
-            "conformance": {"impl": spec.impl, "device": spec.device, "ranks": spec.setting.cp, "swarm": spec.swarm, "timing": spec.timing,
+def replay_json(checked: _cpkv.CheckedRun, spec: RunSpec, o: Outcome, mode: str, reproducer: str) -> dict:
+    """`cpkv replay --json`'s object for one implementation's run (its common part the harness's, for
+    the checked request), plus the harness's own `conformance` block."""
+    report = checked.replay_json(f"conformance/{mode}", [run_json(spec, o, mode)], rejected(spec, o))
+    report["conformance"] = {"impl": spec.impl, "device": spec.device, "ranks": spec.setting.cp, "swarm": spec.swarm, "timing": spec.timing,
                             "knobs": adv.knobs(spec.seed, spec.swarm) if spec.delays and not spec.timing else None,
                             "checks_fired": o.checks_fired(), "mismatches": o.mismatches, "findings": o.findings,
                             "positions": o.positions, "leftovers": o.leftovers, "batches": o.batches,
-                            "capture_batch": o.capture_batch, "reproducer": reproducer}}
+                            "capture_batch": o.capture_batch, "reproducer": reproducer}
+    return report
 
 
 def of_record(spec: RunSpec) -> bool:
