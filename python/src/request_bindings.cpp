@@ -129,6 +129,43 @@ py::object replay_json(const CheckedRun& run, const std::string& mode, const py:
   return to_python(harness::replay_json(run.checked, scanned, mode, runs_json));
 }
 
+// One run's object (harness run_json) for a foreign exchange's run, from the figures the conformance
+// harness counted (per rank: batches, layers, barriers, overflows, mismatches; the violations, by
+// invariant; the failure): "passed" and every common key are the harness's; what it cannot observe
+// of a foreign class is null (steps, collectives, the bytes, barriers where none were announced),
+// its variant the class, its violation details the harness's located lines.
+py::object foreign_run_json(const py::dict& figures) {
+  harness::RunReport report;
+  report.mode = figures["mode"].cast<std::string>();
+  report.failure = figures["failure"].cast<std::string>();
+  report.deadlock = figures["deadlock"].cast<bool>();
+  report.violation_count = figures["violations"].cast<std::int64_t>();
+  for (const auto& [key, count] : figures["violations_by_invariant"].cast<py::dict>()) {
+    const int invariant = std::stoi(key.cast<std::string>());
+    if (invariant < 1 || invariant > harness::kInvariants) throw InputError("violations_by_invariant", fmt::format("{} is not an invariant", invariant));
+    report.violations_by_invariant[invariant] = count.cast<std::int64_t>();
+  }
+  const py::list ranks = figures["ranks"];
+  for (const py::handle rank : ranks) {
+    harness::Totals t;
+    t.batches = rank["batches"].cast<std::int64_t>();
+    t.layers = rank["layers"].cast<std::int64_t>();
+    t.barriers = rank["barriers"].is_none() ? 0 : rank["barriers"].cast<std::int64_t>();
+    t.overflows = rank["overflows"].cast<std::int64_t>();
+    t.mismatches = rank["mismatches"].cast<std::int64_t>();
+    report.ranks.push_back(t);
+  }
+  nlohmann::json run = harness::run_json(report, figures["seconds"].cast<double>());
+  run["variant"] = figures["variant"].cast<std::string>();
+  run["steps"] = nullptr;
+  run["violation_details"] = figures["violation_details"].cast<std::vector<std::string>>();
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
+    for (const char* unseen : {"collectives", "bytes_gathered_from_peers", "bytes_reduced"}) run["ranks"][i][unseen] = nullptr;
+    if (ranks[i]["barriers"].is_none()) run["ranks"][i]["barriers"] = nullptr;
+  }
+  return to_python(run);
+}
+
 }  // namespace
 
 void bind_request(py::module_& m) {
@@ -150,6 +187,10 @@ void bind_request(py::module_& m) {
       .def("replay_line", &reproducer, py::arg("layers") = py::none(), "The reproducer (harness replay_line): `cpkv replay TRACE --backend torch ...`.")
       .def("replay_json", &replay_json, py::arg("mode"), py::arg("runs"), py::arg("rejected"),
            "`cpkv replay --json`'s object (harness replay_json) over these runs and rejected batches.");
+  m.def("foreign_run_json", &foreign_run_json, py::arg("figures"),
+        "`cpkv replay --json`'s run object (harness run_json) for a foreign exchange's run: variant, mode, failure, deadlock, violations, "
+        "violations_by_invariant, violation_details, seconds and per-rank batches, layers, barriers, overflows, mismatches in; passed and "
+        "every common key out, what the harness cannot observe null.");
   m.def("check_torch_request", &check_run, py::arg("trace"), py::arg("options"), py::arg("scan") = false,
         "The torch backend's replay request from options keyed by their Python spelling (impl, device, ranks, seed, layers, batch, mutant, "
         "swarm, wait_ms_max, ipc_missing_rank, timeline, no_delays, time, require_attention, attention_output, import_s_max, cpkv_bin), "

@@ -136,3 +136,19 @@ def test_the_header_and_the_json_common_part_are_cpkv_replays(cli, tmp_path):
         assert torch_report[key] == sim_report[key], key
     assert set(sim_report["runs"][0]) <= set(torch_report["runs"][0]), torch_report["runs"][0].keys()
     assert set(sim_report["runs"][0]["ranks"][0]) <= set(torch_report["runs"][0]["ranks"][0])
+
+
+def test_the_run_object_is_the_harness_run_json_with_what_it_cannot_observe_null():
+    """Issue 36: the torch run's object is harness run_json over the figures the conformance harness
+    counted: its verdict is the harness's (a failure or a violation fails the run, as every backend's),
+    and the figures it cannot observe of a foreign class are null."""
+    rank = {"batches": 3, "layers": 6, "barriers": None, "overflows": 1, "mismatches": 0}
+    figures = {"variant": REFERENCE, "mode": "processes", "failure": "", "deadlock": False, "violations": 0, "seconds": 1.5,
+               "violations_by_invariant": {str(i): 0 for i in range(1, 10)}, "ranks": [rank, dict(rank, barriers=12)], "violation_details": []}
+    run = cpkv._cpkv.foreign_run_json(figures)
+    assert run["passed"] is True and run["variant"] == REFERENCE and run["steps"] is None and run["mismatches"] == 0
+    assert run["ranks"][0]["barriers"] is None and run["ranks"][1]["barriers"] == 12
+    assert all(r[key] is None for r in run["ranks"] for key in ("collectives", "bytes_gathered_from_peers", "bytes_reduced"))
+    assert cpkv._cpkv.foreign_run_json(dict(figures, failure="rank 1: died"))["passed"] is False
+    failed = cpkv._cpkv.foreign_run_json(dict(figures, ranks=[dict(rank, mismatches=2), rank]))
+    assert failed["passed"] is False and failed["mismatches"] == 2

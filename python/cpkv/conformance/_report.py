@@ -3,7 +3,8 @@
 The JSON is `cpkv replay --json`'s: its common part (trace, seed, layers, mode, mutant, the rejected
 batches with the model's verdicts) is the harness's own (harness/src/request.cpp: replay_json and
 harness/src/replay_report.cpp: rejected_json, through the checked request's binding); the run
-object has run_json's keys, every one with the same meaning; the implementation is the run's "variant". What
+object is the harness's run_json over the figures counted here (python/src/request_bindings.cpp:
+foreign_run_json: "passed" is the harness's verdict); the implementation is the run's "variant". What
 the harness cannot observe of a foreign implementation (the bytes it copied from peers, its
 collectives, the simulator's scheduling steps) is null. What only the harness has is added beside
 (docs/conformance.md, "The JSON"): per run `compose_ms`, `host_syncs_per_layer`, `graph_capturable`,
@@ -92,13 +93,14 @@ def violations_by_invariant(o: Outcome) -> Dict[str, int]:
 
 
 def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
+    """run_json's object (the harness's, from the figures counted here), then the conformance-only figures."""
     mismatch_lines = [f"invariant 6 (byte exactness): {line}" for line in o.mismatches]
     cuda = spec.device == "cuda"
-    return {"variant": spec.impl, "mode": mode, "passed": o.passed, "mismatches": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches),
-            "violations": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches) + len(o.findings),
-            "deadlock": o.failure_kind == "hang", "failure": o.failure or "", "steps": None, "seconds": o.seconds,
-            "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings,
-            "violations_by_invariant": violations_by_invariant(o),
+    run = _cpkv.foreign_run_json({"variant": spec.impl, "mode": mode, "failure": o.failure or "", "deadlock": o.failure_kind == "hang",
+                                  "violations": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches) + len(o.findings),
+                                  "violations_by_invariant": violations_by_invariant(o), "seconds": o.seconds,
+                                  "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings})
+    return {**run,
             "compose_ms": compose_ms(o, spec.device), "host_syncs_per_layer": host_syncs(o) if cuda else "n/a",
             "graph_capturable": summarize_capture(o.capture) if cuda and o.capture else "n/a",
             "link_limit_ms": _timing.limit_ms(o.batches) if spec.timing else None,
