@@ -200,12 +200,7 @@ void run_backend(CheckedReplay& c) {
   // The one backend interface, built by the backend's registry entry.
   const std::unique_ptr<harness::Backend> backend = made_backend(c.request, source, scanned, progress);
   const std::string mode = backend->name();
-  fmt::print("{}\n", harness::run_header("cpkv replay", c.request, source, scanned, mode));
-  if (const std::string knobs = harness::knobs_line(c.request); !knobs.empty()) fmt::print("{}\n", knobs);  // the resolved configuration
-  if (!c.request.backend_line.empty()) fmt::print("{}\n", c.request.backend_line);
-  if (c.request.mutant != harness::Mutant::none) {
-    fmt::print("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)\n", harness::to_string(c.request.mutant));
-  }
+  for (const std::string& line : harness::run_header_lines("cpkv replay", c.request, source, scanned, mode)) fmt::print("{}\n", line);
   std::fflush(stdout);
   print_rejected("cpkv replay", scanned.scan.rejected);
   fmt::print("bytes over ranks: the most and the least any rank pulled from its peers, the most any rank reduced\n");
@@ -269,6 +264,17 @@ void run_handoff(const ReplayOptions& o, const CheckedReplay& c) {
   throw OptionError(fmt::format("--backend {}: cannot run {}: {}", entry.name, python.program, std::strerror(errno)));
 }
 
+// The conformance harness's run modes and knobs (--backend torch; the request check refuses them elsewhere).
+void add_conformance_options(CLI::App* cmd, harness::ReplayRequest& r) {
+  cmd->add_flag("--no-delays", r.no_delays, "torch: no injected delays");
+  cmd->add_flag("--time", r.time, "torch: checks, delays and event hooks off; each layer's compose time measured (median and p90)");
+  cmd->add_flag("--require-attention", r.require_attention, "torch: fail an implementation whose compose_layer returns no \"attention\" plan");
+  cmd->add_flag("--attention-output", r.attention_output,
+                "torch: run cpkv.attention.reference over each rank's buffer and plan, compared bit for bit with the single device");
+  cmd->add_option("--import-s-max", r.import_s_max, "torch: the bound on importing --impl in its probe child, in seconds (default: CPKV_IMPORT_S_MAX, else 120)");
+  cmd->add_option("--cpkv-bin", r.cpkv_bin, "torch: the cpkv binary --time runs for the built-in staging_direct (default: CPKV_BIN, else the build's)");
+}
+
 void run_replay(ReplayOptions& o) {
   CheckedReplay c;
   check_replay(o, c);
@@ -318,6 +324,7 @@ void register_replay(CLI::App& app) {
   cmd->add_option("--device", o->request.device, "torch: the ranks' device, cpu (gloo; the default) or cuda (NCCL, CUDA IPC)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--ranks", o->request.ranks, "torch: the rank processes to spawn (default: the trace's cp, which it must be)")
       ->check(whole_in<std::int32_t>(1, model::limits::cp_max));
+  add_conformance_options(cmd, o->request);
   cmd->add_option("--json", o->json_path, "also write the results as JSON to this file (a regular file, replaced only when the run completes)");
   cmd->add_option("--event-log", o->event_log_path,
                   "scheduled runs: write the event log (one step a line, docs/event-log.md) to this file as the run goes (a regular file)");

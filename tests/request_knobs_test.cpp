@@ -1,8 +1,9 @@
 // The run's resolved configuration (harness/request.hpp: kKnobTable): every knob the environment
 // may set is read by the request check alone, printed in the run header's knobs line with what chose
 // it, and written into the replay line as a flag, so the reproducer replays the same run whatever the
-// next shell sets. The knobs are the GPU backend's; the request check runs without a GPU, so these
-// tests check it here through the real cuda entry, and the real binary where a GPU is visible.
+// next shell sets. The knobs are the GPU backend's and the torch backend's (its conformance harness's
+// import bound and cpkv binary); the request check runs without a GPU or torch, so these tests check
+// it here through the real cuda and torch entries, and the real binary where a GPU is visible.
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "cli_run.hpp"
+#include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/request.hpp"
 #include "cpkv/sim/backend.hpp"
 #include "cuda_backend.hpp"
@@ -24,6 +26,7 @@ struct KnobCase {
   const char* environment;
   const char* flag;
   const char* value;
+  const char* backend = "cuda";
 };
 // Values from the options' meanings (docs: the README's knobs), none of them a default.
 const KnobCase kCases[] = {
@@ -31,6 +34,8 @@ const KnobCase kCases[] = {
     {"CPKV_EXCHANGE_LOAD_MS", "--exchange-load-ms-max", "2500"},
     {"CPKV_POOL_MEMORY", "--pool-memory", "dense"},
     {"CPKV_COMPOSE_BLOCKS_PER_SM", "--compose-blocks-per-sm", "2"},
+    {"CPKV_IMPORT_S_MAX", "--import-s-max", "90", "torch"},
+    {"CPKV_BIN", "--cpkv-bin", "/opt/cpkv/bin/cpkv", "torch"},
 };
 
 class RequestKnobs : public ::testing::Test {
@@ -39,6 +44,7 @@ class RequestKnobs : public ::testing::Test {
     for (const harness::KnobInfo& k : harness::kKnobTable) ::unsetenv(k.environment);  // the shell's choices are not this test's
     sim::register_backends(registry);
     cuda::register_backend(registry);
+    backends::register_torch_backend(registry);
   }
   void TearDown() override {
     for (const harness::KnobInfo& k : harness::kKnobTable) ::unsetenv(k.environment);
@@ -50,9 +56,19 @@ class RequestKnobs : public ::testing::Test {
     r.variant = "staging_direct";
     return r;
   }
-  // The replay line's flags set on a request, as the CLI parses them (every knob's flag takes one value).
-  static harness::ReplayRequest from_line(const std::string& line) {
+  // The backend's request: the torch backend's names its class and runs no named variant.
+  static harness::ReplayRequest request_of(std::string_view backend) {
     harness::ReplayRequest r = cuda_request();
+    if (backend == "torch") {
+      r.backend = "torch";
+      r.variant = "all";
+      r.impl = "cpkv.conformance.reference:StagingDirect";
+    }
+    return r;
+  }
+  // The replay line's flags set on a request, as the CLI parses them (every knob's flag takes one value).
+  static harness::ReplayRequest from_line(const std::string& line, std::string_view backend) {
+    harness::ReplayRequest r = request_of(backend);
     std::istringstream words(line);
     std::string word, value;
     while (words >> word) {
@@ -61,6 +77,8 @@ class RequestKnobs : public ::testing::Test {
       if (word == "--exchange-load-ms-max") r.exchange_load_ms_max = std::stoll(value);
       if (word == "--pool-memory") r.pool_memory = value;
       if (word == "--compose-blocks-per-sm") r.compose_blocks_per_sm = std::stoi(value);
+      if (word == "--import-s-max") r.import_s_max = std::stod(value);
+      if (word == "--cpkv-bin") r.cpkv_bin = value;
     }
     return r;
   }
@@ -80,13 +98,13 @@ TEST_F(RequestKnobs, AnEnvironmentKnobReachesTheHeaderAndTheReplayLineAndReplays
   for (const KnobCase& k : kCases) {
     SCOPED_TRACE(k.environment);
     ::setenv(k.environment, k.value, 1);
-    const harness::CheckedRequest c = harness::check_request(cuda_request(), registry);
+    const harness::CheckedRequest c = harness::check_request(request_of(k.backend), registry);
     ::unsetenv(k.environment);
     const std::string header = harness::knobs_line(c);
     EXPECT_NE(header.find(fmt::format("{} {} ({})", k.flag, k.value, k.environment)), std::string::npos) << header;
     const std::string line = harness::replay_line(c, model::Variant::staging_direct, 2);
     EXPECT_NE(line.find(fmt::format(" {} {}", k.flag, k.value)), std::string::npos) << line;
-    const harness::CheckedRequest replayed = harness::check_request(from_line(line), registry);
+    const harness::CheckedRequest replayed = harness::check_request(from_line(line, k.backend), registry);
     EXPECT_NE(harness::knobs_line(replayed).find(fmt::format("{} {} ({})", k.flag, k.value, k.flag)), std::string::npos) << harness::knobs_line(replayed);
     EXPECT_EQ(harness::replay_line(replayed, model::Variant::staging_direct, 2), line) << "the replayed line reproduces itself";
   }
@@ -109,6 +127,10 @@ TEST_F(RequestKnobs, DefaultsArePrintedAndLeftOutOfTheReplayLine) {
                                     "--compose-blocks-per-sm the kernels' (default)");
   const std::string line = harness::replay_line(c, model::Variant::staging_direct, 2);
   for (const KnobCase& k : kCases) EXPECT_EQ(line.find(k.flag), std::string::npos) << line;
+  const harness::CheckedRequest torch = harness::check_request(request_of("torch"), registry);
+  EXPECT_EQ(harness::knobs_line(torch), "knobs: --import-s-max 120 (default) | --cpkv-bin the build's (default)");
+  const std::string torch_line = harness::replay_line(torch, model::Variant::staging_direct, 2);
+  for (const KnobCase& k : kCases) EXPECT_EQ(torch_line.find(k.flag), std::string::npos) << torch_line;
 }
 
 // A bad value from the environment is one refusal naming the variable, the first bad knob in the

@@ -141,7 +141,8 @@ TEST_F(TorchBackendCli, AFailingConformanceRunExitsOneWithItsReproducer) {
   EXPECT_EQ(run.status, 1) << run.err << run.out;
   EXPECT_NE(run.out.find("FAIL"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("invariant 1"), std::string::npos) << run.out;
-  EXPECT_NE(run.out.find("replay: python3 -m cpkv.conformance traces/samples/tiny.jsonl --impl " + std::string(kReference)), std::string::npos) << run.out;
+  // The reproducer is the same request's line, the harness's: `cpkv replay --backend torch` again.
+  EXPECT_NE(run.out.find("replay: cpkv replay traces/samples/tiny.jsonl --backend torch --impl " + std::string(kReference) + " "), std::string::npos) << run.out;
 }
 
 // No interpreter, or one without torch: one line, exit 2, naming the interpreter and the Python

@@ -18,6 +18,8 @@ void check_torch_request(harness::CheckedRequest& c) {
   if (r.variant != "all") {
     throw harness::RequestError("variant", fmt::format("--backend {} runs the --impl class, which is its own variant: give none", c.backend->name));
   }
+  // The run header's line of this backend's own configuration (the harness's delays are Python's: its next line).
+  c.backend_line = fmt::format("torch: impl {} | device {}{}", *r.impl, r.device.value_or("cpu"), r.ranks ? fmt::format(" | ranks {}", *r.ranks) : "");
 }
 
 // `python3 -m cpkv.conformance`'s arguments for the request: every option it gave, the layers as
@@ -38,6 +40,13 @@ std::vector<std::string> conformance_arguments(const harness::CheckedRequest& c,
   if (r.wait_ms_max) add("--wait-ms-max", std::to_string(*r.wait_ms_max));
   if (r.ipc_missing_rank >= 0) add("--ipc-missing-rank", std::to_string(r.ipc_missing_rank));
   if (r.timeline) add("--timeline", *r.timeline);
+  if (r.no_delays) add("--no-delays", "");
+  if (r.time) add("--time", "");
+  if (r.require_attention) add("--require-attention", "");
+  if (r.attention_output) add("--attention-output", "");
+  // The knobs as the request check resolved them (the environment's too): the run sees flags only.
+  if (r.import_s_max) add("--import-s-max", fmt::format("{:g}", *r.import_s_max));
+  if (r.cpkv_bin) add("--cpkv-bin", *r.cpkv_bin);
   return args;
 }
 
@@ -49,7 +58,7 @@ void register_torch_backend(harness::Registry& registry) {
   torch.summary = "a foreign PyTorch exchange (--impl module:Class) under the conformance harness: one Python rank process per rank, gloo "
                   "on CPU, NCCL on CUDA (--device), run by `python3 -m cpkv.conformance` (the configured interpreter; CPKV_PYTHON overrides it)";
   torch.options = harness::kTakesImpl | harness::kTakesDevice | harness::kTakesRanks | harness::kTakesSwarm | harness::kTakesWaitMsMax |
-                  harness::kTakesIpcFault | harness::kTakesTimeline;
+                  harness::kTakesIpcFault | harness::kTakesTimeline | harness::kTakesConformance;
   torch.check = check_torch_request;
   torch.handoff = conformance_arguments;
   registry.add(std::move(torch));

@@ -22,12 +22,14 @@ namespace cpkv::harness {
 RequestError::RequestError(std::string option, std::string reason)
     : std::runtime_error(fmt::format("{}: {}", option, reason)), option_(std::move(option)), reason_(std::move(reason)) {}
 
-std::string RequestError::cli_message() const {
-  if (option_ == "trace") return fmt::format("trace: {}", reason_);
-  std::string flag = option_;
+std::string RequestError::cli_option() const {
+  if (option_ == "trace") return option_;
+  std::string flag = "--" + option_;
   std::replace(flag.begin(), flag.end(), '_', '-');
-  return fmt::format("--{}: {}", flag, reason_);
+  return flag;
 }
+
+std::string RequestError::cli_message() const { return fmt::format("{}: {}", cli_option(), reason_); }
 
 void Registry::add(BackendEntry entry) {
   CPKV_ASSERT(find(entry.name) == nullptr);
@@ -119,7 +121,10 @@ void check_taken(const ReplayRequest& r, const BackendEntry& backend) {
                {r.exchange.has_value(), kTakesExchange, "exchange"},      {r.exchange_load_ms_max.has_value(), kTakesExchange, "exchange_load_ms_max"},
                {r.pool_memory.has_value(), kTakesPoolMemory, "pool_memory"}, {r.compose_blocks_per_sm.has_value(), kTakesComposeBlocks, "compose_blocks_per_sm"},
                {r.impl.has_value(), kTakesImpl, "impl"},                  {r.device.has_value(), kTakesDevice, "device"},
-               {r.ranks.has_value(), kTakesRanks, "ranks"}};
+               {r.ranks.has_value(), kTakesRanks, "ranks"},                {r.no_delays, kTakesConformance, "no_delays"},
+               {r.time, kTakesConformance, "time"},                       {r.require_attention, kTakesConformance, "require_attention"},
+               {r.attention_output, kTakesConformance, "attention_output"}, {r.import_s_max.has_value(), kTakesImpl, "import_s_max"},
+               {r.cpkv_bin.has_value(), kTakesImpl, "cpkv_bin"}};
   for (const auto& g : given) {
     if (g.given && (backend.options & g.bit) == 0) throw RequestError(g.option, fmt::format("--backend {} does not take it", backend.name));
   }
@@ -183,6 +188,8 @@ std::optional<std::string> knob_text(const ReplayRequest& r, std::string_view op
   if (option == "exchange_load_ms_max" && r.exchange_load_ms_max) return std::to_string(*r.exchange_load_ms_max);
   if (option == "pool_memory") return r.pool_memory;
   if (option == "compose_blocks_per_sm" && r.compose_blocks_per_sm) return std::to_string(*r.compose_blocks_per_sm);
+  if (option == "import_s_max" && r.import_s_max) return fmt::format("{:g}", *r.import_s_max);
+  if (option == "cpkv_bin") return r.cpkv_bin;
   return std::nullopt;
 }
 
@@ -205,6 +212,15 @@ void set_knob(ReplayRequest& r, const KnobInfo& knob, const std::string& text) {
     const auto blocks = whole_number(text, 1, request_limits::compose_blocks_per_sm_max);
     if (!blocks) refuse(fmt::format("a number of blocks in 1..{}", request_limits::compose_blocks_per_sm_max));
     r.compose_blocks_per_sm = static_cast<std::int32_t>(*blocks);
+  } else if (option == "import_s_max") {
+    char* end = nullptr;
+    const double seconds = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || !(seconds > 0 && seconds <= request_limits::import_s_max)) {
+      refuse(fmt::format("a number of seconds in (0, {:g}]", request_limits::import_s_max));
+    }
+    r.import_s_max = seconds;
+  } else if (option == "cpkv_bin") {
+    r.cpkv_bin = text;
   }
 }
 
@@ -221,6 +237,11 @@ void check_knob_values(const ReplayRequest& r) {
                        fmt::format("{} is not in 1..{}", *r.compose_blocks_per_sm, request_limits::compose_blocks_per_sm_max));
   }
   if (r.exchange && r.exchange->empty()) throw RequestError("exchange", "is empty (give a plugin's path, builtin or inprocess)");
+  // NaN fails both comparisons, so the range is written to let only (0, max] through.
+  if (r.import_s_max && !(*r.import_s_max > 0 && *r.import_s_max <= request_limits::import_s_max)) {
+    throw RequestError("import_s_max", fmt::format("{:g} is not a number of seconds in (0, {:g}]", *r.import_s_max, request_limits::import_s_max));
+  }
+  if (r.cpkv_bin && r.cpkv_bin->empty()) throw RequestError("cpkv_bin", "is empty (give the cpkv binary's path)");
 }
 
 const ResolvedKnob* find_knob(const CheckedRequest& c, std::string_view option) {
@@ -377,6 +398,9 @@ ScannedSource check_source(const CheckedRequest& checked, const BatchSource& sou
   if (r.ipc_missing_rank >= source.setting.cp) {
     throw RequestError("ipc_missing_rank", fmt::format("{} is not a rank of cp = {}", r.ipc_missing_rank, source.setting.cp));
   }
+  if (r.ranks && *r.ranks != source.setting.cp) {
+    throw RequestError("ranks", fmt::format("{} ranks for a trace of cp = {} (one rank per context-parallel rank)", *r.ranks, source.setting.cp));
+  }
   s.stale_regions = sweep_stale_regions();
   return s;
 }
@@ -387,6 +411,18 @@ std::string run_header(std::string_view front_end, const CheckedRequest& checked
                      source.setting.cp, source.setting.page_size, scanned.scan.shape.batches, scanned.layers, scanned.layer_count, mode,
                      checked.request.seed,
                      scanned.stale_regions > 0 ? fmt::format(" | removed {} stale shared-memory regions", scanned.stale_regions) : "");
+}
+
+std::vector<std::string> run_header_lines(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source,
+                                          const ScannedSource& scanned, std::string_view mode) {
+  std::vector<std::string> lines = {run_header(front_end, checked, source, scanned, mode)};
+  if (std::string knobs = knobs_line(checked); !knobs.empty()) lines.push_back(std::move(knobs));  // the resolved configuration
+  if (!checked.backend_line.empty()) lines.push_back(checked.backend_line);
+  // A foreign exchange's planted bug is its own (checked.mutant stays none): the request names it.
+  if (checked.request.mutant != "none") {
+    lines.push_back(fmt::format("MUTANT ACTIVE: {} (a planted bug; this run is expected to fail)", checked.request.mutant));
+  }
+  return lines;
 }
 
 void run_variants(const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned, Backend& backend,
@@ -438,6 +474,12 @@ std::string replay_line(const CheckedRequest& checked, model::Variant variant, s
   if (r.exchange_load_ms_max) line += fmt::format(" --exchange-load-ms-max {}", *r.exchange_load_ms_max);
   if (r.pool_memory) line += fmt::format(" --pool-memory {}", *r.pool_memory);
   if (r.compose_blocks_per_sm) line += fmt::format(" --compose-blocks-per-sm {}", *r.compose_blocks_per_sm);
+  if (r.no_delays) line += " --no-delays";
+  if (r.time) line += " --time";
+  if (r.require_attention) line += " --require-attention";
+  if (r.attention_output) line += " --attention-output";
+  if (r.import_s_max) line += fmt::format(" --import-s-max {:g}", *r.import_s_max);
+  if (r.cpkv_bin) line += fmt::format(" --cpkv-bin {}", shell_word(*r.cpkv_bin));
   return line;
 }
 

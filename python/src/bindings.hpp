@@ -108,5 +108,6 @@ void bind_content(py::module_& m);
 void bind_traces(py::module_& m);
 void bind_sim(py::module_& m);
 void bind_conformance(py::module_& m);
+void bind_request(py::module_& m);
 
 }  // namespace cpkv::python

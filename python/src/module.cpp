@@ -110,4 +110,5 @@ PYBIND11_MODULE(_cpkv, m) {
   cpkv::python::bind_traces(m);
   cpkv::python::bind_sim(m);
   cpkv::python::bind_conformance(m);
+  cpkv::python::bind_request(m);
 }

@@ -189,4 +189,4 @@ def test_the_pytest_plugin_fails_a_planted_plan_bug_with_the_checkers_line(pytes
     result.assert_outcomes(failed=1)
     # Batch 1 is one request (prefix 4, extend 1): its one query sees 4 + 0 + 1 = 5 keys; the bug says 4.
     result.stdout.fnmatch_lines(["*cpkv conformance: invariant 9*", "*invariant 9 (attention plan exactness): rank 0 batch 0 layer 0: "
-                                 "segment 0 (request 0 tokens 0..0): q_len 1 kv_len*", "*replay: python3 -m cpkv.conformance*"])
+                                 "segment 0 (request 0 tokens 0..0): q_len 1 kv_len*", "*replay: cpkv replay * --backend torch --impl *"])

@@ -31,7 +31,7 @@ def test_a_skipped_zero_shrinks_to_one_request_with_a_partial_page(tmp_path):
     # must be zero and is staging poison instead).
     assert len(batches) == 1 and len(batches[0]) == 1, example
     assert batches[0].requests[0].extend_len % setting.page_size != 0, example
-    assert "0xa5 staging poison" in report and "replay: python3 -m cpkv.conformance " in report
+    assert "0xa5 staging poison" in report and "replay: cpkv replay " in report and "--backend torch --impl cpkv.conformance.reference:StagingDirect " in report
 
 
 def test_the_correct_reference_passes_every_example(tmp_path):

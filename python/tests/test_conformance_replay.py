@@ -32,12 +32,19 @@ RUN_S_MAX = 300
 
 @pytest.fixture(scope="module")
 def shell_env(tmp_path_factory):
-    """The suite's environment with `python3` on PATH being this interpreter (the one with torch)."""
+    """The suite's environment with `python3` on PATH being this interpreter (the one with torch) and
+    `cpkv` the build's command (a reproducer is `cpkv replay ... --backend torch`, which runs the
+    conformance harness under CPKV_PYTHON: this interpreter)."""
     bin_dir = tmp_path_factory.mktemp("bin")
     os.symlink(sys.executable, bin_dir / "python3")
+    cli = os.environ.get("CPKV_CLI", os.path.join(SOURCE, "build", "cli", "cpkv"))
+    if not os.access(cli, os.X_OK):
+        pytest.fail(f"the cpkv command is not at {cli} (set CPKV_CLI): the replay lines run it")
+    os.symlink(cli, bin_dir / "cpkv")
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     env.pop("CPKV_TEST_FOREIGN_BUG", None)
+    env["CPKV_PYTHON"] = sys.executable
     return env
 
 
@@ -90,6 +97,8 @@ def test_one_reproducer_builder_says_everything_a_case_ran_with():
     spec = RunSpec(impl=f"{RACES}:Configurable", setting=reader.setting, batches=list(reader)[:1], layers=2, seed=5, device="cpu",
                    delays=False, mutant=None, window_s=7.0, ipc_fail_rank=1, impl_kwargs={"bug": "skip_zero"}, require_attention=True)
     line = spec_reproducer(spec, "case.jsonl")
+    # The harness's line for the same request (harness/src/request.cpp: replay_line), not one built here.
+    assert line.startswith(f"cpkv replay case.jsonl --backend torch --impl '{RACES}:Configurable(bug=\"skip_zero\")' "), line
     for said in ('bug="skip_zero"', "--ranks 2", "--seed 5", "--layers 2", "--no-delays", "--wait-ms-max 7000", "--ipc-missing-rank 1",
                  "--require-attention"):
         assert said in line, line
@@ -111,9 +120,12 @@ def test_a_replay_line_keeps_constructor_arguments_window_and_delays_and_fails_a
     line = replay_line(done.stdout)
     for kept in ("--wait-ms-max 7000", "--no-delays", "--seed 4", 'bug="skip_zero"', 'note="kept"'):
         assert kept in line, line
+    # Issue 36: the reproducer is the request's, from the harness: `cpkv replay` with the torch backend.
+    assert line.startswith(f"cpkv replay {TINY} --backend torch --impl "), line
     again = run_line(line, shell_env)
     assert again.returncode == 1, again.stdout + again.stderr
     assert "FAIL: bytes" in again.stdout and first_finding(again.stdout) == first_finding(done.stdout), again.stdout
+    assert replay_line(again.stdout) == line, again.stdout  # the replay of a replay is the same line
 
 
 def test_impl_arg_passes_the_same_arguments(shell_env):
@@ -163,7 +175,7 @@ def test_a_knob_from_the_environment_is_in_the_header_and_the_replay_line_and_re
 def test_a_bad_knob_in_the_environment_is_one_line_naming_it(shell_env):
     done = cli([TINY, "--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2"], dict(shell_env, CPKV_IMPORT_S_MAX="soon"))
     assert done.returncode == 2 and done.stdout == "", done
-    assert done.stderr.strip().count("\n") == 0 and "--import-s-max: CPKV_IMPORT_S_MAX='soon' is not a number of seconds" in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "--import-s-max: CPKV_IMPORT_S_MAX=soon is not a number of seconds" in done.stderr, done.stderr
 
 
 PLUGIN_TEST = textwrap.dedent('''

@@ -62,4 +62,4 @@ def test_under_torchrun_a_planted_bug_fails_on_rank_0_with_a_reproducer():
     # Section 9: a single parity half lets a reader see the next layer's fill (invariant 2), and the
     # wrong bytes are that layer's rows.
     assert "FAIL: " in text0 and "invariant 2 (parity-half reuse safety)" in text0, text0
-    assert "replay: python3 -m cpkv.conformance" in text0 and "--mutant single_half" in text0, text0
+    assert "replay: cpkv replay " in text0 and "--backend torch" in text0 and "--mutant single_half" in text0, text0

@@ -41,7 +41,8 @@ def test_a_planted_bug_fails_the_run_with_its_invariant_counted():
     assert run["passed"] is False
     assert run["violations_by_invariant"]["1"] > 0, run
     assert report["mutant"] == "token_split"
-    assert report["conformance"]["reproducer"].startswith("python3 -m cpkv.conformance ")
+    # The reproducer is the request's own line, the harness's (issue 36): the same request through `cpkv replay`.
+    assert report["conformance"]["reproducer"].startswith(f"cpkv replay {TINY} --backend torch --impl {REFERENCE} ")
 
 
 @pytest.mark.parametrize("options, named", [
@@ -80,3 +81,74 @@ def test_the_conformance_command_and_the_replay_call_write_the_same_report(tmp_p
         return report
 
     assert steady(written) == steady(called)
+
+
+def conformance(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cpkv.conformance", TINY, "--impl", REFERENCE, *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("flag, value, option", [
+    ("--wait-ms-max", "0", {"wait_ms_max": 0}),
+    ("--device", "tpu", {"device": "tpu"}),
+    ("--ipc-missing-rank", "5", {"ipc_missing_rank": 5}),     # a rank of the model's cap, not of the trace's cp: checked against the trace
+    ("--layers", "300", {"layers": 300}),
+])
+def test_a_bad_option_to_the_conformance_command_is_the_request_checks_one_line(cli, flag, value, option):
+    """Issue 36: `python3 -m cpkv.conformance` parses its options into the one replay request and the
+    harness's check refuses a bad value: one line, exit 2, the option as `cpkv replay` spells it, the
+    reason the request check gives every front end (here: cpkv.replay's, and `cpkv replay` names it too)."""
+    with pytest.raises(cpkv.InputError) as called:
+        cpkv.replay(TINY, backend="torch", impl=REFERENCE, ranks=2, **option)
+    done = conformance("--ranks", "2", flag, value)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.splitlines() == [f"cpkv conformance: error: {flag}: {called.value.reason}"], done.stderr
+    command = subprocess.run([cli, "replay", TINY, "--backend", "torch", "--impl", REFERENCE, flag, value], capture_output=True, text=True, timeout=600)
+    assert command.returncode == 2 and len(command.stderr.splitlines()) == 1 and f"error: {flag}: " in command.stderr, command
+
+
+def fields(header: str) -> list:
+    """The run header's first line without its front end's name: trace, cp and page, batches, layers, mode, seed."""
+    return header.split(": ", 1)[1].split(" | ")
+
+
+def test_the_header_and_the_json_common_part_are_cpkv_replays(cli, tmp_path):
+    """Issue 36: the run header and the JSON's common part of the torch run are the harness's, as
+    `cpkv replay` prints and writes them for the same trace, seed and layers (the mode names each
+    backend's run; the run object has every key a `cpkv replay` run has)."""
+    sim_json, torch_json = tmp_path / "sim.json", tmp_path / "torch.json"
+    sim = subprocess.run([cli, "replay", TINY, "--variant", "staging_direct", "--seed", "5", "--layers", "2", "--json", str(sim_json)],
+                         capture_output=True, text=True, timeout=600)
+    torch_run = conformance("--ranks", "2", "--seed", "5", "--layers", "2", "--json", str(torch_json))
+    assert sim.returncode == 0 and torch_run.returncode == 0, sim.stderr + torch_run.stdout + torch_run.stderr
+    sim_header, torch_header = sim.stdout.splitlines()[0], torch_run.stdout.splitlines()[0]
+    assert sim_header.startswith("cpkv replay: ") and torch_header.startswith("cpkv conformance: "), torch_header
+    sim_fields, torch_fields = fields(sim_header), fields(torch_header)
+    assert len(torch_fields) == len(sim_fields) == 6, torch_header
+    assert torch_fields[:4] + torch_fields[5:] == sim_fields[:4] + sim_fields[5:], (sim_header, torch_header)
+    assert torch_fields[4] == "mode conformance/processes", torch_header
+    assert f"torch: impl {REFERENCE} | device cpu | ranks 2" in torch_run.stdout.splitlines(), torch_run.stdout
+    knobs = [line for line in torch_run.stdout.splitlines() if line.startswith("knobs: ")]
+    assert knobs == ["knobs: --import-s-max 120 (default) | --cpkv-bin the build's (default)"], torch_run.stdout
+    sim_report, torch_report = json.loads(sim_json.read_text()), json.loads(torch_json.read_text())
+    assert set(torch_report) - {"conformance"} == set(sim_report), torch_report.keys()
+    for key in ("trace", "seed", "layers", "mutant", "rejected_batches"):
+        assert torch_report[key] == sim_report[key], key
+    assert set(sim_report["runs"][0]) <= set(torch_report["runs"][0]), torch_report["runs"][0].keys()
+    assert set(sim_report["runs"][0]["ranks"][0]) <= set(torch_report["runs"][0]["ranks"][0])
+
+
+def test_the_run_object_is_the_harness_run_json_with_what_it_cannot_observe_null():
+    """Issue 36: the torch run's object is harness run_json over the figures the conformance harness
+    counted: its verdict is the harness's (a failure or a violation fails the run, as every backend's),
+    and the figures it cannot observe of a foreign class are null."""
+    rank = {"batches": 3, "layers": 6, "barriers": None, "overflows": 1, "mismatches": 0}
+    figures = {"variant": REFERENCE, "mode": "processes", "failure": "", "deadlock": False, "violations": 0, "seconds": 1.5,
+               "violations_by_invariant": {str(i): 0 for i in range(1, 10)}, "ranks": [rank, dict(rank, barriers=12)], "violation_details": []}
+    run = cpkv._cpkv.foreign_run_json(figures)
+    assert run["passed"] is True and run["variant"] == REFERENCE and run["steps"] is None and run["mismatches"] == 0
+    assert run["ranks"][0]["barriers"] is None and run["ranks"][1]["barriers"] == 12
+    assert all(r[key] is None for r in run["ranks"] for key in ("collectives", "bytes_gathered_from_peers", "bytes_reduced"))
+    assert cpkv._cpkv.foreign_run_json(dict(figures, failure="rank 1: died"))["passed"] is False
+    failed = cpkv._cpkv.foreign_run_json(dict(figures, ranks=[dict(rank, mismatches=2), rank]))
+    assert failed["passed"] is False and failed["mismatches"] == 2

@@ -2,7 +2,9 @@
 [--layers L] [--mutant NAME] [--time [--cpkv-bin PATH]] [--json F]
 
 Runs an implementation over a trace under the conformance harness and prints a table like
-`cpkv replay`'s, with a one-line reproducer on failure. Exit 0: every check passed; 1: a check
+`cpkv replay`'s, with a one-line reproducer on failure. It is a spelling of `cpkv replay TRACE
+--backend torch`: the options are that replay request's, checked by the harness (check_request),
+and the header, the reproducer and the JSON's common part are the harness's. Exit 0: every check passed; 1: a check
 failed (a wrong byte, an invariant, a rank that raised, hung or died, a broken contract); 2: bad
 input (the trace, the options, an --impl that does not import). Under torchrun (WORLD_SIZE set)
 each process is one rank, the rendezvous is env://, and rank 0 prints.
@@ -35,9 +37,7 @@ from ._rank import Reporter, RunSpec, drive
 from .reference import ALLGATHER_MUTANTS, MUTANTS
 
 PROG = "python3 -m cpkv.conformance"
-# --window: a wait's bound in seconds. Above an hour a wait is no bound (and gloo's timedelta overflows near 1e300).
-WINDOW_S_MAX = 3600.0
-WINDOW_S_DEFAULT = 20.0
+WINDOW_S_DEFAULT = 20.0  # the wait bound where --wait-ms-max is not given
 SEED_MAX = (1 << 64) - 1  # seeds are the model's uint64
 
 
@@ -54,27 +54,10 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def resolve_knobs(a: argparse.Namespace) -> None:
-    """The knobs the environment may set, resolved at the command line's edge (the only place the
-    package reads CPKV_*): the option, else the variable, else the default; a.knobs keeps each with
-    what chose it, for the header and the reproducer."""
-    a.knobs = []
-    for flag, attr, variable, default in (("--import-s-max", "import_s_max", "CPKV_IMPORT_S_MAX", _impl_loader.IMPORT_S_MAX),
-                                          ("--cpkv-bin", "cpkv_bin", "CPKV_BIN", None)):
-        origin = flag
-        if getattr(a, attr) is None:
-            text = os.environ.get(variable, "")
-            origin = variable if text else "default"
-            setattr(a, attr, text or default)
-        if attr == "import_s_max" and isinstance(a.import_s_max, str):
-            try:
-                a.import_s_max = float(a.import_s_max)
-            except ValueError:
-                raise InputError(flag, f"{variable}='{a.import_s_max}' is not a number of seconds") from None
-        a.knobs.append((flag, getattr(a, attr), origin))
-
-
 def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
+    """The command's syntax only: every value is checked by the one replay request's check
+    (harness/src/request.cpp: check_request, through _cpkv.check_torch_request), as `cpkv replay
+    --backend torch` checks the same options."""
     p = _Parser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
     p.in_process = in_process
     p.add_argument("trace", help="a batch trace (format v1)")
@@ -82,32 +65,30 @@ def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
                    "'module:Class(k=v, ...)' (each value a Python literal)")
     p.add_argument("--impl-arg", action="append", metavar="NAME=VALUE", help="a constructor argument of the implementation (VALUE "
                    "a Python literal, read with ast.literal_eval; repeatable)")
-    p.add_argument("--ranks", type=int, help="ranks to spawn (the trace's cp; omit under torchrun)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--seed", type=int, default=1, help="content and delay seed (printed; every random choice comes from it)")
+    p.add_argument("--ranks", help="ranks to spawn (the trace's cp; omit under torchrun)")
+    p.add_argument("--device", default="cpu", help="cpu (gloo; the default) or cuda (NCCL, CUDA IPC)")
+    p.add_argument("--seed", default="1", help="content and delay seed (printed; every random choice comes from it)")
     p.add_argument("--swarm", action="store_true", help="draw every delay knob from --seed, as `cpkv replay --swarm` does")
-    p.add_argument("--layers", type=int, help="layers to run (default: the trace's)")
-    p.add_argument("--batch", type=int, help="run only this batch of the trace")
+    p.add_argument("--layers", help="layers to run: a number (at most the trace's) or 'all' (the default)")
+    p.add_argument("--batch", help="run only this batch of the trace")
     p.add_argument("--mutant", choices=sorted({**MUTANTS, **ALLGATHER_MUTANTS}), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
     # The names `cpkv replay` gives these options; --ipc-fail-rank and --window (seconds) are the old
     # spellings, still taken (docs/conformance.md).
-    p.add_argument("--ipc-missing-rank", "--ipc-fail-rank", dest="ipc_fail_rank", type=int, default=-1,
-                   help="this rank's IPC capability probe fails (old spelling: --ipc-fail-rank)")
-    p.add_argument("--wait-ms-max", metavar="MS", type=float,
-                   help="milliseconds before a wait or a silent rank is reported (default 20000)")
-    p.add_argument("--window", metavar="SECONDS", type=float, help="the same bound in seconds (the old spelling of --wait-ms-max)")
+    p.add_argument("--ipc-missing-rank", "--ipc-fail-rank", dest="ipc_missing_rank", help="this rank's IPC capability probe fails "
+                   "(old spelling: --ipc-fail-rank)")
+    p.add_argument("--wait-ms-max", metavar="MS", help="milliseconds before a wait or a silent rank is reported (default 20000)")
+    p.add_argument("--window", metavar="SECONDS", help="the same bound in seconds (the old spelling of --wait-ms-max)")
     p.add_argument("--time", action="store_true",
                    help="checks, delays and event hooks off; each layer's compose time measured (median and p90), beside the "
                         "layer's link limit and (CUDA, one rank per GPU) cpkv's built-in staging_direct")
-    # The environment's knobs are read here, at the command line's edge, and nowhere below it: the
-    # run gets them as options, and the reproducer writes every non-default one as a flag.
+    # Knobs the environment may also set: the request check reads CPKV_BIN and CPKV_IMPORT_S_MAX
+    # where these are not given, prints each in the header and writes a non-default one as a flag.
     p.add_argument("--cpkv-bin", metavar="PATH",
                    help="the `cpkv` binary --time runs for the built-in staging_direct (default $CPKV_BIN, else the build's, else "
                         "cpkv on PATH)")
-    p.add_argument("--import-s-max", metavar="S", type=float,
-                   help=f"the bound on importing --impl in its probe child, in seconds (default $CPKV_IMPORT_S_MAX, else "
-                        f"{_impl_loader.IMPORT_S_MAX:.0f})")
+    p.add_argument("--import-s-max", metavar="S", help=f"the bound on importing --impl in its probe child, in seconds (default "
+                   f"$CPKV_IMPORT_S_MAX, else {_impl_loader.IMPORT_S_MAX:.0f})")
     p.add_argument("--require-attention", action="store_true",
                    help='fail an implementation whose compose_layer returns no "attention" plan (docs/attention.md)')
     p.add_argument("--attention-output", action="store_true",
@@ -117,19 +98,62 @@ def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def reproducer(a: argparse.Namespace, spec: RunSpec) -> str:
-    """The command line that reproduces this run, whole (_impl_spec.spec_reproducer, the one builder)."""
-    return _impl_spec.spec_reproducer(spec, a.trace, batch=a.batch, knobs=getattr(a, "knobs", ()))
+def _whole(flag: str, text: Optional[str], low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Optional[int]:
+    """A whole number as the command spells it (its range is the request check's; the seed's, the
+    model's uint64, is the parse's, as the cpkv command's)."""
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise InputError(flag, f"'{text}' is not a whole number" + (f" in {low}..{high}" if flag == "--seed" else ""))
+    return value
 
 
-def header(a: argparse.Namespace, setting: _cpkv.Setting, batches: int, layers: int) -> List[str]:
-    knob = adv.knobs(a.seed, a.swarm)
-    impl = _impl_spec.format_impl(a.impl, getattr(a, "impl_kwargs", {}))
-    return [f"cpkv conformance: {a.trace} | cp {setting.cp} page {setting.page_size} | {batches} batches | {layers} of "
-            f"{setting.layer_count} layers | impl {impl} | mutant {a.mutant or 'none'} | device {a.device} | seed {a.seed}",
-            "delays: off" if a.no_delays or a.time else adv.describe(knob, a.swarm, setting.cp),
-            "knobs: " + " | ".join(f"{flag} {'none' if value is None else format(value, 'g') if isinstance(value, float) else value} ({origin})"
-                                   for flag, value, origin in getattr(a, "knobs", []))]
+def _wait_ms(a: argparse.Namespace) -> Optional[int]:
+    """--wait-ms-max, or its old spelling --window in seconds, as the request's milliseconds."""
+    if a.wait_ms_max is not None and a.window is not None:
+        raise InputError("--window", "give --wait-ms-max or its old spelling --window (seconds), not both")
+    if a.window is None:
+        return _whole("--wait-ms-max", a.wait_ms_max)
+    try:
+        seconds = float(a.window)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or abs(seconds) > 1e15:  # beyond that not a millisecond count the request holds
+        raise InputError("--window", f"'{a.window}' is not a number of seconds")
+    return round(seconds * 1e3)
+
+
+def _seconds(flag: str, text: Optional[str]) -> Optional[float]:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        raise InputError(flag, f"'{text}' is not a number of seconds") from None
+
+
+def request_options(a: argparse.Namespace, ranks: int) -> dict:
+    """The command's options as the torch backend's replay request (its fields' names)."""
+    return {"impl": _impl_spec.format_impl(a.impl, a.impl_kwargs), "device": a.device, "ranks": ranks,
+            "seed": _whole("--seed", a.seed, 0, SEED_MAX), "layers": None if a.layers == "all" else _whole("--layers", a.layers),
+            "batch": _whole("--batch", a.batch), "mutant": a.mutant or "none", "swarm": a.swarm, "wait_ms_max": _wait_ms(a),
+            "ipc_missing_rank": _whole("--ipc-missing-rank", a.ipc_missing_rank), "timeline": a.timeline, "no_delays": a.no_delays,
+            "time": a.time, "require_attention": a.require_attention, "attention_output": a.attention_output,
+            "import_s_max": _seconds("--import-s-max", a.import_s_max), "cpkv_bin": a.cpkv_bin}
+
+
+def reproducer(checked: _cpkv.CheckedRun, spec: RunSpec) -> str:
+    """The command line that reproduces this run, whole: the request's line from the harness
+    (`cpkv replay TRACE --backend torch --impl ...`), after the environment its implementation names."""
+    return _impl_spec.with_environment(checked.replay_line(), _impl_spec.environment_read(spec.impl))
+
+
+def header(checked: _cpkv.CheckedRun, spec: RunSpec, mode: str) -> List[str]:
+    """The harness's run header (`cpkv replay`'s lines), then the injected delays (the harness's own)."""
+    delays = "delays: off" if not spec.delays else adv.describe(adv.knobs(spec.seed, spec.swarm), spec.swarm, spec.setting.cp)
+    return checked.header(f"conformance/{mode}") + [delays]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -140,28 +164,14 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
     return lines
 
 
-def check_impl(a: argparse.Namespace) -> None:
+def check_impl(a: argparse.Namespace, checked: _cpkv.CheckedRun) -> None:
     """The class imports and has the four methods, tried in a bounded child process before any rank
     starts (exit 2): an import that exits, hangs or is interrupted cannot end or stall the launcher."""
-    _impl_loader.probe_impl(a.impl, a.mutant, a.import_s_max)
+    _impl_loader.probe_impl(a.impl, a.mutant, checked.import_s_max or _impl_loader.IMPORT_S_MAX)
 
 
-def check_options(a: argparse.Namespace) -> None:
-    """Every number in range before any rank starts (issue 34, item 15)."""
-    if a.wait_ms_max is not None and a.window is not None:
-        raise InputError("--window", "give --wait-ms-max or its old spelling --window (seconds), not both")
-    if a.wait_ms_max is not None:
-        if not math.isfinite(a.wait_ms_max) or not 0 < a.wait_ms_max <= WINDOW_S_MAX * 1e3:
-            raise InputError("--wait-ms-max", f"{a.wait_ms_max:g} is not a number of milliseconds in (0, {WINDOW_S_MAX * 1e3:.0f}]")
-        a.window = a.wait_ms_max / 1e3
-    elif a.window is None:
-        a.window = WINDOW_S_DEFAULT
-    if not math.isfinite(a.window) or not 0 < a.window <= WINDOW_S_MAX:
-        raise InputError("--window", f"{a.window} is not a number of seconds in (0, {WINDOW_S_MAX:.0f}]")
-    if not math.isfinite(a.import_s_max) or not 0 < a.import_s_max <= 3600:
-        raise InputError("--import-s-max", f"{a.import_s_max:g} is not a number of seconds in (0, 3600]")
-    if not 0 <= a.seed <= SEED_MAX:
-        raise InputError("--seed", f"{a.seed} is not in 0..2^64-1")
+def check_device(a: argparse.Namespace) -> None:
+    """A CUDA run needs a device torch sees (the request check knows the word, not the machine)."""
     if a.device == "cuda":
         import torch
 
@@ -169,21 +179,17 @@ def check_options(a: argparse.Namespace) -> None:
             raise InputError("--device", "cuda: no CUDA device is visible to torch (run with --device cpu)")
 
 
-def ranks_of(a: argparse.Namespace, setting: _cpkv.Setting, torchrun: bool) -> int:
+def ranks_of(a: argparse.Namespace, torchrun: bool) -> int:
+    """The ranks to spawn: torchrun's world, else --ranks (required: the command spawns them); the
+    request check compares them with the trace's cp."""
     if torchrun:
         text = os.environ["WORLD_SIZE"]
         if not text.strip().isdigit():
             raise InputError("WORLD_SIZE", f"'{text}' is not a number of ranks")
-        ranks = int(text)
-    elif a.ranks is None:
-        raise InputError("--ranks", f"required: the ranks to spawn (this trace's cp is {setting.cp})")
-    else:
-        ranks = a.ranks
-    if ranks != setting.cp:
-        raise InputError("--ranks", f"{ranks} ranks for a trace of cp = {setting.cp}")
-    if not -1 <= a.ipc_fail_rank < ranks:
-        raise InputError("--ipc-missing-rank", f"{a.ipc_fail_rank} is not a rank of {ranks} (0..{ranks - 1}, or -1 for none)")
-    return ranks
+        return int(text)
+    if a.ranks is None:
+        raise InputError("--ranks", f"required: the ranks to spawn (this trace's cp is {_cpkv.read_trace(a.trace).setting.cp})")
+    return _whole("--ranks", a.ranks)
 
 
 def check_outputs(a: argparse.Namespace) -> List[Optional[_outputs.Output]]:
@@ -195,16 +201,15 @@ def check_outputs(a: argparse.Namespace) -> List[Optional[_outputs.Output]]:
     return outs
 
 
-def spec_of(a: argparse.Namespace, setting: _cpkv.Setting, batches: List[_cpkv.Batch]) -> RunSpec:
-    if a.layers is not None and not 1 <= a.layers <= setting.layer_count:
-        raise InputError("--layers", f"{a.layers} is not in 1..{setting.layer_count} (the trace's layers)")
+def spec_of(a: argparse.Namespace, checked: _cpkv.CheckedRun, setting: _cpkv.Setting, batches: List[_cpkv.Batch]) -> RunSpec:
+    """The run of the checked request (its layers as every backend runs them: at most the trace's)."""
     if a.batch is not None:
-        if not 0 <= a.batch < len(batches):
-            raise InputError("--batch", f"{a.batch} is not in {a.trace} ({len(batches)} batches)")
-        batches = [batches[a.batch]]
-    layers = a.layers or setting.layer_count
-    return RunSpec(impl=a.impl, setting=setting, batches=batches, layers=layers, seed=a.seed, device=a.device, swarm=a.swarm,
-                   delays=not (a.no_delays or a.time), mutant=a.mutant, window_s=a.window, ipc_fail_rank=a.ipc_fail_rank,
+        batches = [batches[int(a.batch)]]  # present: the request check saw it in the trace
+    wait_ms = _wait_ms(a)
+    return RunSpec(impl=a.impl, setting=setting, batches=batches, layers=checked.layers, seed=int(a.seed),
+                   device=a.device, swarm=a.swarm, delays=not (a.no_delays or a.time), mutant=a.mutant,
+                   window_s=WINDOW_S_DEFAULT if wait_ms is None else wait_ms / 1e3,
+                   ipc_fail_rank=-1 if a.ipc_missing_rank is None else int(a.ipc_missing_rank),
                    timing=a.time, require_attention=a.require_attention, attention_output=a.attention_output,
                    impl_kwargs=dict(getattr(a, "impl_kwargs", {})))
 
@@ -233,23 +238,24 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
 
 
 def prepare(a: argparse.Namespace):
-    """Everything checked before any rank starts: the spec, the outputs, and whether this is torchrun."""
-    check_options(a)
-    _outputs.check_input_file("trace", a.trace)
-    a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
-    outs = check_outputs(a)
+    """Everything checked before any rank starts, options first (the one request check, then against
+    the trace), then the outputs and the implementation: the checked request, the spec, the trace's
+    setting, the outputs, and whether this is torchrun."""
     torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
+    _outputs.check_input_file("trace", a.trace)
+    checked = _cpkv.check_torch_request(a.trace, request_options(a, ranks_of(a, torchrun)), scan=True)
+    outs = check_outputs(a)
     if a.timeline and torchrun:
         raise InputError("--timeline", "not under torchrun (rank 0 alone would write it)")
+    check_device(a)
     reader = _cpkv.read_trace(a.trace)
     batches = list(reader)
-    setting = reader.setting
     if not batches:
         raise InputError("trace", f"{a.trace} holds no batch (only its header)")
-    a.ranks = ranks_of(a, setting, torchrun)
-    spec = spec_of(a, setting, batches)
-    check_impl(a)
-    return spec, setting, outs, torchrun
+    spec = spec_of(a, checked, reader.setting, batches)
+    check_impl(a, checked)
+    return checked, spec, reader.setting, outs, torchrun
 
 
 class _Stopped(BaseException):
@@ -278,7 +284,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 128 + stopped.signum
 
 
-def run_prepared(a: argparse.Namespace, spec: RunSpec, setting: _cpkv.Setting, outs: List[Optional[_outputs.Output]],
+def run_prepared(a: argparse.Namespace, checked: _cpkv.CheckedRun, spec: RunSpec, outs: List[Optional[_outputs.Output]],
                  torchrun: bool) -> Optional[Outcome]:
     """The run of a prepared command: every rank launched (or this one under torchrun), the timeline
     written, and under --time on CUDA the built-in staging_direct timed on the same batches."""
@@ -287,8 +293,8 @@ def run_prepared(a: argparse.Namespace, spec: RunSpec, setting: _cpkv.Setting, o
     else:
         outcome = run_with_timeline(spec, outs[1], launch) if outs[1] else launch(spec)
     if outcome is not None and a.time and a.device == "cuda":
-        timed = [a.batch] if a.batch is not None else [b["batch"] for b in outcome.batches]
-        outcome.builtin = _timing.builtin_staging_direct(a.trace, spec.layers, timed, setting.cp, _timing.find_cpkv(a.cpkv_bin))
+        timed = [int(a.batch)] if a.batch is not None else [b["batch"] for b in outcome.batches]
+        outcome.builtin = _timing.builtin_staging_direct(a.trace, spec.layers, timed, spec.setting.cp, _timing.find_cpkv(checked.cpkv_bin))
     return outcome
 
 
@@ -299,42 +305,30 @@ def replay(argv: List[str]) -> dict:
     given). Bad input raises InputError or TraceError, as every backend's replay() does."""
     a = parse(argv, in_process=True)
     try:
-        resolve_knobs(a)
-        spec, setting, outs, torchrun = prepare(a)
+        checked, spec, _, outs, torchrun = prepare(a)
     except ContractError as error:
         raise InputError("impl", str(error)) from None
     if torchrun:
         raise InputError("backend", "torch: not in process under torchrun (run python3 -m cpkv.conformance in each rank)")
-    outcome = run_prepared(a, spec, setting, outs, torchrun)
-    report = _report.replay_json(spec, outcome, a.trace, "processes", reproducer(a, spec))
+    outcome = run_prepared(a, checked, spec, outs, torchrun)
+    report = _report.replay_json(checked, spec, outcome, "processes", reproducer(checked, spec))
     if outs[0] is not None:
         _outputs.write_output(outs[0], json.dumps(report, indent=2, sort_keys=True).encode())
     return report
 
 
-def run_main(argv: Optional[List[str]]) -> int:
-    a = parse(sys.argv[1:] if argv is None else argv)
-    try:
-        resolve_knobs(a)
-        spec, setting, outs, torchrun = prepare(a)
-    except (InputError, TraceError, ContractError) as error:
-        print(f"cpkv conformance: error: {error}", file=sys.stderr)
-        return 2
-    quiet = torchrun and int(os.environ["RANK"]) != 0
-    if not quiet:
-        print("\n".join(header(a, setting, len(spec.batches), spec.layers)), flush=True)
-    outcome = run_prepared(a, spec, setting, outs, torchrun)
-    if outcome is None:
-        return 0
+def report_run(a: argparse.Namespace, checked: _cpkv.CheckedRun, spec: RunSpec, outcome: Outcome, outs: List[Optional[_outputs.Output]],
+               mode: str) -> int:
+    """The table, a failure's lines and its reproducer, the --json file; the exit status."""
+    line = reproducer(checked, spec)
     print("\n".join(_report.table(spec, outcome)))
     if not outcome.passed:
         print("\n".join(failure_lines(outcome)))
-        print(f"replay: {reproducer(a, spec)}")
+        print(f"replay: {line}")
     if outcome.leftovers:
         print(f"cpkv conformance: left behind: {', '.join(outcome.leftovers)}", file=sys.stderr)
     if outs[0] is not None:
-        mode = "torchrun" if torchrun else "processes"
-        text = json.dumps(_report.replay_json(spec, outcome, a.trace, mode, reproducer(a, spec)), indent=2, sort_keys=True)
+        text = json.dumps(_report.replay_json(checked, spec, outcome, mode, line), indent=2, sort_keys=True)
         try:
             _outputs.write_output(outs[0], text.encode())
         except _outputs.OutputWriteError as error:
@@ -343,6 +337,22 @@ def run_main(argv: Optional[List[str]]) -> int:
     if outcome.failure_kind == "contract" and outcome.failure and outcome.failure.split(": ", 1)[-1].startswith("--"):
         return 2
     return 0 if outcome.passed else 1
+
+
+def run_main(argv: Optional[List[str]]) -> int:
+    a = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        checked, spec, _, outs, torchrun = prepare(a)
+    except (InputError, TraceError, ContractError) as error:
+        print(f"cpkv conformance: error: {error}", file=sys.stderr)
+        return 2
+    mode = "torchrun" if torchrun else "processes"
+    if not (torchrun and int(os.environ["RANK"]) != 0):
+        print("\n".join(header(checked, spec, mode)), flush=True)
+    outcome = run_prepared(a, checked, spec, outs, torchrun)
+    if outcome is None:
+        return 0
+    return report_run(a, checked, spec, outcome, outs, mode)
 
 
 def command_line() -> int:

@@ -19,9 +19,11 @@ import os
 import re
 import shlex
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._context import ContractError
+
+DEFAULT_WINDOW_S = 20.0  # cpkv.conformance.DEFAULT_WINDOW_S: a case's wait bound that its line need not name
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Environment variables the harness and torch set for every run: never the implementation's choice.
@@ -140,23 +142,29 @@ def bug_name(mutant: Optional[str], kwargs: Dict[str, Any]) -> str:
     return "nomutant"
 
 
-def spec_reproducer(spec, trace: str, batch: Optional[int] = None, knobs: Sequence[Tuple[str, Any, str]] = ()) -> str:
+def spec_options(spec, batch: Optional[int] = None) -> Dict[str, Any]:
+    """A case (a RunSpec) as the torch backend's replay request (its fields' names): every option it
+    ran with that a command line can say."""
+    wait_ms = round(spec.window_s * 1e3)
+    return {"impl": format_impl(spec.impl, spec.impl_kwargs), "ranks": spec.setting.cp, "device": spec.device, "seed": spec.seed,
+            "layers": spec.layers, "batch": batch, "mutant": spec.mutant or "none", "swarm": spec.swarm,
+            "no_delays": not spec.delays and not spec.timing, "time": spec.timing,
+            "wait_ms_max": None if wait_ms == round(DEFAULT_WINDOW_S * 1e3) else wait_ms, "ipc_missing_rank": spec.ipc_fail_rank,
+            "require_attention": spec.require_attention, "attention_output": spec.attention_output}
+
+
+def spec_reproducer(spec, trace: str, batch: Optional[int] = None) -> str:
     """The one command that replays a case (a RunSpec) whose batches are `trace`'s (or its batch
-    `batch`): every option the case ran with that the command line can say (constructor arguments,
-    layers, delays, timing, the wait bound, swarm, IPC fault, the attention checks, the knobs that are
-    not their default), and the environment its implementation's source names. The command line's
-    failures, the pytest plugin's counterexamples and the shrunk cases all print this one."""
-    parts = ["python3", "-m", "cpkv.conformance", trace, "--impl", format_impl(spec.impl, spec.impl_kwargs), "--ranks",
-             str(spec.setting.cp), "--device", spec.device, "--seed", str(spec.seed), "--layers", str(spec.layers)]
-    parts += ["--batch", str(batch)] if batch is not None else []
-    parts += ["--mutant", spec.mutant] if spec.mutant else []
-    parts += ["--swarm"] if spec.swarm else []
-    parts += ["--time"] if spec.timing else []
-    parts += ["--no-delays"] if not spec.delays and not spec.timing else []
-    parts += ["--ipc-missing-rank", str(spec.ipc_fail_rank)] if spec.ipc_fail_rank >= 0 else []
-    parts += ["--wait-ms-max", f"{spec.window_s * 1e3:g}"] if spec.window_s != 20.0 else []
-    parts += ["--require-attention"] if spec.require_attention else []
-    parts += ["--attention-output"] if spec.attention_output else []
-    for flag, value, origin in knobs:
-        parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if origin != "default" else []
-    return with_environment(" ".join(shlex.quote(p) for p in parts), environment_read(spec.impl))
+    `batch`): the harness's replay line for the same request (harness/src/request.cpp: replay_line,
+    `cpkv replay TRACE --backend torch --impl ...`; the knobs the environment sets written as flags),
+    after the environment its implementation's source names. The command line's failures, the pytest
+    plugin's counterexamples and the shrunk cases all print this builder's line. A case the command
+    line cannot name (a class defined inside a function) has no reproducer, and says so."""
+    from .. import _cpkv
+    from .._errors import InputError
+
+    try:
+        checked = _cpkv.check_torch_request(trace, spec_options(spec, batch))
+    except InputError as error:
+        return f"(none: {error})"
+    return with_environment(checked.replay_line(spec.layers), environment_read(spec.impl))

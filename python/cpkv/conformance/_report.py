@@ -1,7 +1,10 @@
 """A run's report: the table `python3 -m cpkv.conformance` prints and the JSON `--json` writes.
 
-The JSON has `cpkv replay --json`'s schema (harness/src/replay_report.cpp: replay_json, run_json,
-rejected_json), every key with the same meaning; the implementation is the run's "variant". What
+The JSON is `cpkv replay --json`'s: its common part (trace, seed, layers, mode, mutant, the rejected
+batches with the model's verdicts) is the harness's own (harness/src/request.cpp: replay_json and
+harness/src/replay_report.cpp: rejected_json, through the checked request's binding); the run
+object is the harness's run_json over the figures counted here (python/src/request_bindings.cpp:
+foreign_run_json: "passed" is the harness's verdict); the implementation is the run's "variant". What
 the harness cannot observe of a foreign implementation (the bytes it copied from peers, its
 collectives, the simulator's scheduling steps) is null. What only the harness has is added beside
 (docs/conformance.md, "The JSON"): per run `compose_ms`, `host_syncs_per_layer`, `graph_capturable`,
@@ -11,7 +14,7 @@ fired, the located lines, the per-batch records and the reproducer).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .. import _cpkv
 from . import _adversity as adv
@@ -61,18 +64,18 @@ def host_syncs(o: Outcome) -> Optional[dict]:
     return {"max": max(counts), "mean": sum(counts) / len(counts), "rank_layers": len(counts)}
 
 
-def rejected(spec: RunSpec, o: Outcome) -> List[dict]:
-    """rejected_json: the batches whose current pages exceed the staging (the implementation's
-    declared staging where it declared one, else cpkv's capacity), as `cpkv replay` lists them."""
+def rejected(spec: RunSpec, o: Outcome) -> List[Tuple[int, int, int]]:
+    """The batches whose current pages exceed the staging (the implementation's declared staging
+    where it declared one, else cpkv's capacity), each (batch, current pages total, staging slots):
+    the harness's rejected_json writes them with the model's verdict, as `cpkv replay` lists them."""
     declared = next((b["declared_staging_slots"] for b in o.batches), _cpkv.staging_capacity(spec.setting).staging_slots)
     if declared is None:
         return []  # ctx.declare_staging(None): no staging, so no batch overflows (PROTOCOL.md section 12)
     out = []
     for index, batch in enumerate(spec.batches):
         total = _cpkv.layout_batch(spec.setting, batch).current_pages_total
-        verdict = _cpkv.overflow_verdict(total, declared)
-        if verdict.overflow:
-            out.append({"batch": index, "current_pages_total": total, "staging_slots": declared, "verdict": verdict.describe()})
+        if _cpkv.overflow_verdict(total, declared).overflow:
+            out.append((index, total, declared))
     return out
 
 
@@ -90,28 +93,30 @@ def violations_by_invariant(o: Outcome) -> Dict[str, int]:
 
 
 def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
+    """run_json's object (the harness's, from the figures counted here), then the conformance-only figures."""
     mismatch_lines = [f"invariant 6 (byte exactness): {line}" for line in o.mismatches]
     cuda = spec.device == "cuda"
-    return {"variant": spec.impl, "mode": mode, "passed": o.passed, "mismatches": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches),
-            "violations": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches) + len(o.findings),
-            "deadlock": o.failure_kind == "hang", "failure": o.failure or "", "steps": None, "seconds": o.seconds,
-            "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings,
-            "violations_by_invariant": violations_by_invariant(o),
+    run = _cpkv.foreign_run_json({"variant": spec.impl, "mode": mode, "failure": o.failure or "", "deadlock": o.failure_kind == "hang",
+                                  "violations": sum(sum(b.get("mismatch_kinds", [])) for b in o.batches) + len(o.findings),
+                                  "violations_by_invariant": violations_by_invariant(o), "seconds": o.seconds,
+                                  "ranks": rank_totals(o, spec.setting.cp), "violation_details": mismatch_lines + o.findings})
+    return {**run,
             "compose_ms": compose_ms(o, spec.device), "host_syncs_per_layer": host_syncs(o) if cuda else "n/a",
             "graph_capturable": summarize_capture(o.capture) if cuda and o.capture else "n/a",
             "link_limit_ms": _timing.limit_ms(o.batches) if spec.timing else None,
             "builtin_staging_direct_ms": builtin_cell(spec, o), "timings_of_record": of_record(spec)}
 
 
-def replay_json(spec: RunSpec, o: Outcome, trace: str, mode: str, reproducer: str) -> dict:
-    """`cpkv replay --json`'s object for one implementation's run, plus the harness's own `conformance`."""
-    return {"trace": trace, "seed": spec.seed, "layers": spec.layers, "mode": f"conformance/{mode}", "mutant": spec.mutant or "none",
-            "rejected_batches": rejected(spec, o), "runs": [run_json(spec, o, mode)],
-            "conformance": {"impl": spec.impl, "device": spec.device, "ranks": spec.setting.cp, "swarm": spec.swarm, "timing": spec.timing,
+def replay_json(checked: _cpkv.CheckedRun, spec: RunSpec, o: Outcome, mode: str, reproducer: str) -> dict:
+    """`cpkv replay --json`'s object for one implementation's run (its common part the harness's, for
+    the checked request), plus the harness's own `conformance` block."""
+    report = checked.replay_json(f"conformance/{mode}", [run_json(spec, o, mode)], rejected(spec, o))
+    report["conformance"] = {"impl": spec.impl, "device": spec.device, "ranks": spec.setting.cp, "swarm": spec.swarm, "timing": spec.timing,
                             "knobs": adv.knobs(spec.seed, spec.swarm) if spec.delays and not spec.timing else None,
                             "checks_fired": o.checks_fired(), "mismatches": o.mismatches, "findings": o.findings,
                             "positions": o.positions, "leftovers": o.leftovers, "batches": o.batches,
-                            "capture_batch": o.capture_batch, "reproducer": reproducer}}
+                            "capture_batch": o.capture_batch, "reproducer": reproducer}
+    return report
 
 
 def of_record(spec: RunSpec) -> bool:

@@ -35,6 +35,8 @@ class RequestError : public std::runtime_error {
   RequestError(std::string option, std::string reason);
   const std::string& option() const { return option_; }
   const std::string& reason() const { return reason_; }
+  // "--stuck-ms-max" (the source: "trace"): the option as the command lines spell it.
+  std::string cli_option() const;
   // "--stuck-ms-max: reason" (the source: "trace: reason").
   std::string cli_message() const;
 
@@ -60,6 +62,7 @@ enum RequestOptionBits : std::uint32_t {
   kTakesImpl = 1u << 11,         // impl: a foreign exchange class, "module:Class(k=v, ...)"; its planted bugs (mutant) are its own
   kTakesDevice = 1u << 12,       // device: cpu or cuda
   kTakesRanks = 1u << 13,        // ranks: the rank processes to spawn (must be the source's cp)
+  kTakesConformance = 1u << 14,  // no_delays, time, require_attention, attention_output: the conformance harness's run modes
 };
 
 struct ReplayRequest {
@@ -93,6 +96,17 @@ struct ReplayRequest {
   std::optional<std::string> impl;
   std::optional<std::string> device;
   std::optional<std::int32_t> ranks;
+  // The conformance harness's run modes (kTakesConformance): no injected delays; --time (checks,
+  // delays and event hooks off, each layer's compose time measured); every layer must return an
+  // attention plan; the attention output checked against the single device (docs/attention.md).
+  bool no_delays = false;
+  bool time = false;
+  bool require_attention = false;
+  bool attention_output = false;
+  // Knobs of the foreign exchange (kKnobTable, taken with kTakesImpl): the bound on importing --impl
+  // in its probe child, in seconds; the cpkv binary --time runs for the built-in staging_direct.
+  std::optional<double> import_s_max;
+  std::optional<std::string> cpkv_bin;
 };
 
 // One knob of the resolved configuration: an option that a variable of the environment also sets,
@@ -110,6 +124,8 @@ inline constexpr KnobInfo kKnobTable[] = {
     {"exchange_load_ms_max", "CPKV_EXCHANGE_LOAD_MS", kTakesExchange, "30000"},
     {"pool_memory", "CPKV_POOL_MEMORY", kTakesPoolMemory, "sparse"},
     {"compose_blocks_per_sm", "CPKV_COMPOSE_BLOCKS_PER_SM", kTakesComposeBlocks, "the kernels'"},
+    {"import_s_max", "CPKV_IMPORT_S_MAX", kTakesImpl, "120"},  // cpkv.conformance._impl_loader.IMPORT_S_MAX
+    {"cpkv_bin", "CPKV_BIN", kTakesImpl, "the build's"},
 };
 static_assert(kLoadMsMax == 30000, "kKnobTable prints the loader's default bound");
 // A knob's value in the resolved configuration and what chose it: "default", "--pool-memory" or
@@ -126,6 +142,7 @@ inline constexpr std::int64_t wait_ms_max = 3'600'000;  // an hour: longer is a 
 inline constexpr std::int64_t exchange_load_ms_max = 600'000;  // ten minutes: a dlopen longer than that is a hang
 inline constexpr std::int32_t compose_blocks_per_sm_max = 32;   // the most resident blocks an SM holds (every CUDA GPU cpkv runs on)
 inline constexpr std::size_t impl_chars_max = 4096;             // an --impl longer than a page is a pasted file, not a class name
+inline constexpr double import_s_max = 3600;                    // an hour: an import longer than that is a hang
 }  // namespace request_limits
 
 struct BackendEntry;
@@ -274,6 +291,11 @@ ScannedSource check_source(const CheckedRequest& checked, const BatchSource& sou
 // The run header's first line: "<front end>: TRACE | cp .. page .. | N batches | L of M layers | mode .. | seed S".
 std::string run_header(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned,
                        std::string_view mode);
+// The whole run header, as every front end prints it: run_header, the knobs line (where the backend
+// takes knobs), the backend's own line (where its check wrote one), and "MUTANT ACTIVE: ..." for a
+// planted bug.
+std::vector<std::string> run_header_lines(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source,
+                                          const ScannedSource& scanned, std::string_view mode);
 
 // One variant's run, as the variant loop hands it to a front end.
 struct VariantRun {
@@ -292,7 +314,8 @@ void run_variants(const CheckedRequest& checked, const BatchSource& source, cons
 std::string shell_word(std::string_view text);
 
 // The one-line reproducer of one variant's run: every option the request gave that changes what
-// runs, in the CLI's spelling.
+// runs, in the CLI's spelling (`cpkv replay TRACE --backend B ...`; a foreign exchange's run, the
+// torch backend's, is the same request: its line names the --impl class instead of a variant).
 std::string replay_line(const CheckedRequest& checked, model::Variant variant, std::int32_t layers);
 
 // The report's lines after a failed run: the failure, each kept violation, the first mismatch, then
