@@ -124,6 +124,11 @@ void bind_expected(py::module_& m) {
         "row_bytes) uint8 array that owns the model's buffer (no copy).");
 
   py::class_<model::Mismatch>(m, "Mismatch", "The first difference between an actual and the expected dense buffer, located, with the count of wrong bytes.")
+      .def(py::init([](std::int64_t wrong_bytes, std::int64_t slot, std::int32_t row, std::uint32_t byte, std::uint8_t expected, std::uint8_t actual) {
+             return model::Mismatch{wrong_bytes, slot, row, byte, expected, actual};
+           }),
+           py::arg("wrong_bytes"), py::arg("slot"), py::arg("row"), py::arg("byte"), py::arg("expected"), py::arg("actual"),
+           "A difference found elsewhere (a GPU tensor compared on the device), so that its line is describe()'s, the one format.")
       .def_readonly("wrong_bytes", &model::Mismatch::wrong_bytes, "Wrong bytes over the whole buffer (nccl-tests' #wrong).")
       .def_readonly("slot", &model::Mismatch::slot, "Slot of the first wrong byte.")
       .def_readonly("row", &model::Mismatch::row, "Row (within the slot) of the first wrong byte.")

@@ -75,3 +75,28 @@ def test_a_stale_row_of_the_previous_batch_is_explained_as_that_not_as_garbage()
     why = _cpkv.conformance.explain_row(SETTING, batch1, seed, 0, "kv_fp8", 0, 3, 0, stale, previous=batch0, batch_index=1)
     assert why.startswith("a row of batch 0 (the previous batch"), why
     assert "request 1 token 3 (current)" in why and "layer 0" in why, why
+
+
+def test_the_device_path_and_the_host_path_name_one_wrong_byte_with_one_line():
+    """The byte check has two paths: the host's (the C++ oracle compares a numpy buffer) and the
+    device's (torch finds the first wrong byte where the tensor lives, for CUDA). Both must print
+    the simulator's line for the same wrong byte; the device path is run here on CPU tensors (its
+    torch operations are the same on either device)."""
+    from types import SimpleNamespace
+
+    from cpkv.conformance import _check
+
+    seed, layer, kind = 7, 0, "kv_fp8"
+    batch = cpkv.Batch([R(0, 16, []), R(0, 5, [])])
+    oracle = _cpkv.conformance.ByteOracle(SETTING, batch)
+    dense = torch.from_numpy(np.array(oracle.dense(SETTING, seed, layer, kind), copy=True))
+    row_bytes = dense.shape[1]
+    dense[SETTING.page_size * 2 + 1, 5] ^= 0xFF  # slot 2 row 1 byte 5
+    dense[SETTING.page_size * 3, 0] ^= 0x01  # a second wrong byte, later: counted, not located
+    ctx = SimpleNamespace(rank=1, batch_index=3, seed=seed, setting=SETTING, batch=batch, device=torch.device("cpu"),
+                          row_bytes={kind: row_bytes})
+    host = _check._check_cpu(ctx, oracle, layer, kind, dense)
+    device = _check._check_cuda(ctx, oracle, layer, kind, dense, {})
+    assert host is not None and host == device, (host, device)
+    assert host.startswith(f"mismatch: rank 1 batch 3 layer 0 kind kv_fp8 slot 2 row 1 byte 5: expected "), host
+    assert "(2 wrong bytes)" in host, host

@@ -58,10 +58,10 @@ def outputs(ctx: Context, layer: int, out) -> Dict[str, torch.Tensor]:
 
 def mismatch_line(rank: int, batch: int, layer: int, kind: str, slot: int, row: int, byte: int, expected: int, actual: int,
                   wrong: int) -> str:
-    # The simulator's line (model::Mismatch::describe), written here only for a GPU tensor, whose
-    # first wrong byte is found on the device without copying the buffer to the host.
-    return (f"mismatch: rank {rank} batch {batch} layer {layer} kind {kind} slot {slot} row {row} byte {byte}: "
-            f"expected 0x{expected:02x} got 0x{actual:02x} ({wrong} wrong bytes)")
+    """The simulator's line (model::Mismatch::describe) for a difference found on the device (a GPU
+    tensor's first wrong byte, found without copying the buffer to the host)."""
+    found = _cpkv.Mismatch(wrong_bytes=wrong, slot=slot, row=row, byte=byte, expected=expected, actual=actual)
+    return found.describe(rank, layer, kind, batch)
 
 
 def _check_cpu(ctx: Context, oracle, layer: int, kind: str, dense: torch.Tensor) -> Optional[str]:
