@@ -53,13 +53,6 @@ struct BatchPlan {
   std::int32_t rank_first = 0, rank_end = 0;       // the ranks printed
 };
 
-// What a token-split variant says instead of an overflow verdict.
-std::string no_staging_detail(model::Variant variant) {
-  return fmt::format("no staging: {} rebuilds the current rows with one all-gather, the collective is the synchronization, so the "
-                     "overflow verdict (invariant 3) does not apply (PROTOCOL.md section 12)",
-                     model::to_string(variant));
-}
-
 // A row's own entry is the reader's own memory (a local copy); the rest is pulled from peers.
 std::uint64_t pulled_from_peers(const std::vector<std::uint64_t>& row, std::int32_t rank) {
   std::uint64_t sum = 0;
@@ -82,7 +75,7 @@ nlohmann::json token_split_json(const BatchPlan& p, const model::Setting& settin
   const model::TokenSplitPlan& t = *p.tokens;
   nlohmann::json out = {{"batch", index}, {"requests", requests}, {"current_pages_total", p.layout.current_pages_total},
                         {"slot_count", p.layout.slot_count}, {"staging_slots", nullptr}, {"staging_source", nullptr}, {"verdict", "no_staging"},
-                        {"verdict_detail", no_staging_detail(variant)}, {"writers", nullptr}, {"variant", model::to_string(variant)},
+                        {"verdict_detail", t.no_staging_detail}, {"writers", nullptr}, {"variant", model::to_string(variant)},
                         {"layers", setting.layer_count()}, {"token_split", model::to_string(t.split)}, {"tokens_total", t.tokens_total},
                         {"max_rank_tokens", t.max_rank_tokens}, {"allgather_rows", t.allgather_rows}, {"padding_rows", t.padding_rows},
                         {"allgathers", t.allgathers}};
@@ -214,7 +207,7 @@ std::string batch_text(const BatchPlan& p, const model::Setting& setting, const 
                        std::int64_t index, const model::Batch& batch) {
   if (p.tokens) {
     std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, {}\n", index, batch.requests.size(),
-                                   p.layout.current_pages_total, p.layout.slot_count, no_staging_detail(variant));
+                                   p.layout.current_pages_total, p.layout.slot_count, p.tokens->no_staging_detail);
     for (std::size_t r = 0; r < batch.requests.size(); ++r) {
       text += fmt::format("  request {}: prefix {} + extend {} tokens\n", r, batch.requests[r].prefix_len, batch.requests[r].extend_len);
     }

@@ -171,19 +171,6 @@ std::int64_t slow_rank_cycles_of(std::uint64_t seed) {
   return static_cast<std::int64_t>((z ^ (z >> 31)) % 8 + 1) << 20;
 }
 
-namespace {
-
-// An exchange that returns its attention plan (CPKV_FLAG_ATTENTION_PLAN, cpkv's own fused one
-// among them) has every rank's plan checked across ranks through the bootstrap region's fixed
-// array; a batch whose plan, as the model makes it, cannot fit there is refused before any rank
-// starts (plugin_host.cpp: check_attention keeps the mid-run check as a backstop).
-void refuse_attention_over_limit(const harness::CheckedRequest& c, const harness::BatchSource& source) {
-  if (c.exchange == nullptr || (c.exchange->table->flags & CPKV_FLAG_ATTENTION_PLAN) == 0) return;
-  harness::refuse_attention_segments_over_limit(source, c.request.trace_label, c.variants, Bootstrap::kAttentionSegmentsMax);
-}
-
-}  // namespace
-
 void register_backend(harness::Registry& registry) {
   harness::register_builtin_exchange(harness::kBuiltinExchange, fused::builtin_exchange_table());
   harness::BackendEntry cuda;
@@ -197,8 +184,9 @@ void register_backend(harness::Registry& registry) {
   cuda.default_exchange = harness::kBuiltinExchange;
   cuda.replay = [](const harness::CheckedRequest& c, const harness::BatchSource& source, const harness::ScannedSource&,
                    const harness::ProgressFunction& progress) {
-    // A trace this backend cannot check is refused before the machine is looked at: it would fail on any.
-    refuse_attention_over_limit(c, source);
+    // A trace this backend cannot check is refused before the machine is looked at: it would fail on
+    // any (plugin_host.cpp: check_attention keeps the mid-run check as a backstop).
+    harness::refuse_attention_over_limit(c, source);
     if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
     CudaOptions options;
     if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;

@@ -70,12 +70,7 @@ struct BenchSetup {
 BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSource& source) {
   BenchSetup s{source};
   if (c.cp) s.source.setting.cp = *c.cp;
-  // An exchange that returns its attention plan has it checked across ranks in a fixed array: a
-  // batch whose plan cannot fit is refused before any rank starts (backend.cpp, the replay's check).
-  const harness::CheckedRequest& checked = c.checked;
-  if (checked.exchange != nullptr && (checked.exchange->table->flags & CPKV_FLAG_ATTENTION_PLAN) != 0) {
-    harness::refuse_attention_segments_over_limit(s.source, checked.request.trace_label, checked.variants, model::limits::attention_segments_max);
-  }
+  harness::refuse_attention_over_limit(c.checked, s.source);  // as the replay does, after the --cp override
   s.gpus = gpu_count();
   if (s.gpus == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
   if (s.gpus < s.source.setting.cp && !c.time_sliced) {

@@ -54,7 +54,9 @@ void expect_produce_rows(const cuda::BatchPlan& b, std::int32_t page_size, const
     const std::int32_t empty = zeroed.count(b.produce_pages[i]) ? kernels::kRowZero : kernels::kRowUntouched;
     for (std::int32_t row = 0; row < page_size; ++row) {
       const std::int32_t t = b.row_token[i * page_size + row];
-      if (t < 0) EXPECT_EQ(t, empty) << where << ": page " << b.produce_pages[i] << " row " << row;
+      if (t < 0) {
+        EXPECT_EQ(t, empty) << where << ": page " << b.produce_pages[i] << " row " << row;
+      }
     }
   }
   for (std::int64_t page : zeroed) EXPECT_EQ(index.count(page), 1U) << where << ": zeroed page " << page << " missing from the producer";

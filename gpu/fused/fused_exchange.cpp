@@ -287,11 +287,10 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
 // form, with the planted bug of invariant 9 it holds switched on: batch_as_one_sequence (kv_len
 // counts every earlier request's keys), causal_off_by_one (kv_len one short),
 // key_base_skips_prefix (k_base at the request's first current row).
-std::vector<cpkv_attention_segment> attention_plan(const cuda::BatchPlan& b, const model::Batch& batch, std::int32_t rank, harness::Mutant held) {
+std::vector<cpkv_attention_segment> attention_plan(const cuda::BatchPlan& b, const model::Batch& batch, harness::Mutant held) {
   std::vector<std::int64_t> keys_before(batch.requests.size() + 1, 0);
   for (std::size_t q = 0; q < batch.requests.size(); ++q) keys_before[q + 1] = keys_before[q] + batch.requests[q].prefix_len + batch.requests[q].extend_len;
-  const model::RaggedIndexPlan plan =
-      model::splits_tokens(b.plan.variant) ? model::token_split_index_plan(b.layout, batch, b.plan) : model::ragged_index_plan(b.layout, batch, rank);
+  const model::RaggedIndexPlan plan = model::variant_index_plan(b.layout, batch, b.plan);
   std::vector<cpkv_attention_segment> out;
   for (const model::AttentionSegment& g : model::attention_segments(plan)) {
     cpkv_attention_segment x{g.request, g.q_base, g.q_len, g.kv_len, g.k_base};
@@ -316,7 +315,7 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
       s.batch.reset();
       return CPKV_OVERFLOW;
     }
-    s.attention = attention_plan(b.plan, batch, c->rank, s.held);
+    s.attention = attention_plan(b.plan, batch, s.held);
     if (CPKV_CTX_HAS(c, attention_segment_count)) {
       c->attention_segments = s.attention.data();
       c->attention_segment_count = static_cast<std::int64_t>(s.attention.size());

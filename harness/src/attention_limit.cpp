@@ -39,4 +39,9 @@ void refuse_attention_segments_over_limit(const BatchSource& source, std::string
   if (const auto excess = attention_segments_excess(source, variants, limit)) throw RequestError("trace", excess->describe(trace_label));
 }
 
+void refuse_attention_over_limit(const CheckedRequest& checked, const BatchSource& source) {
+  if (checked.exchange == nullptr || (checked.exchange->table->flags & CPKV_FLAG_ATTENTION_PLAN) == 0) return;
+  refuse_attention_segments_over_limit(source, checked.request.trace_label, checked.variants);
+}
+
 }  // namespace cpkv::harness

@@ -22,12 +22,13 @@ namespace cpkv::harness {
 RequestError::RequestError(std::string option, std::string reason)
     : std::runtime_error(fmt::format("{}: {}", option, reason)), option_(std::move(option)), reason_(std::move(reason)) {}
 
-std::string RequestError::cli_option() const {
-  if (option_ == "trace") return option_;
-  std::string flag = "--" + option_;
+std::string option_flag(std::string_view option) {
+  std::string flag = "--" + std::string(option);
   std::replace(flag.begin(), flag.end(), '_', '-');
   return flag;
 }
+
+std::string RequestError::cli_option() const { return option_ == "trace" ? option_ : option_flag(option_); }
 
 std::string RequestError::cli_message() const { return fmt::format("{}: {}", cli_option(), reason_); }
 
@@ -311,8 +312,7 @@ std::vector<ResolvedKnob> resolve_knobs(ReplayRequest& r, const BackendEntry& ba
     if ((backend.options & knob.taken_by) == 0) continue;  // the environment's value for a backend that does not take it is not this run's
     std::string origin = "default";
     if (knob_text(r, knob.option)) {
-      origin = "--" + std::string(knob.option);
-      std::replace(origin.begin(), origin.end(), '_', '-');
+      origin = option_flag(knob.option);
     } else if (const char* text = std::getenv(knob.environment); text != nullptr && text[0] != '\0') {
       set_knob(r, knob, text);
       origin = knob.environment;
@@ -326,11 +326,9 @@ std::vector<ResolvedKnob> resolve_knobs(ReplayRequest& r, const BackendEntry& ba
 std::string knobs_line(const CheckedRequest& checked) {
   std::string line;
   for (const ResolvedKnob& k : checked.knobs) {
-    std::string flag = k.option;
-    std::replace(flag.begin(), flag.end(), '_', '-');
     const std::string value = k.option == "exchange" && k.origin == "default" && !checked.backend->default_exchange.empty() ? checked.backend->default_exchange
                                                                                                                           : k.value;
-    line += fmt::format("{}--{} {} ({})", line.empty() ? "knobs: " : " | ", flag, traces::escape_bytes(value), k.origin);
+    line += fmt::format("{}{} {} ({})", line.empty() ? "knobs: " : " | ", option_flag(k.option), traces::escape_bytes(value), k.origin);
   }
   return line;
 }

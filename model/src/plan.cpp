@@ -273,6 +273,10 @@ RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch,
   return plan;
 }
 
+RaggedIndexPlan variant_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& plan) {
+  return plan.token_split != TokenSplit::none ? token_split_index_plan(layout, batch, plan) : ragged_index_plan(layout, batch, plan.rank);
+}
+
 RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& variant_plan) {
   CPKV_ASSERT(variant_plan.token_split != TokenSplit::none);
   CPKV_ASSERT(variant_plan.allgather_rank_rows > 0);

@@ -1,5 +1,7 @@
 #include "cpkv/model/token_plan.hpp"
 
+#include <fmt/format.h>
+
 #include "cpkv/model/assert.hpp"
 
 namespace cpkv::model {
@@ -66,14 +68,17 @@ std::vector<TokenRun> token_runs(const std::vector<QueryToken>& tokens) {
 }
 
 RaggedIndexPlan variant_attention_plan(const BatchLayout& layout, const Batch& batch, Variant variant, std::int32_t rank) {
-  if (!splits_tokens(variant)) return ragged_index_plan(layout, batch, rank);
-  return token_split_index_plan(layout, batch, variant_plan(layout, variant, rank));
+  if (!splits_tokens(variant)) return ragged_index_plan(layout, batch, rank);  // needs no variant plan
+  return variant_index_plan(layout, batch, variant_plan(layout, variant, rank));
 }
 
 TokenSplitPlan token_split_plan(const Setting& setting, const BatchLayout& layout, const Batch& batch, Variant variant) {
   CPKV_ASSERT(splits_tokens(variant));
   TokenSplitPlan out;
   out.split = info(variant).token_split;
+  out.no_staging_detail = fmt::format("no staging: {} rebuilds the current rows with one all-gather, the collective is the synchronization, so "
+                                      "the overflow verdict (invariant 3) does not apply (PROTOCOL.md section 12)",
+                                      to_string(variant));
   for (const Request& request : batch.requests) out.tokens_total += request.extend_len;
   for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) out.allgathers += setting.kinds_on_layer(layer);
   for (std::int32_t rank = 0; rank < setting.cp; ++rank) {

@@ -29,11 +29,6 @@ def _segments(segments) -> List[Dict[str, int]]:
     return [{"request": s.request, "q_base": s.q_base, "q_len": s.q_len, "kv_len": s.kv_len, "k_base": s.k_base} for s in segments]
 
 
-def _no_staging_detail(variant: str) -> str:
-    return (f"no staging: {variant} rebuilds the current rows with one all-gather, the collective is the synchronization, so the "
-            "overflow verdict (invariant 3) does not apply (PROTOCOL.md section 12)")
-
-
 def _token_split_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, layout, index: int, ranks, variant: str) -> Dict[str, Any]:
     """A token-split variant's batch (PROTOCOL.md section 12): no staging and no verdict; per rank its
     tokens as runs, the padded all-gather's bytes, the prefix pulls by owner, the model's row of bytes
@@ -50,7 +45,7 @@ def _token_split_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, layout, index
                     "peer_bytes": sum(row) - row[k], "attention": _segments(r.attention)})
     return {"batch": index, "requests": len(batch.requests), "current_pages_total": layout.current_pages_total,
             "slot_count": layout.slot_count, "staging_slots": None, "staging_source": None, "verdict": "no_staging",
-            "verdict_detail": _no_staging_detail(variant), "writers": None, "variant": variant, "layers": setting.layer_count,
+            "verdict_detail": t.no_staging_detail, "writers": None, "variant": variant, "layers": setting.layer_count,
             "token_split": t.split, "tokens_total": t.tokens_total, "max_rank_tokens": t.max_rank_tokens,
             "allgather_rows": t.allgather_rows, "padding_rows": t.padding_rows, "allgathers": t.allgathers, "ranks": out}
 

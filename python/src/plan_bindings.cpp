@@ -290,7 +290,9 @@ void bind_token_split_plan(py::module_& m) {
       .def_readonly("allgather_rows", &model::TokenSplitPlan::allgather_rows, "Rows of one all-gather: cp * max_rank_tokens.")
       .def_readonly("padding_rows", &model::TokenSplitPlan::padding_rows, "allgather_rows - tokens_total.")
       .def_readonly("allgathers", &model::TokenSplitPlan::allgathers, "All-gather calls over the batch: one per layer and active kind.")
-      .def_readonly("ranks", &model::TokenSplitPlan::ranks, "Every rank, a list of cpkv.TokenSplitRank.");
+      .def_readonly("ranks", &model::TokenSplitPlan::ranks, "Every rank, a list of cpkv.TokenSplitRank.")
+      .def_readonly("no_staging_detail", &model::TokenSplitPlan::no_staging_detail,
+                    "What the batch has instead of an overflow verdict (no staging: invariant 3 does not apply).");
   m.def("token_split_plan", [](const model::Setting& s, const model::BatchLayout& l, const model::Batch& b, const std::string& variant) {
     require_same_batch(l, b);
     const model::Variant v = require_variant(variant);

@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "request_error.hpp"
 #include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
@@ -25,17 +26,7 @@ namespace {
 // A RequestError as InputError named as the command lines spell the option ("--wait-ms-max").
 template <typename Function>
 auto as_cli_error(Function&& function) {
-  try {
-    return function();
-  } catch (const harness::RequestError& e) {
-    throw InputError(e.cli_option(), e.reason());
-  }
-}
-
-std::string flag_of(const char* option) {
-  std::string flag = std::string("--") + option;
-  std::replace(flag.begin(), flag.end(), '_', '-');
-  return flag;
+  return as_input_error(std::forward<Function>(function), OptionNames::command_line);
 }
 
 // options[key] as a whole number of T's range (nullopt: absent or None); beyond it, one line naming the flag.
@@ -47,7 +38,7 @@ std::optional<T> whole(const py::dict& options, const char* key) {
   int overflow = 0;
   const long long number = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
   if (overflow != 0 || number < static_cast<long long>(std::numeric_limits<T>::min()) || number > static_cast<long long>(std::numeric_limits<T>::max())) {
-    throw InputError(flag_of(key), fmt::format("{} is not in {}..{}", py::str(value).cast<std::string>(), std::numeric_limits<T>::min(),
+    throw InputError(harness::option_flag(key), fmt::format("{} is not in {}..{}", py::str(value).cast<std::string>(), std::numeric_limits<T>::min(),
                                                std::numeric_limits<T>::max()));
   }
   return static_cast<T>(number);

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "request_error.hpp"
 #include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/model_replay.hpp"
 #include "cpkv/harness/replay_report.hpp"
@@ -25,16 +26,6 @@ namespace {
 // The registry Python replays through: register_all's (backends/), the simulator and the model
 // (this module links no GPU backend: the GPU runs through the cpkv command and the conformance harness).
 const harness::Registry& python_backends() { return backends::registry(); }
-
-// A RequestError as the package's InputError, named by the Python parameter.
-template <typename Function>
-auto as_input_error(Function&& function) {
-  try {
-    return function();
-  } catch (const harness::RequestError& e) {
-    throw InputError(e.option(), e.reason());
-  }
-}
 
 std::optional<std::int32_t> checked_layers(const py::object& layers) {
   if (py::isinstance<py::str>(layers)) {

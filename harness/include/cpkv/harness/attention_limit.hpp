@@ -39,4 +39,11 @@ std::optional<SegmentExcess> attention_segments_excess(const BatchSource& source
 void refuse_attention_segments_over_limit(const BatchSource& source, std::string_view trace_label, std::span<const model::Variant> variants,
                                           std::int64_t limit = model::limits::attention_segments_max);
 
+struct CheckedRequest;
+// The GPU backend's refusal for a checked request (its replay and its bench alike): only an exchange
+// that returns its attention plan (CPKV_FLAG_ATTENTION_PLAN, cpkv's own fused one among them) has
+// every rank's plan compared across ranks through the bootstrap region's fixed array, so only its
+// runs are held to the limit.
+void refuse_attention_over_limit(const CheckedRequest& checked, const BatchSource& source);
+
 }  // namespace cpkv::harness

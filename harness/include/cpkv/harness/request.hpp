@@ -45,6 +45,10 @@ class RequestError : public std::runtime_error {
   std::string reason_;
 };
 
+// An option's command-line spelling: "stuck_ms_max" -> "--stuck-ms-max" (every front end's flags
+// and every message naming one).
+std::string option_flag(std::string_view option);
+
 // The options a backend takes beyond the ones every backend takes (variant, layers, seed, batch,
 // mutant). Giving one a backend does not take is refused, naming the backend.
 enum RequestOptionBits : std::uint32_t {

@@ -112,6 +112,9 @@ RaggedIndexPlan ragged_index_plan(const BatchLayout& layout, const Batch& batch,
 // The same for a rank of a token-split variant (section 12), read off its plan: its queries are the
 // tokens it sends to the all-gather, one segment per maximal run of consecutive tokens of one request.
 RaggedIndexPlan token_split_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& plan);
+// The attention plan the rank of `plan` runs (section 11): the token split's for a token-split
+// variant, else the page split's ragged index plan. The one choice between the two.
+RaggedIndexPlan variant_index_plan(const BatchLayout& layout, const Batch& batch, const VariantPlan& plan);
 
 // Bytes one rank moves for one layer (all buffer kinds active on it) under one variant.
 // pulled_from[p]: bytes its gathers read from rank p's memory (p == rank: its own), plus, for

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "cpkv/model/attention.hpp"
@@ -54,6 +55,8 @@ struct TokenSplitPlan {
   std::int64_t padding_rows = 0;       // allgather_rows - tokens_total
   std::int32_t allgathers = 0;         // all-gather calls over the batch: one per layer and active kind
   std::vector<TokenSplitRank> ranks;   // every rank of the group
+  // What the batch has instead of an overflow verdict (no staging: invariant 3 does not apply).
+  std::string no_staging_detail;
 };
 
 // The plan of a batch under a token-split variant (splits_tokens(variant) must hold).
@@ -65,7 +68,7 @@ TokenSplitPlan token_split_plan(const Setting& setting, const BatchLayout& layou
 std::vector<TokenRun> token_runs(const std::vector<QueryToken>& tokens);
 
 // The attention plan rank `rank` runs under `variant` (section 11): the page split's ragged index
-// plan, or the token split's (token_split_index_plan). What the GPU backend's fused exchange returns.
+// plan, or the token split's (variant_index_plan, without a variant plan for the page split).
 RaggedIndexPlan variant_attention_plan(const BatchLayout& layout, const Batch& batch, Variant variant, std::int32_t rank);
 
 }  // namespace cpkv::model
