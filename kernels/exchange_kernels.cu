@@ -222,6 +222,49 @@ __global__ void spin_kernel(long long cycles) {
 
 }  // namespace
 
+namespace {
+
+// Every thread stores four 16-byte zero words per pass, a grid's threads apart, so each warp's
+// stores are contiguous and enough are in flight to keep the memory busy (stores wait on nothing).
+__global__ void __launch_bounds__(kElementwiseThreads) zero_ranges_kernel(const __grid_constant__ ZeroRanges ranges) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (std::int32_t i = 0; i < ranges.count; ++i) {
+    uint4* words = static_cast<uint4*>(ranges.base[i]);
+    const std::uint64_t n = ranges.bytes[i] / 16;
+    std::uint64_t x = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+    for (; x + 3 * stride < n; x += 4 * stride) {
+      words[x] = zero;
+      words[x + stride] = zero;
+      words[x + 2 * stride] = zero;
+      words[x + 3 * stride] = zero;
+    }
+    for (; x < n; x += stride) words[x] = zero;
+  }
+}
+
+}  // namespace
+
+bool zero_ranges_fit(const ZeroRanges& ranges) {
+  if (ranges.count < 0 || ranges.count > kKindsMax) return false;
+  for (std::int32_t i = 0; i < ranges.count; ++i) {
+    if (reinterpret_cast<std::uintptr_t>(ranges.base[i]) % 16 != 0 || ranges.bytes[i] % 16 != 0) return false;
+  }
+  return true;
+}
+
+cudaError_t launch_zero_ranges(const ZeroRanges& ranges, cudaStream_t stream) {
+  CPKV_ASSERT(zero_ranges_fit(ranges));
+  std::uint64_t words = 0;
+  for (std::int32_t i = 0; i < ranges.count; ++i) words = std::max<std::uint64_t>(words, ranges.bytes[i] / 16);
+  if (words == 0) return cudaSuccess;
+  // A quarter of the words per thread-pass (four stores each), at most kGatherBlocksMax blocks
+  // (eight per SM of an H100 or H200): enough to cover the machine, few enough to start at once.
+  const int blocks = blocks_for(static_cast<std::int64_t>((words + 3) / 4), kElementwiseThreads, kGatherBlocksMax);
+  zero_ranges_kernel<<<blocks, kElementwiseThreads, 0, stream>>>(ranges);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_spin(long long cycles, cudaStream_t stream) {
   spin_kernel<<<kOneBlock, kOneThread, 0, stream>>>(cycles);
   return cudaGetLastError();

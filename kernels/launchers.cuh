@@ -200,6 +200,20 @@ cudaError_t launch_sum_bytes(std::uint8_t* dst, PointerTable table, std::int32_t
 cudaError_t launch_barrier_loop(std::uint64_t* const* peer_pads, std::int32_t rank, std::int32_t cp, std::uint64_t first_phase,
                                 std::int32_t count, BarrierStatus* status, cudaStream_t stream);
 
+// Byte ranges zeroed in one launch: the fused plugin's dense half, one range per kind active on
+// the layer, the host's guard bytes between two kinds' buffers untouched. A cudaMemsetAsync per
+// range is a graph node each, one more per layer than the single memset over the half that cpkv's
+// in-process layer used before the guards split it (measured: +1 us per layer at cp 1 on H100,
+// mooncake_slice batch 0). Each range 16-byte aligned and a multiple of 16 bytes (zero_ranges_fit
+// says whether a set of ranges is; the caller falls back to memsets where not).
+struct ZeroRanges {
+  void* base[kKindsMax];
+  std::uint64_t bytes[kKindsMax];
+  std::int32_t count;
+};
+bool zero_ranges_fit(const ZeroRanges& ranges);
+cudaError_t launch_zero_ranges(const ZeroRanges& ranges, cudaStream_t stream);
+
 // Test and benchmark helpers for the barrier: spin for `cycles` on the device (a slow producer),
 // stamp `value` into `word`, and count the peers whose stamp word differs from `expected`.
 cudaError_t launch_spin(long long cycles, cudaStream_t stream);

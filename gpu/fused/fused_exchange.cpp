@@ -345,16 +345,26 @@ cpkv_status fused_begin_batch(cpkv_exchange_ctx* c) {
   });
 }
 
-// The all-reduce variants' zeroing of the layer's dense half: one memset per kind active on the
-// layer (the bytes between two kinds' buffers are the host's guard, which no plugin writes), over
-// the batch's slots only. Nothing reads a slot past the batch's (attention's plan ends there, and
-// so does the host's byte check), so zeroing slot_count_max slots as before cost bytes for nothing.
+// The all-reduce variants' zeroing of the layer's dense half: every kind active on the layer, over
+// the batch's slots only, in one launch (kernels::launch_zero_ranges; the bytes between two kinds'
+// buffers are the host's guard, which no plugin writes, so one memset cannot cover the half, and a
+// memset per kind cost one more graph node per layer than the in-process layer's single memset).
+// Nothing reads a slot past the batch's (attention's plan ends there, and so does the host's byte
+// check), so zeroing slot_count_max slots as before cost bytes for nothing. A buffer not 16-byte
+// aligned (a foreign host's) gets a memset per kind instead.
 void zero_dense_half(cpkv_exchange_ctx* c, const FusedBatch& b, std::int32_t l, cudaStream_t stream) {
   const std::int32_t half = model::parity_half(l);
+  kernels::ZeroRanges ranges{};
   for (std::int32_t k = 0; k < c->kind_count; ++k) {
     if (c->kinds[k].active[l] == 0) continue;
-    cuda_ok(cudaMemsetAsync(c->dense[half * c->kind_count + k], 0, b.plan.layout.slot_count * page_bytes(c, k), stream), "cudaMemsetAsync(dense half)");
+    ranges.base[ranges.count] = c->dense[half * c->kind_count + k];
+    ranges.bytes[ranges.count++] = static_cast<std::uint64_t>(b.plan.layout.slot_count) * page_bytes(c, k);
   }
+  if (kernels::zero_ranges_fit(ranges)) {
+    cuda_ok(kernels::launch_zero_ranges(ranges, stream), "launch_zero_ranges(dense half)");
+    return;
+  }
+  for (std::int32_t i = 0; i < ranges.count; ++i) cuda_ok(cudaMemsetAsync(ranges.base[i], 0, ranges.bytes[i], stream), "cudaMemsetAsync(dense half)");
 }
 
 // Before the compose launch: the dense half zeroed (all-reduce variants), then cpkv's producer
