@@ -237,6 +237,17 @@ void bind_inverse_and_ragged(py::module_& m) {
     return model::token_split_index_plan(l, b, p);
   }, py::arg("layout"), py::arg("batch"), py::arg("plan"),
         "The ragged index plan of a rank of a token-split variant (section 12), read off its variant_plan: its queries are the tokens it sends.");
+  // The one choice between the page split's and the token split's plan (model::variant_index_plan,
+  // the fused GPU plugin's too), so Python's conformance context does not make it again.
+  m.def("variant_index_plan", [](const model::BatchLayout& l, const model::Batch& b, const model::VariantPlan& p) {
+    require_same_batch(l, b);
+    require_rank(p.rank, l.cp);
+    if (p.token_split != model::TokenSplit::none && static_cast<std::int64_t>(p.reorder_source.size()) != l.current_pages_total * l.page_size) {
+      throw InputError("plan", fmt::format("{} current rows, but the layout has {}", p.reorder_source.size(), l.current_pages_total * l.page_size));
+    }
+    return model::variant_index_plan(l, b, p);
+  }, py::arg("layout"), py::arg("batch"), py::arg("plan"),
+        "The attention plan of the plan's rank under its variant (section 11): the page split's ragged index plan, or a token split's (section 12).");
   m.def("token_owner", [](const std::string& split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
     if (split != "zigzag" && split != "continuous") throw InputError("split", fmt::format("'{}' is not zigzag or continuous", split));
     if (cp < 1) throw InputError("cp", fmt::format("{} is not a rank count", cp));
