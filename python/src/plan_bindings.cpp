@@ -1,10 +1,13 @@
 // Bindings of the batch-logical layout, staging capacity and verdict, and every per-batch plan
 // (model/include/cpkv/model: batch.hpp, staging.hpp, plan.hpp). Index arrays come back as NumPy
 // arrays so that an engine's own plan tensors compare with them in one call.
+#include <optional>
+
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/harness/plan_report.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/token_plan.hpp"
@@ -314,6 +317,18 @@ void bind_token_split_plan(py::module_& m) {
         "The batch's plan under a token-split all-gather variant: what `cpkv plan --variant allgather_*` prints.");
 }
 
+// cpkv.plan's object of one batch: the harness's builder of `cpkv plan --json`'s line, so the two
+// front ends hold one shape (python/cpkv/_plan.py keeps only the options and the trace reading).
+void bind_plan_json(py::module_& m) {
+  m.def("plan_json", [](const model::Setting& s, const model::Batch& b, std::int64_t index, std::optional<std::int32_t> rank, const std::string& variant) {
+    require_valid(s, b);
+    const model::Variant v = require_variant(variant);
+    if (rank) require_rank(*rank, s.cp);
+    return to_python(harness::plan_json(harness::plan_batch(s, b, index, v, rank)));
+  }, py::arg("setting"), py::arg("batch"), py::arg("index") = 0, py::arg("rank") = py::none(), py::arg("variant") = "staging_direct",
+        "One batch's plan as a dict: the object `cpkv plan --json` writes for it (harness::plan_json).");
+}
+
 }  // namespace
 
 void bind_layout(py::module_& m) {
@@ -327,6 +342,7 @@ void bind_plans(py::module_& m) {
   bind_inverse_and_ragged(m);
   bind_layer_bytes(m);
   bind_token_split_plan(m);
+  bind_plan_json(m);
 }
 
 }  // namespace cpkv::python
