@@ -320,7 +320,8 @@ void bind_token_split_plan(py::module_& m) {
 // cpkv.plan's object of one batch: the harness's builder of `cpkv plan --json`'s line, so the two
 // front ends hold one shape (python/cpkv/_plan.py keeps only the options and the trace reading).
 void bind_plan_json(py::module_& m) {
-  m.def("plan_json", [](const model::Setting& s, const model::Batch& b, std::int64_t index, std::optional<std::int32_t> rank, const std::string& variant) {
+  m.def("plan_json", [](const model::Setting& s, const model::Batch& b, std::int64_t index, std::optional<std::int32_t> rank,
+                        const std::string& variant) {
     require_valid(s, b);
     const model::Variant v = require_variant(variant);
     if (rank) require_rank(*rank, s.cp);
