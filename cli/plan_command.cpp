@@ -13,6 +13,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "options.hpp"
+#include "cpkv/harness/plan_report.hpp"
 #include "cpkv/model/limits.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/batch.hpp"
@@ -32,102 +33,10 @@ struct PlanOptions {
   std::optional<std::string> json_path;
 };
 
-std::vector<std::vector<std::int32_t>> writers_by_request(const model::BatchLayout& layout, std::size_t requests) {
-  std::vector<std::vector<std::int32_t>> writers(requests);
-  for (const model::CurrentPage& page : layout.current) writers[page.request].push_back(page.writer);
-  return writers;
-}
-
-// What one batch's plan says: the numbers both the text and the JSON print.
-struct BatchPlan {
-  model::BatchLayout layout;
-  model::Verdict verdict;
-  std::vector<std::vector<std::int32_t>> writers;
-  std::vector<std::vector<std::uint64_t>> matrix;  // [reader][holder]; empty for a rejected batch
-  // [rank]: the attention plan cpkv's backends hand each rank's attention kernels (PROTOCOL.md
-  // section 11: model::ragged_index_plan); empty for a rejected batch.
-  std::vector<std::vector<model::AttentionSegment>> attention;
-  // A token-split variant's (PROTOCOL.md section 12): its split, all-gather and prefix pulls, and
-  // the token split's attention plans; it has no staging, so verdict and writers are not printed.
-  std::optional<model::TokenSplitPlan> tokens;
-  std::int32_t rank_first = 0, rank_end = 0;       // the ranks printed
-};
-
-// A row's own entry is the reader's own memory (a local copy); the rest is pulled from peers.
-std::uint64_t pulled_from_peers(const std::vector<std::uint64_t>& row, std::int32_t rank) {
-  std::uint64_t sum = 0;
-  for (std::size_t from = 0; from < row.size(); ++from) sum += static_cast<std::int32_t>(from) == rank ? 0 : row[from];
-  return sum;
-}
-
-nlohmann::json segments_json(const std::vector<model::AttentionSegment>& plan) {
-  nlohmann::json segments = nlohmann::json::array();
-  for (const model::AttentionSegment& s : plan) {
-    segments.push_back({{"request", s.request}, {"q_base", s.q_base}, {"q_len", s.q_len}, {"kv_len", s.kv_len}, {"k_base", s.k_base}});
-  }
-  return segments;
-}
-
-// A token-split variant's batch (PROTOCOL.md section 12): the keys of the page split's that still
-// mean something, staging and verdict null (no staging), and per rank its tokens as runs, the
-// all-gather's bytes, the prefix pulls by owner, the model's row of bytes and its attention plan.
-nlohmann::json token_split_json(const BatchPlan& p, const model::Setting& setting, model::Variant variant, std::int64_t index, std::size_t requests) {
-  const model::TokenSplitPlan& t = *p.tokens;
-  nlohmann::json out = {{"batch", index}, {"requests", requests}, {"current_pages_total", p.layout.current_pages_total},
-                        {"slot_count", p.layout.slot_count}, {"staging_slots", nullptr}, {"staging_source", nullptr}, {"verdict", "no_staging"},
-                        {"verdict_detail", t.no_staging_detail}, {"writers", nullptr}, {"variant", model::to_string(variant)},
-                        {"layers", setting.layer_count()}, {"token_split", model::to_string(t.split)}, {"tokens_total", t.tokens_total},
-                        {"max_rank_tokens", t.max_rank_tokens}, {"allgather_rows", t.allgather_rows}, {"padding_rows", t.padding_rows},
-                        {"allgathers", t.allgathers}};
-  nlohmann::json ranks = nlohmann::json::array();
-  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
-    const model::TokenSplitRank& r = t.ranks[rank];
-    nlohmann::json runs = nlohmann::json::array();
-    for (const model::TokenRun& run : r.tokens) runs.push_back({{"request", run.request}, {"first", run.first}, {"count", run.count}, {"step", run.step}});
-    ranks.push_back({{"rank", rank}, {"tokens", runs}, {"token_count", r.token_count}, {"padding_rows", r.padding_rows},
-                     {"allgather_bytes", r.allgather_bytes}, {"allgather_peer_bytes", r.allgather_peer_bytes},
-                     {"prefix_pages_from", r.prefix_pages_from}, {"prefix_bytes_from", r.prefix_bytes_from},
-                     {"bytes_pulled_from", p.matrix[rank]}, {"local_bytes", p.matrix[rank][rank]}, {"peer_bytes", pulled_from_peers(p.matrix[rank], rank)},
-                     {"attention", segments_json(r.attention)}});
-  }
-  out["ranks"] = ranks;
-  return out;
-}
-
-std::string batch_json(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
-                       std::int64_t index, std::size_t requests) {
-  if (p.tokens) return token_split_json(p, setting, variant, index, requests).dump() + "\n";
-  nlohmann::json out;
-  out["batch"] = index;
-  out["requests"] = requests;
-  out["current_pages_total"] = p.layout.current_pages_total;
-  out["slot_count"] = p.layout.slot_count;
-  out["staging_slots"] = capacity.staging_slots;
-  out["staging_source"] = model::to_string(capacity.source);
-  out["verdict"] = p.verdict.overflow ? "overflow" : "ok";
-  out["verdict_detail"] = p.verdict.describe();
-  out["writers"] = p.writers;
-  out["variant"] = model::to_string(variant);
-  out["layers"] = setting.layer_count();
-  nlohmann::json ranks = nlohmann::json::array();
-  for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
-    nlohmann::json entry = {{"rank", rank}, {"bytes_pulled_from", nullptr}, {"local_bytes", nullptr}, {"peer_bytes", nullptr}, {"attention", nullptr}};
-    if (!p.verdict.overflow) {
-      entry["bytes_pulled_from"] = p.matrix[rank];
-      entry["local_bytes"] = p.matrix[rank][rank];
-      entry["peer_bytes"] = pulled_from_peers(p.matrix[rank], rank);
-      entry["attention"] = segments_json(p.attention[rank]);
-    }
-    ranks.push_back(entry);
-  }
-  out["ranks"] = ranks;
-  return out.dump() + "\n";
-}
-
 // Each rank's bytes by the rank that holds them. The rank's own entry is local (its own memory,
 // copied, never pulled): rows that are equal as vectors still split differently into local and
 // pulled, so an equal row is printed once and each rank's split after it.
-std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model::Variant variant) {
+std::string bytes_text(const harness::PlannedBatch& p, const model::Setting& setting, model::Variant variant) {
   std::string text = fmt::format("  bytes each rank reads per batch ({}, {} layers), by the rank that holds them; a rank's own entry is "
                                  "local (its own memory, not pulled), the others are pulled from peers{}:\n",
                                  model::to_string(variant), setting.layer_count(),
@@ -137,7 +46,7 @@ std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model:
   if (same) text += fmt::format("    every rank reads [{}] from ranks 0..{}\n", fmt::join(p.matrix[p.rank_first], " "), setting.cp - 1);
   for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
     const std::vector<std::uint64_t>& row = p.matrix[rank];
-    text += fmt::format("    rank {}: local {}, pulled from peers {}", rank, row[rank], pulled_from_peers(row, rank));
+    text += fmt::format("    rank {}: local {}, pulled from peers {}", rank, row[rank], harness::pulled_from_peers(row, rank));
     if (!same) {
       std::vector<std::string> peers;
       for (std::int32_t from = 0; from < setting.cp; ++from) {
@@ -152,7 +61,7 @@ std::string bytes_text(const BatchPlan& p, const model::Setting& setting, model:
 
 // Each rank's attention plan in the neutral form of PROTOCOL.md section 11, one segment per
 // maximal run of its consecutive current pages of one request.
-std::string attention_text(const BatchPlan& p) {
+std::string attention_text(const harness::PlannedBatch& p) {
   std::string text = "  attention plan of each rank, segments (request, q_base, q_len, kv_len, k_base): queries are the request's current "
                      "tokens q_base..q_base+q_len-1, the last sees kv_len keys from dense row k_base:\n";
   for (std::int32_t rank = p.rank_first; rank < p.rank_end; ++rank) {
@@ -180,7 +89,7 @@ std::string token_runs_text(const std::vector<model::TokenRun>& runs) {
 
 // Section 12's plan in words: the split, the padded all-gather, each rank's tokens, its all-gather
 // and prefix bytes; the model's row of bytes and the attention plans follow.
-std::string token_split_text(const BatchPlan& p, const model::Setting& setting) {
+std::string token_split_text(const harness::PlannedBatch& p, const model::Setting& setting) {
   const model::TokenSplitPlan& t = *p.tokens;
   std::string text = fmt::format("  token split {}: {} current tokens, max_rank_tokens {}; each all-gather moves cp {} x {} = {} rows, {} of them "
                                  "padding; {} all-gathers per batch (one per layer and active kind)\n",
@@ -203,7 +112,7 @@ std::string token_split_text(const BatchPlan& p, const model::Setting& setting) 
   return text;
 }
 
-std::string batch_text(const BatchPlan& p, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
+std::string batch_text(const harness::PlannedBatch& p, const model::Setting& setting, model::Variant variant,
                        std::int64_t index, const model::Batch& batch) {
   if (p.tokens) {
     std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, {}\n", index, batch.requests.size(),
@@ -214,8 +123,8 @@ std::string batch_text(const BatchPlan& p, const model::Setting& setting, const 
     return text + token_split_text(p, setting) + bytes_text(p, setting, variant) + attention_text(p);
   }
   std::string text = fmt::format("batch {}: {} requests, current_pages_total {}, slot_count {}, staging_slots {} ({}), verdict {}\n", index,
-                                 batch.requests.size(), p.layout.current_pages_total, p.layout.slot_count, capacity.staging_slots,
-                                 model::to_string(capacity.source), p.verdict.describe());
+                                 batch.requests.size(), p.layout.current_pages_total, p.layout.slot_count, p.capacity.staging_slots,
+                                 model::to_string(p.capacity.source), p.verdict.describe());
   for (std::size_t r = 0; r < p.writers.size(); ++r) {
     text += fmt::format("  request {}: prefix {} + extend {} tokens, writers of its {} current pages: [{}]\n", r, batch.requests[r].prefix_len,
                         batch.requests[r].extend_len, p.writers[r].size(), fmt::join(p.writers[r], " "));
@@ -225,35 +134,17 @@ std::string batch_text(const BatchPlan& p, const model::Setting& setting, const 
 }
 
 // The report goes to stdout batch by batch; with --json it is held until the JSON file is written,
-// so a failed write leaves nothing on stdout but the error.
-void plan_batch(const PlanOptions& options, const model::Setting& setting, const model::StagingCapacity& capacity, model::Variant variant,
-                std::int64_t index, const model::Batch& batch, OutputFile* json, std::string& held) {
-  BatchPlan p;
-  p.layout = model::layout_batch(setting, batch);
-  if (model::splits_tokens(variant)) {
-    // Section 12: no staging, so no verdict; the attention plans are the token split's.
-    p.tokens = model::token_split_plan(setting, p.layout, batch, variant);
-    p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
-    for (const model::TokenSplitRank& r : p.tokens->ranks) p.attention.push_back(r.attention);
-  } else {
-    p.verdict = model::overflow_verdict(p.layout.current_pages_total, capacity.staging_slots);
-    p.writers = writers_by_request(p.layout, batch.requests.size());
-  }
-  // A rejected batch moves nothing: no rank writes staging or waits at a barrier.
-  if (!p.tokens && !p.verdict.overflow) {
-    p.matrix = model::batch_bytes_pulled(setting, p.layout, variant);
-    for (std::int32_t rank = 0; rank < setting.cp; ++rank) {
-      p.attention.push_back(model::attention_segments(model::ragged_index_plan(p.layout, batch, rank)));
-    }
-  }
-  p.rank_first = options.rank.value_or(0);
-  p.rank_end = options.rank ? *options.rank + 1 : setting.cp;
-  const std::string text = batch_text(p, setting, capacity, variant, index, batch);
+// so a failed write leaves nothing on stdout but the error. The JSON object is the harness's
+// (harness::plan_json), the one Python's cpkv.plan returns.
+void plan_batch(const PlanOptions& options, const model::Setting& setting, model::Variant variant, std::int64_t index, const model::Batch& batch,
+                OutputFile* json, std::string& held) {
+  const harness::PlannedBatch p = harness::plan_batch(setting, batch, index, variant, options.rank);
+  const std::string text = batch_text(p, setting, variant, index, batch);
   if (json == nullptr) {
     fmt::print("{}", text);
     return;
   }
-  json->stream() << batch_json(p, setting, capacity, variant, index, batch.requests.size());
+  json->stream() << harness::plan_json(p).dump() << "\n";
   held += text;
 }
 
@@ -281,11 +172,10 @@ void run_plan(const PlanOptions& options) {
   }
   traces::TraceReader reader(trace.path());
   const model::Setting& setting = reader.header().setting;
-  const model::StagingCapacity capacity = model::staging_capacity(setting);
   std::string held;
   while (auto batch = reader.next()) {
     if (options.batch && reader.batch_index() != *options.batch) continue;
-    plan_batch(options, setting, capacity, *variant, reader.batch_index(), *batch, json.get(), held);
+    plan_batch(options, setting, *variant, reader.batch_index(), *batch, json.get(), held);
   }
   if (json) {
     json->commit();

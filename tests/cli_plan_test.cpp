@@ -434,3 +434,30 @@ TEST(CliMutants, EveryPrintedReplayLineReproducesItsOwnBugAndTheSeedIsPrintedOnc
   }
   fs::remove_all(dir);
 }
+
+// The replay line is a shell command: a trace path with a space (and a quote) is one quoted word of
+// it. Run as printed through bash, the line replays the same trace: the same planted bug fails the
+// same way (exit 1) and prints the same line again. Unquoted, bash split the path in two.
+TEST(CliReplay, AReplayLineForATracePathWithASpaceRunsAsPrinted) {
+  const fs::path dir = temp_dir("cli_replay_space") / "my traces";
+  fs::create_directories(dir);
+  const fs::path trace = dir / "tiny 'copy'.jsonl";
+  fs::copy_file(sample("tiny.jsonl"), trace, fs::copy_options::overwrite_existing);
+  const auto line_of = [](const CliRun& run) {
+    const std::size_t at = run.out.find("replay: cpkv replay ");
+    return at == std::string::npos ? std::string() : run.out.substr(at + 8, run.out.find('\n', at) - at - 8);
+  };
+  const CliRun first = spawn({cpkv_binary().string(), "replay", trace.string(), "--backend", "sim", "--variant", "staging_direct", "--schedule",
+                              "round-robin", "--mutant", "skip_zero"},
+                             dir.parent_path() / "first");
+  ASSERT_EQ(first.status, 1) << first.out << first.err;
+  const std::string line = line_of(first);
+  ASSERT_NE(line, "") << first.out;
+  // `cpkv` in the line is the binary under test: its folder first on PATH.
+  const CliRun again = spawn({"/bin/bash", "-c", fmt::format("PATH='{}':\"$PATH\" {}", cpkv_binary().parent_path().string(), line)},
+                             dir.parent_path() / "again");
+  EXPECT_EQ(again.status, 1) << line << "\n" << again.out << again.err;
+  EXPECT_NE(again.out.find("MUTANT ACTIVE: skip_zero "), std::string::npos) << again.out;
+  EXPECT_EQ(line_of(again), line) << again.out;
+  fs::remove_all(dir.parent_path());
+}

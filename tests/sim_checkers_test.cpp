@@ -46,9 +46,7 @@ std::set<std::string> answers(const MutantPolicy& policy) {
       std::string("reverses_request_order=") + (policy.reverses_request_order() ? "1" : "0"),
       std::string("arrives_once_more(rank 0)=") + (policy.arrives_once_more(0) ? "1" : "0"),
       std::string("arrives_once_more(rank 1)=") + (policy.arrives_once_more(1) ? "1" : "0"),
-      std::string("plan_takes_batch_as_one_sequence=") + (policy.plan_takes_batch_as_one_sequence() ? "1" : "0"),
-      "causal_window_shift=" + std::to_string(policy.causal_window_shift()),
-      std::string("key_base_skips_prefix=") + (policy.key_base_skips_prefix() ? "1" : "0"),
+      "attention_bug=" + std::string(to_string(policy.attention_bug())),
       std::string("skips_reorder=") + (policy.skips_reorder() ? "1" : "0"),
   };
 }
@@ -78,9 +76,9 @@ TEST(SimMutantPolicy, TheCorrectProtocolAnswersEveryQuestionAsPROTOCOLmdSays) {
   EXPECT_FALSE(correct.splits_tokens());            // section 2: page-aligned split
   EXPECT_FALSE(correct.reverses_request_order());   // section 3: merged-span order
   EXPECT_FALSE(correct.arrives_once_more(0));       // section 9, invariant 4: drained at quiescence
-  EXPECT_FALSE(correct.plan_takes_batch_as_one_sequence());  // section 11: causal per request, never across
-  EXPECT_EQ(correct.causal_window_shift(), 0);               // section 11: query t sees keys 0..prefix_len+t
-  EXPECT_FALSE(correct.key_base_skips_prefix());             // section 11: k_base is the first prefix row
+  // Section 11: causal per request, never across; query t sees keys 0..prefix_len+t; k_base is the
+  // first prefix row (model_attention_bug_test.cpp holds each bug to what it changes).
+  EXPECT_EQ(correct.attention_bug(), cpkv::model::AttentionBug::none);
 }
 
 TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
@@ -99,9 +97,9 @@ TEST(SimMutantPolicy, EachPlantedBugChangesOnlyTheAnswersItsDescriptionNames) {
   EXPECT_EQ(differences(Mutant::token_split), (S{"splits_tokens=1"}));
   EXPECT_EQ(differences(Mutant::reversed_request_order), (S{"reverses_request_order=1"}));
   EXPECT_EQ(differences(Mutant::unmatched_arrival), (S{"arrives_once_more(rank 0)=1"}));
-  EXPECT_EQ(differences(Mutant::batch_as_one_sequence), (S{"plan_takes_batch_as_one_sequence=1"}));
-  EXPECT_EQ(differences(Mutant::causal_off_by_one), (S{"causal_window_shift=-1"}));
-  EXPECT_EQ(differences(Mutant::key_base_skips_prefix), (S{"key_base_skips_prefix=1"}));
+  EXPECT_EQ(differences(Mutant::batch_as_one_sequence), (S{"attention_bug=batch_as_one_sequence"}));
+  EXPECT_EQ(differences(Mutant::causal_off_by_one), (S{"attention_bug=causal_off_by_one"}));
+  EXPECT_EQ(differences(Mutant::key_base_skips_prefix), (S{"attention_bug=key_base_skips_prefix"}));
   EXPECT_EQ(differences(Mutant::allgather_skipped_reorder), (S{"skips_reorder=1"}));
   for (Mutant m : harness::kAllMutants) EXPECT_FALSE(differences(m).empty()) << to_string(m) << " changes nothing the machine asks";
 }

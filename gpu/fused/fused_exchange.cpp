@@ -28,9 +28,11 @@
 #include <string>
 #include <vector>
 
+#include "cpkv/harness/attention_mutant.hpp"
 #include "cpkv/harness/mutants.hpp"
 #include "cpkv/harness/plugin_json.hpp"
 #include "cpkv/model/attention.hpp"
+#include "cpkv/model/attention_bug.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/variants.hpp"
 #include "device_plan.hpp"
@@ -284,20 +286,13 @@ kernels::ComposeArgs compose_args(const cpkv_exchange_ctx* c, const FusedState& 
 
 // This rank's attention plan of the batch (PROTOCOL.md section 11): cpkv's ragged index plan of
 // the layout (the page split's, or section 12's token split's for those variants) in the neutral
-// form, with the planted bug of invariant 9 it holds switched on: batch_as_one_sequence (kv_len
-// counts every earlier request's keys), causal_off_by_one (kv_len one short),
-// key_base_skips_prefix (k_base at the request's first current row).
+// form, with the planted bug of invariant 9 it holds switched on (model::apply_attention_bug, the
+// simulator's too).
 std::vector<cpkv_attention_segment> attention_plan(const cuda::BatchPlan& b, const model::Batch& batch, harness::Mutant held) {
-  std::vector<std::int64_t> keys_before(batch.requests.size() + 1, 0);
-  for (std::size_t q = 0; q < batch.requests.size(); ++q) keys_before[q + 1] = keys_before[q] + batch.requests[q].prefix_len + batch.requests[q].extend_len;
   const model::RaggedIndexPlan plan = model::variant_index_plan(b.layout, batch, b.plan);
   std::vector<cpkv_attention_segment> out;
-  for (const model::AttentionSegment& g : model::attention_segments(plan)) {
-    cpkv_attention_segment x{g.request, g.q_base, g.q_len, g.kv_len, g.k_base};
-    if (held == harness::Mutant::batch_as_one_sequence) x.kv_len += keys_before[g.request];
-    if (held == harness::Mutant::causal_off_by_one) x.kv_len -= 1;
-    if (held == harness::Mutant::key_base_skips_prefix) x.k_base += batch.requests[g.request].prefix_len;
-    out.push_back(x);
+  for (const model::AttentionSegment& g : model::apply_attention_bug(model::attention_segments(plan), batch, harness::attention_bug(held))) {
+    out.push_back(cpkv_attention_segment{g.request, g.q_base, g.q_len, g.kv_len, g.k_base});
   }
   return out;
 }

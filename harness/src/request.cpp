@@ -457,7 +457,8 @@ std::string replay_line(const CheckedRequest& checked, model::Variant variant, s
   const ReplayRequest& r = checked.request;
   // A foreign exchange is its own variant: the line names it (quoted: its arguments hold parentheses).
   const std::string what = r.impl ? fmt::format("--impl {}", shell_word(*r.impl)) : fmt::format("--variant {}", model::to_string(variant));
-  std::string line = fmt::format("cpkv replay {} --backend {} {} --seed {} --layers {}", r.trace_label, r.backend, what, r.seed, layers);
+  // The trace path is a word of the line too: a space or a quote in it must not split or end it.
+  std::string line = fmt::format("cpkv replay {} --backend {} {} --seed {} --layers {}", shell_word(r.trace_label), r.backend, what, r.seed, layers);
   if (r.ranks) line += fmt::format(" --ranks {}", *r.ranks);
   if (r.device) line += fmt::format(" --device {}", *r.device);
   if (r.schedule) line += fmt::format(" --schedule {}", *r.schedule);

@@ -1,9 +1,8 @@
 """cpkv.plan: the batch-logical plan of every batch, as `cpkv plan --json FILE` writes it.
 
-Every number comes from the C++ model (layout_batch, staging_capacity, overflow_verdict,
-batch_bytes_pulled, and for section 12's token-split variants token_split_plan); this module only
-arranges them in the command's JSON shape, and the test suite checks the two agree on every
-sample trace.
+Each batch's object is the command's own (harness::plan_json through the bindings: one builder of
+the shape); this module only checks the options and reads the trace as the command does, and the
+test suite checks the two agree on every sample trace.
 """
 
 from __future__ import annotations
@@ -13,41 +12,6 @@ from typing import Any, Dict, List, Optional, Union
 
 from . import _cpkv
 from ._errors import InputError, TraceError
-
-
-def _rank_bytes(rank: int, row: Optional[List[int]], layout=None, batch=None) -> Dict[str, Any]:
-    """One rank's entry: its row by holder (its own entry is local, the others are pulled) and its
-    attention plan (PROTOCOL.md section 11: the model's ragged index plan in the neutral form)."""
-    if row is None:
-        return {"rank": rank, "bytes_pulled_from": None, "local_bytes": None, "peer_bytes": None, "attention": None}
-    attention = _segments(_cpkv.ragged_index_plan(layout, batch, rank).attention_segments())
-    return {"rank": rank, "bytes_pulled_from": row, "local_bytes": row[rank], "peer_bytes": sum(row) - row[rank],
-            "attention": attention}
-
-
-def _segments(segments) -> List[Dict[str, int]]:
-    return [{"request": s.request, "q_base": s.q_base, "q_len": s.q_len, "kv_len": s.kv_len, "k_base": s.k_base} for s in segments]
-
-
-def _token_split_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, layout, index: int, ranks, variant: str) -> Dict[str, Any]:
-    """A token-split variant's batch (PROTOCOL.md section 12): no staging and no verdict; per rank its
-    tokens as runs, the padded all-gather's bytes, the prefix pulls by owner, the model's row of bytes
-    and the token split's attention plan."""
-    t = _cpkv.token_split_plan(setting, layout, batch, variant)
-    matrix = _cpkv.batch_bytes_pulled(setting, layout, variant)
-    out = []
-    for k in ranks:
-        r, row = t.ranks[k], matrix[k]
-        out.append({"rank": k, "tokens": [{"request": x.request, "first": x.first, "count": x.count, "step": x.step} for x in r.tokens],
-                    "token_count": r.token_count, "padding_rows": r.padding_rows, "allgather_bytes": r.allgather_bytes,
-                    "allgather_peer_bytes": r.allgather_peer_bytes, "prefix_pages_from": r.prefix_pages_from,
-                    "prefix_bytes_from": r.prefix_bytes_from, "bytes_pulled_from": row, "local_bytes": row[k],
-                    "peer_bytes": sum(row) - row[k], "attention": _segments(r.attention)})
-    return {"batch": index, "requests": len(batch.requests), "current_pages_total": layout.current_pages_total,
-            "slot_count": layout.slot_count, "staging_slots": None, "staging_source": None, "verdict": "no_staging",
-            "verdict_detail": t.no_staging_detail, "writers": None, "variant": variant, "layers": setting.layer_count,
-            "token_split": t.split, "tokens_total": t.tokens_total, "max_rank_tokens": t.max_rank_tokens,
-            "allgather_rows": t.allgather_rows, "padding_rows": t.padding_rows, "allgathers": t.allgathers, "ranks": out}
 
 
 def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, rank: Optional[int] = None,
@@ -70,30 +34,7 @@ def plan_batch(setting: _cpkv.Setting, batch: _cpkv.Batch, *, index: int = 0, ra
         raise InputError("variant", f"unknown variant '{variant}'")
     if rank is not None and not 0 <= rank < setting.cp:
         raise InputError("rank", f"{rank} is not a rank of the trace's cp = {setting.cp} group")
-    layout = _cpkv.layout_batch(setting, batch)
-    ranks = range(setting.cp) if rank is None else [rank]
-    if variant in _cpkv.TOKEN_SPLIT_VARIANTS:
-        return _token_split_batch(setting, batch, layout, index, ranks, variant)
-    capacity = _cpkv.staging_capacity(setting)
-    verdict = _cpkv.overflow_verdict(layout.current_pages_total, capacity.staging_slots)
-    writers: List[List[int]] = [[] for _ in batch.requests]
-    for page in layout.current:
-        writers[page.request].append(page.writer)
-    matrix = None if verdict.overflow else _cpkv.batch_bytes_pulled(setting, layout, variant)
-    return {
-        "batch": index,
-        "requests": len(batch.requests),
-        "current_pages_total": layout.current_pages_total,
-        "slot_count": layout.slot_count,
-        "staging_slots": capacity.staging_slots,
-        "staging_source": capacity.source,
-        "verdict": "overflow" if verdict.overflow else "ok",
-        "verdict_detail": verdict.describe(),
-        "writers": writers,
-        "variant": variant,
-        "layers": setting.layer_count,
-        "ranks": [_rank_bytes(r, None if matrix is None else matrix[r], layout, batch) for r in ranks],
-    }
+    return _cpkv.plan_json(setting, batch, index, rank, variant)
 
 
 def plan(path: Union[str, bytes, "_os.PathLike[str]"], *, batch: Optional[int] = None, rank: Optional[int] = None, variant: str = "staging_direct") -> List[Dict[str, Any]]:

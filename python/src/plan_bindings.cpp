@@ -1,10 +1,13 @@
 // Bindings of the batch-logical layout, staging capacity and verdict, and every per-batch plan
 // (model/include/cpkv/model: batch.hpp, staging.hpp, plan.hpp). Index arrays come back as NumPy
 // arrays so that an engine's own plan tensors compare with them in one call.
+#include <optional>
+
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
+#include "cpkv/harness/plan_report.hpp"
 #include "cpkv/model/attention.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/model/token_plan.hpp"
@@ -237,6 +240,17 @@ void bind_inverse_and_ragged(py::module_& m) {
     return model::token_split_index_plan(l, b, p);
   }, py::arg("layout"), py::arg("batch"), py::arg("plan"),
         "The ragged index plan of a rank of a token-split variant (section 12), read off its variant_plan: its queries are the tokens it sends.");
+  // The one choice between the page split's and the token split's plan (model::variant_index_plan,
+  // the fused GPU plugin's too), so Python's conformance context does not make it again.
+  m.def("variant_index_plan", [](const model::BatchLayout& l, const model::Batch& b, const model::VariantPlan& p) {
+    require_same_batch(l, b);
+    require_rank(p.rank, l.cp);
+    if (p.token_split != model::TokenSplit::none && static_cast<std::int64_t>(p.reorder_source.size()) != l.current_pages_total * l.page_size) {
+      throw InputError("plan", fmt::format("{} current rows, but the layout has {}", p.reorder_source.size(), l.current_pages_total * l.page_size));
+    }
+    return model::variant_index_plan(l, b, p);
+  }, py::arg("layout"), py::arg("batch"), py::arg("plan"),
+        "The attention plan of the plan's rank under its variant (section 11): the page split's ragged index plan, or a token split's (section 12).");
   m.def("token_owner", [](const std::string& split, std::int64_t token, std::int64_t extend_len, std::int32_t cp) {
     if (split != "zigzag" && split != "continuous") throw InputError("split", fmt::format("'{}' is not zigzag or continuous", split));
     if (cp < 1) throw InputError("cp", fmt::format("{} is not a rank count", cp));
@@ -303,6 +317,19 @@ void bind_token_split_plan(py::module_& m) {
         "The batch's plan under a token-split all-gather variant: what `cpkv plan --variant allgather_*` prints.");
 }
 
+// cpkv.plan's object of one batch: the harness's builder of `cpkv plan --json`'s line, so the two
+// front ends hold one shape (python/cpkv/_plan.py keeps only the options and the trace reading).
+void bind_plan_json(py::module_& m) {
+  m.def("plan_json", [](const model::Setting& s, const model::Batch& b, std::int64_t index, std::optional<std::int32_t> rank,
+                        const std::string& variant) {
+    require_valid(s, b);
+    const model::Variant v = require_variant(variant);
+    if (rank) require_rank(*rank, s.cp);
+    return to_python(harness::plan_json(harness::plan_batch(s, b, index, v, rank)));
+  }, py::arg("setting"), py::arg("batch"), py::arg("index") = 0, py::arg("rank") = py::none(), py::arg("variant") = "staging_direct",
+        "One batch's plan as a dict: the object `cpkv plan --json` writes for it (harness::plan_json).");
+}
+
 }  // namespace
 
 void bind_layout(py::module_& m) {
@@ -316,6 +343,7 @@ void bind_plans(py::module_& m) {
   bind_inverse_and_ragged(m);
   bind_layer_bytes(m);
   bind_token_split_plan(m);
+  bind_plan_json(m);
 }
 
 }  // namespace cpkv::python

@@ -221,14 +221,13 @@ class Context:
 
     def attention_plan(self) -> torch.Tensor:
         """cpkv's attention plan of this rank for its split (ctx.split: the page-aligned split's ragged
-        index plan, or the token split's, model::token_split_index_plan) in section 11's neutral form:
-        (n, 5) int64 [request, q_base, q_len, kv_len, k_base]."""
+        index plan, or the token split's) in section 11's neutral form, chosen by the model
+        (model::variant_index_plan, as the GPU plugin's): (n, 5) int64 [request, q_base, q_len, kv_len, k_base]."""
         def make() -> torch.Tensor:
-            if self.query_split in _tokens.VARIANT_OF_SPLIT:
-                plan = _cpkv.variant_plan(self.layout, _tokens.VARIANT_OF_SPLIT[self.query_split], self.rank)
-                segments = _cpkv.token_split_index_plan(self.layout, self.batch, plan).attention_segments()
-            else:
-                segments = _cpkv.ragged_index_plan(self.layout, self.batch, self.rank).attention_segments()
+            # The page split's plan is that of any page variant: staging_direct's, as ctx.plan() is.
+            variant = _tokens.VARIANT_OF_SPLIT.get(self.query_split, "staging_direct")
+            plan = _cpkv.variant_plan(self.layout, variant, self.rank)
+            segments = _cpkv.variant_index_plan(self.layout, self.batch, plan).attention_segments()
             return torch.from_numpy(np.ascontiguousarray(_cpkv.attention_plan_array(segments)))
 
         return self._cached(f"attention_plan-{self.query_split}", make)

@@ -8,7 +8,9 @@
 #include <optional>
 #include <string_view>
 
+#include "cpkv/harness/attention_mutant.hpp"
 #include "cpkv/harness/run.hpp"
+#include "cpkv/model/attention_bug.hpp"
 
 namespace cpkv::sim {
 
@@ -50,13 +52,9 @@ class MutantPolicy {
   // peer makes and no one waits for)? Nothing blocks and no pass is early: only the flags, one phase
   // apart once the group stops, show it.
   bool arrives_once_more(std::int32_t rank) const { return mutant_ == harness::Mutant::unmatched_arrival && rank == 0; }
-  // The attention plan (PROTOCOL.md section 11). Does it take the batch's requests as one causal
-  // sequence (a request's kv_len counts every earlier request's keys too)?
-  bool plan_takes_batch_as_one_sequence() const { return mutant_ == harness::Mutant::batch_as_one_sequence; }
-  // Keys a query sees beyond section 11's window (0; -1 under causal_off_by_one: it misses itself).
-  std::int64_t causal_window_shift() const { return mutant_ == harness::Mutant::causal_off_by_one ? -1 : 0; }
-  // Does a request's k_base point at its first current row, past its prefix?
-  bool key_base_skips_prefix() const { return mutant_ == harness::Mutant::key_base_skips_prefix; }
+  // The attention plan (PROTOCOL.md section 11): which of invariant 9's bugs it holds
+  // (model::apply_attention_bug applies it, for the GPU plugin too).
+  model::AttentionBug attention_bug() const { return harness::attention_bug(mutant_); }
   // Section 12: does the re-ordering after the all-gather copy the gathered rows in gathered order
   // (padding included) instead of each current row from the gathered row the plan names?
   bool skips_reorder() const { return mutant_ == harness::Mutant::allgather_skipped_reorder; }
