@@ -265,10 +265,11 @@ void run_handoff(const ReplayOptions& o, const CheckedReplay& c) {
   const harness::HandedRun& handed = *c.request.handed;
   std::vector<std::string> args = handed.arguments;
   if (o.json_path) args.insert(args.end(), {"--json", *o.json_path});
-  std::string command = "python3";
-  for (const std::string& a : args) command += " " + harness::shell_word(a);
+  const std::size_t typed = args.size();  // the command as typed by hand: without the descriptor
   args.insert(args.end(), {"--request-fd", std::to_string(handed_run_fd(entry, handed.checked))});
   const PythonRefusal refusal = exec_python(args, "import torch, cpkv.conformance", kHandoffProbeLimit);
+  std::string command = "python3";
+  for (std::size_t i = 0; i < typed; ++i) command += " " + harness::shell_word(args[i]);
   throw OptionError(fmt::format("--backend {}: {} ({}) cannot run the conformance harness ({}); the same run is `{}` under an interpreter that "
                                 "imports torch and cpkv (Debian: python3-torch; PYTHONPATH=<build>/python), or set CPKV_PYTHON to one",
                                 entry.name, refusal.program, refusal.origin, refusal.reason, command));
