@@ -3,6 +3,7 @@
 // them, naming itself); its replay line names the class; `cpkv replay --backend torch` hands the
 // checked request to Python's conformance harness through the configured interpreter, or refuses in
 // one line naming the Python command that would run it.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -119,7 +120,9 @@ TEST(TorchBackend, TheHandoffIsTheConformanceCommandOfTheSameRequest) {
   // (A sweep of another run's stale shared memory may add its count at the end.)
   EXPECT_EQ(first.rfind(fmt::format("cpkv conformance: {} | cp 2 page 4 | 3 batches | 2 of 2 layers | mode conformance/processes | seed 1", r.trace_label), 0), 0u)
       << first;
-  EXPECT_EQ(checked["replay_line"], fmt::format("cpkv replay {} --backend torch --impl {} --seed 1 --layers 2 --wait-ms-max 5000 --ipc-missing-rank 1",
+  // The defaults the command states (its ranks, its device) are the reproducer's too, as that command's own check wrote them.
+  EXPECT_EQ(checked["replay_line"], fmt::format("cpkv replay {} --backend torch --impl {} --seed 1 --layers 2 --ranks 2 --device cpu --wait-ms-max 5000 "
+                                                "--ipc-missing-rank 1",
                                                 r.trace_label, kReference));
 }
 
@@ -246,7 +249,10 @@ TEST_F(TorchBackendCli, TheCheckedRunIsHandedToTheInterpreter) {
   const std::string first = checked["header"]["conformance/processes"][0];
   EXPECT_EQ(first.rfind("cpkv conformance: traces/samples/tiny.jsonl | cp 2 page 4 | 3 batches | 2 of 2 layers | mode conformance/processes | seed 3", 0), 0u)
       << first;
-  EXPECT_EQ(checked["replay_line"], fmt::format("cpkv replay traces/samples/tiny.jsonl --backend torch --impl {} --seed 3 --layers 2", kReference));
+  const std::vector<std::string> header = checked["header"]["conformance/processes"];
+  EXPECT_NE(std::find(header.begin(), header.end(), fmt::format("torch: impl {} | device cpu | ranks 2", kReference)), header.end()) << checked.dump();
+  EXPECT_EQ(checked["replay_line"],
+            fmt::format("cpkv replay traces/samples/tiny.jsonl --backend torch --impl {} --seed 3 --layers 2 --ranks 2 --device cpu", kReference));
 }
 
 TEST_F(TorchBackendCli, BadForeignOptionsAreRefusedBeforeAnyWork) {

@@ -44,7 +44,7 @@ std::vector<std::string> conformance_arguments(const harness::CheckedRequest& c,
 harness::Handoff conformance_handoff(const harness::CheckedRequest& c, const harness::BatchSource& source, const harness::ScannedSource& scanned) {
   const harness::ReplayRequest& r = c.request;
   return {conformance_arguments(c, source, scanned), "cpkv conformance", {"conformance/processes", "conformance/torchrun"},
-          fmt::format("torch: impl {} | device {}{}", *r.impl, r.device.value_or("cpu"), r.ranks ? fmt::format(" | ranks {}", *r.ranks) : "")};
+          fmt::format("torch: impl {} | device {} | ranks {}", *r.impl, r.device.value_or("cpu"), r.ranks.value_or(source.setting.cp))};
 }
 
 }  // namespace

@@ -392,10 +392,14 @@ HandedRun handed_run(CheckedRequest& c) {
   h.scanned = check_source(c, source);
   Handoff handoff = c.backend->handoff(c, source, h.scanned);
   c.backend_line = std::move(handoff.backend_line);
+  // The run as that front end runs it, its defaults stated (the ranks the source's cp, the device
+  // cpu: ReplayRequest), so the header and the reproducer say what ran.
+  ReplayRequest& r = c.request;
+  if ((c.backend->options & kTakesRanks) != 0 && !r.ranks) r.ranks = source.setting.cp;
+  if ((c.backend->options & kTakesDevice) != 0 && !r.device) r.device = "cpu";
   h.arguments = std::move(handoff.arguments);
   nlohmann::json header = nlohmann::json::object();
   for (const std::string& mode : handoff.modes) header[mode] = run_header_lines(handoff.front_end, c, source, h.scanned, mode);
-  const ReplayRequest& r = c.request;
   h.checked = {{"format", kCheckedRunFormat},
                {"arguments", h.arguments},
                {"layers", h.scanned.layers},

@@ -54,7 +54,7 @@ def test_a_planted_bug_fails_the_run_with_its_invariant_counted():
     ({"backend": "torch", "impl": REFERENCE, "schedule": "random"}, "schedule"),  # the simulator's option
     ({"backend": "sim", "impl": REFERENCE}, "impl"),                           # only the torch backend takes it
     ({"backend": "sim", "device": "cpu"}, "device"),
-    ({"backend": "torch", "impl": REFERENCE, "ranks": 3}, "--ranks"),          # not the trace's cp: the harness's own check
+    ({"backend": "torch", "impl": REFERENCE, "ranks": 3}, "ranks: 3 ranks for a trace of cp = 2"),  # checked against the trace, in the one check
     ({"backend": "torch", "impl": "cpkv.conformance.reference:NoSuchClass"}, "impl"),  # does not import
 ])
 def test_bad_input_raises_one_input_error_naming_the_option(options, named):
