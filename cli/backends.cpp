@@ -56,7 +56,7 @@ auto as_option_error(Function&& function) {
 }  // namespace
 
 harness::CheckedRequest checked_request(const harness::ReplayRequest& request) {
-  return as_option_error([&] { return harness::check_request(request, backends()); });
+  return as_option_error([&] { return harness::check_run(request, backends()); });
 }
 
 harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source) {

@@ -14,6 +14,7 @@ const harness::Registry& backends();
 // "sim (...), cuda (...) or model (...)": the --backend help text, from the registry.
 std::string backends_help();
 
+// The replay's request checked (harness check_run: a handed-off run's source with it).
 harness::CheckedRequest checked_request(const harness::ReplayRequest& request);
 harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source);
 harness::CheckedBench checked_bench(const harness::BenchRequest& request);

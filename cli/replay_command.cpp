@@ -1,5 +1,6 @@
 // cpkv replay: every batch of a trace through a backend and one or every variant, checked byte for
 // byte against the model, with the protocol's invariants watched by the checkers.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,17 +79,16 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   o.request.event_log = o.event_log_path;  // until the run: then the temporary file beside it (run_backend)
   o.request.timeline = o.timeline_path;
   o.request.trace_label = o.trace_path;
-  const harness::Registry& registry = backends();
-  const harness::BackendEntry* entry = registry.find(o.request.backend);
-  if (entry && !entry->model && o.model.given()) {
-    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --staging-sweep, --repeat and --exact-model need --backend model");
-  }
   if (o.model.staging_sweep) (void)parse_staging_sweep(*o.model.staging_sweep);  // bad input before any output
   if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
   }
+  // One call checks the whole request (a handed-off run's source with it: run_handoff).
   c.request = checked_request(o.request);
-  if (c.request.backend->handoff) return;  // the run's front end checks its inputs and outputs (run_handoff)
+  if (!c.request.backend->model && o.model.given()) {
+    throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --staging-sweep, --repeat and --exact-model need --backend model");
+  }
+  if (c.request.backend->handoff) return;  // the run's front end checks its outputs (run_handoff)
   if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
   if (c.request.backend->model) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
   // Every rank reopens the trace: a pipe is read once, into a private spool file.
@@ -236,32 +236,43 @@ void run_backend(CheckedReplay& c) {
 // idle machine, far more on a loaded one) before it counts as unable to.
 constexpr std::chrono::milliseconds kHandoffProbeLimit{180'000};
 
-// A backend whose run is another front end's (torch: Python's conformance harness): the trace's
-// header read here (the layers run), the interpreter probed in a bounded child, then this process
-// becomes that run (exec): its output, its signals and its exit status are the run's. Where the
-// interpreter cannot run it, one line names the Python command that would.
+// The checked run (harness::HandedRun::checked) in a memory file the interpreter inherits across
+// the exec, read from its start: not a pipe, so nothing waits on its size, and not a path, so a
+// command typed by hand cannot name one by accident (`--request-fd N`).
+int handed_run_fd(const harness::BackendEntry& entry, const nlohmann::json& checked) {
+  const std::string text = checked.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const int fd = ::memfd_create("cpkv-checked-run", 0);  // no MFD_CLOEXEC: the interpreter inherits it
+  std::size_t written = 0;
+  while (fd >= 0 && written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<std::size_t>(n);
+  }
+  if (fd < 0 || written != text.size() || ::lseek(fd, 0, SEEK_SET) != 0) {
+    throw OptionError(fmt::format("--backend {}: cannot hand the checked run over: {}", entry.name, std::strerror(errno)));
+  }
+  return fd;
+}
+
+// A backend whose run is another front end's (torch: Python's conformance harness), checked whole
+// by the request check (harness check_run: the source scanned, the header and reproducer built):
+// the checked run handed over on a file descriptor, the interpreter probed in a bounded child, then
+// this process becomes that run (exec): its output, its signals and its exit status are the run's.
+// Where the interpreter cannot run it, one line names the Python command that would.
 void run_handoff(const ReplayOptions& o, const CheckedReplay& c) {
   const harness::BackendEntry& entry = *c.request.backend;
-  const InputFile trace("trace", o.trace_path);
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(o.trace_path, error)) {
-    throw OptionError(fmt::format("trace: {} is not a regular file (--backend {}: each rank process opens it)", o.trace_path, entry.name));
-  }
-  std::vector<std::string> args = entry.handoff(c.request, harness::BatchSource::from_trace(o.trace_path, c.request.request.batch));
+  const harness::HandedRun& handed = *c.request.handed;
+  std::vector<std::string> args = handed.arguments;
   if (o.json_path) args.insert(args.end(), {"--json", *o.json_path});
+  const std::size_t typed = args.size();  // the command as typed by hand: without the descriptor
+  args.insert(args.end(), {"--request-fd", std::to_string(handed_run_fd(entry, handed.checked))});
+  const PythonRefusal refusal = exec_python(args, "import torch, cpkv.conformance", kHandoffProbeLimit);
   std::string command = "python3";
-  for (const std::string& a : args) command += " " + harness::shell_word(a);
-  const PythonInterpreter python = python_interpreter();
-  prepend_python_package_path();
-  const ChildOutcome probe = run_child({python.program, "-c", "import torch, cpkv.conformance"}, kHandoffProbeLimit);
-  if (!probe.ok()) {
-    throw OptionError(fmt::format("--backend {}: {} ({}) cannot run the conformance harness ({}); the same run is `{}` under an interpreter that "
-                                  "imports torch and cpkv (Debian: python3-torch; PYTHONPATH=<build>/python), or set CPKV_PYTHON to one",
-                                  entry.name, python.program, python.origin, probe.ran ? probe.describe() : "cannot be started: " + probe.stderr_tail, command));
-  }
-  args.insert(args.begin(), python.program);
-  exec_program(args);
-  throw OptionError(fmt::format("--backend {}: cannot run {}: {}", entry.name, python.program, std::strerror(errno)));
+  for (std::size_t i = 0; i < typed; ++i) command += " " + harness::shell_word(args[i]);
+  throw OptionError(fmt::format("--backend {}: {} ({}) cannot run the conformance harness ({}); the same run is `{}` under an interpreter that "
+                                "imports torch and cpkv (Debian: python3-torch; PYTHONPATH=<build>/python), or set CPKV_PYTHON to one",
+                                entry.name, refusal.program, refusal.origin, refusal.reason, command));
 }
 
 // The conformance harness's run modes and knobs (--backend torch; the request check refuses them elsewhere).

@@ -167,4 +167,14 @@ void exec_program(const std::vector<std::string>& argv) {
   // then has its default effect, which ends this process as the program's would have.
 }
 
+PythonRefusal exec_python(std::vector<std::string> arguments, const std::string& probe, std::chrono::milliseconds probe_limit) {
+  const PythonInterpreter python = python_interpreter();
+  prepend_python_package_path();
+  const ChildOutcome outcome = run_child({python.program, "-c", probe}, probe_limit);
+  if (!outcome.ok()) return {python.program, python.origin, outcome.ran ? outcome.describe() : "cannot be started: " + outcome.stderr_tail};
+  arguments.insert(arguments.begin(), python.program);
+  exec_program(arguments);
+  return {python.program, python.origin, fmt::format("cannot be run: {}", std::strerror(errno))};
+}
+
 }  // namespace cpkv::cli

@@ -44,4 +44,16 @@ void prepend_python_package_path();
 // the command's own. Returns only when the exec failed (errno set).
 void exec_program(const std::vector<std::string>& argv);
 
+// A run handed to Python in one step: the configured interpreter (python_interpreter) with the
+// build's package first on PYTHONPATH, `probe` (Python code: the imports the run needs) run in a
+// bounded child, then this process replaced by the interpreter running `arguments` (exec_program).
+// Returns only where it could not: the interpreter, where its choice came from, and why (the
+// probe's failure, or the exec's error), for the caller's one line.
+struct PythonRefusal {
+  std::string program;
+  std::string origin;
+  std::string reason;
+};
+PythonRefusal exec_python(std::vector<std::string> arguments, const std::string& probe, std::chrono::milliseconds probe_limit);
+
 }  // namespace cpkv::cli

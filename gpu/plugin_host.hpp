@@ -1,7 +1,7 @@
 // The GPU backend's one rank loop is the plugin host (plugin_host.cpp): every exchange, cpkv's own
 // fused compose (the built-in table, gpu/fused/) and a foreign plugin's, runs through the exchange
-// table (include/cpkv/exchange_abi.h). What the host shares with the rank's life (executor.cpp) and
-// the bench (bench.cpp, plugin_bench.cpp) is declared here.
+// table (include/cpkv/exchange_abi.h). What the host shares with the rank's life (executor.cpp: the
+// batches, then the drain check) and the bench (bench.cpp, plugin_bench.cpp) is declared here.
 #pragma once
 
 #include <cstdint>
@@ -14,16 +14,8 @@
 
 namespace cpkv::cuda {
 
-// What the host's batch loop uses of the rank's (executor.cpp): the pool content of the pages this
-// rank owns, every layer and kind (no synchronization); the verify kernel of one kind of a layer over
-// dense half `half`; a violation; what the device found in the batch (the barrier status, wrong
-// bytes), recorded.
-void populate_pools(Rank& r, const BatchPlan& b, const DevicePlan& d);
-void verify_kind(Rank& r, const BatchPlan& b, const DevicePlan& d, kernels::VerifyResult* verify, std::int32_t l, std::size_t k, std::int32_t half);
-harness::Violation violation(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, const std::string& detail);
-void collect_findings(Rank& r, std::int64_t batch_index, kernels::VerifyResult* verify);
-
-// plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange.
+// plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange,
+// then quiescence (every flag drained).
 void run_plugin_batches(Rank& r, kernels::VerifyResult* verify);
 
 // plugin_bench.cpp: times an exchange's layers of the batch just run (its bytes checked first):

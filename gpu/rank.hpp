@@ -114,9 +114,6 @@ void leave_group(Rank& r);
 // bench.cpp: the ceilings (every rank at once).
 void measure_ceilings(Rank& r, BenchRank& out);
 
-// The rotating slow rank of CudaOptions::slow_rank_cycles, before layer l's exchange (executor.cpp).
-void slow_rank_delay(Rank& r, std::int32_t l);
-
 // The whole life of one rank process (executor.cpp).
 int cuda_rank(const RankContext& ctx);
 

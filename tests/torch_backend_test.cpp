@@ -3,12 +3,14 @@
 // them, naming itself); its replay line names the class; `cpkv replay --backend torch` hands the
 // checked request to Python's conformance harness through the configured interpreter, or refuses in
 // one line naming the Python command that would run it.
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "cli_run.hpp"
 #include "cpkv/backends/register_all.hpp"
@@ -98,17 +100,57 @@ TEST(TorchBackend, TheReplayLineNamesTheClassAndTheRunsOptions) {
 }
 
 // The handoff: `python3 -m cpkv.conformance` with the request's options, the layers as every backend
-// runs them (the request's 4, at most the trace's 2) and the ranks the trace's cp where none is given.
+// runs them (the request's 4, at most the trace's 2) and the ranks the trace's cp where none is given,
+// from the one check of the whole run (check_run), with what that command reads instead of checking
+// again: the header of each mode, the reproducer, the layers.
 TEST(TorchBackend, TheHandoffIsTheConformanceCommandOfTheSameRequest) {
   harness::ReplayRequest r = torch_request();
   r.wait_ms_max = 5000;
   r.ipc_missing_rank = 1;
-  const harness::CheckedRequest c = harness::check_request(r, backends::registry());
-  ASSERT_TRUE(c.backend->handoff);
-  const std::vector<std::string> args = c.backend->handoff(c, harness::BatchSource::from_trace(r.trace_label, std::nullopt));
+  const harness::CheckedRequest c = harness::check_run(r, backends::registry());
+  ASSERT_TRUE(c.handed);
   const std::vector<std::string> expected = {"-m", "cpkv.conformance", r.trace_label, "--impl", kReference, "--ranks", "2", "--seed", "1", "--layers", "2",
                                              "--wait-ms-max", "5000", "--ipc-missing-rank", "1"};
-  EXPECT_EQ(args, expected);
+  EXPECT_EQ(c.handed->arguments, expected);
+  const nlohmann::json& checked = c.handed->checked;
+  EXPECT_EQ(checked["format"], harness::kCheckedRunFormat);
+  EXPECT_EQ(checked["arguments"], expected);
+  EXPECT_EQ(checked["layers"], 2);
+  const std::string first = checked["header"]["conformance/processes"][0];
+  // (A sweep of another run's stale shared memory may add its count at the end.)
+  EXPECT_EQ(first.rfind(fmt::format("cpkv conformance: {} | cp 2 page 4 | 3 batches | 2 of 2 layers | mode conformance/processes | seed 1", r.trace_label), 0), 0u)
+      << first;
+  // The defaults the command states (its ranks, its device) are the reproducer's too, as that command's own check wrote them.
+  EXPECT_EQ(checked["replay_line"], fmt::format("cpkv replay {} --backend torch --impl {} --seed 1 --layers 2 --ranks 2 --device cpu --wait-ms-max 5000 "
+                                                "--ipc-missing-rank 1",
+                                                r.trace_label, kReference));
+}
+
+// The whole run is checked in the one call, the source too: a fault rank the trace's cp does not
+// have, ranks other than its cp, a batch it does not hold, and a trace that is not a regular file
+// are each refused there, naming the option.
+TEST(TorchBackend, TheOneCheckRefusesWhatOnlyTheTraceShows) {
+  const auto refused_run = [](const harness::ReplayRequest& r) -> std::string {
+    try {
+      (void)harness::check_run(r, backends::registry());
+    } catch (const harness::RequestError& e) {
+      return e.option();
+    }
+    return "";
+  };
+  harness::ReplayRequest r = torch_request();
+  r.ipc_missing_rank = 7;  // tiny.jsonl is cp 2
+  EXPECT_EQ(refused_option(r), "") << "without the trace the rank is in the model's range";
+  EXPECT_EQ(refused_run(r), "ipc_missing_rank");
+  r = torch_request();
+  r.ranks = 3;
+  EXPECT_EQ(refused_run(r), "ranks");
+  r = torch_request();
+  r.batch = 99;
+  EXPECT_EQ(refused_run(r), "batch");
+  r = torch_request();
+  r.trace_label = "/dev/null";
+  EXPECT_EQ(refused_run(r), "trace");
 }
 
 class TorchBackendCli : public ::testing::Test {
@@ -163,6 +205,54 @@ TEST_F(TorchBackendCli, WithoutAnInterpreterThatHasTorchTheRefusalNamesThePython
   run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference}, without);
   test::expect_bad_input(run, "`" + command + "`");
   EXPECT_NE(run.err.find("No module named 'torch'"), std::string::npos) << run.err;
+}
+
+// An interpreter that records each time it runs: the probe ("-c ..."), then the run, whose arguments
+// and the checked run handed on --request-fd it writes beside itself.
+std::string recording_python(const test::fs::path& dir) {
+  const std::string script = test::write_temp("torch_backend_cli", "recording_python",
+                                              fmt::format("#!/bin/sh\necho ran >> {0}/ran\nif [ \"$1\" = -c ]; then exit 0; fi\n"
+                                                          "printf '%s\\n' \"$@\" > {0}/argv\n"
+                                                          "while [ $# -gt 1 ]; do if [ \"$1\" = --request-fd ]; then eval \"cat <&$2\" > {0}/checked; fi; shift; done\n",
+                                                          dir.string()));
+  test::fs::permissions(script, test::fs::perms::owner_all);
+  return script;
+}
+
+// The cpkv command checks the whole run before it starts Python: what only the trace shows (a fault
+// rank of a cp the trace does not have, ranks other than its cp) is its own one line, and no
+// interpreter ran (the recording one would have left a file).
+TEST_F(TorchBackendCli, TheWholeRunIsCheckedBeforeAnyInterpreterStarts) {
+  test::fs::create_directories(dir_ / "record");
+  RunSetup recording;
+  recording.env = {"CPKV_PYTHON=" + recording_python(dir_ / "record")};
+  test::expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--ipc-missing-rank", "7"}, recording),
+                         "--ipc-missing-rank: 7 is not a rank of cp = 2");
+  test::expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--ranks", "3"}, recording), "--ranks");
+  test::expect_bad_input(cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--batch", "9"}, recording), "--batch");
+  EXPECT_FALSE(test::fs::exists(dir_ / "record" / "ran")) << "an interpreter ran for a refused request";
+}
+
+// A run that passes the check reaches the interpreter with the checked run on --request-fd: the
+// command's arguments, the header it prints, the reproducer, as the harness built them.
+TEST_F(TorchBackendCli, TheCheckedRunIsHandedToTheInterpreter) {
+  test::fs::create_directories(dir_ / "record");
+  RunSetup recording;
+  recording.env = {"CPKV_PYTHON=" + recording_python(dir_ / "record")};
+  const CliRun run = cpkv({"replay", "traces/samples/tiny.jsonl", "--backend", "torch", "--impl", kReference, "--seed", "3"}, recording);
+  ASSERT_EQ(run.status, 0) << run.err << run.out;
+  EXPECT_EQ(test::slurp(dir_ / "record" / "ran"), "ran\nran\n");  // the probe, then the run
+  const std::string argv = test::slurp(dir_ / "record" / "argv");
+  EXPECT_NE(argv.find("\n--request-fd\n"), std::string::npos) << argv;
+  const nlohmann::json checked = nlohmann::json::parse(test::slurp(dir_ / "record" / "checked"));
+  EXPECT_EQ(checked["format"], harness::kCheckedRunFormat);
+  const std::string first = checked["header"]["conformance/processes"][0];
+  EXPECT_EQ(first.rfind("cpkv conformance: traces/samples/tiny.jsonl | cp 2 page 4 | 3 batches | 2 of 2 layers | mode conformance/processes | seed 3", 0), 0u)
+      << first;
+  const std::vector<std::string> header = checked["header"]["conformance/processes"];
+  EXPECT_NE(std::find(header.begin(), header.end(), fmt::format("torch: impl {} | device cpu | ranks 2", kReference)), header.end()) << checked.dump();
+  EXPECT_EQ(checked["replay_line"],
+            fmt::format("cpkv replay traces/samples/tiny.jsonl --backend torch --impl {} --seed 3 --layers 2 --ranks 2 --device cpu", kReference));
 }
 
 TEST_F(TorchBackendCli, BadForeignOptionsAreRefusedBeforeAnyWork) {

@@ -3,8 +3,6 @@
 // run is Python's: the entry's verb is the handoff, the arguments of `python3 -m cpkv.conformance`
 // for the checked request, which a front end runs (the cpkv command through the configured
 // interpreter; the Python package in process, cpkv.replay(backend="torch")).
-#include <algorithm>
-
 #include <fmt/format.h>
 
 #include "cpkv/backends/register_all.hpp"
@@ -12,23 +10,13 @@
 namespace cpkv::backends {
 namespace {
 
-void check_torch_request(harness::CheckedRequest& c) {
-  const harness::ReplayRequest& r = c.request;
-  if (!r.impl) throw harness::RequestError("impl", fmt::format("required by --backend {}: the exchange class to run, module:Class", c.backend->name));
-  if (r.variant != "all") {
-    throw harness::RequestError("variant", fmt::format("--backend {} runs the --impl class, which is its own variant: give none", c.backend->name));
-  }
-  // The run header's line of this backend's own configuration (the harness's delays are Python's: its next line).
-  c.backend_line = fmt::format("torch: impl {} | device {}{}", *r.impl, r.device.value_or("cpu"), r.ranks ? fmt::format(" | ranks {}", *r.ranks) : "");
-}
-
 // `python3 -m cpkv.conformance`'s arguments for the request: every option it gave, the layers as
-// every backend runs them (the request's, at most the source's) and the ranks (default: the cp).
-std::vector<std::string> conformance_arguments(const harness::CheckedRequest& c, const harness::BatchSource& source) {
+// every backend runs them (the request's, at most the source's: the scan's) and the ranks (default:
+// the cp).
+std::vector<std::string> conformance_arguments(const harness::CheckedRequest& c, const harness::BatchSource& source, const harness::ScannedSource& scanned) {
   const harness::ReplayRequest& r = c.request;
-  const std::int32_t layer_count = source.setting.layer_count();
   std::vector<std::string> args = {"-m", "cpkv.conformance", r.trace_label, "--impl", *r.impl, "--ranks", std::to_string(r.ranks.value_or(source.setting.cp)),
-                                   "--seed", std::to_string(r.seed), "--layers", std::to_string(std::min(r.layers.value_or(layer_count), layer_count))};
+                                   "--seed", std::to_string(r.seed), "--layers", std::to_string(scanned.layers)};
   const auto add = [&args](std::string flag, std::string value) {
     args.push_back(std::move(flag));
     if (!value.empty()) args.push_back(std::move(value));
@@ -50,6 +38,15 @@ std::vector<std::string> conformance_arguments(const harness::CheckedRequest& c,
   return args;
 }
 
+// The handoff, in the one call the request check makes to this backend (harness check_run): the
+// command, the header's name and modes (the launcher's rank processes, or torchrun's), and the
+// header's line of this backend's own configuration (the harness's delays are Python's: its next line).
+harness::Handoff conformance_handoff(const harness::CheckedRequest& c, const harness::BatchSource& source, const harness::ScannedSource& scanned) {
+  const harness::ReplayRequest& r = c.request;
+  return {conformance_arguments(c, source, scanned), "cpkv conformance", {"conformance/processes", "conformance/torchrun"},
+          fmt::format("torch: impl {} | device {} | ranks {}", *r.impl, r.device.value_or("cpu"), r.ranks.value_or(source.setting.cp))};
+}
+
 }  // namespace
 
 void register_torch_backend(harness::Registry& registry) {
@@ -59,8 +56,9 @@ void register_torch_backend(harness::Registry& registry) {
                   "on CPU, NCCL on CUDA (--device), run by `python3 -m cpkv.conformance` (the configured interpreter; CPKV_PYTHON overrides it)";
   torch.options = harness::kTakesImpl | harness::kTakesDevice | harness::kTakesRanks | harness::kTakesSwarm | harness::kTakesWaitMsMax |
                   harness::kTakesIpcFault | harness::kTakesTimeline | harness::kTakesConformance;
-  torch.check = check_torch_request;
-  torch.handoff = conformance_arguments;
+  // Its checks beyond the option bits are every foreign class's (harness check_request: the class
+  // named, no variant); its one verb is the handoff.
+  torch.handoff = conformance_handoff;
   registry.add(std::move(torch));
 }
 

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -173,6 +174,21 @@ void check_foreign(const ReplayRequest& r) {
   if (r.ranks && (*r.ranks < 1 || *r.ranks > model::limits::cp_max)) {
     throw RequestError("ranks", fmt::format("{} is not in 1..{}", *r.ranks, model::limits::cp_max));
   }
+}
+
+// `cpkv replay --json`'s keys that are the request's: the trace (the name as the user gave it, its
+// non-UTF-8 bytes written \\xNN: JSON holds only UTF-8, issue 22 item 7), seed, layers run, mutant.
+nlohmann::json replay_json_common(const CheckedRequest& checked, std::int32_t layers) {
+  const ReplayRequest& r = checked.request;
+  return {{"trace", traces::escape_bytes(r.trace_label)}, {"seed", r.seed}, {"layers", layers}, {"mutant", r.mutant}};
+}
+
+// A backend that runs a foreign class (kTakesImpl) runs that class and nothing else: the class is
+// required, and it is the run's only variant.
+void check_foreign_class(const ReplayRequest& r, const BackendEntry& backend) {
+  if ((backend.options & kTakesImpl) == 0) return;
+  if (!r.impl) throw RequestError("impl", fmt::format("required by --backend {}: the exchange class to run, module:Class", backend.name));
+  if (r.variant != "all") throw RequestError("variant", fmt::format("--backend {} runs the --impl class, which is its own variant: give none", backend.name));
 }
 
 // A whole number of the environment's text, or nullopt (not all digits, out of range).
@@ -348,7 +364,59 @@ CheckedRequest check_request(const ReplayRequest& request, const Registry& regis
   c.knobs = resolve_knobs(c.request, *c.backend);
   check_exchange(c);
   if (request.event_log && c.variants.size() != 1) throw RequestError("event_log", "give one variant (the log is one run's)");
+  check_foreign_class(request, *c.backend);
   if (c.backend->check) c.backend->check(c);
+  return c;
+}
+
+namespace {
+
+// The source a handed-off run reads: a regular file (each of the other front end's processes opens
+// it by name; a pipe would be read once), checked before it is opened.
+BatchSource handed_source(const CheckedRequest& c) {
+  const std::string& path = c.request.trace_label;
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    const bool exists = std::filesystem::exists(path, error);
+    throw RequestError("trace", fmt::format("{} {} (--backend {}: each rank process opens it)", traces::escape_bytes(path),
+                                            exists ? "is not a regular file" : "does not exist", c.backend->name));
+  }
+  return BatchSource::from_trace(path, c.request.batch);
+}
+
+// The run checked against its source and what the other front end reads instead of checking again
+// (HandedRun): the header of each mode it may run in, the reproducer, the replay JSON's common part.
+HandedRun handed_run(CheckedRequest& c) {
+  const BatchSource source = handed_source(c);
+  HandedRun h;
+  h.scanned = check_source(c, source);
+  Handoff handoff = c.backend->handoff(c, source, h.scanned);
+  c.backend_line = std::move(handoff.backend_line);
+  // The run as that front end runs it, its defaults stated (the ranks the source's cp, the device
+  // cpu: ReplayRequest), so the header and the reproducer say what ran.
+  ReplayRequest& r = c.request;
+  if ((c.backend->options & kTakesRanks) != 0 && !r.ranks) r.ranks = source.setting.cp;
+  if ((c.backend->options & kTakesDevice) != 0 && !r.device) r.device = "cpu";
+  h.arguments = std::move(handoff.arguments);
+  nlohmann::json header = nlohmann::json::object();
+  for (const std::string& mode : handoff.modes) header[mode] = run_header_lines(handoff.front_end, c, source, h.scanned, mode);
+  h.checked = {{"format", kCheckedRunFormat},
+               {"arguments", h.arguments},
+               {"layers", h.scanned.layers},
+               {"header", std::move(header)},
+               {"replay_line", replay_line(c, model::kAllVariants.front(), h.scanned.layers)},  // the class is the variant
+               // The mode, the runs and the rejected batches (its implementation's staging's) are the other front end's.
+               {"replay_json", replay_json_common(c, h.scanned.layers)},
+               {"import_s_max", r.import_s_max ? nlohmann::json(*r.import_s_max) : nlohmann::json(nullptr)},
+               {"cpkv_bin", r.cpkv_bin ? nlohmann::json(*r.cpkv_bin) : nlohmann::json(nullptr)}};
+  return h;
+}
+
+}  // namespace
+
+CheckedRequest check_run(const ReplayRequest& request, const Registry& registry) {
+  CheckedRequest c = check_request(request, registry);
+  if (c.backend->handoff) c.handed = std::make_shared<const HandedRun>(handed_run(c));
   return c;
 }
 
@@ -497,10 +565,11 @@ std::vector<std::string> failure_lines(const RunReport& report, const std::strin
 }
 
 nlohmann::json replay_json(const CheckedRequest& checked, const ScannedSource& scanned, std::string_view mode, const nlohmann::json& runs) {
-  const ReplayRequest& r = checked.request;
-  // The name as the user gave it, its non-UTF-8 bytes written \\xNN: JSON holds only UTF-8 (issue 22, item 7).
-  return {{"trace", traces::escape_bytes(r.trace_label)}, {"seed", r.seed}, {"layers", scanned.layers}, {"mode", mode}, {"mutant", r.mutant},
-          {"rejected_batches", rejected_json(scanned.scan.rejected)}, {"runs", runs}};
+  nlohmann::json json = replay_json_common(checked, scanned.layers);
+  json["mode"] = mode;
+  json["rejected_batches"] = rejected_json(scanned.scan.rejected);
+  json["runs"] = runs;
+  return json;
 }
 
 }  // namespace cpkv::harness

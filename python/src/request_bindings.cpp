@@ -1,8 +1,9 @@
 // Bindings of the one replay request for the conformance harness (`python3 -m cpkv.conformance`,
-// the torch backend's run): its options checked by harness::check_request and, against the trace,
-// harness::check_source (the one checker of every front end), and what the harness builds from a
-// checked request: the run header, the reproducer and the replay JSON's common part. Python keeps
-// what needs Python (the ranks, the checks, the conformance-only figures).
+// the torch backend's run): its options checked whole in one call by harness::check_run (the request,
+// then against the trace: the one checker of every front end), which returns what the harness builds
+// from the checked run (the run header, the reproducer, the replay JSON's common part) as the JSON
+// the cpkv command hands over; Python keeps what needs Python (the ranks, the checks, the
+// conformance-only figures).
 #include <algorithm>
 #include <array>
 #include <limits>
@@ -76,48 +77,35 @@ harness::ReplayRequest request_of(const std::string& trace, const py::dict& o) {
   return r;
 }
 
-// A checked request, and once checked against its trace, the trace's scan (the layers run, the header's figures).
-struct CheckedRun {
+// The run checked whole in one call (harness check_run: the request, then against its trace) as the
+// JSON a handed-off run reads (harness HandedRun::checked): the conformance command typed alone
+// checks through this, as the cpkv command's check hands the same object over.
+py::object check_torch_run(const std::string& trace, const py::dict& options) {
+  const harness::ReplayRequest request = request_of(trace, options);
+  const harness::CheckedRequest checked = as_cli_error([&] { return harness::check_run(request, backends::registry()); });
+  return to_python(checked.handed->checked);
+}
+
+// The request alone, checked without its trace (a case's reproducer: its batches may be no file's).
+struct CheckedRequestOnly {
   harness::CheckedRequest checked;
-  std::optional<harness::BatchSource> source;
-  harness::ScannedSource scanned;
 };
-
-void check_against_trace(CheckedRun& run) {
-  run.source = harness::BatchSource::from_trace(run.checked.request.trace_label, run.checked.request.batch);
-  run.scanned = as_cli_error([&] { return harness::check_source(run.checked, *run.source); });
+CheckedRequestOnly check_request_only(const std::string& trace, const py::dict& options) {
+  const harness::ReplayRequest request = request_of(trace, options);
+  return {as_cli_error([&] { return harness::check_request(request, backends::registry()); })};
 }
 
-// The request checked, then (scan) against its trace, in one call: the options, then the input, as
-// `cpkv replay` checks them.
-CheckedRun check_run(const std::string& trace, const py::dict& options, bool scan) {
-  harness::ReplayRequest request = request_of(trace, options);
-  CheckedRun run{as_cli_error([&] { return harness::check_request(request, backends::registry()); }), std::nullopt, {}};
-  if (scan) check_against_trace(run);
-  return run;
-}
-
-const CheckedRun& scanned_run(const CheckedRun& run) {
-  if (!run.source) throw std::logic_error("check_trace() first: the header and the JSON need the trace's scan");
-  return run;
-}
-
-// The reproducer: the request's one line (`cpkv replay TRACE --backend torch --impl ...`); the
-// layers are the run's (the trace's scan), else the request's.
-std::string reproducer(const CheckedRun& run, std::optional<std::int32_t> layers) {
-  const std::int32_t run_layers = run.source ? run.scanned.layers : layers.value_or(run.checked.request.layers.value_or(0));
-  if (run_layers < 1) throw InputError("layers", "the reproducer needs the layers run (check_trace() first, or give them)");
-  return harness::replay_line(run.checked, model::kAllVariants.front(), run_layers);  // the --impl class is the variant
-}
-
-// `cpkv replay --json`'s object for this run: its runs, and the batches the implementation's staging
-// rejects, each (batch, current pages total, staging slots), given the verdict the model gives them.
-py::object replay_json(const CheckedRun& run, const std::string& mode, const py::list& runs, const std::vector<std::array<std::int64_t, 3>>& rejected) {
-  harness::ScannedSource scanned = scanned_run(run).scanned;
-  scanned.scan.rejected.clear();
-  for (const auto& [batch, total, slots] : rejected) scanned.scan.rejected.push_back({batch, model::overflow_verdict(total, slots)});
-  const nlohmann::json runs_json = nlohmann::json::parse(py::module_::import("json").attr("dumps")(runs).cast<std::string>());
-  return to_python(harness::replay_json(run.checked, scanned, mode, runs_json));
+// `cpkv replay --json`'s object for a checked run (its "replay_json": the harness's common part) with
+// this run's mode and runs, and the batches the implementation's staging rejected, each (batch,
+// current pages total, staging slots), given the verdict the model gives them.
+py::object replay_json(const py::dict& common, const std::string& mode, const py::list& runs, const std::vector<std::array<std::int64_t, 3>>& rejected) {
+  std::vector<harness::RejectedBatch> batches;
+  for (const auto& [batch, total, slots] : rejected) batches.push_back({batch, model::overflow_verdict(total, slots)});
+  py::dict out = py::dict(common);
+  out["mode"] = mode;
+  out["runs"] = runs;
+  out["rejected_batches"] = to_python(harness::rejected_json(batches));
+  return std::move(out);
 }
 
 // One run's object (harness run_json) for a foreign exchange's run, from the figures the conformance
@@ -160,33 +148,29 @@ py::object foreign_run_json(const py::dict& figures) {
 }  // namespace
 
 void bind_request(py::module_& m) {
-  py::class_<CheckedRun>(m, "CheckedRun", "A torch-backend replay request checked by the harness (harness/request.hpp: check_request).")
-      .def("check_trace", &check_against_trace,
-           "Check the request against its trace (harness check_source: the batch present, the IPC fault's rank and --ranks of its cp, every "
-           "batch valid); InputError naming the option as the command lines spell it, or TraceError.")
-      .def_property_readonly("layers", [](const CheckedRun& run) { return scanned_run(run).scanned.layers; }, "The layers run per batch.")
-      .def_property_readonly("knobs", [](const CheckedRun& run) {
-        py::dict out;
-        for (const harness::ResolvedKnob& k : run.checked.knobs) out[py::str(k.option)] = py::make_tuple(k.value, k.origin);
-        return out;
-      }, "Every knob resolved (the option, else CPKV_*, else the default): option -> (value, origin).")
-      .def_property_readonly("import_s_max", [](const CheckedRun& run) { return run.checked.request.import_s_max; })
-      .def_property_readonly("cpkv_bin", [](const CheckedRun& run) { return run.checked.request.cpkv_bin; })
-      .def("header", [](const CheckedRun& run, const std::string& mode) {
-        return harness::run_header_lines("cpkv conformance", run.checked, *scanned_run(run).source, run.scanned, mode);
-      }, py::arg("mode"), "The run header's lines, as `cpkv replay` prints them (harness run_header_lines).")
-      .def("replay_line", &reproducer, py::arg("layers") = py::none(), "The reproducer (harness replay_line): `cpkv replay TRACE --backend torch ...`.")
-      .def("replay_json", &replay_json, py::arg("mode"), py::arg("runs"), py::arg("rejected"),
-           "`cpkv replay --json`'s object (harness replay_json) over these runs and rejected batches.");
+  // The registry is built at import, before any run's path, as the cpkv command builds it at start-up
+  // (its --backend help): a run's check then enters each backend's file once, for its verbs.
+  (void)backends::registry();
+  py::class_<CheckedRequestOnly>(m, "CheckedRequest", "A torch-backend replay request checked by the harness without its trace (check_request).")
+      .def("replay_line", [](const CheckedRequestOnly& c, std::int32_t layers) {
+        return harness::replay_line(c.checked, model::kAllVariants.front(), layers);  // the --impl class is the variant
+      }, py::arg("layers"), "The reproducer (harness replay_line): `cpkv replay TRACE --backend torch ...`.");
+  m.def("check_torch_request", &check_request_only, py::arg("trace"), py::arg("options"),
+        "The torch backend's replay request from options keyed by their Python spelling (impl, device, ranks, seed, layers, batch, mutant, "
+        "swarm, wait_ms_max, ipc_missing_rank, timeline, no_delays, time, require_attention, attention_output, import_s_max, cpkv_bin), "
+        "checked by harness check_request (the knobs' CPKV_* read there), its trace not read; InputError naming the option as `cpkv replay` "
+        "spells it.");
+  m.def("check_torch_run", &check_torch_run, py::arg("trace"), py::arg("options"),
+        "The same request checked whole in one call (harness check_run: check_request, then check_source against the trace): the checked "
+        "run as the cpkv command hands it to `python3 -m cpkv.conformance --request-fd` (format, arguments, layers, header by mode, "
+        "replay_line, replay_json, import_s_max, cpkv_bin); InputError naming the option, or TraceError.");
+  m.def("replay_json", &replay_json, py::arg("common"), py::arg("mode"), py::arg("runs"), py::arg("rejected"),
+        "`cpkv replay --json`'s object: a checked run's replay_json with this mode, these runs and these rejected batches "
+        "(batch, current pages total, staging slots).");
   m.def("foreign_run_json", &foreign_run_json, py::arg("figures"),
         "`cpkv replay --json`'s run object (harness run_json) for a foreign exchange's run: variant, mode, failure, deadlock, violations, "
         "violations_by_invariant, violation_details, seconds and per-rank batches, layers, barriers, overflows, mismatches in; passed and "
         "every common key out, what the harness cannot observe null.");
-  m.def("check_torch_request", &check_run, py::arg("trace"), py::arg("options"), py::arg("scan") = false,
-        "The torch backend's replay request from options keyed by their Python spelling (impl, device, ranks, seed, layers, batch, mutant, "
-        "swarm, wait_ms_max, ipc_missing_rank, timeline, no_delays, time, require_attention, attention_output, import_s_max, cpkv_bin), "
-        "checked by harness check_request (the knobs' CPKV_* read there), and with scan=True against the trace (check_trace); InputError "
-        "naming the option as `cpkv replay` spells it.");
 }
 
 }  // namespace cpkv::python

@@ -94,10 +94,10 @@ harness::CheckedRequest checked_request(std::string backend, std::string label, 
   r.impl = p.impl;
   r.device = p.device;
   r.ranks = p.ranks;
-  // The request's own checks come first, in the CLI's order; layers is checked here as the CLI parses it.
-  harness::CheckedRequest checked = as_input_error([&] { return harness::check_request(r, python_backends()); });
-  checked.request.layers = checked_layers(p.layers);
-  return checked;
+  // Layers parsed first, as the CLI parses them; then the whole request in one check (harness
+  // check_run: a handed-off run's source with it).
+  r.layers = checked_layers(p.layers);
+  return as_input_error([&] { return harness::check_run(r, python_backends()); });
 }
 
 // A backend whose verb is the model replay ("model"): what `cpkv replay --backend model --json F`
@@ -110,19 +110,17 @@ py::dict run_model(const harness::BackendEntry& entry, const std::string& read_p
   return json;
 }
 
-// A backend whose verb is the handoff (torch: Python's conformance harness): the checked request's
-// command run in this process by the module it names (`-m cpkv.conformance ARGS`: its replay_command),
-// which returns the report its --json writes. The trace must be a file: every rank process opens it.
-py::dict run_handoff(const harness::CheckedRequest& checked, const std::string& path) {
-  std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    throw InputError("trace", fmt::format("{} is not a regular file (backend {}: each rank process opens it)", path, checked.backend->name));
-  }
-  const std::vector<std::string> args = checked.backend->handoff(checked, harness::BatchSource::from_trace(path, checked.request.batch));
+// A backend whose verb is the handoff (torch: Python's conformance harness), its run checked whole by
+// check_run: the command run in this process by the module it names (`-m cpkv.conformance ARGS`: its
+// replay_command) with the checked run handed over, so it checks nothing again; it returns the
+// report its --json writes.
+py::dict run_handoff(const harness::CheckedRequest& checked) {
+  const harness::HandedRun& handed = *checked.handed;
+  const std::vector<std::string>& args = handed.arguments;
   CPKV_ASSERT(args.size() >= 2 && args[0] == "-m");
   py::list argv;
   for (std::size_t i = 2; i < args.size(); ++i) argv.append(args[i]);
-  return py::module_::import(args[1].c_str()).attr("replay_command")(argv).cast<py::dict>();
+  return py::module_::import(args[1].c_str()).attr("replay_command")(argv, to_python(handed.checked)).cast<py::dict>();
 }
 
 }  // namespace
@@ -147,7 +145,7 @@ void bind_sim(py::module_& m) {
                       wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank, std::move(impl), std::move(device), ranks};
     const std::string path = path_argument(path_object, "path");
     const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
-    if (checked.backend->handoff) return run_handoff(checked, path);
+    if (checked.backend->handoff) return run_handoff(checked);
     const SpooledInput input(path);  // a pipe is read more than once: the scan, then every rank and variant
     try {
       if (checked.backend->model) return run_model(*checked.backend, input.read_path(), path, batch);

@@ -54,7 +54,7 @@ def test_a_planted_bug_fails_the_run_with_its_invariant_counted():
     ({"backend": "torch", "impl": REFERENCE, "schedule": "random"}, "schedule"),  # the simulator's option
     ({"backend": "sim", "impl": REFERENCE}, "impl"),                           # only the torch backend takes it
     ({"backend": "sim", "device": "cpu"}, "device"),
-    ({"backend": "torch", "impl": REFERENCE, "ranks": 3}, "--ranks"),          # not the trace's cp: the harness's own check
+    ({"backend": "torch", "impl": REFERENCE, "ranks": 3}, "ranks: 3 ranks for a trace of cp = 2"),  # checked against the trace, in the one check
     ({"backend": "torch", "impl": "cpkv.conformance.reference:NoSuchClass"}, "impl"),  # does not import
 ])
 def test_bad_input_raises_one_input_error_naming_the_option(options, named):
@@ -152,3 +152,58 @@ def test_the_run_object_is_the_harness_run_json_with_what_it_cannot_observe_null
     assert cpkv._cpkv.foreign_run_json(dict(figures, failure="rank 1: died"))["passed"] is False
     failed = cpkv._cpkv.foreign_run_json(dict(figures, ranks=[dict(rank, mismatches=2), rank]))
     assert failed["passed"] is False and failed["mismatches"] == 2
+
+
+def handed(args: list, fd: int, **popen) -> subprocess.CompletedProcess:
+    """`python3 -m cpkv.conformance TINY --impl REFERENCE ARGS --request-fd FD`, with FD inherited."""
+    return subprocess.run([sys.executable, "-m", "cpkv.conformance", TINY, "--impl", REFERENCE, *args, "--request-fd", str(fd)],
+                          capture_output=True, text=True, timeout=600, pass_fds=(fd,), **popen)
+
+
+def checked_run_file(tmp_path: Path, options: dict, name: str = "checked.json") -> int:
+    """The checked run the harness's one check returns for these options, in a file opened for reading."""
+    path = tmp_path / name
+    path.write_text(json.dumps(cpkv._cpkv.check_torch_run(TINY, dict({"impl": REFERENCE, "ranks": 2, "seed": 5}, **options))))
+    return os.open(path, os.O_RDONLY)
+
+
+def test_a_bad_request_fd_is_one_line_and_nothing_runs(tmp_path):
+    """--request-fd is the cpkv command's: a descriptor that is not open, not a file, holds no checked
+    run, or the checked run of another command is one line naming it, exit 2, nothing run (no table)."""
+    def refused(done: subprocess.CompletedProcess, why: str) -> None:
+        assert done.returncode == 2 and done.stdout == "", done
+        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("cpkv conformance: error: --request-fd: "), done.stderr
+        assert why in done.stderr, done.stderr
+
+    absent = subprocess.run([sys.executable, "-m", "cpkv.conformance", TINY, "--impl", REFERENCE, "--ranks", "2", "--request-fd", "987"],
+                            capture_output=True, text=True, timeout=600)
+    refused(absent, "987 is not an open file descriptor")
+    read_end, write_end = os.pipe()
+    try:
+        refused(handed(["--ranks", "2"], read_end), "is not a file the cpkv command wrote")  # a pipe is never read: nothing can block
+    finally:
+        os.close(read_end), os.close(write_end)
+    (tmp_path / "not.json").write_text('{"format": "something else"}')
+    fd = os.open(tmp_path / "not.json", os.O_RDONLY)
+    refused(handed(["--ranks", "2"], fd), "does not hold a checked run")
+    os.close(fd)
+    fd = checked_run_file(tmp_path, {"seed": 7})  # the checked run of --seed 7, handed to a command of --seed 5
+    refused(handed(["--ranks", "2", "--seed", "5", "--layers", "2"], fd), "the checked run is of another command")
+    os.close(fd)
+
+
+def test_a_handed_run_is_read_not_checked_again(tmp_path):
+    """Handed a checked run, the command prints what it holds (its header lines) and checks nothing
+    again: a line added to the handed header is printed, which a check of its own would not build."""
+    data = cpkv._cpkv.check_torch_run(TINY, {"impl": REFERENCE, "ranks": 2, "seed": 5})
+    assert data["arguments"][2:] == [TINY, "--impl", REFERENCE, "--ranks", "2", "--seed", "5", "--layers", "2"], data["arguments"]
+    data["header"]["conformance/processes"].append("handed: this line is the checked run's")
+    (tmp_path / "checked.json").write_text(json.dumps(data))
+    fd = os.open(tmp_path / "checked.json", os.O_RDONLY)
+    done = handed(data["arguments"][5:], fd)  # after "-m cpkv.conformance TRACE --impl CLASS"
+    os.close(fd)
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"cpkv conformance: {TINY} | cp 2 page 4 | 3 batches | 2 of 2 layers | mode conformance/processes | seed 5"), lines
+    assert lines[0] == data["header"]["conformance/processes"][0], lines
+    assert "handed: this line is the checked run's" in lines, done.stdout

@@ -117,12 +117,13 @@ def run_cases(cases: List[RunSpec]) -> List[Outcome]:
     return launch_cases(cases)
 
 
-def replay_command(argv: List[str]) -> dict:
+def replay_command(argv: List[str], checked: Optional[dict] = None) -> dict:
     """`python3 -m cpkv.conformance ARGV` in process, nothing printed: the report `--json` writes.
-    The torch backend's handoff (cpkv.replay(path, backend="torch", impl=...)) runs through it."""
+    The torch backend's handoff (cpkv.replay(path, backend="torch", impl=...)) runs through it,
+    with the run its request check checked whole (`checked`), so nothing is checked again."""
     from .__main__ import replay
 
-    return replay(argv)
+    return replay(argv, checked)
 
 
 def run_trace(path: str, impl: Union[str, type], *, batch: Optional[int] = None, **options: Any) -> Outcome:

@@ -3,8 +3,10 @@
 
 Runs an implementation over a trace under the conformance harness and prints a table like
 `cpkv replay`'s, with a one-line reproducer on failure. It is a spelling of `cpkv replay TRACE
---backend torch`: the options are that replay request's, checked by the harness (check_request),
-and the header, the reproducer and the JSON's common part are the harness's. Exit 0: every check passed; 1: a check
+--backend torch`: the options are that replay request's, checked whole by the harness in one call
+(check_run: the request, then against the trace), and the header, the reproducer and the JSON's common
+part are the harness's. Handed a run by `cpkv replay --backend torch` (--request-fd, a file
+descriptor the command wrote its checked run into), it reads that and checks nothing again. Exit 0: every check passed; 1: a check
 failed (a wrong byte, an invariant, a rank that raised, hung or died, a broken contract); 2: bad
 input (the trace, the options, an --impl that does not import). Under torchrun (WORLD_SIZE set)
 each process is one rank, the rendezvous is env://, and rank 0 prints.
@@ -25,6 +27,7 @@ from typing import List, Optional
 from .. import _cpkv, _outputs
 from .._errors import InputError, TraceError
 from . import _adversity as adv
+from . import _checked
 from . import _impl_spec
 from . import _impl_loader
 from . import _report
@@ -56,8 +59,8 @@ class _Parser(argparse.ArgumentParser):
 
 def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
     """The command's syntax only: every value is checked by the one replay request's check
-    (harness/src/request.cpp: check_request, through _cpkv.check_torch_request), as `cpkv replay
-    --backend torch` checks the same options."""
+    (harness/src/request.cpp: check_run, through _cpkv.check_torch_run), as `cpkv replay
+    --backend torch` checks the same options (and hands the checked run over: --request-fd)."""
     p = _Parser(prog=PROG, description="Run an exchange implementation under cpkv's conformance harness.")
     p.in_process = in_process
     p.add_argument("trace", help="a batch trace (format v1)")
@@ -95,7 +98,11 @@ def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
                    help="run cpkv.attention.reference over each rank's buffer and plan, compared bit for bit with the single device")
     p.add_argument("--json", metavar="F", help="write the result as JSON to F (`cpkv replay --json`'s schema)")
     p.add_argument("--timeline", metavar="F", help="write a timeline to F (Chrome trace event format: Perfetto, chrome://tracing; docs/event-log.md)")
-    return p.parse_args(argv)
+    p.add_argument("--request-fd", metavar="N", help="the run as the cpkv command checked it, on this inherited file descriptor "
+                   "(`cpkv replay --backend torch` passes it; typed by hand, leave it out)")
+    a = p.parse_args(argv)
+    a.argv = list(argv)  # a handed run's command must be this one (_checked.from_handed)
+    return a
 
 
 def _whole(flag: str, text: Optional[str], low: int = -(1 << 63), high: int = (1 << 63) - 1) -> Optional[int]:
@@ -144,16 +151,15 @@ def request_options(a: argparse.Namespace, ranks: int) -> dict:
             "import_s_max": _seconds("--import-s-max", a.import_s_max), "cpkv_bin": a.cpkv_bin}
 
 
-def reproducer(checked: _cpkv.CheckedRun, spec: RunSpec) -> str:
+def reproducer(checked: _checked.CheckedRun, spec: RunSpec) -> str:
     """The command line that reproduces this run, whole: the request's line from the harness
     (`cpkv replay TRACE --backend torch --impl ...`), after the environment its implementation names."""
-    return _impl_spec.with_environment(checked.replay_line(), _impl_spec.environment_read(spec.impl))
+    return _impl_spec.with_environment(checked.replay_line, _impl_spec.environment_read(spec.impl))
 
 
-def header(checked: _cpkv.CheckedRun, spec: RunSpec, mode: str) -> List[str]:
+def header(checked: _checked.CheckedRun, spec: RunSpec, mode: str) -> List[str]:
     """The harness's run header (`cpkv replay`'s lines), then the injected delays (the harness's own)."""
-    delays = "delays: off" if not spec.delays else adv.describe(adv.knobs(spec.seed, spec.swarm), spec.swarm, spec.setting.cp)
-    return checked.header(f"conformance/{mode}") + [delays]
+    return checked.header[f"conformance/{mode}"] + [adv.delays_line(spec.seed, spec.swarm, spec.setting.cp, spec.delays)]
 
 
 def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
@@ -164,7 +170,7 @@ def failure_lines(o: Outcome, limit: int = 8) -> List[str]:
     return lines
 
 
-def check_impl(a: argparse.Namespace, checked: _cpkv.CheckedRun) -> None:
+def check_impl(a: argparse.Namespace, checked: _checked.CheckedRun) -> None:
     """The class imports and has the four methods, tried in a bounded child process before any rank
     starts (exit 2): an import that exits, hangs or is interrupted cannot end or stall the launcher."""
     _impl_loader.probe_impl(a.impl, a.mutant, checked.import_s_max or _impl_loader.IMPORT_S_MAX)
@@ -201,7 +207,7 @@ def check_outputs(a: argparse.Namespace) -> List[Optional[_outputs.Output]]:
     return outs
 
 
-def spec_of(a: argparse.Namespace, checked: _cpkv.CheckedRun, setting: _cpkv.Setting, batches: List[_cpkv.Batch]) -> RunSpec:
+def spec_of(a: argparse.Namespace, checked: _checked.CheckedRun, setting: _cpkv.Setting, batches: List[_cpkv.Batch]) -> RunSpec:
     """The run of the checked request (its layers as every backend runs them: at most the trace's)."""
     if a.batch is not None:
         batches = [batches[int(a.batch)]]  # present: the request check saw it in the trace
@@ -237,14 +243,25 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
     return outcome if rank == 0 or outcome.failure else None
 
 
-def prepare(a: argparse.Namespace):
+def checked_run(a: argparse.Namespace, torchrun: bool, handed: Optional[dict]) -> _checked.CheckedRun:
+    """The run as the harness checked it: handed over (in process, or by the cpkv command on
+    --request-fd), else checked here, in one call (the request, then against the trace)."""
+    if handed is not None:
+        return _checked.from_handed(handed, a.argv, "checked")
+    if a.request_fd is not None:
+        return _checked.from_fd(a.request_fd, a.argv)
+    return _checked.check(a.trace, request_options(a, ranks_of(a, torchrun)))
+
+
+def prepare(a: argparse.Namespace, handed: Optional[dict] = None):
     """Everything checked before any rank starts, options first (the one request check, then against
-    the trace), then the outputs and the implementation: the checked request, the spec, the trace's
-    setting, the outputs, and whether this is torchrun."""
+    the trace, or the run a front end checked and handed over), then the outputs and the
+    implementation: the checked run, the spec, the trace's setting, the outputs, and whether this is
+    torchrun."""
     torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)
     _outputs.check_input_file("trace", a.trace)
-    checked = _cpkv.check_torch_request(a.trace, request_options(a, ranks_of(a, torchrun)), scan=True)
+    checked = checked_run(a, torchrun, handed)
     outs = check_outputs(a)
     if a.timeline and torchrun:
         raise InputError("--timeline", "not under torchrun (rank 0 alone would write it)")
@@ -284,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 128 + stopped.signum
 
 
-def run_prepared(a: argparse.Namespace, checked: _cpkv.CheckedRun, spec: RunSpec, outs: List[Optional[_outputs.Output]],
+def run_prepared(a: argparse.Namespace, checked: _checked.CheckedRun, spec: RunSpec, outs: List[Optional[_outputs.Output]],
                  torchrun: bool) -> Optional[Outcome]:
     """The run of a prepared command: every rank launched (or this one under torchrun), the timeline
     written, and under --time on CUDA the built-in staging_direct timed on the same batches."""
@@ -298,14 +315,14 @@ def run_prepared(a: argparse.Namespace, checked: _cpkv.CheckedRun, spec: RunSpec
     return outcome
 
 
-def replay(argv: List[str]) -> dict:
-    """The torch backend's run in process (cpkv.replay(path, backend="torch", impl=...), through the
-    request check in C++, whose handoff gives these arguments): the same checks and run as the
-    command, nothing printed; returns the report `--json` writes (and writes it there too, where
-    given). Bad input raises InputError or TraceError, as every backend's replay() does."""
+def replay(argv: List[str], handed: Optional[dict] = None) -> dict:
+    """The torch backend's run in process (cpkv.replay(path, backend="torch", impl=...), checked whole
+    by the request check in C++, which hands these arguments and the checked run over): the same run
+    as the command, nothing printed; returns the report `--json` writes (and writes it there too,
+    where given). Bad input raises InputError or TraceError, as every backend's replay() does."""
     a = parse(argv, in_process=True)
     try:
-        checked, spec, _, outs, torchrun = prepare(a)
+        checked, spec, _, outs, torchrun = prepare(a, handed)
     except ContractError as error:
         raise InputError("impl", str(error)) from None
     if torchrun:
@@ -317,7 +334,7 @@ def replay(argv: List[str]) -> dict:
     return report
 
 
-def report_run(a: argparse.Namespace, checked: _cpkv.CheckedRun, spec: RunSpec, outcome: Outcome, outs: List[Optional[_outputs.Output]],
+def report_run(a: argparse.Namespace, checked: _checked.CheckedRun, spec: RunSpec, outcome: Outcome, outs: List[Optional[_outputs.Output]],
                mode: str) -> int:
     """The table, a failure's lines and its reproducer, the --json file; the exit status."""
     line = reproducer(checked, spec)

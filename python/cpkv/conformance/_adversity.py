@@ -198,3 +198,8 @@ def describe(knob: Dict[str, object], swarm: bool, cp: Optional[int] = None) -> 
         text = re.sub(r"rank -?\d+ reader \+-?\d+", f"rank {producer} reader +{offset}", text, count=1)
     return f"{'swarm knobs' if swarm else 'fault knobs'}: {text} (the harness bounds each hold to [{HOLD_US_MIN}, {HOLD_US_MAX}] us)"
 
+
+
+def delays_line(seed: int, swarm: bool, cp: int, delays: bool) -> str:
+    """The run header's line of the injected delays: their knobs (describe), or that they are off."""
+    return describe(knobs(seed, swarm), swarm, cp) if delays else "delays: off"

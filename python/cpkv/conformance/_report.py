@@ -18,6 +18,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import _cpkv
 from . import _adversity as adv
+from . import _checked
 from ._launch import Outcome
 from . import _timing
 from ._probes import percentile, summarize_capture
@@ -107,10 +108,10 @@ def run_json(spec: RunSpec, o: Outcome, mode: str) -> dict:
             "builtin_staging_direct_ms": builtin_cell(spec, o), "timings_of_record": of_record(spec)}
 
 
-def replay_json(checked: _cpkv.CheckedRun, spec: RunSpec, o: Outcome, mode: str, reproducer: str) -> dict:
+def replay_json(checked: _checked.CheckedRun, spec: RunSpec, o: Outcome, mode: str, reproducer: str) -> dict:
     """`cpkv replay --json`'s object for one implementation's run (its common part the harness's, for
     the checked request), plus the harness's own `conformance` block."""
-    report = checked.replay_json(f"conformance/{mode}", [run_json(spec, o, mode)], rejected(spec, o))
+    report = _cpkv.replay_json(checked.replay_json, f"conformance/{mode}", [run_json(spec, o, mode)], rejected(spec, o))
     report["conformance"] = {"impl": spec.impl, "device": spec.device, "ranks": spec.setting.cp, "swarm": spec.swarm, "timing": spec.timing,
                             "knobs": adv.knobs(spec.seed, spec.swarm) if spec.delays and not spec.timing else None,
                             "checks_fired": o.checks_fired(), "mismatches": o.mismatches, "findings": o.findings,

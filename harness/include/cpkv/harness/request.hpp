@@ -151,6 +151,7 @@ inline constexpr double import_s_max = 3600;                    // an hour: an i
 
 struct BackendEntry;
 struct CheckedBench;
+struct HandedRun;
 
 // A request after check_request: the backend found, names parsed, every option in range.
 struct CheckedRequest {
@@ -169,6 +170,9 @@ struct CheckedRequest {
   // --timeline of the run counts (default: the host's wall clock in microseconds).
   std::string backend_line;
   TimelineClock timeline_clock = TimelineClock::wall_us;
+  // A backend whose run is another front end's (its handoff verb), checked whole by check_run: the
+  // source's scan, the command, and what that front end prints and writes; null otherwise.
+  std::shared_ptr<const HandedRun> handed;
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -191,6 +195,17 @@ struct BenchPrint {
 using ProgressFunction = std::function<void(std::int64_t layers_done)>;
 
 struct ScannedSource;
+
+// What a backend whose run is another front end's says of a checked request and source: the
+// arguments after the interpreter that run it there ("-m cpkv.conformance TRACE --impl ..."), the
+// run header's front end and the modes the run may take there (the header of each is built here),
+// and the header's line of the backend's own configuration.
+struct Handoff {
+  std::vector<std::string> arguments;
+  std::string front_end;
+  std::vector<std::string> modes;
+  std::string backend_line;
+};
 
 // A backend's registry entry: what it is (name, summary), what it takes (option bits, planted bugs,
 // its rank cap and default exchange), and its verbs. A front end asks which verbs an entry has,
@@ -216,9 +231,9 @@ struct BackendEntry {
   // of every batch and variant under these ceilings, harness/model_replay.hpp).
   std::function<ModelReplayOutput(const BatchSource&, const std::string& label, const model::CostParameters&, const ModelReplayOptions&)> model;
   // handoff: the run is another front end's, in another process (the torch backend's is Python's
-  // conformance harness): the arguments after the interpreter that run this request there
-  // ("-m cpkv.conformance TRACE --impl ..."), given the source (its setting: the layers run).
-  std::function<std::vector<std::string>(const CheckedRequest&, const BatchSource&)> handoff;
+  // conformance harness), checked whole here first (check_run): what that front end needs of the
+  // request checked against its source (Handoff).
+  std::function<Handoff(const CheckedRequest&, const BatchSource&, const ScannedSource&)> handoff;
   // `cpkv bench`: every variant timed (empty: the backend does not bench), told to `print` as it
   // goes; an environment it cannot bench in (no GPU, too few) is a RequestError.
   std::function<BenchReport(const CheckedBench&, const BatchSource&, const BenchPrint& print)> bench;
@@ -243,6 +258,12 @@ void register_model_backend(Registry& registry);
 // with the environment's values, then the backend's own): throws RequestError naming the first bad
 // one. The only reader of the environment's CPKV_* knobs (kKnobTable).
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
+
+// check_request, then, for a backend whose run is another front end's (BackendEntry::handoff), the
+// rest of the run's checks in the same call: the source (request.trace_label, a regular file: each
+// of that run's processes opens it) by check_source, and the HandedRun that front end reads instead
+// of checking again (CheckedRequest::handed). For every other backend, check_request alone.
+CheckedRequest check_run(const ReplayRequest& request, const Registry& registry);
 
 // The knobs of kKnobTable a backend takes, resolved into `request` (the environment's value where
 // the option is not given) and checked; for a front end that runs a backend without a whole
@@ -291,6 +312,19 @@ struct ScannedSource {
   int stale_regions = 0;         // removed by the sweep
 };
 ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source);
+
+// A run checked whole in one process and run in another (the torch backend's: the cpkv command, or
+// Python's replay(), hands it to `python3 -m cpkv.conformance`): the source's scan, the command, and
+// `checked`, the JSON that front end reads in place of its own check (kCheckedRunFormat): "layers"
+// (run per batch), "header" (mode -> the run header's lines), "replay_line" (the reproducer),
+// "replay_json" (`cpkv replay --json`'s object with no runs and no rejected batches: the front end
+// adds its own), "import_s_max" and "cpkv_bin" (the knobs resolved), and "arguments" (the command).
+struct HandedRun {
+  ScannedSource scanned;
+  std::vector<std::string> arguments;
+  nlohmann::json checked;
+};
+inline constexpr const char* kCheckedRunFormat = "cpkv-checked-run v1";
 
 // The run header's first line: "<front end>: TRACE | cp .. page .. | N batches | L of M layers | mode .. | seed S".
 std::string run_header(std::string_view front_end, const CheckedRequest& checked, const BatchSource& source, const ScannedSource& scanned,
