@@ -27,7 +27,8 @@ std::int64_t RunReport::mismatches() const {
   return sum;
 }
 
-std::string describe(const Violation& v) {
+std::string violation_line(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, std::int64_t slot, std::int64_t step,
+                           std::string_view detail) {
   static constexpr const char* kNames[] = {"?",
                                            "page-writer exclusivity",
                                            "parity-half reuse safety",
@@ -41,13 +42,18 @@ std::string describe(const Violation& v) {
   // Where, in words: a field that does not apply (-1) is left out, not printed as -1 (issue 25,
   // item 4); a violation seen only once the group stopped says so.
   std::string where;
-  if (v.rank >= 0) where += fmt::format(" rank {}", v.rank);
-  if (v.batch >= 0) where += fmt::format(" batch {}", v.batch);
-  if (v.layer >= 0) where += fmt::format(" layer {}", v.layer);
-  if (v.slot >= 0) where += fmt::format(" slot {}", v.slot);
-  if (v.step >= 0) where += fmt::format(" step {}", v.step);
-  if (v.batch < 0 && v.layer < 0 && v.step < 0) where += " at the end of the run";
-  return fmt::format("invariant {} ({}):{}: {}", v.invariant, kNames[std::clamp(v.invariant, 0, kInvariants)], where, v.detail);
+  if (rank >= 0) where += fmt::format(" rank {}", rank);
+  if (batch >= 0) where += fmt::format(" batch {}", batch);
+  if (layer >= 0) where += fmt::format(" layer {}", layer);
+  if (slot >= 0) where += fmt::format(" slot {}", slot);
+  if (step >= 0) where += fmt::format(" step {}", step);
+  if (batch < 0 && layer < 0 && step < 0) where += " at the end of the run";
+  return fmt::format("invariant {} ({}):{}: {}", invariant, kNames[std::clamp(invariant, 0, kInvariants)], where, detail);
+}
+
+std::string describe(const Violation& v) {
+  // The detail is a fixed buffer a rank process wrote: read up to its size, terminated or not.
+  return violation_line(v.invariant, v.rank, v.batch, v.layer, v.slot, v.step, std::string_view(v.detail, ::strnlen(v.detail, sizeof v.detail)));
 }
 
 }  // namespace cpkv::harness

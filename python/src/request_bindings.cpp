@@ -18,6 +18,7 @@
 #include "cpkv/backends/register_all.hpp"
 #include "cpkv/harness/replay_report.hpp"
 #include "cpkv/harness/request.hpp"
+#include "cpkv/harness/run.hpp"
 #include "cpkv/model/staging.hpp"
 #include "cpkv/traces/text.hpp"
 
@@ -164,6 +165,10 @@ void bind_request(py::module_& m) {
         "The same request checked whole in one call (harness check_run: check_request, then check_source against the trace): the checked "
         "run as the cpkv command hands it to `python3 -m cpkv.conformance --request-fd` (format, arguments, layers, header by mode, "
         "replay_line, replay_json, import_s_max, cpkv_bin); InputError naming the option, or TraceError.");
+  m.def("violation_line", &harness::violation_line, py::arg("invariant"), py::arg("rank") = -1, py::arg("batch") = -1, py::arg("layer") = -1,
+        py::arg("slot") = -1, py::arg("step") = -1, py::arg("detail") = "",
+        "One finding's line as every front end prints it (harness violation_line, describe's shape): "
+        "'invariant 3 (overflow determinism): rank 1 batch 0: detail'; a field that does not apply is -1 and left out.");
   m.def("replay_json", &replay_json, py::arg("common"), py::arg("mode"), py::arg("runs"), py::arg("rejected"),
         "`cpkv replay --json`'s object: a checked run's replay_json with this mode, these runs and these rejected batches "
         "(batch, current pages total, staging slots).");

@@ -100,3 +100,20 @@ def test_the_device_path_and_the_host_path_name_one_wrong_byte_with_one_line():
     assert host is not None and host == device, (host, device)
     assert host.startswith(f"mismatch: rank 1 batch 3 layer 0 kind kv_fp8 slot 2 row 1 byte 5: expected "), host
     assert "(2 wrong bytes)" in host, host
+
+
+def test_the_conformance_checks_findings_have_the_harness_shape():
+    """A finding of the conformance checks is printed in the shape every front end prints
+    (`invariant N (name): rank R batch B: detail`, the invariant's name from PROTOCOL.md section 9),
+    not a shape of its own: an overflowing batch that rank 1 composed, and ranks that arrived at
+    different barrier counts."""
+    from cpkv.conformance import _check
+    summaries = [{"rank": 0, "refused_at": 0, "wrote_before_refusal": False}, {"rank": 1, "refused_at": None, "wrote_before_refusal": False}]
+    lines = _check.overflow_findings(2, summaries, current_pages_total=5, declared=3)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("invariant 3 (overflow determinism): rank 1 batch 2: composed every layer, but the batch overflows "
+                               "the declared staging ("), lines
+    arrived = [{"rank": r, "events_used": True, "events": [(0, "arrive", r, 0, 0, 0, 0)] * (r + 1)} for r in range(2)]
+    drained = _check._arrival_counts(4, arrived)
+    assert drained == ["invariant 4 (barrier phase safety): batch 4: barriers not drained at the batch's end: rank 0 arrived at 1 "
+                       "barriers, rank 1 at 2"], drained

@@ -20,7 +20,11 @@ from .. import attention as _attention
 from . import _probes
 from ._context import Context, ContractError
 
-INVARIANT_9 = "invariant 9 (attention plan exactness)"
+
+def finding_line(invariant: int, detail: str, rank: int = -1, batch: int = -1, layer: int = -1) -> str:
+    """A finding of these checks in the one shape every front end prints (harness violation_line):
+    'invariant 3 (overflow determinism): rank 1 batch 0: detail'."""
+    return _cpkv.violation_line(invariant, rank=rank, batch=batch, layer=layer, detail=detail)
 
 
 def _foreign_array(value) -> bool:
@@ -187,7 +191,7 @@ def attention_plan(out) -> Optional[np.ndarray]:
 def plan_line(ctx: Context, layer: int, plan: np.ndarray) -> Optional[str]:
     """Invariant 9 on this rank and layer: the model's checker's line, located, or None."""
     found = _cpkv.check_attention_plan(ctx.setting, ctx.batch, ctx.rank, plan, ctx.query_split)
-    return None if found is None else f"{INVARIANT_9}: rank {ctx.rank} batch {ctx.batch_index} layer {layer}: {found.detail()}"
+    return None if found is None else finding_line(9, found.detail(), rank=ctx.rank, batch=ctx.batch_index, layer=layer)
 
 
 def coverage_findings(index: int, batch: _cpkv.Batch, summaries: List[dict]) -> List[str]:
@@ -199,7 +203,7 @@ def coverage_findings(index: int, batch: _cpkv.Batch, summaries: List[dict]) -> 
         found = _cpkv.check_attention_coverage(batch, plans)
         if found is not None:
             finding, rank = found
-            return [f"{INVARIANT_9}: rank {rank} batch {index} layer {layer}: {finding.detail()}"]
+            return [finding_line(9, finding.detail(), rank=rank, batch=index, layer=layer)]
     return []
 
 
@@ -214,7 +218,7 @@ def attention_output_line(ctx: Context, oracle, layer: int, dense: torch.Tensor,
         found = _attention.output_difference(ctx.setting, ctx.batch, dense, expected, plan)
     if found is None:
         return None
-    return f"{INVARIANT_9}: rank {ctx.rank} batch {ctx.batch_index} layer {layer}: attention output (kind {kind}): {found}"
+    return finding_line(9, f"attention output (kind {kind}): {found}", rank=ctx.rank, batch=ctx.batch_index, layer=layer)
 
 
 # --- the batch-level checks, on rank 0 over every rank's summary -----------------------------------
@@ -224,8 +228,8 @@ def overflow_findings(batch: int, summaries: List[dict], current_pages_total: in
     wait; a batch that fits is refused by none. declared None: the implementation has no staging
     (ctx.declare_staging(None), section 12), so nothing overflows and a refusal is the finding."""
     if declared is None:
-        return [f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} refused the batch, but it declared no staging "
-                f"(ctx.declare_staging(None)): overflow does not apply to an exchange without staging (PROTOCOL.md section 12)"
+        return [finding_line(3, "refused the batch, but it declared no staging (ctx.declare_staging(None)): overflow does not apply to an "
+                             "exchange without staging (PROTOCOL.md section 12)", rank=s["rank"], batch=batch)
                 for s in summaries if s["refused_at"] is not None]
     overflow = current_pages_total > declared
     verdict = _cpkv.overflow_verdict(current_pages_total, declared).describe()
@@ -233,13 +237,11 @@ def overflow_findings(batch: int, summaries: List[dict], current_pages_total: in
     for s in summaries:
         if overflow and s["refused_at"] != 0:
             what = "composed every layer" if s["refused_at"] is None else f"refused only at layer {s['refused_at']}"
-            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} {what}, but the batch overflows "
-                         f"the declared staging ({verdict})")
+            lines.append(finding_line(3, f"{what}, but the batch overflows the declared staging ({verdict})", rank=s["rank"], batch=batch))
         elif not overflow and s["refused_at"] is not None:
-            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} refused a batch that fits ({verdict})")
+            lines.append(finding_line(3, f"refused a batch that fits ({verdict})", rank=s["rank"], batch=batch))
         elif overflow and s["wrote_before_refusal"]:
-            lines.append(f"invariant 3 (overflow determinism): batch {batch}: rank {s['rank']} wrote staging or arrived at a barrier "
-                         f"before refusing ({verdict})")
+            lines.append(finding_line(3, f"wrote staging or arrived at a barrier before refusing ({verdict})", rank=s["rank"], batch=batch))
     return lines
 
 
@@ -291,11 +293,10 @@ def _collective_agreement(batch: int, summaries: List[dict]) -> List[str]:
     for rank, calls in sorted(issued.items()):
         for call, (mine, theirs) in enumerate(zip(issued[first], calls), start=1):
             if mine != theirs:
-                return [f"invariant 7 (capability agreement): batch {batch}: collective {call}: rank {first} entered it on layer {mine[0]}, "
-                        f"rank {rank} entered another (layer {theirs[0]}, a different name) there"]
+                return [finding_line(7, f"collective {call}: rank {first} entered it on layer {mine[0]}, rank {rank} entered another "
+                                        f"(layer {theirs[0]}, a different name) there", batch=batch)]
         if len(calls) != len(issued[first]):
-            return [f"invariant 7 (capability agreement): batch {batch}: rank {first} entered {len(issued[first])} collectives, "
-                    f"rank {rank} {len(calls)}"]
+            return [finding_line(7, f"rank {first} entered {len(issued[first])} collectives, rank {rank} {len(calls)}", batch=batch)]
     return []
 
 
@@ -307,6 +308,6 @@ def _arrival_counts(batch: int, summaries: List[dict]) -> List[str]:
     first = min(counts)
     for rank, count in sorted(counts.items()):
         if count != counts[first]:
-            return [f"invariant 4 (barrier phase safety): batch {batch}: barriers not drained at the batch's end: rank {first} arrived at "
-                    f"{counts[first]} barriers, rank {rank} at {count}"]
+            return [finding_line(4, f"barriers not drained at the batch's end: rank {first} arrived at {counts[first]} barriers, rank {rank} "
+                                    f"at {count}", batch=batch)]
     return []

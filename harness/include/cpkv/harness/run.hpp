@@ -86,6 +86,11 @@ void add_rank(RunReport& report, const Totals& rank);
 
 // One line: invariant number and name, where, and the detail.
 std::string describe(const Violation& violation);
+// The same line for a finding that is not a Violation record (the conformance harness's checks of a
+// foreign class, whose details outgrow Violation::detail): every front end prints one shape,
+// "invariant 3 (overflow determinism): rank 1 batch 0: detail"; a field that does not apply is -1.
+std::string violation_line(std::int32_t invariant, std::int32_t rank, std::int64_t batch, std::int32_t layer, std::int64_t slot,
+                           std::int64_t step, std::string_view detail);
 
 // The one backend interface: run every batch of a source through one exchange variant and report
 // what happened (bytes, barriers, verdicts, mismatches against the model, invariant violations).
