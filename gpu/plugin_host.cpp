@@ -73,7 +73,7 @@ harness::Violation violation(std::int32_t invariant, std::int32_t rank, std::int
   v.rank = rank;
   v.batch = batch;
   v.layer = layer;
-  std::snprintf(v.detail, sizeof(v.detail), "%s", detail.c_str());
+  v.set_detail(detail);
   return v;
 }
 

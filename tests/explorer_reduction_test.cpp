@@ -100,7 +100,9 @@ std::map<harness::Mutant, bool> compare_reduced_and_full(std::int32_t cp, const 
       const ExploreResult reduced = explore(o);
       EXPECT_TRUE(full.complete && reduced.complete);
       EXPECT_EQ(reduced.findings, full.findings);
-      if (mutant == harness::Mutant::none) EXPECT_TRUE(full.findings.empty()) << *full.findings.begin();
+      if (mutant == harness::Mutant::none) {
+        EXPECT_TRUE(full.findings.empty()) << *full.findings.begin();
+      }
       some_finding[mutant] = some_finding[mutant] || !full.findings.empty();
       EXPECT_LE(reduced.states, full.states);
     }

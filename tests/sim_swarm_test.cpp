@@ -131,7 +131,9 @@ TEST(SimSwarm, CorrectProtocolPassesUnderEitherHoldAndTheReaderHoldEndsEarly) {
     const auto elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     EXPECT_TRUE(report.passed()) << (reader ? "reader" : "producer") << ": " << report.failure;
     // tiny has 3 batches (one rejected) of 2 layers; the reader holds at most on layer 0 of each.
-    if (reader) EXPECT_LT(elapsed_ms, 1000) << "the reader's hold ran to its bound";
+    if (reader) {
+      EXPECT_LT(elapsed_ms, 1000) << "the reader's hold ran to its bound";
+    }
   }
 }
 

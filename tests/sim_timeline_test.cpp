@@ -118,7 +118,9 @@ TEST(SimTimeline, ScheduledRunHasOneTrackPerRankAndOneSpanPerStep) {
     for (std::size_t i = 0; i < spans.size(); ++i) {
       const json& s = spans[i];
       categories.insert(s["cat"].get<std::string>());
-      if (i > 0) EXPECT_GE(s["ts"].get<std::int64_t>(), spans[i - 1]["ts"].get<std::int64_t>() + spans[i - 1]["dur"].get<std::int64_t>()) << s.dump();
+      if (i > 0) {
+        EXPECT_GE(s["ts"].get<std::int64_t>(), spans[i - 1]["ts"].get<std::int64_t>() + spans[i - 1]["dur"].get<std::int64_t>()) << s.dump();
+      }
       EXPECT_LE(s["ts"].get<std::int64_t>() + s["dur"].get<std::int64_t>(), static_cast<std::int64_t>(run.report.steps));
       EXPECT_TRUE(s["args"].contains("batch")) << s.dump();
       if (s["args"]["layer"].get<std::int32_t>() >= 0) {

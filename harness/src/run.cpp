@@ -51,9 +51,12 @@ std::string violation_line(std::int32_t invariant, std::int32_t rank, std::int64
   return fmt::format("invariant {} ({}):{}: {}", invariant, kNames[std::clamp(invariant, 0, kInvariants)], where, detail);
 }
 
-std::string describe(const Violation& v) {
-  // The detail is a fixed buffer a rank process wrote: read up to its size, terminated or not.
-  return violation_line(v.invariant, v.rank, v.batch, v.layer, v.slot, v.step, std::string_view(v.detail, ::strnlen(v.detail, sizeof v.detail)));
+void Violation::set_detail(std::string_view text) {
+  const std::size_t n = std::min(text.size(), sizeof detail - 1);
+  std::memcpy(detail, text.data(), n);
+  detail[n] = '\0';
 }
+
+std::string describe(const Violation& v) { return violation_line(v.invariant, v.rank, v.batch, v.layer, v.slot, v.step, v.text()); }
 
 }  // namespace cpkv::harness

@@ -188,7 +188,7 @@ TimelineParts::Merged TimelineParts::merge(const std::vector<Violation>& violati
   }
   for (const Violation& v : violations) {
     const std::int32_t tid = v.rank >= 0 && v.rank < run_.ranks ? v.rank : run_.ranks;
-    const nlohmann::json args = {{"invariant", v.invariant}, {"rank", v.rank}, {"batch", v.batch}, {"layer", v.layer}, {"detail", std::string(v.detail, ::strnlen(v.detail, sizeof(v.detail)))}};
+    const nlohmann::json args = {{"invariant", v.invariant}, {"rank", v.rank}, {"batch", v.batch}, {"layer", v.layer}, {"detail", std::string(v.text())}};
     const bool mismatch = v.invariant == 6;
     out.add(instant(mismatch ? std::string("mismatch") : fmt::format("violation: invariant {}", v.invariant), mismatch ? "mismatch" : "violation",
                     ends.at(v), run_.pid, tid, args));

@@ -106,7 +106,7 @@ py::object replay_json(const py::dict& common, const std::string& mode, const py
   out["mode"] = mode;
   out["runs"] = runs;
   out["rejected_batches"] = to_python(harness::rejected_json(batches));
-  return std::move(out);
+  return out;
 }
 
 // One run's object (harness run_json) for a foreign exchange's run, from the figures the conformance

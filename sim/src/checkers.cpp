@@ -74,7 +74,7 @@ void StateChecker::violation(std::int32_t invariant, std::int32_t layer, std::in
   v.layer = layer;
   v.slot = slot;
   v.step = static_cast<std::int64_t>(steps_taken_);
-  std::snprintf(v.detail, sizeof(v.detail), "%s", detail.c_str());
+  v.set_detail(detail);
   world_->record(v);
 }
 

@@ -486,7 +486,7 @@ std::int64_t run_rank_processes(const World& world, const BatchSource& source, c
     v.rank = launched.culprit;
     v.batch = launched.culprit_batch;  // where the culprit was, not "batch -1 layer -1"
     v.layer = launched.culprit_layer;
-    std::snprintf(v.detail, sizeof(v.detail), "%s", launched.failure.c_str());
+    v.set_detail(launched.failure);
     world.record(v);
   }
   return by_ranks;

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,10 @@ struct Violation {
   std::int64_t slot = -1;
   std::int64_t step = -1;
   char detail[160] = {};
+  // The detail as text: up to the buffer's size, terminated or not (a rank process wrote it).
+  std::string_view text() const { return {detail, ::strnlen(detail, sizeof detail)}; }
+  // The detail from `text`, cut to the buffer and terminated.
+  void set_detail(std::string_view text);
 };
 // Violations a run keeps (the count covers all of them); shared-memory reports hold this many.
 inline constexpr std::int32_t kViolationsMax = 64;
