@@ -20,6 +20,7 @@
 #   BENCH_BASELINE=DIR another tree (e.g. `git archive COMMIT | tar -x -C ab-old`), built the same way
 #                      and benched interleaved with this one; bench/bench_ab.py gives the ratio per layer
 #   PROBE_ARGS         the gather probe's arguments (default --quick; empty for the full sweep)
+#   CPKV_COMMIT        the commit the caller's tree is at, for the visit's first line
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -98,7 +99,10 @@ ctest_step() {
   return $rc
 }
 
-echo "== $(date -u +%FT%TZ) gpu visit: ${suites[*]} (commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
+# The device's copy of the tree may carry stale git metadata (its files are the caller's, its .git an
+# older copy's), so the commit comes from the caller where given: CPKV_COMMIT=$(git rev-parse --short HEAD).
+commit="${CPKV_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?') (from the device copy, CPKV_COMMIT not given)}"
+echo "== $(date -u +%FT%TZ) gpu visit: ${suites[*]} (commit $commit)"
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi: no GPU here"
 gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
