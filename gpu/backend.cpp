@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -63,14 +64,14 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
     granularity = std::max<std::uint64_t>(granularity, devices.granularity[d]);
   }
   const NeedInputs in{memory, granularity, cuda.measure_ceilings, kBenchBufferBytes};
-  share.plan = pool_plan(source.setting, options.layers, shape, in);
-  const std::vector<GpuNeed> needs = gpu_needs(share.plan, devices.count, std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
-  if (const std::string line = need_line(needs, memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
-    fmt::print("{}\n", line);
+  PoolVerdict verdict = pool_verdict(source.setting, options.layers, shape, in, std::vector<std::uint64_t>(devices.free, devices.free + devices.count));
+  if (cuda.need_line_printed == nullptr || verdict.need_line != *cuda.need_line_printed) {
+    fmt::print("{}\n", verdict.need_line);
     std::fflush(stdout);
-    if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = line;  // once per size over the runs that share it
+    if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = verdict.need_line;  // once per size over the runs that share it
   }
-  if (const std::string refused = refusal(needs, memory); !refused.empty()) throw DeviceRefusal(refused);
+  if (!verdict.refusal.empty()) throw DeviceRefusal(verdict.refusal);
+  share.plan = std::move(verdict.plan);
   if (memory == PoolMemory::dense) return share;
   share.channels = std::make_unique<FdChannels>(cp);
   return share;
