@@ -1,5 +1,5 @@
 // The GPU backend's driver: the bootstrap segment, one process per rank through the harness's
-// launcher, and the report every backend fills.
+// launcher, each rank's life, and the report every backend fills.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +14,7 @@
 #include "cpkv/harness/attention_limit.hpp"
 #include "cpkv/harness/shared_region.hpp"
 #include "fused/fused_exchange.hpp"
+#include "plugin_host.hpp"
 #include "rank.hpp"
 #include "timeline.hpp"
 
@@ -75,6 +76,19 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
   if (memory == PoolMemory::dense) return share;
   share.channels = std::make_unique<FdChannels>(cp);
   return share;
+}
+
+// One rank process's life: set up (rank_memory.cpp), the bench's ceilings where asked, every batch
+// through the plugin host (plugin_host.cpp: the backend's one rank loop, whatever the exchange,
+// through the drain check after the plugin's teardown), tear-down.
+int cuda_rank(const RankContext& ctx) {
+  Rank r{ctx};
+  set_up_rank(r);
+  const RankTimelineHandle timeline = open_timeline(r);
+  if (ctx.cuda.measure_ceilings) measure_ceilings(r, ctx.boot->bench_results[ctx.rank]);
+  run_plugin_batches(r);
+  leave_group(r);
+  return harness::kRankExitOk;
 }
 
 harness::RunReport run_group(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, BenchResult* bench) {
