@@ -55,12 +55,8 @@ auto as_option_error(Function&& function) {
 
 }  // namespace
 
-harness::CheckedRequest checked_request(const harness::ReplayRequest& request) {
-  return as_option_error([&] { return harness::check_run(request, backends()); });
-}
-
-harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source) {
-  return as_option_error([&] { return harness::check_source(request, source); });
+harness::CheckedRequest checked_request(const harness::ReplayRequest& request, const harness::SourceFile& source_file) {
+  return as_option_error([&] { return harness::check_run(request, backends(), source_file); });
 }
 
 harness::CheckedBench checked_bench(const harness::BenchRequest& request) {

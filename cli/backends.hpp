@@ -14,9 +14,9 @@ const harness::Registry& backends();
 // "sim (...), cuda (...) or model (...)": the --backend help text, from the registry.
 std::string backends_help();
 
-// The replay's request checked (harness check_run: a handed-off run's source with it).
-harness::CheckedRequest checked_request(const harness::ReplayRequest& request);
-harness::ScannedSource checked_source(const harness::CheckedRequest& request, const harness::BatchSource& source);
+// The replay's run checked whole (harness check_run: the options, then the command's files through
+// `source_file`, then the source against them; a handed-off run's source with it).
+harness::CheckedRequest checked_request(const harness::ReplayRequest& request, const harness::SourceFile& source_file);
 harness::CheckedBench checked_bench(const harness::BenchRequest& request);
 // The request's bench through its backend's entry (check_bench_request made sure it has one).
 harness::BenchReport benched(const harness::CheckedBench& bench, const harness::BatchSource& source, const harness::BenchPrint& print);

@@ -48,7 +48,7 @@ struct ReplayOptions {
 
 // Every option and file of a replay, checked in one pass for every backend before any work: options
 // first (harness::check_request, shared with Python), then the inputs, then the outputs (nothing is
-// created or opened for writing here).
+// created or opened for writing here), then the trace against the options (harness::check_run).
 struct CheckedReplay {
   harness::CheckedRequest request;
   std::unique_ptr<InputFile> trace;
@@ -73,24 +73,19 @@ std::optional<std::int32_t> parse_layers(const std::string& text) {
   return layers;
 }
 
-// The inputs (trace, schedule file, ceilings file), then the request, then the outputs.
-void check_replay(ReplayOptions& o, CheckedReplay& c) {
-  o.request.layers = parse_layers(o.layers);
-  o.request.event_log = o.event_log_path;  // until the run: then the temporary file beside it (run_backend)
-  o.request.timeline = o.timeline_path;
-  o.request.trace_label = o.trace_path;
-  if (o.model.staging_sweep) (void)parse_staging_sweep(*o.model.staging_sweep);  // bad input before any output
-  if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
-    c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
-  }
-  // One call checks the whole request (a handed-off run's source with it: run_handoff).
-  c.request = checked_request(o.request);
-  if (!c.request.backend->model && o.model.given()) {
+void refuse_model_options(const ReplayOptions& o, const harness::BackendEntry& backend) {
+  if (!backend.model && o.model.given()) {
     throw OptionError("--ceilings, --peer-gbps, ..., --chart, --per-batch, --staging-mib, --staging-sweep, --repeat and --exact-model need --backend model");
   }
-  if (c.request.backend->handoff) return;  // the run's front end checks its outputs (run_handoff)
+}
+
+// What the command reads and writes, once the request's options pass: the model's options, the
+// ceilings, the trace (a pipe spooled into a private file: every rank reopens it), the outputs
+// (nothing is created or opened for writing here). Returns the file the trace is read from.
+std::string check_files(const ReplayOptions& o, const harness::CheckedRequest& request, CheckedReplay& c) {
+  refuse_model_options(o, *request.backend);
   if (o.model.ceilings_path) c.ceilings_file = std::make_unique<InputFile>("--ceilings", *o.model.ceilings_path);
-  if (c.request.backend->model) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
+  if (request.backend->model) c.ceilings = load_ceilings(o.model, c.ceilings_file.get(), &c.ceilings_shape);
   // Every rank reopens the trace: a pipe is read once, into a private spool file.
   c.trace = std::make_unique<InputFile>("trace", o.trace_path, /*spool=*/true);
   if (o.json_path) c.json = std::make_unique<OutputFile>("--json", *o.json_path);
@@ -101,6 +96,23 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   refuse_same_files({c.trace.get(), c.schedule_file.get(), c.ceilings_file.get()},
                     {c.json.get(), c.event_log.get(), c.timeline.get(), c.chart.get(), c.per_batch.get()});
   if (c.chart) check_chart_tools();
+  return c.trace->path();
+}
+
+// The schedule file, then the whole run in one call (harness check_run): the request's options, the
+// command's files (check_files), and the trace against the options for a backend that moves content
+// (a handed-off run's source with it: run_handoff, whose front end checks its outputs).
+void check_replay(ReplayOptions& o, CheckedReplay& c) {
+  o.request.layers = parse_layers(o.layers);
+  o.request.event_log = o.event_log_path;  // until the run: then the temporary file beside it (run_backend)
+  o.request.timeline = o.timeline_path;
+  o.request.trace_label = o.trace_path;
+  if (o.model.staging_sweep) (void)parse_staging_sweep(*o.model.staging_sweep);  // bad input before any output
+  if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
+    c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
+  }
+  c.request = checked_request(o.request, [&](const harness::CheckedRequest& request) { return check_files(o, request, c); });
+  if (c.request.backend->handoff) refuse_model_options(o, *c.request.backend);
 }
 
 // The event log and the timeline are appended to by the run itself (sim/recording.hpp; the GPUs'
@@ -191,8 +203,8 @@ void print_run(const harness::VariantRun& run) {
 
 void run_backend(CheckedReplay& c) {
   StreamedOutputs streamed(c);
-  const harness::BatchSource source = harness::BatchSource::from_trace(c.trace->path(), c.request.request.batch);
-  const harness::ScannedSource scanned = checked_source(c.request, source);
+  const harness::BatchSource& source = c.request.source->source;  // opened and scanned by the request check (check_replay)
+  const harness::ScannedSource& scanned = c.request.source->scanned;
   ProgressBar bar;
   bar.total = scanned.scan.shape.batches * scanned.layers;  // moves per layer: a one-batch trace does not sit at 0/1
   harness::ProgressFunction progress;

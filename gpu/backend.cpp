@@ -1,5 +1,5 @@
 // The GPU backend's driver: the bootstrap segment, one process per rank through the harness's
-// launcher, and the report every backend fills.
+// launcher, each rank's life, and the report every backend fills.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -7,12 +7,14 @@
 #include <optional>
 #include <string>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
 #include "cpkv/harness/attention_limit.hpp"
 #include "cpkv/harness/shared_region.hpp"
 #include "fused/fused_exchange.hpp"
+#include "plugin_host.hpp"
 #include "rank.hpp"
 #include "timeline.hpp"
 
@@ -63,17 +65,30 @@ PoolShare plan_pools(const harness::BatchSource& source, const harness::RunOptio
     granularity = std::max<std::uint64_t>(granularity, devices.granularity[d]);
   }
   const NeedInputs in{memory, granularity, cuda.measure_ceilings, kBenchBufferBytes};
-  share.plan = pool_plan(source.setting, options.layers, shape, in);
-  const std::vector<GpuNeed> needs = gpu_needs(share.plan, devices.count, std::vector<std::uint64_t>(devices.free, devices.free + devices.count), in);
-  if (const std::string line = need_line(needs, memory); cuda.need_line_printed == nullptr || line != *cuda.need_line_printed) {
-    fmt::print("{}\n", line);
+  PoolVerdict verdict = pool_verdict(source.setting, options.layers, shape, in, std::vector<std::uint64_t>(devices.free, devices.free + devices.count));
+  if (cuda.need_line_printed == nullptr || verdict.need_line != *cuda.need_line_printed) {
+    fmt::print("{}\n", verdict.need_line);
     std::fflush(stdout);
-    if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = line;  // once per size over the runs that share it
+    if (cuda.need_line_printed != nullptr) *cuda.need_line_printed = verdict.need_line;  // once per size over the runs that share it
   }
-  if (const std::string refused = refusal(needs, memory); !refused.empty()) throw DeviceRefusal(refused);
+  if (!verdict.refusal.empty()) throw DeviceRefusal(verdict.refusal);
+  share.plan = std::move(verdict.plan);
   if (memory == PoolMemory::dense) return share;
   share.channels = std::make_unique<FdChannels>(cp);
   return share;
+}
+
+// One rank process's life: set up (rank_memory.cpp), the bench's ceilings where asked, every batch
+// through the plugin host (plugin_host.cpp: the backend's one rank loop, whatever the exchange,
+// through the drain check after the plugin's teardown), tear-down.
+int cuda_rank(const RankContext& ctx) {
+  Rank r{ctx};
+  set_up_rank(r);
+  const RankTimelineHandle timeline = open_timeline(r);
+  if (ctx.cuda.measure_ceilings) measure_ceilings(r, ctx.boot->bench_results[ctx.rank]);
+  run_plugin_batches(r);
+  leave_group(r);
+  return harness::kRankExitOk;
 }
 
 harness::RunReport run_group(const harness::BatchSource& source, const harness::RunOptions& options, const CudaOptions& cuda, BenchResult* bench) {

@@ -945,7 +945,7 @@ struct FaultPlace {
 
 }  // namespace
 
-void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
+void run_plugin_batches(Rank& r) {
   PluginHost h{r, *r.ctx.cuda.exchange};
   watch_exits();
   const FaultPlace place(h);
@@ -962,7 +962,7 @@ void run_plugin_batches(Rank& r, kernels::VerifyResult* verify) {
   while (std::optional<model::Batch> batch = cursor.next()) {
     r.ctx.progress.at(cursor.index(), -1);
     r.ctx.progress.step("batch");
-    run_plugin_batch(h, *batch, cursor.index(), populated, verify);
+    run_plugin_batch(h, *batch, cursor.index(), populated, r.mem.verify);
     r.ctx.boot->batches_done[r.ctx.rank].fetch_add(1);
   }
   r.sync_stream();

@@ -1,6 +1,6 @@
 // The GPU backend's one rank loop is the plugin host (plugin_host.cpp): every exchange, cpkv's own
 // fused compose (the built-in table, gpu/fused/) and a foreign plugin's, runs through the exchange
-// table (include/cpkv/exchange_abi.h). What the host shares with the rank's life (executor.cpp: the
+// table (include/cpkv/exchange_abi.h). What the host shares with the rank's life (backend.cpp: the
 // batches, then the drain check) and the bench (bench.cpp, plugin_bench.cpp) is declared here.
 #pragma once
 
@@ -16,7 +16,7 @@ namespace cpkv::cuda {
 
 // plugin_host.cpp: every batch of the source through the exchange plugin of CudaOptions::exchange,
 // then quiescence (every flag drained).
-void run_plugin_batches(Rank& r, kernels::VerifyResult* verify);
+void run_plugin_batches(Rank& r);
 
 // plugin_bench.cpp: times an exchange's layers of the batch just run (its bytes checked first):
 // compose_layer alone per layer between CUDA events, `write_rows(l)` before each span

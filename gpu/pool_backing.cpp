@@ -131,6 +131,8 @@ PoolMemory pool_memory_from(const char* value) {
   throw std::invalid_argument(fmt::format("pool memory '{}' is neither sparse nor dense", value));
 }
 
+namespace {
+
 PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in) {
   PoolPlan plan;
   plan.cp = setting.cp;
@@ -178,12 +180,14 @@ std::vector<GpuNeed> gpu_needs(const PoolPlan& plan, std::int32_t gpus, const st
   return needs;
 }
 
+// "gpu memory (sparse pool): GPU 0 (ranks 0 1) needs ...": every GPU's need on one line.
 std::string need_line(const std::vector<GpuNeed>& needs, PoolMemory pool_memory) {
   std::string line = fmt::format("gpu memory ({} pool):", name(pool_memory));
   for (std::size_t i = 0; i < needs.size(); ++i) line += fmt::format("{} {}", i == 0 ? "" : " |", gpu_text(needs[i]));
   return line;
 }
 
+// Empty when every GPU fits; else the one line of the refusal, naming the first GPU that does not.
 std::string refusal(const std::vector<GpuNeed>& needs, PoolMemory pool_memory) {
   for (const GpuNeed& g : needs) {
     if (g.fits()) continue;
@@ -191,6 +195,18 @@ std::string refusal(const std::vector<GpuNeed>& needs, PoolMemory pool_memory) {
                        pool_memory == PoolMemory::dense ? ": CPKV_POOL_MEMORY=sparse backs only the pages the batches read" : "");
   }
   return {};
+}
+
+}  // namespace
+
+PoolVerdict pool_verdict(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in,
+                         const std::vector<std::uint64_t>& free_bytes) {
+  PoolVerdict v;
+  v.plan = pool_plan(setting, layers, shape, in);
+  v.needs = gpu_needs(v.plan, static_cast<std::int32_t>(free_bytes.size()), free_bytes, in);
+  v.need_line = need_line(v.needs, in.pool_memory);
+  v.refusal = refusal(v.needs, in.pool_memory);
+  return v;
 }
 
 }  // namespace cpkv::cuda

@@ -100,8 +100,6 @@ struct PoolPlan {
   std::uint64_t reserved = 0;              // each rank's pool slabs: the address space (sparse, rounded up to the granularity) or memory (dense)
   std::vector<std::vector<ByteRun>> runs;  // [rank]; empty for a dense pool
 };
-PoolPlan pool_plan(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in);
-RankNeed rank_need(const PoolPlan& plan, std::int32_t rank, const NeedInputs& in);
 
 // One GPU: the ranks on it (rank r on GPU r % gpus), what they need together and what it has free.
 struct GpuNeed {
@@ -111,10 +109,19 @@ struct GpuNeed {
   std::uint64_t free = 0;
   bool fits() const { return need.total() <= free; }
 };
-std::vector<GpuNeed> gpu_needs(const PoolPlan& plan, std::int32_t gpus, const std::vector<std::uint64_t>& free_bytes, const NeedInputs& in);
-// "gpu memory (sparse pool): GPU 0, ranks 0 1: needs 9.3 GiB (pool 4.2 GiB backed of 100.2 GiB reserved, ...), 139.2 GiB free"
-std::string need_line(const std::vector<GpuNeed>& needs, PoolMemory pool_memory);
-// Empty when every GPU fits; else the one line of the refusal, naming the first GPU that does not.
-std::string refusal(const std::vector<GpuNeed>& needs, PoolMemory pool_memory);
+
+// What a run asks of the GPUs, all from one pool plan and said before anything is allocated: the
+// plan, each GPU's need beside what it has free (one GPU per entry of `free_bytes`), the line that
+// says so ("gpu memory (sparse pool): GPU 0 (ranks 0 1) needs 9.3 GiB: pool 4.2 GiB backed of 100.2
+// GiB reserved, ..., 139.2 GiB free"), and the refusal: empty when every GPU fits, else one line
+// naming the first GPU that does not.
+struct PoolVerdict {
+  PoolPlan plan;
+  std::vector<GpuNeed> needs;
+  std::string need_line;
+  std::string refusal;
+};
+PoolVerdict pool_verdict(const model::Setting& setting, std::int32_t layers, const harness::SourceShape& shape, const NeedInputs& in,
+                         const std::vector<std::uint64_t>& free_bytes);
 
 }  // namespace cpkv::cuda

@@ -1,7 +1,7 @@
 // One GPU rank process: what it was asked (RankContext), its device memory and the peers' mappings
 // (RankMemory), and its running state (Rank: stream, phases, the NCCL communicator). rank_memory.cpp
-// sets it up (allocation, IPC, capability agreement, NCCL) and tears it down; executor.cpp runs its
-// life, the plugin host (plugin_host.cpp) its batches; plugin_bench.cpp and bench.cpp time them.
+// sets it up (device, allocation, IPC, capability agreement, NCCL) and tears it down; backend.cpp
+// runs its life, the plugin host (plugin_host.cpp) its batches; plugin_bench.cpp and bench.cpp time them.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,7 @@ struct RankMemory {
   kernels::BarrierState* barrier_state = nullptr;  // the device's phase count (equals Rank::barrier_phase between launches)
   BufferLayout layout;  // every buffer's offsets and sizes (pool_backing.hpp; scratch_bytes: the most an IPC all-reduce sums at once)
   std::uint8_t* bench_buffer = nullptr;  // ceilings: 256 MiB others pull from, 256 MiB to land in
+  kernels::VerifyResult* verify = nullptr;  // [layer][kind]: the verify kernel's result of each, reset every batch
   model::ArenaCarve carve;
   VmmPool own_pool;                 // a sparse pool: the reservation and its backed chunks
   std::vector<VmmPool> peer_pools;  // likewise, each peer's as mapped here (sparse only)
@@ -105,17 +106,13 @@ struct Rank {
   void all_gather(const std::uint8_t* own_send, const std::vector<std::uint8_t*>& peers, std::uint64_t offset, std::uint8_t* recv, std::uint64_t bytes);
 };
 
-// rank_memory.cpp: the set-up steps, in order, and the tear-down.
-void allocate_memory(Rank& r);
-void map_peers_and_agree(Rank& r);
-void join_nccl(Rank& r);
+// rank_memory.cpp: the rank's set-up, in one call (its device and stream, every buffer, the peers
+// mapped and the capability agreed over the group, NCCL), and its tear-down.
+void set_up_rank(Rank& r);
 void leave_group(Rank& r);
 
 // bench.cpp: the ceilings (every rank at once).
 void measure_ceilings(Rank& r, BenchRank& out);
-
-// The whole life of one rank process (executor.cpp).
-int cuda_rank(const RankContext& ctx);
 
 }  // namespace cpkv::cuda
 

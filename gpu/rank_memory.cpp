@@ -1,5 +1,6 @@
-// A GPU rank's set-up: allocation (sizes from the largest batch, fixed before the first batch),
-// IPC mapping of every peer, the capability agreed over the group (MIN), NCCL; and its tear-down.
+// A GPU rank's set-up: its device and stream, allocation (sizes from the largest batch, fixed before
+// the first batch), IPC mapping of every peer, the capability agreed over the group (MIN), NCCL;
+// and its tear-down.
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,8 +65,6 @@ bool share_pools(Rank& r) {
   return capable;
 }
 
-}  // namespace
-
 void allocate_memory(Rank& r) {
   // From here a failed CUDA call of this rank (a device fault's sticky error above all) ends it
   // with a located line, not an abort (bootstrap.hpp: name_device_faults).
@@ -94,6 +93,7 @@ void allocate_memory(Rank& r) {
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->pad[rank], mem.pad));
   CPKV_CUDA_CHECK(cudaIpcGetMemHandle(&boot->compact[rank], mem.compact));
   CPKV_CUDA_CHECK(cudaMalloc(&mem.scratch, mem.layout.scratch_bytes));
+  CPKV_CUDA_CHECK(cudaMalloc(&mem.verify, static_cast<std::size_t>(r.ctx.options.layers) * setting.kinds.size() * sizeof(kernels::VerifyResult)));
   if (r.ctx.cuda.measure_ceilings) {
     CPKV_CUDA_CHECK(cudaMalloc(&mem.bench_buffer, kBenchBufferBytes));
     CPKV_CUDA_CHECK(cudaMemset(mem.bench_buffer, 1, kBenchBufferBytes));
@@ -177,6 +177,17 @@ void join_nccl(Rank& r) {
     CPKV_NCCL_CHECK(ncclCommInitRank(&r.comm, r.cp(), r.ctx.boot->nccl_id, r.ctx.rank));
   }
   r.barrier();
+}
+
+}  // namespace
+
+void set_up_rank(Rank& r) {
+  r.ctx.progress.step("setup");
+  CPKV_CUDA_CHECK(cudaSetDevice(r.ctx.rank % r.ctx.gpus));
+  CPKV_CUDA_CHECK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  allocate_memory(r);
+  map_peers_and_agree(r);
+  join_nccl(r);
 }
 
 void leave_group(Rank& r) {

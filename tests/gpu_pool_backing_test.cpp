@@ -125,21 +125,24 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
   const harness::SourceShape shape = shape_touching(touched);
   const std::uint64_t free = 139ULL << 30;
   cuda::NeedInputs dense{cuda::PoolMemory::dense, 2 << 20, false, 0};
-  const std::vector<cuda::GpuNeed> one_gpu = cuda::gpu_needs(cuda::pool_plan(s, 61, shape, dense), 1, {free}, dense);
-  ASSERT_EQ(one_gpu.size(), 1u);
-  EXPECT_EQ(one_gpu[0].ranks, (std::vector<std::int32_t>{0, 1}));
-  EXPECT_EQ(one_gpu[0].need.pool_backed, 2 * 100805902336ULL);
-  EXPECT_EQ(one_gpu[0].need.overhead, 2 * cuda::kRankOverheadBytes);
-  const std::string refused = cuda::refusal(one_gpu, cuda::PoolMemory::dense);
+  const cuda::PoolVerdict one_gpu = cuda::pool_verdict(s, 61, shape, dense, {free});
+  ASSERT_EQ(one_gpu.needs.size(), 1u);
+  EXPECT_EQ(one_gpu.needs[0].ranks, (std::vector<std::int32_t>{0, 1}));
+  EXPECT_EQ(one_gpu.needs[0].need.pool_backed, 2 * 100805902336ULL);
+  EXPECT_EQ(one_gpu.needs[0].need.overhead, 2 * cuda::kRankOverheadBytes);
+  EXPECT_TRUE(one_gpu.plan.runs.empty()) << "a dense pool backs every slab whole";
+  const std::string& refused = one_gpu.refusal;
   EXPECT_NE(refused.find("cuda: the run does not fit: GPU 0 (ranks 0 1) needs 189."), std::string::npos) << refused;
   EXPECT_NE(refused.find("139.00 GiB free"), std::string::npos) << refused;
   EXPECT_EQ(refused.find('\n'), std::string::npos) << "one line";
+  EXPECT_NE(one_gpu.need_line.find("gpu memory (dense pool): GPU 0 (ranks 0 1) needs 189."), std::string::npos) << one_gpu.need_line;
   cuda::NeedInputs sparse{cuda::PoolMemory::sparse, 2 << 20, false, 0};
-  const std::vector<cuda::GpuNeed> fits = cuda::gpu_needs(cuda::pool_plan(s, 61, shape, sparse), 1, {free}, sparse);
-  EXPECT_EQ(fits[0].need.pool_backed, 2 * 61 * 3 * (2ULL << 20));
-  EXPECT_EQ(fits[0].need.pool_reserved, 2 * 100805902336ULL);
-  EXPECT_TRUE(cuda::refusal(fits, cuda::PoolMemory::sparse).empty());
-  const std::string line = cuda::need_line(fits, cuda::PoolMemory::sparse);
+  const cuda::PoolVerdict fits = cuda::pool_verdict(s, 61, shape, sparse, {free});
+  ASSERT_EQ(fits.plan.runs.size(), 2u) << "one rank's backed runs each";
+  EXPECT_EQ(fits.needs[0].need.pool_backed, 2 * 61 * 3 * (2ULL << 20));
+  EXPECT_EQ(fits.needs[0].need.pool_reserved, 2 * 100805902336ULL);
+  EXPECT_TRUE(fits.refusal.empty());
+  const std::string& line = fits.need_line;
   EXPECT_NE(line.find("gpu memory (sparse pool): GPU 0 (ranks 0 1) needs "), std::string::npos) << line;
   EXPECT_NE(line.find("pool 0.71 GiB backed of 187.77 GiB reserved"), std::string::npos) << line;
 }
@@ -147,13 +150,14 @@ TEST(PoolNeed, TheProductionPoolIsRefusedDenseOnOneGpuAndFitsSparse) {
 TEST(PoolNeed, TwoGpusCarryOneRankEachAndTheBenchBuffersCount) {
   const model::Setting s = production_setting();
   cuda::NeedInputs in{cuda::PoolMemory::sparse, 2 << 20, true, 512ULL << 20};
-  const std::vector<cuda::GpuNeed> needs = cuda::gpu_needs(cuda::pool_plan(s, 61, shape_touching({0, 1}), in), 2, {1ULL << 30, 100ULL << 30}, in);
+  const cuda::PoolVerdict verdict = cuda::pool_verdict(s, 61, shape_touching({0, 1}), in, {1ULL << 30, 100ULL << 30});
+  const std::vector<cuda::GpuNeed>& needs = verdict.needs;
   ASSERT_EQ(needs.size(), 2u);
   EXPECT_EQ(needs[0].ranks, std::vector<std::int32_t>{0});
   EXPECT_EQ(needs[1].ranks, std::vector<std::int32_t>{1});
   EXPECT_EQ(needs[1].need.bench, 512ULL << 20);
   EXPECT_EQ(needs[0].need.pool_backed, 61 * 2 * (2ULL << 20));  // page 0's kv and indexer chunk on every layer
-  const std::string refused = cuda::refusal(needs, cuda::PoolMemory::sparse);
+  const std::string& refused = verdict.refusal;
   EXPECT_NE(refused.find("GPU 0 (ranks 0)"), std::string::npos) << refused;  // 1 GiB free is less than the context allowance alone
   EXPECT_NE(refused.find("1.00 GiB free"), std::string::npos) << refused;
 }

@@ -414,9 +414,18 @@ HandedRun handed_run(CheckedRequest& c) {
 
 }  // namespace
 
-CheckedRequest check_run(const ReplayRequest& request, const Registry& registry) {
+CheckedRequest check_run(const ReplayRequest& request, const Registry& registry, const SourceFile& source_file) {
   CheckedRequest c = check_request(request, registry);
-  if (c.backend->handoff) c.handed = std::make_shared<const HandedRun>(handed_run(c));
+  if (c.backend->handoff) {
+    c.handed = std::make_shared<const HandedRun>(handed_run(c));
+  } else if (source_file) {
+    const std::string path = source_file(c);
+    if (c.backend->replay) {
+      BatchSource source = BatchSource::from_trace(path, c.request.batch);
+      ScannedSource scanned = check_source(c, source);
+      c.source = std::make_shared<const CheckedSource>(CheckedSource{std::move(source), std::move(scanned)});
+    }
+  }
   return c;
 }
 

@@ -45,10 +45,11 @@ std::optional<std::int32_t> checked_layers(const py::object& layers) {
   return static_cast<std::int32_t>(value);
 }
 
-py::dict run_source(const harness::BatchSource& source, const py::object& trace_label, const harness::CheckedRequest& checked) {
-  // Validates every batch before any rank starts; the batches the overflow verdict rejects are
-  // listed as the CLI's report lists them (PROTOCOL.md section 4: a rejected batch is named).
-  const harness::ScannedSource scanned = as_input_error([&] { return harness::check_source(checked, source); });
+// The run of a backend that moves content, its source validated (every batch, before any rank
+// starts: check_source); the batches the overflow verdict rejects are listed as the CLI's report
+// lists them (PROTOCOL.md section 4: a rejected batch is named).
+py::dict run_source(const harness::BatchSource& source, const harness::ScannedSource& scanned, const py::object& trace_label,
+                    const harness::CheckedRequest& checked) {
   const std::unique_ptr<harness::Backend> backend = as_input_error([&] { return checked.backend->replay(checked, source, scanned, {}); });
   nlohmann::json runs = nlohmann::json::array();
   run_interruptible([&] {  // ranks may be threads or forked processes: none touches Python
@@ -77,7 +78,8 @@ struct PyRequest {
   std::optional<std::int32_t> ranks = std::nullopt;
 };
 
-harness::CheckedRequest checked_request(std::string backend, std::string label, std::optional<std::int64_t> batch, const PyRequest& p) {
+harness::CheckedRequest checked_request(std::string backend, std::string label, std::optional<std::int64_t> batch, const PyRequest& p,
+                                        const harness::SourceFile& source_file) {
   harness::ReplayRequest r;
   r.backend = std::move(backend);
   r.trace_label = std::move(label);
@@ -94,10 +96,10 @@ harness::CheckedRequest checked_request(std::string backend, std::string label, 
   r.impl = p.impl;
   r.device = p.device;
   r.ranks = p.ranks;
-  // Layers parsed first, as the CLI parses them; then the whole request in one check (harness
-  // check_run: a handed-off run's source with it).
+  // Layers parsed first, as the CLI parses them; then the whole run in one check (harness check_run:
+  // the options, then the trace from the file `source_file` names; a handed-off run's source with it).
   r.layers = checked_layers(p.layers);
-  return as_input_error([&] { return harness::check_run(r, python_backends()); });
+  return as_input_error([&] { return harness::check_run(r, python_backends(), source_file); });
 }
 
 // A backend whose verb is the model replay ("model"): what `cpkv replay --backend model --json F`
@@ -144,14 +146,18 @@ void bind_sim(py::module_& m) {
     const PyRequest p{std::move(variant), std::move(ranks_as), std::move(schedule), seed, std::move(layers), std::move(mutant),
                       wait_ms_max, stuck_ms_max, swarm, ipc_missing_rank, std::move(impl), std::move(device), ranks};
     const std::string path = path_argument(path_object, "path");
-    const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p);  // option errors before the trace is opened
-    if (checked.backend->handoff) return run_handoff(checked);
-    const SpooledInput input(path);  // a pipe is read more than once: the scan, then every rank and variant
+    std::optional<SpooledInput> input;  // a pipe is read more than once: the scan, then every rank and variant
     try {
-      if (checked.backend->model) return run_model(*checked.backend, input.read_path(), path, batch);
-      return run_source(harness::BatchSource::from_trace(input.read_path(), batch), path_text(path), checked);
+      // Option errors before the trace is opened (check_run asks for its file once they pass).
+      const harness::CheckedRequest checked = checked_request(std::move(backend), path, batch, p, [&](const harness::CheckedRequest&) {
+        input.emplace(path);
+        return input->read_path();
+      });
+      if (checked.backend->handoff) return run_handoff(checked);
+      if (checked.backend->model) return run_model(*checked.backend, input->read_path(), path, batch);
+      return run_source(checked.source->source, checked.source->scanned, path_text(path), checked);  // opened and scanned by check_run
     } catch (const traces::TraceError& e) {
-      if (e.file() != input.read_path()) throw;
+      if (!input || e.file() != input->read_path()) throw;
       throw traces::TraceError(path, e.line(), e.field(), e.reason());  // the name the caller gave, not the spool's
     }
   }, py::arg("path"), py::arg("backend") = "sim", py::arg("variant") = "all", py::arg("ranks_as") = py::none(), py::arg("schedule") = py::none(),
@@ -176,8 +182,10 @@ void bind_sim(py::module_& m) {
     for (std::size_t b = 0; b < batches.size(); ++b) require_valid(setting, batches[b], fmt::format("batch {}", b));
     const PyRequest p{std::move(variant), schedule ? std::nullopt : std::optional<std::string>(std::move(ranks_as)), std::move(schedule), seed,
                       std::move(layers), std::move(mutant), wait_ms_max, std::nullopt, false, ipc_missing_rank};
-    const harness::CheckedRequest checked = checked_request("sim", "batches", std::nullopt, p);
-    return run_source(harness::BatchSource::from_batches(setting, std::move(batches)), py::none(), checked);
+    const harness::CheckedRequest checked = checked_request("sim", "batches", std::nullopt, p, {});  // no file: the source is checked here
+    const harness::BatchSource source = harness::BatchSource::from_batches(setting, std::move(batches));
+    const harness::ScannedSource scanned = as_input_error([&] { return harness::check_source(checked, source); });
+    return run_source(source, scanned, py::none(), checked);
   }, py::arg("setting"), py::arg("batches"), py::arg("variant") = "all", py::arg("ranks_as") = "threads", py::arg("schedule") = py::none(),
         py::arg("seed") = 1, py::arg("layers") = 4, py::arg("mutant") = "none", py::arg("wait_ms_max") = py::none(), py::arg("ipc_missing_rank") = -1,
         "replay() over batches held in memory (for property tests): the same dict, with trace None.");

@@ -151,6 +151,7 @@ inline constexpr double import_s_max = 3600;                    // an hour: an i
 
 struct BackendEntry;
 struct CheckedBench;
+struct CheckedSource;
 struct HandedRun;
 
 // A request after check_request: the backend found, names parsed, every option in range.
@@ -173,6 +174,9 @@ struct CheckedRequest {
   // A backend whose run is another front end's (its handoff verb), checked whole by check_run: the
   // source's scan, the command, and what that front end prints and writes; null otherwise.
   std::shared_ptr<const HandedRun> handed;
+  // A backend that moves content (its replay verb), checked with its source by check_run where the
+  // front end named the file: the source opened and its scan; null otherwise.
+  std::shared_ptr<const CheckedSource> source;
 };
 
 // What a backend's bench hands back: the `cpkv bench --json` object, the --markdown tables, and
@@ -259,11 +263,19 @@ void register_model_backend(Registry& registry);
 // one. The only reader of the environment's CPKV_* knobs (kKnobTable).
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
 
-// check_request, then, for a backend whose run is another front end's (BackendEntry::handoff), the
-// rest of the run's checks in the same call: the source (request.trace_label, a regular file: each
+// The file a front end reads the source from, asked by check_run once the options pass, with the
+// request checked: the front end checks its own inputs and outputs there first (nothing is read
+// before a bad option is refused), and spools a pipe into a private file (every rank reopens it).
+using SourceFile = std::function<std::string(const CheckedRequest&)>;
+
+// check_request, then the rest of the run's checks in the same call. For a backend whose run is
+// another front end's (BackendEntry::handoff): the source (request.trace_label, a regular file: each
 // of that run's processes opens it) by check_source, and the HandedRun that front end reads instead
-// of checking again (CheckedRequest::handed). For every other backend, check_request alone.
-CheckedRequest check_run(const ReplayRequest& request, const Registry& registry);
+// of checking again (CheckedRequest::handed). For every other backend, where `source_file` is given,
+// the file it names: for a backend that moves content (BackendEntry::replay), opened and checked by
+// check_source (CheckedRequest::source); the model replay reads its file itself. Without
+// `source_file`, check_request alone for those.
+CheckedRequest check_run(const ReplayRequest& request, const Registry& registry, const SourceFile& source_file = {});
 
 // The knobs of kKnobTable a backend takes, resolved into `request` (the environment's value where
 // the option is not given) and checked; for a front end that runs a backend without a whole
@@ -312,6 +324,12 @@ struct ScannedSource {
   int stale_regions = 0;         // removed by the sweep
 };
 ScannedSource check_source(const CheckedRequest& checked, const BatchSource& source);
+
+// A content-moving backend's source as check_run opened and checked it (CheckedRequest::source).
+struct CheckedSource {
+  BatchSource source;
+  ScannedSource scanned;
+};
 
 // A run checked whole in one process and run in another (the torch backend's: the cpkv command, or
 // Python's replay(), hands it to `python3 -m cpkv.conformance`): the source's scan, the command, and
