@@ -247,7 +247,7 @@ void write_chart(OutputFile& png, const std::string& title, const std::vector<st
 }  // namespace
 
 bool ModelReplayOptions::given() const {
-  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || dense_slots || chart_path || per_batch_path ||
+  return ceilings_path || peer_gbps || local_gbps || barrier_us || allreduce_gbps || allreduce_latency_us || launch_us || gather_fixed_us || chart_path || per_batch_path ||
          staging_mib || staging_sweep || ceilings_any || repeat != 1 || exact_model;
 }
 
@@ -263,10 +263,8 @@ void add_model_replay_options(CLI::App* cmd, ModelReplayOptions& o) {
   cmd->add_option("--barrier-us", o.barrier_us, "model: the flag exchange of one IPC counting barrier, us (default 2, nominal)")->check(latency)->group(group);
   cmd->add_option("--allreduce-gbps", o.allreduce_gbps, "model: NCCL all-reduce bus bandwidth, GB/s (default 360, nominal)")->check(bandwidth)->group(group);
   cmd->add_option("--allreduce-latency-us", o.allreduce_latency_us, "model: fixed cost of one all-reduce call, us (default 20, nominal)")->check(latency)->group(group);
-  cmd->add_option("--launch-us", o.launch_us, "model: one graph node that moves nothing itself (the dense memset's launch), us (default 1.5, nominal)")->check(latency)->group(group);
+  cmd->add_option("--launch-us", o.launch_us, "model: one graph node that moves nothing itself (the dense zero's launch), us (default 1.5, nominal)")->check(latency)->group(group);
   cmd->add_option("--gather-fixed-us", o.gather_fixed_us, "model: the fixed part of one gather launch (launch, one page's latency, tail), us (default 9, nominal)")->check(latency)->group(group);
-  cmd->add_option("--dense-slots", o.dense_slots, "model: slots of the dense buffer the dense all-reduce variants zero every layer (default: each batch's own)")
-      ->check(whole_in<std::int64_t>(1, std::numeric_limits<std::int32_t>::max()))->group(group);
   cmd->add_option("--chart", o.chart_path, "model: write a PNG of the per-batch modelled time per variant (needs python3-matplotlib; a regular file)")->group(group);
   cmd->add_option("--per-batch", o.per_batch_path,
                   "model: write one record per batch (counts, verdict, and per variant its modelled time, bytes and time components): CSV when "
@@ -366,7 +364,6 @@ void run_model_replay(ModelReplayRun& run, const ModelReplayOptions& o) {
   const harness::BatchSource source = harness::BatchSource::from_trace(run.trace_path, run.batch);
   check_ceilings_shape(run, o, source.setting);
   harness::ModelReplayOptions options;
-  options.dense_slots = o.dense_slots.value_or(0);
   options.repeat = o.repeat;
   options.exact_model = o.exact_model;
   options.staging_mib = o.staging_mib;

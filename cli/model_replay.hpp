@@ -22,7 +22,6 @@ struct ModelReplayOptions {
   std::optional<double> allreduce_latency_us;
   std::optional<double> launch_us;
   std::optional<double> gather_fixed_us;
-  std::optional<std::int64_t> dense_slots;
   std::optional<std::string> chart_path;
   std::optional<std::string> per_batch_path;
   std::optional<std::int64_t> staging_mib;

@@ -64,7 +64,6 @@ struct BenchSetup {
   std::int32_t timed_cycle = 0;  // the timing cycle
   std::vector<model::Batch> batches;
   std::vector<harness::RejectedBatch> rejected;
-  std::int64_t dense_slots = 0;  // the slots of the dense buffer: the largest batch's, as the rank sizes it
 };
 
 BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSource& source) {
@@ -85,7 +84,6 @@ BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSourc
   harness::BatchCursor cursor(s.source);
   while (auto b = cursor.next()) {
     const model::BatchLayout layout = model::layout_batch(s.source.setting, *b);
-    s.dense_slots = std::max(s.dense_slots, layout.slot_count);
     const model::Verdict verdict = model::overflow_verdict(layout.current_pages_total, staging_slots);
     if (verdict.overflow) s.rejected.push_back({cursor.index(), verdict});
     s.batches.push_back(*b);
@@ -94,14 +92,14 @@ BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSourc
 }
 
 // The cost model's compose time per layer: `cpkv replay --backend model`'s CostModel with the
-// ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement.
-// The dense buffer the exchange zeroes holds the trace's largest batch (harness shape.slot_count_max).
+// ceilings measured in this run, on the timed cycle's layers only, averaged like the measurement
+// (the dense zero over the batch's own slots, as gpu/fused/fused_exchange.cpp: zero_dense_half does).
 double predicted_us(const model::Setting& setting, const model::Batch& batch, model::Variant variant, std::int32_t cycle,
-                    const model::CostParameters& ceilings, std::int64_t dense_slots) {
+                    const model::CostParameters& ceilings) {
   model::Setting timed = setting;
   timed.layer_pattern = setting.layer_pattern.substr(0, static_cast<std::size_t>(cycle));
   model::BatchCosts costs;
-  model::CostModel(timed, ceilings, dense_slots).evaluate(batch, costs);
+  model::CostModel(timed, ceilings).evaluate(batch, costs);
   return costs.modelled_us[static_cast<std::size_t>(variant)] / cycle;
 }
 
@@ -154,7 +152,7 @@ void add_rows(const BenchSetup& s, model::Variant variant, const cpkv_exchange_p
         ideal_bytes.peer / (ceilings.ce_peer_gbps * 1e3) + ideal_bytes.local / (ceilings.local_copy_gbps * 1e3) + ceilings.barrier_us;
     const double us = result.per_batch(compose)[b];
     if (us <= 0.0) continue;  // an overflowing batch is rejected before anything moves: nothing to time
-    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c, s.dense_slots);
+    const double predicted = predicted_us(s.source.setting, s.batches[b], variant, s.timed_cycle, model_c);
     nlohmann::json row = {{"batch", b},
                           {"variant", model::to_string(variant)},
                           {"byte_exact", result.report.passed()},

@@ -26,7 +26,7 @@ class GpuMutantPolicy {
   bool skips_barrier() const { return mutant_ == harness::Mutant::no_barrier; }
   // How many phases behind its own the barrier lets a rank pass on (0: none).
   std::int32_t barrier_phase_lag() const { return mutant_ == harness::Mutant::barrier_passes_early ? 1 : 0; }
-  // The zero step (dense all-reduce variants' memset, own partial pages' tails) is left out.
+  // The zero step (the dense all-reduce variants' zeroing of the dense half, own partial pages' tails) is left out.
   bool skips_zero() const { return mutant_ == harness::Mutant::skip_zero; }
   // The last rank's fill is delayed, so a reader that does not wait for it reads stale bytes.
   bool slow_producer() const {

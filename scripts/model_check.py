@@ -35,27 +35,19 @@ def load_json(path):
 
 
 def cut_trace(trace_path, cp, cycle, out_path):
-    """The trace with the bench's cp and only its timed layer cycle; returns (batches, dense slots)."""
+    """Writes the trace with the bench's cp and only its timed layer cycle to out_path."""
     with open(trace_path, encoding="utf-8") as f:
         lines = [line for line in f.read().splitlines() if line.strip()]
     header = json.loads(lines[0])
-    page_size = header["page_size"]
     header["cp"] = cp
     header["layers"] = {"count": cycle, "pattern": header["layers"]["pattern"][:cycle]}
-    dense_slots = 0
-    for line in lines[1:]:
-        batch = json.loads(line)
-        slots = sum(len(r["prefix_pages"]) + (r["extend_len"] + page_size - 1) // page_size for r in batch["requests"])
-        dense_slots = max(dense_slots, slots)  # the executor's dense buffer holds the largest batch
     with open(out_path, "w", encoding="utf-8") as f:
         f.write("\n".join([json.dumps(header)] + lines[1:]) + "\n")
-    return len(lines) - 1, dense_slots
 
 
-def modelled_us(cpkv, trace, ceilings, batch, dense_slots, cycle, tmp):
+def modelled_us(cpkv, trace, ceilings, batch, cycle, tmp):
     out = os.path.join(tmp, f"model-{batch}.json")
-    cmd = [cpkv, "replay", trace, "--backend", "model", "--ceilings", ceilings, "--batch", str(batch), "--dense-slots", str(dense_slots),
-           "--json", out]
+    cmd = [cpkv, "replay", trace, "--backend", "model", "--ceilings", ceilings, "--batch", str(batch), "--json", out]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=CPKV_LIMIT_S, check=False)
     except subprocess.TimeoutExpired:
@@ -73,14 +65,14 @@ def check(bench_path, ceilings_path, cpkv, repo):
     errors = {}
     with tempfile.TemporaryDirectory(prefix="cpkv-model-check-") as tmp:
         cut = os.path.join(tmp, "cut.jsonl")
-        _, dense_slots = cut_trace(trace, bench["cp"], cycle, cut)
+        cut_trace(trace, bench["cp"], cycle, cut)
         cache = {}
         print(f"{os.path.basename(bench_path)} (trace {bench['trace']}, cp {bench['cp']}, {cycle} layers; ceilings of "
-              f"{os.path.basename(ceilings_path)}, dense slots {dense_slots})")
+              f"{os.path.basename(ceilings_path)})")
         for row in bench["rows"]:
             b = row["batch"]
             if b not in cache:
-                cache[b], ceilings = modelled_us(cpkv, cut, ceilings_path, b, dense_slots, cycle, tmp)
+                cache[b], ceilings = modelled_us(cpkv, cut, ceilings_path, b, cycle, tmp)
                 if len(cache) == 1:
                     print("  ceilings: " + ", ".join(f"{k} {v:.4g}" for k, v in ceilings.items() if isinstance(v, (int, float))))
             measured = row["compose_us_per_layer_median"]

@@ -3,6 +3,7 @@
 // the modelled time's terms by hand, the ceilings files, the summary and the chart.
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -209,7 +210,8 @@ TEST(CostModel, AllreduceCallFollowsTheMeasuredCurve) {
   EXPECT_NEAR(cpkv::model::allreduce_call_us(c, 7000, 4), 33, 1e-9);  // cp 4: 2(cp-1)/cp = 1.5
 }
 
-// layer_time_us term by term (PROTOCOL.md section 7's steps as gpu/executor.cpp runs them), by hand:
+// layer_time_us term by term (PROTOCOL.md section 7's steps as the built-in exchange runs them,
+// gpu/fused/fused_exchange.cpp: fused_compose_layer), by hand:
 // cp 2, page size 1, kv_fp8 only (a page is 656 B), F layer; rank 0 owns 3 prefix pages and writes 2
 // current ones, rank 1 owns 5 and writes 4; 14 slots, 6 current pages. Ceilings: peer 1000 B/us,
 // local 500 B/us, barrier 3 us, all-reduce 1000 B/us bus + 7 us per call, launch 11 us, gather fixed 13 us.
@@ -250,56 +252,138 @@ TEST(CostModel, LayerTimeTermsByHand) {
   const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8")}, "F");
   cpkv::model::BatchCounts c = hand_counts();
   const cpkv::model::CostParameters ceilings = hand_ceilings();
-  const auto time_us = [&](cpkv::model::Variant v, std::int64_t dense_slots) {
-    return cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, dense_slots);
+  const auto time_us = [&](cpkv::model::Variant v) {
+    return cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0);
   };
   using cpkv::model::Variant;
   // symm_dense: launch 13 + barrier 3 + the longer of 9 peer pages (5904 B / 1000) and 3 own prefix
   // pages (1968 B / 500): pulls and own-memory copies run at once on the launch's warps.
-  EXPECT_NEAR(time_us(Variant::symm_dense, 0), 13 + 3 + std::max(5.904, 3.936), 1e-9);
+  EXPECT_NEAR(time_us(Variant::symm_dense), 13 + 3 + std::max(5.904, 3.936), 1e-9);
   // staging_direct: the own current pages are read from own staging after the barrier: 5 local pages
   // (6.56 us), now longer than the pulls.
-  EXPECT_NEAR(time_us(Variant::staging_direct, 0), 13 + 3 + std::max(5.904, 6.56), 1e-9);
+  EXPECT_NEAR(time_us(Variant::staging_direct), 13 + 3 + std::max(5.904, 6.56), 1e-9);
   // staging_publish: the publish (2 pages, 1312 B / 500) is serial before the signal, with its own fixed part.
-  EXPECT_NEAR(time_us(Variant::staging_publish, 0), 13 + (13 + 2.624) + 3 + std::max(5.904, 3.936), 1e-9);
-  // fused_ar: memset of the dense buffer (launch 11 + 20 slots x 656 B / 500), the compose launch
-  // (13 + own prefix 3.936), one all-reduce (7 + 14 x 656 B x 2(cp-1)/cp / 1000).
-  EXPECT_NEAR(time_us(Variant::fused_ar, 20), (11 + 26.24) + (13 + 3.936) + (7 + 9.184), 1e-9);
-  // ... a dense buffer smaller than the batch is the batch's 14 slots.
-  EXPECT_NEAR(time_us(Variant::fused_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  EXPECT_NEAR(time_us(Variant::staging_publish), 13 + (13 + 2.624) + 3 + std::max(5.904, 3.936), 1e-9);
+  // fused_ar: the zeroing of the batch's 14 dense slots (one launch 11 + 14 x 656 B / 500), the
+  // compose launch (13 + own prefix 3.936), one all-reduce (7 + 14 x 656 B x 2(cp-1)/cp / 1000).
+  EXPECT_NEAR(time_us(Variant::fused_ar), (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
   // v2: compose launch 13 with the pack serial before the rest (13 + 2.624), the longer of prefix from
   // the peer (5 pages, 3.28) and own (3.936); the compact all-reduce (7 + 6 x 656 B / 1000); the unpack
   // launch (13 + 6 pages 3936 B / 500).
-  EXPECT_NEAR(time_us(Variant::v2, 0), 13 + (13 + 2.624) + std::max(3.28, 3.936) + (7 + 3.936) + (13 + 7.872), 1e-9);
+  EXPECT_NEAR(time_us(Variant::v2), 13 + (13 + 2.624) + std::max(3.28, 3.936) + (7 + 3.936) + (13 + 7.872), 1e-9);
   // legacy_span_ar, two requests' spans: 8 prefix pages, none current; none prefix, 6 current. The
-  // memset and the compose launch as fused_ar's, then one call per non-empty span (an empty one
+  // zeroing and the compose launch as fused_ar's, then one call per non-empty span (an empty one
   // enqueues nothing): (7 + 8 x 656 B / 1000) + (7 + 6 x 656 B / 1000).
   c.requests = 2;
   c.span_pages = {8, 0, 0, 6};
-  EXPECT_NEAR(time_us(Variant::legacy_span_ar, 0), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
+  EXPECT_NEAR(time_us(Variant::legacy_span_ar), (11 + 18.368) + (13 + 3.936) + (7 + 5.248) + (7 + 3.936), 1e-9);
   // allgather_zigzag (section 12), the largest rank computing 4 tokens: the compose launch 13 with
   // the longer of the prefix from the peer (5 pages, 3.28) and own (3 pages, 3.936); one all-gather
   // of 2 x 4 rows = 5248 B, padding included, timed as an all-reduce of half of it (7 + 2624 B x
   // 2(cp-1)/cp / 1000: a ring all-gather moves (cp-1)/cp of 5248 B, the same); the re-ordering
   // launch (13 + 6 current pages 3936 B / 500).
   c.max_rank_tokens[static_cast<std::size_t>(cpkv::model::TokenSplit::zigzag)] = 4;
-  EXPECT_NEAR(time_us(Variant::allgather_zigzag, 0), 13 + std::max(3.28, 3.936) + (7 + 2.624) + (13 + 7.872), 1e-9);
+  EXPECT_NEAR(time_us(Variant::allgather_zigzag), 13 + std::max(3.28, 3.936) + (7 + 2.624) + (13 + 7.872), 1e-9);
   // Padding is counted: the largest rank's 5 tokens make every rank send 5 rows (6560 B gathered).
   c.max_rank_tokens[static_cast<std::size_t>(cpkv::model::TokenSplit::zigzag)] = 5;
-  EXPECT_NEAR(time_us(Variant::allgather_zigzag, 0), 13 + std::max(3.28, 3.936) + (7 + 3.28) + (13 + 7.872), 1e-9);
+  EXPECT_NEAR(time_us(Variant::allgather_zigzag), 13 + std::max(3.28, 3.936) + (7 + 3.28) + (13 + 7.872), 1e-9);
 }
 
-// The dense all-reduce variants' memset clears the dense half of every kind, also a kind that is
-// not active on the layer (gpu/executor.cpp run_layer): on a shared (S) layer of kv_fp8 (656 B,
-// every layer) + indexer_k (132 B, full layers only), 20 slots x 788 B at 500 B/us, while the
-// compose launch and the all-reduce move kv_fp8 only. Counts and ceilings as above.
-TEST(CostModel, DenseZeroCoversEveryKindOnASharedLayer) {
-  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "S");
+// The all-reduce variants zero the slots of the layer's dense half that the sum all-reduce reads
+// (PROTOCOL.md section 7: "zero the span"): the batch's slots, of every kind active on the layer, in
+// one launch (gpu/fused/fused_exchange.cpp: zero_dense_half; the simulator's run_zero_dense alike).
+// kv_fp8 (656 B a page, every layer) + indexer_k (132 B, full layers only), counts and ceilings as
+// above: on a full (F) layer 14 slots x 788 B, on a shared (S) layer 14 x 656 B (indexer_k is not
+// there, so it is not zeroed), each behind one launch of 11 us; the variants that do not zero
+// (every other row of section 7's table) price no zero step at all.
+TEST(CostModel, DenseZeroIsTheBatchSlotsOfTheKindsActiveOnTheLayer) {
+  const cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "FS");
   const cpkv::model::BatchCounts c = hand_counts();
   const cpkv::model::CostParameters ceilings = hand_ceilings();
-  const cpkv::model::Variant v = cpkv::model::Variant::fused_ar;
-  const double us = cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 0), ceilings, 656, 0, 20);
-  EXPECT_NEAR(us, (11 + 31.52) + (13 + 3.936) + (7 + 9.184), 1e-9);
+  using cpkv::model::Variant;
+  const std::vector<Variant> zeroing = {Variant::legacy_span_ar, Variant::fused_ar, Variant::v2_fallback};
+  for (const cpkv::model::VariantInfo& row : cpkv::model::kVariantTable) {
+    const bool zeroes = std::find(zeroing.begin(), zeroing.end(), row.variant) != zeroing.end();
+    for (const auto& [layer, page_bytes] : {std::pair<std::int32_t, std::uint64_t>{0, 788}, {1, 656}}) {
+      const cpkv::model::LayerBytes bytes = cpkv::model::layer_bytes_from_counts(s, c, row.variant, 0, layer);
+      const double zero_us = cpkv::model::layer_copy_components(s, c, row.variant, bytes, ceilings, page_bytes).zero_us;
+      const double expected_us = zeroes ? 11 + 14.0 * static_cast<double>(page_bytes) / 500 : 0.0;
+      EXPECT_NEAR(zero_us, expected_us, 1e-9) << cpkv::model::to_string(row.variant) << " on layer " << layer;
+    }
+  }
+  // The whole S layer of fused_ar: the zero of kv_fp8 alone, then the compose launch and the
+  // all-reduce as on a layer of kv_fp8 only.
+  const Variant v = Variant::fused_ar;
+  const double us = cpkv::model::layer_time_us(s, c, v, cpkv::model::layer_bytes_from_counts(s, c, v, 0, 1), ceilings, 656, 1);
+  EXPECT_NEAR(us, (11 + 18.368) + (13 + 3.936) + (7 + 9.184), 1e-9);
+}
+
+// A batch is zeroed over its own slots, not over the largest batch's: the exchange zeroes
+// slot_count pages per kind (zero_dense_half), and nothing reads a slot past the batch's. One
+// CostModel (as the replay and the bench build it once per trace) prices a batch of 10 slots and
+// then one of 3 slots, cp 2, page size 1, kv_fp8 + indexer_k on layers "FS", nominal ceilings but
+// local 0.5 B/ns (500 B/us) and a launch of 11 us: each batch's zero over the two layers is
+// (11 + slots x 788 / 500) + (11 + slots x 656 / 500) for the three zeroing variants, 0 for the rest
+// (section 7's table).
+TEST(CostModel, EachBatchIsZeroedOverItsOwnSlots) {
+  cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "FS");
+  cpkv::model::CostParameters ceilings;
+  ceilings.local_gbps = 0.5;
+  ceilings.launch_us = 11.0;
+  const cpkv::model::CostModel model(s, ceilings);
+  Batch big;  // 4 prefix pages + 6 current = 10 slots
+  big.requests.push_back(Request{4, 6, {0, 1, 2, 3}});
+  Batch small;  // 1 prefix page + 2 current = 3 slots
+  small.requests.push_back(Request{1, 2, {5}});
+  cpkv::model::BatchCosts costs;
+  using cpkv::model::Variant;
+  for (const auto& [batch, slots] : {std::pair<const Batch*, double>{&big, 10}, {&small, 3}, {&big, 10}}) {
+    model.evaluate(*batch, costs);
+    ASSERT_FALSE(costs.verdict.overflow);
+    ASSERT_EQ(costs.counts.slot_count, static_cast<std::int64_t>(slots));
+    const double expected_us = (11 + slots * 788 / 500) + (11 + slots * 656 / 500);
+    for (const cpkv::model::VariantInfo& row : cpkv::model::kVariantTable) {
+      const bool zeroes = row.variant == Variant::legacy_span_ar || row.variant == Variant::fused_ar || row.variant == Variant::v2_fallback;
+      EXPECT_NEAR(costs.components[static_cast<std::size_t>(row.variant)].zero_us, zeroes ? expected_us : 0.0, 1e-9)
+          << cpkv::model::to_string(row.variant) << ", " << slots << " slots";
+    }
+  }
+}
+
+// The same through `cpkv replay --backend model --per-batch` on the bundled tiny trace (cp 2, page
+// size 4, kv_fp8 + indexer_k, layers "FS"; batches of 7, 2 and 8 slots), local
+// 1 GB/s (1000 B/us), a launch of 11 us: a zeroing variant's zero_ms is (11 + slots x 4 x 788 / 1000)
+// on the F layer plus (11 + slots x 4 x 656 / 1000) on the S layer, each batch over its own slots
+// (the overflowing batch 2 too: the all-reduce variants have no staging and run it).
+TEST(ModelReplayCli, PerBatchZeroIsEachBatchsSlotsOfTheActiveKinds) {
+  const std::string path = (temp_dir() / "tiny_zero.jsonl").string();
+  const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --local-gbps 1 --launch-us 11 --per-batch '{}'", path));
+  ASSERT_EQ(run.status, 0) << run.err;
+  std::ifstream in(path);
+  std::string line;
+  const double slots_of[] = {7, 2, 8};
+  std::size_t b = 0;
+  for (; std::getline(in, line); ++b) {
+    ASSERT_LT(b, 3u) << line;
+    const nlohmann::json record = nlohmann::json::parse(line);
+    ASSERT_EQ(record["slots"].get<double>(), slots_of[b]);
+    const double expected_us = (11 + slots_of[b] * 4 * 788 / 1000) + (11 + slots_of[b] * 4 * 656 / 1000);
+    for (const char* name : {"legacy_span_ar", "fused_ar", "v2_fallback"}) {
+      EXPECT_NEAR(record["variants"][name]["zero_ms"].get<double>(), expected_us / 1000, 1e-12) << name << " batch " << b;
+    }
+  }
+  EXPECT_EQ(b, 3u);
+}
+
+// --dense-slots priced the zero over a dense buffer sized for the trace's largest batch; the
+// exchange zeroes each batch's own slots, so the option had nothing true left to say and is gone:
+// asking for it is refused in one line naming it, exit 2, nothing on stdout.
+TEST(ModelReplayCli, DenseSlotsIsNoLongerAnOption) {
+  const CliRun run = run_cpkv("replay traces/samples/tiny.jsonl --backend model --dense-slots 20");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_TRUE(one_line(run.err)) << run.err;
+  EXPECT_NE(run.err.find("--dense-slots"), std::string::npos) << run.err;
+  EXPECT_TRUE(run.out.empty()) << run.out;
 }
 
 // The chart needs the configured interpreter with matplotlib; without it the command says so in

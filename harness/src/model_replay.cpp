@@ -84,8 +84,7 @@ struct VariantCost {
 // and the per-batch components (layer_copy_us less the barrier, the barrier, allreduces_us).
 class VariantCoster {
  public:
-  VariantCoster(const model::Setting& setting, const model::CostParameters& ceilings, std::int64_t dense_slots)
-      : setting_(setting), ceilings_(ceilings), dense_slots_(dense_slots) {
+  VariantCoster(const model::Setting& setting, const model::CostParameters& ceilings) : setting_(setting), ceilings_(ceilings) {
     for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
       LayerClass& c = setting.layer_is_full(layer) ? classes_[0] : classes_[1];
       if (c.count++ == 0) c.layer = layer;
@@ -103,7 +102,7 @@ class VariantCoster {
       for (std::int32_t rank = 0; rank < setting_.cp; ++rank) {
         const model::LayerBytes bytes = model::layer_bytes_from_counts(setting_, counts, variant, rank, c.layer);
         cost.pulled[rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(c.count);
-        const model::TimeComponents parts = model::layer_copy_components(setting_, counts, variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const model::TimeComponents parts = model::layer_copy_components(setting_, counts, variant, bytes, ceilings_, page_bytes);
         const double us = parts.total_us();
         if (rank == 0 || us > slowest_us) slowest = parts;
         slowest_us = std::max(slowest_us, us);
@@ -128,7 +127,6 @@ class VariantCoster {
   };
   model::Setting setting_;
   model::CostParameters ceilings_;
-  std::int64_t dense_slots_ = 0;
   std::array<LayerClass, 2> classes_{};  // full layers, shared layers: bytes depend on the layer only through its class
 };
 
@@ -340,8 +338,8 @@ ModelReplayOutput model_replay(const BatchSource& source, const std::string& lab
                                const ModelReplayOptions& o) {
   model::Setting setting = source.setting;
   if (o.staging_mib) setting.caps.staging_mib_override = *o.staging_mib;
-  const model::CostModel cost_model(setting, ceilings, o.dense_slots);
-  const VariantCoster coster(setting, ceilings, o.dense_slots);
+  const model::CostModel cost_model(setting, ceilings);
+  const VariantCoster coster(setting, ceilings);
   ModelTotals t = read_all(source, setting, cost_model, coster, o);
   const std::int32_t full_layers = static_cast<std::int32_t>(std::count(setting.layer_pattern.begin(), setting.layer_pattern.end(), 'F'));
   const double hit_rate = t.prefix_tokens + t.extend_tokens == 0 ? 0.0 : static_cast<double>(t.prefix_tokens) / static_cast<double>(t.prefix_tokens + t.extend_tokens);

@@ -176,9 +176,10 @@ CostParameters derive_ceilings(const MeasuredCeilings& m) {
 
 namespace {
 
-// A layer's bytes by the step of run_layer that moves them (one rank, all active kinds).
+// A layer's bytes by the step of the exchange's layer that moves them (one rank, all active kinds;
+// gpu/fused/fused_exchange.cpp: fused_compose_layer).
 struct LayerSteps {
-  std::uint64_t zero = 0;        // the dense buffer, zeroed by one memset
+  std::uint64_t zero = 0;        // the batch's slots of the dense half, every active kind, in one launch
   std::uint64_t pre = 0;         // the compose launch's entries before its signal: publish or pack
   std::uint64_t post_peer = 0;   // the compose launch's gathers from peers
   std::uint64_t post_local = 0;  // its own-memory reads and local copies
@@ -186,15 +187,15 @@ struct LayerSteps {
 };
 
 LayerSteps layer_steps(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                       std::uint64_t page_bytes, std::int64_t dense_slots) {
+                       std::uint64_t page_bytes) {
   const std::int32_t cp = setting.cp;
   const model::ClosedForm& form = model::info(variant).counts;
   const std::uint64_t ring_bytes = cp > 1 ? 2 * (cp - 1) * bytes.allreduce_bytes / cp + (cp - 1) * bytes.allgather_bytes / cp : 0;
   LayerSteps s;
-  // The memset clears the dense half of every kind, active on this layer or not (gpu/executor.cpp run_layer).
-  if (model::zeroes_dense(variant)) {
-    s.zero = static_cast<std::uint64_t>(std::max(c.slot_count, dense_slots)) * setting.row_bytes_all_kinds() * static_cast<std::uint64_t>(setting.page_size);
-  }
+  // The zero covers the batch's slots of every kind active on the layer (page_bytes sums those
+  // kinds' pages) and nothing else: nothing reads a slot past the batch's or a kind the layer lacks
+  // (gpu/fused/fused_exchange.cpp: zero_dense_half; the simulator's RankMachine::run_zero_dense).
+  if (model::zeroes_dense(variant)) s.zero = static_cast<std::uint64_t>(c.slot_count) * page_bytes;
   s.pre = static_cast<std::uint64_t>(evaluate(form.pre_signal_pages, c, bytes.own_rank)) * page_bytes;
   s.unpack = static_cast<std::uint64_t>(evaluate(form.unpack_pages, c, bytes.own_rank)) * page_bytes;
   s.post_peer = bytes.pulled_from_peers() - ring_bytes;
@@ -264,11 +265,12 @@ void TimeComponents::add(const TimeComponents& o, double times) {
 }
 
 TimeComponents layer_copy_components(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
-  const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes, dense_slots);
+                                     const CostParameters& ceilings, std::uint64_t page_bytes) {
+  const LayerSteps s = layer_steps(setting, c, variant, bytes, page_bytes);
   const double us_per_byte_peer = 1e-3 / ceilings.peer_gbps;
   const double us_per_byte_local = 1e-3 / ceilings.local_gbps;
   TimeComponents t;
+  // One launch zeroes every range (kernels::launch_zero_ranges), and none where there is nothing to zero.
   if (s.zero > 0) t.zero_us = ceilings.launch_us + static_cast<double>(s.zero) * us_per_byte_local;
   // The fused compose launch: the pre entries finish on every warp before the signal, so they are serial.
   t.launch_us = ceilings.gather_fixed_us;
@@ -286,18 +288,18 @@ TimeComponents layer_copy_components(const model::Setting& setting, const BatchC
 
 // One source for the layer's copy time: its parts, summed (TimeComponents::total_us).
 double layer_copy_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots) {
-  return layer_copy_components(setting, c, variant, bytes, ceilings, page_bytes, dense_slots).total_us();
+                     const CostParameters& ceilings, std::uint64_t page_bytes) {
+  return layer_copy_components(setting, c, variant, bytes, ceilings, page_bytes).total_us();
 }
 
 double layer_time_us(const model::Setting& setting, const BatchCounts& c, model::Variant variant, const model::LayerBytes& bytes,
-                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int32_t layer, std::int64_t dense_slots) {
-  return layer_copy_us(setting, c, variant, bytes, ceilings, page_bytes, dense_slots) + allreduces_us(setting, c, variant, layer, ceilings) +
+                     const CostParameters& ceilings, std::uint64_t page_bytes, std::int32_t layer) {
+  return layer_copy_us(setting, c, variant, bytes, ceilings, page_bytes) + allreduces_us(setting, c, variant, layer, ceilings) +
          allgathers_us(setting, c, variant, layer, ceilings);
 }
 
-CostModel::CostModel(const model::Setting& setting, const CostParameters& ceilings, std::int64_t dense_slots)
-    : setting_(setting), ceilings_(ceilings), dense_slots_(dense_slots), capacity_(model::staging_capacity(setting)) {
+CostModel::CostModel(const model::Setting& setting, const CostParameters& ceilings)
+    : setting_(setting), ceilings_(ceilings), capacity_(model::staging_capacity(setting)) {
   for (std::int32_t layer = 0; layer < setting.layer_count(); ++layer) {
     if (setting.layer_is_full(layer)) {
       if (full_layers_++ == 0) first_full_ = layer;
@@ -342,7 +344,7 @@ void CostModel::evaluate(const model::Batch& batch, BatchCosts& out) const {
         const std::uint64_t page_bytes = class_row_bytes_[c] * static_cast<std::uint32_t>(setting_.page_size);
         bytes_of_counts(n, rank, cp, class_row_bytes_[c], class_kinds_[c], setting_.page_size, bytes);
         out.pulled_from_peers_all_layers[v][rank] += bytes.pulled_from_peers() * static_cast<std::uint64_t>(layer_count);
-        const TimeComponents parts = layer_copy_components(setting_, out.counts, row.variant, bytes, ceilings_, page_bytes, dense_slots_);
+        const TimeComponents parts = layer_copy_components(setting_, out.counts, row.variant, bytes, ceilings_, page_bytes);
         const double us = parts.total_us();
         if (rank == 0 || us > slowest_us[c]) slowest[c] = parts;
         slowest_us[c] = std::max(slowest_us[c], us);

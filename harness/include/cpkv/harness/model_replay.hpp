@@ -20,7 +20,6 @@
 namespace cpkv::harness {
 
 struct ModelReplayOptions {
-  std::int64_t dense_slots = 0;  // slots the dense all-reduce variants zero every layer (0: each batch's own)
   std::int64_t repeat = 1;       // evaluate every batch this many times (timing only)
   bool exact_model = false;      // also build every rank's plan with the model and check the bytes agree
   std::optional<std::int64_t> staging_mib;  // staging size for the verdict, MiB (overrides the trace's caps)

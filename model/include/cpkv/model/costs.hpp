@@ -76,7 +76,7 @@ struct CostParameters {
   double barrier_us = 2.0;             // the flag exchange of the barrier inside a compose launch (its launch counted apart)
   double allreduce_busbw_gbps = 360.0; // NCCL sum all-reduce bus bandwidth
   double allreduce_latency_us = 20.0;  // fixed cost of one all-reduce call (launch + small-message latency)
-  double launch_us = 1.5;              // one graph node that moves no bytes of its own: its launch (the memset's)
+  double launch_us = 1.5;              // one graph node that moves no bytes of its own: its launch (the dense zero's)
   double gather_fixed_us = 9.0;        // the part of one gather launch (a warp or block per page) that is not bytes: launch, one page's latency, tail
   // NCCL all-reduce time per call by size, measured (bytes ascending); when present it replaces
   // latency + bytes / busbw, which mid-sized calls do not follow (2xH200: a 1.5 MB call took about
@@ -121,10 +121,12 @@ CostParameters derive_ceilings(const MeasuredCeilings& measured);
 // a curve, allreduce_latency_us + bytes x 2(cp-1)/cp / allreduce_busbw_gbps.
 double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int32_t cp);
 
-// Modelled exchange time of one rank for one layer (microseconds), as the executor runs the layer
-// (gpu/executor.cpp run_layer, PROTOCOL.md section 7):
-//   dense zero (dense all-reduce variants): one memset node, launch_us + the dense buffer's slots
-//     (max(batch slots, dense_slots)) at local_gbps;
+// Modelled exchange time of one rank for one layer (microseconds), as the built-in exchange runs the
+// layer (gpu/fused/fused_exchange.cpp: fused_compose_layer, PROTOCOL.md section 7); page_bytes is a
+// page of every kind active on the layer together (row_bytes_on_layer x page size):
+//   dense zero (dense all-reduce variants): one launch over every active kind's range
+//     (gpu/fused/fused_exchange.cpp: zero_dense_half), launch_us + the batch's slots x page_bytes at
+//     local_gbps; none where that is 0 bytes;
 //   the fused compose launch: gather_fixed_us; its pre-signal entries (staging_publish's publish,
 //     v2's pack) run before the rest can start: + gather_fixed_us + their bytes at local_gbps; the
 //     barrier's flag exchange barrier_us; then the post entries: the longer of the gathers from
@@ -137,15 +139,15 @@ double allreduce_call_us(const CostParameters& ceilings, double bytes, std::int3
 // Compute (the fill, which also zeroes the partial pages' tails) is not modelled: the same for every variant.
 double layer_time_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
                      const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes,
-                     std::int32_t layer, std::int64_t dense_slots = 0);
+                     std::int32_t layer);
 
 // layer_time_us less the all-reduces: the copies, launches and barrier of one rank.
 double layer_copy_us(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
-                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes, std::int64_t dense_slots = 0);
+                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes);
 
 // Where layer_time_us goes, part by part (microseconds); the parts sum to it (the total is unchanged:
 // tests/model_costs_test.cpp checks every variant on the bundled traces):
-//   zero_us: the dense zero (its memset node: launch_us + the bytes at local_gbps);
+//   zero_us: the dense zero (its one launch: launch_us + the bytes at local_gbps);
 //   fill_us: the compose launch's entries before its signal, which fill the exchange's source
 //     (staging_publish's publish, v2's pack: gather_fixed_us + their bytes at local_gbps); the
 //     producer's own fill of the content is not modelled (the same for every variant);
@@ -164,8 +166,7 @@ struct TimeComponents {
 };
 // layer_copy_us's parts (allreduce_us 0): their sum is layer_copy_us.
 TimeComponents layer_copy_components(const model::Setting& setting, const BatchCounts& counts, model::Variant variant,
-                                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes,
-                                     std::int64_t dense_slots = 0);
+                                     const model::LayerBytes& bytes, const CostParameters& ceilings, std::uint64_t page_bytes);
 
 // The all-reduces of one layer, call by call with allreduce_call_us, per active kind (each kind is
 // its own call): legacy_span_ar's two spans per request (its prefix pages, its current pages),
@@ -196,9 +197,7 @@ struct BatchCosts {
 
 class CostModel {
  public:
-  // dense_slots: the slots of the dense buffer the dense all-reduce variants zero every layer (the
-  // executor sizes it for the trace's largest batch); 0: each batch's own slots.
-  CostModel(const model::Setting& setting, const CostParameters& ceilings, std::int64_t dense_slots = 0);
+  CostModel(const model::Setting& setting, const CostParameters& ceilings);
   // Reuses `out`'s storage: no allocation per batch once warm.
   void evaluate(const model::Batch& batch, BatchCosts& out) const;
   std::int64_t staging_slots() const { return capacity_.staging_slots; }
@@ -206,7 +205,6 @@ class CostModel {
  private:
   model::Setting setting_;
   CostParameters ceilings_;
-  std::int64_t dense_slots_ = 0;
   model::StagingCapacity capacity_;
   std::int32_t full_layers_ = 0;
   std::int32_t shared_layers_ = 0;

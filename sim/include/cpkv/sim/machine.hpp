@@ -27,7 +27,7 @@ enum class Op : std::uint8_t {
   choose_path,    // read every probe, choose the exchange path (agreed MIN)
   batch_begin,    // populate own pool pages, poison the dense buffers, judge overflow
   layer_begin,
-  zero_dense,     // zero the whole dense half (all-reduce variants)
+  zero_dense,     // zero the batch's slots of the dense half, every kind active on the layer (all-reduce variants)
   local_prefix,   // SlotStep: copy the own pool page into the dense slot
   zero_own,       // PageStep: zero the page the fill writes
   fill,           // FillStep: compute the page's rows this rank owns, write them via the page inverse
