@@ -338,9 +338,12 @@ TEST_F(Signals, RanksDieWithTheirParentWhenOnlyTheParentIsKilled) {
     EXPECT_TRUE(gone) << "rank " << rank << " still alive " << ms_since(killed) << " ms after its parent was killed";
   }
   ASSERT_FALSE(left.empty());
-  EXPECT_TRUE(cpkv::harness::region_exists(left.front())) << "a SIGKILLed parent cannot remove its region";
-  EXPECT_GE(cpkv::harness::sweep_stale_regions(), 1);
-  EXPECT_FALSE(cpkv::harness::region_exists(left.front()));
+  // A SIGKILLed parent cannot remove its region; the next sweep must. Another test's cpkv run may
+  // sweep it first (every run sweeps at its first region, and ctest runs tests side by side), so
+  // the claim is that no region of a dead parent outlives a sweep, not which sweep took it: a sweep
+  // that thought it live would leave it for every sweeper.
+  (void)cpkv::harness::sweep_stale_regions();
+  EXPECT_FALSE(cpkv::harness::region_exists(left.front())) << left.front() << " of the killed parent outlived the sweep";
 }
 
 // A killed process not yet reaped (a zombie: in a container whose init never reaps, it stays so for
@@ -374,7 +377,7 @@ TEST(SweepStaleRegions, ARegionWhoseCreatorIsAnUnreapedZombieIsSwept) {
   const bool dead = wait_until(zombie, kExitMsMax);
   EXPECT_TRUE(dead) << "child " << child << " is not a zombie " << kExitMsMax << " ms after SIGKILL";
   ASSERT_TRUE(process_exists(child)) << "kill(pid, 0) answers for a zombie: the case under test";
-  EXPECT_TRUE(cpkv::harness::region_exists(name));
+  // Not asserted present here: another test's run may already have swept it (which is the claim).
   (void)cpkv::harness::sweep_stale_regions();
   const bool swept = !cpkv::harness::region_exists(name);
   if (!swept) std::filesystem::remove(std::filesystem::path("/dev/shm") / name);  // not for the next test to see
