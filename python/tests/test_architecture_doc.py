@@ -1,12 +1,13 @@
-"""docs/ARCHITECTURE.md names only files and functions that exist.
+"""docs/ARCHITECTURE.md and docs/paths.md name only files and functions that exist.
 
 Why it matters: the architecture page is how a new engineer (or an engine team adding a backend or
-a foreign implementation) finds their way; a page that names files that moved or functions that no
-longer exist sends them to the wrong place. Every backticked path must exist in the repository
-(whole paths from the repository root, as a reader would type them), and every
-backticked `path: name` pair must name an identifier that occurs in that file. Its dependency
-table (folder -> the folders it includes, the project libraries it links, the libraries whose
-headers it includes) must be the tree's, both ways.
+a foreign implementation) finds their way, and docs/paths.md follows its paths file by file; a page
+that names files that moved or functions that no longer exist sends them to the wrong place. On
+both pages every backticked path must exist in the repository (whole paths from the repository
+root, as a reader would type them), and every backticked `path: name` pair must name an identifier
+that occurs in that file. The architecture page's dependency table (folder -> the folders it
+includes, the project libraries it links, the libraries whose headers it includes) must be the
+tree's, both ways.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ import os
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(os.environ.get("CPKV_SOURCE_DIR", Path(__file__).resolve().parents[2]))
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
+# The pages whose files and `file: function` pairs are checked: the architecture and its counted walks.
+PAGES = (DOC, ROOT / "docs" / "paths.md")
 EXTENSIONS = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".py", ".sh", ".md", ".txt", ".json", ".jsonl")
 
 
@@ -33,18 +38,20 @@ def looks_like_path(token: str) -> bool:
     return " " not in token and ("/" in token or token.endswith(EXTENSIONS)) and not token.startswith(("-", "$", "http"))
 
 
-def test_every_named_file_exists():
+def missing_files(text: str) -> list[str]:
+    """The backticked paths of a page that resolve nowhere in the repository."""
     missing = []
-    for token in backticked(DOC.read_text()):
+    for token in backticked(text):
         path = token.split(":")[0].strip()
         if looks_like_path(path) and resolve(path.rstrip("/")) is None:
             missing.append(path)
-    assert not missing, f"docs/ARCHITECTURE.md names files that do not exist: {sorted(set(missing))}"
+    return sorted(set(missing))
 
 
-def test_every_named_function_occurs_in_its_file():
+def wrong_functions(text: str) -> list[str]:
+    """The backticked `file: name` pairs of a page whose name does not occur in that file."""
     wrong = []
-    for token in backticked(DOC.read_text()):
+    for token in backticked(text):
         match = re.fullmatch(r"([\w./-]+\.\w+): (\w[\w:]*)", token)
         if not match:
             continue
@@ -52,7 +59,27 @@ def test_every_named_function_occurs_in_its_file():
         name = match.group(2).split("::")[-1]
         if path is None or not re.search(rf"\b{re.escape(name)}\b", path.read_text()):
             wrong.append(token)
-    assert not wrong, f"docs/ARCHITECTURE.md names functions not in their files: {wrong}"
+    return wrong
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_named_file_exists(page: Path):
+    missing = missing_files(page.read_text())
+    assert not missing, f"docs/{page.name} names files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_named_function_occurs_in_its_file(page: Path):
+    wrong = wrong_functions(page.read_text())
+    assert not wrong, f"docs/{page.name} names functions not in their files: {wrong}"
+
+
+def test_the_pages_cite_files_and_functions():
+    """Each page cites some, so the two checks above cannot pass by finding nothing to check."""
+    for page in PAGES:
+        text = page.read_text()
+        assert any(looks_like_path(t.split(":")[0].strip()) for t in backticked(text)), page.name
+        assert any(re.fullmatch(r"[\w./-]+\.\w+: \w[\w:]*", t) for t in backticked(text)), page.name
 
 
 def test_the_checker_itself_sees_a_missing_file_and_a_missing_function(tmp_path):
@@ -61,6 +88,9 @@ def test_the_checker_itself_sees_a_missing_file_and_a_missing_function(tmp_path)
     assert resolve("cpkv/harness/request.hpp") is None  # an include path is not a path in the repository
     assert resolve("harness/include/cpkv/harness/request.hpp") is not None
     assert not re.search(r"\bno_such_function\b", (ROOT / "harness/src/request.cpp").read_text())
+    page = "`harness/src/request.cpp: check_run` and `harness/src/no_such_file.cpp`, `harness/src/request.cpp: no_such_function`"
+    assert missing_files(page) == ["harness/src/no_such_file.cpp"]
+    assert wrong_functions(page) == ["harness/src/request.cpp: no_such_function"]
 
 
 # The dependency table: what each folder's sources include and its CMake targets link, read from
