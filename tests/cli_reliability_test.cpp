@@ -266,6 +266,19 @@ TEST_F(CliReliability, TraceThroughAPipeReadsLikeTheFile) {
   EXPECT_EQ(slurp(trace), slurp(tiny));
 }
 
+// The request check asks for the trace only once the options pass (harness::SourceFile): a bad
+// option with a trace that is not one is refused for the option, and no spool of the pipe is left.
+TEST_F(CliReliability, ABadOptionIsRefusedBeforeAPipedTraceIsRead) {
+  for (const char* backend : {"sim", "model"}) {
+    const CliRun run = bash(fmt::format("printf 'not a trace\\n' | \"$1\" replay /dev/stdin --backend {} --variant nope", backend));
+    EXPECT_EQ(run.status, 2) << backend << ": " << run.err;
+    EXPECT_TRUE(one_line(run.err)) << backend << ": " << run.err;
+    EXPECT_NE(run.err.find("--variant"), std::string::npos) << backend << ": the option, not the trace, is named: " << run.err;
+    EXPECT_EQ(run.err.find("/dev/stdin"), std::string::npos) << backend << ": the trace was read first: " << run.err;
+    EXPECT_TRUE(files_in(dir_ / "tmp").empty()) << backend << ": spool files left: " << fmt::format("{}", fmt::join(files_in(dir_ / "tmp"), " "));
+  }
+}
+
 // --- 10. messages ----------------------------------------------------------------------------------
 
 TEST_F(CliReliability, MessagesAreOneBoundedLineNamingTheChoices) {

@@ -324,7 +324,9 @@ TEST(CostModel, DenseZeroIsTheBatchSlotsOfTheKindsActiveOnTheLayer) {
 // then one of 3 slots, cp 2, page size 1, kv_fp8 + indexer_k on layers "FS", nominal ceilings but
 // local 0.5 B/ns (500 B/us) and a launch of 11 us: each batch's zero over the two layers is
 // (11 + slots x 788 / 500) + (11 + slots x 656 / 500) for the three zeroing variants, 0 for the rest
-// (section 7's table).
+// (section 7's table). Against the old model this fails on the S layer's kinds only: its
+// CostModel without dense_slots already took each batch's slots; the largest batch's were the
+// bench's (gpu/bench_report.cpp passed them), which no CPU test reaches.
 TEST(CostModel, EachBatchIsZeroedOverItsOwnSlots) {
   cpkv::model::Setting s = hand_setting({*cpkv::model::find_buffer_kind("kv_fp8"), *cpkv::model::find_buffer_kind("indexer_k")}, "FS");
   cpkv::model::CostParameters ceilings;
@@ -354,7 +356,8 @@ TEST(CostModel, EachBatchIsZeroedOverItsOwnSlots) {
 // size 4, kv_fp8 + indexer_k, layers "FS"; batches of 7, 2 and 8 slots), local
 // 1 GB/s (1000 B/us), a launch of 11 us: a zeroing variant's zero_ms is (11 + slots x 4 x 788 / 1000)
 // on the F layer plus (11 + slots x 4 x 656 / 1000) on the S layer, each batch over its own slots
-// (the overflowing batch 2 too: the all-reduce variants have no staging and run it).
+// (the overflowing batch 2 too: the all-reduce variants have no staging and run it). The old
+// command failed this on the S layer's kinds; its slots were already each batch's without --dense-slots.
 TEST(ModelReplayCli, PerBatchZeroIsEachBatchsSlotsOfTheActiveKinds) {
   const std::string path = (temp_dir() / "tiny_zero.jsonl").string();
   const CliRun run = run_cpkv(fmt::format("replay traces/samples/tiny.jsonl --backend model --local-gbps 1 --launch-us 11 --per-batch '{}'", path));

@@ -264,8 +264,10 @@ void register_model_backend(Registry& registry);
 CheckedRequest check_request(const ReplayRequest& request, const Registry& registry);
 
 // The file a front end reads the source from, asked by check_run once the options pass, with the
-// request checked: the front end checks its own inputs and outputs there first (nothing is read
-// before a bad option is refused), and spools a pipe into a private file (every rank reopens it).
+// request checked: the front end checks its own inputs and outputs there first (for a backend that
+// moves content, nothing is read before a bad request option is refused), and spools a pipe into a
+// private file (every rank reopens it). A handed-off run never asks: its source is checked with the
+// request, and the CLI refuses a model-only option for it after that check.
 using SourceFile = std::function<std::string(const CheckedRequest&)>;
 
 // check_request, then the rest of the run's checks in the same call. For a backend whose run is
