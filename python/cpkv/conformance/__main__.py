@@ -30,6 +30,7 @@ from . import _adversity as adv
 from . import _checked
 from . import _impl_spec
 from . import _impl_loader
+from . import _rank
 from . import _report
 from . import _shm
 from . import run_with_timeline
@@ -234,6 +235,11 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
         drive(probe + [spec], rank, reporter)
     except Exception as error:  # this rank's failure, one line; torchrun ends the others
         outcome.failure, outcome.failure_kind = f"rank {rank}: {type(error).__name__}: {error}", "raised"
+    finally:
+        # The groups go before the interpreter does, as a spawned rank's do (_rank.rank_main): left to
+        # the exit, gloo's threads were destroyed still joinable and the rank aborted ("terminate called
+        # without an active exception", exit -6) after a run that passed (a fresh-clone run, 01:40 UTC).
+        _rank.end_groups()
     for message in reporter.messages:
         if message[0] in ("batch", "capture"):
             outcome.record(message)

@@ -443,6 +443,16 @@ def drive(cases, rank: int, reporter: Reporter) -> None:
         (run_capture_case if spec.capture_only else run_case)(spec, rank, groups, reporter)
 
 
+def end_groups() -> None:
+    """Every process group of this rank destroyed (the implementation's and the harness's), where
+    any was made: a group left to the interpreter's exit can abort it (gloo's threads)."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
 def rank_main(rank: int, specs, queue, body=None) -> None:
     """The entry of a spawned rank: exit 0 when it ran to the end, 1 when the implementation (or a
     peer) failed, 2 when the input is bad; the failure goes to the launcher as one located line.
@@ -460,11 +470,7 @@ def rank_main(rank: int, specs, queue, body=None) -> None:
         reporter.send("error", rank, "raised", _first_line(error), _where_in_impl(error), time.monotonic_ns())
         code = 1
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:
-                pass
+        end_groups()
     sys.stdout.flush()
     if queue is not None:
         queue.close()
