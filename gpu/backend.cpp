@@ -1,7 +1,6 @@
 // The GPU backend's driver: the bootstrap segment, one process per rank through the harness's
 // launcher, each rank's life, and the report every backend fills.
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <optional>
@@ -37,7 +36,7 @@ void fill_report(const Bootstrap& boot, std::int32_t cp, harness::RunReport& rep
       harness::Violation v;
       v.invariant = 7;
       v.rank = r;
-      std::snprintf(v.detail, sizeof(v.detail), "rank %d took path %d, rank 0 path %d", r, boot.path[r].load(), boot.path[0].load());
+      v.set_detail(fmt::format("rank {} took path {}, rank 0 path {}", r, boot.path[r].load(), boot.path[0].load()));
       report.violations.push_back(v);
       ++report.violation_count;
       ++report.violations_by_invariant[7];

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 #include <cstring>
 #include <span>
 
@@ -288,9 +287,7 @@ void on_quiescence(const World& world) {
     Violation v;
     v.invariant = 4;
     v.rank = p;
-    std::snprintf(v.detail, sizeof(v.detail), "flags not drained at quiescence: rank 0 arrived %llu barriers / %llu collectives, rank %d %llu / %llu",
-                  static_cast<unsigned long long>(a), static_cast<unsigned long long>(ca), p, static_cast<unsigned long long>(b),
-                  static_cast<unsigned long long>(cb));
+    v.set_detail(fmt::format("flags not drained at quiescence: rank 0 arrived {} barriers / {} collectives, rank {} {} / {}", a, ca, p, b, cb));
     world.record(v);
     return;
   }

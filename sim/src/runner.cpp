@@ -202,7 +202,7 @@ bool run_until_finished(std::vector<RankMachine>& machines, Scheduler& scheduler
       report.failure = fmt::format("deadlock: no rank can step: {}", positions);
       Violation v;
       v.invariant = 8;
-      std::snprintf(v.detail, sizeof(v.detail), "deadlock after %llu steps", static_cast<unsigned long long>(steps));
+      v.set_detail(fmt::format("deadlock after {} steps", steps));
       world.record(v);
       recorder.findings(steps);
       return false;
@@ -297,7 +297,7 @@ void record_wait_limit(const World& world, const RankMachine& machine, const Run
   v.batch = world.position(rank).batch.load();
   v.layer = machine.next_step()->layer;
   v.step = static_cast<std::int64_t>(machine.steps_taken());
-  std::snprintf(v.detail, sizeof(v.detail), "waited %lld ms: %s", static_cast<long long>(limits.wait_ms_max), machine.describe_position().c_str());
+  v.set_detail(fmt::format("waited {} ms: {}", limits.wait_ms_max, machine.describe_position()));
   world.record(v);
   world.position(rank).state.store(static_cast<std::int32_t>(RankState::failed));
 }

@@ -30,14 +30,13 @@ from . import _adversity as adv
 from . import _checked
 from . import _impl_spec
 from . import _impl_loader
-from . import _rank
 from . import _report
 from . import _shm
 from . import run_with_timeline
 from . import _timing
 from ._context import ContractError
 from ._launch import Outcome, launch
-from ._rank import Reporter, RunSpec, drive
+from ._rank import Reporter, RunSpec, drive, end_groups
 from .reference import ALLGATHER_MUTANTS, MUTANTS
 
 PROG = "python3 -m cpkv.conformance"
@@ -239,7 +238,7 @@ def run_torchrun(spec: RunSpec) -> Optional[Outcome]:
         # The groups go before the interpreter does, as a spawned rank's do (_rank.rank_main): left to
         # the exit, gloo's threads were destroyed still joinable and the rank aborted ("terminate called
         # without an active exception", exit -6) after a run that passed (a fresh-clone run, 01:40 UTC).
-        _rank.end_groups()
+        end_groups()
     for message in reporter.messages:
         if message[0] in ("batch", "capture"):
             outcome.record(message)
