@@ -4,7 +4,6 @@
 
 #include "commands.hpp"
 #include "options.hpp"
-#include "cpkv/backends/register_all.hpp"
 #if CPKV_HAVE_CUDA_BACKEND
 #include "cuda_backend.hpp"
 #endif
@@ -18,11 +17,9 @@ static_assert(option_limits::wait_ms_max == harness::request_limits::wait_ms_max
 [[maybe_unused]] static void (*const kLinksCuda)(harness::Registry&) = &cuda::register_backend;
 #endif
 
-const harness::Registry& backends() { return cpkv::backends::registry(); }
-
 std::string backends_help() {
   std::string text;
-  const auto& entries = backends().entries();
+  const auto& entries = cpkv::backends::registry().entries();
   for (std::size_t i = 0; i < entries.size(); ++i) {
     text += (i == 0 ? "" : i + 1 == entries.size() ? " or " : "; ") + entries[i].name + " (" + entries[i].summary + ")";
   }
@@ -40,36 +37,6 @@ void add_knob_options(CLI::App* cmd, harness::ReplayRequest& request) {
   cmd->add_option("--compose-blocks-per-sm", request.compose_blocks_per_sm,
                   "cuda: the compose grid's cap in blocks per SM, under the occupancy (default: CPKV_COMPOSE_BLOCKS_PER_SM, else the kernels' own)")
       ->check(whole_in<std::int32_t>(1, harness::request_limits::compose_blocks_per_sm_max));
-}
-
-namespace {
-
-template <typename Function>
-auto as_option_error(Function&& function) {
-  try {
-    return function();
-  } catch (const harness::RequestError& e) {
-    throw OptionError(e.cli_message());
-  }
-}
-
-}  // namespace
-
-harness::CheckedRequest checked_request(const harness::ReplayRequest& request, const harness::SourceFile& source_file) {
-  return as_option_error([&] { return harness::check_run(request, backends(), source_file); });
-}
-
-harness::CheckedBench checked_bench(const harness::BenchRequest& request) {
-  return as_option_error([&] { return harness::check_bench_request(request, backends()); });
-}
-
-harness::BenchReport benched(const harness::CheckedBench& bench, const harness::BatchSource& source, const harness::BenchPrint& print) {
-  return as_option_error([&] { return bench.checked.backend->bench(bench, source, print); });
-}
-
-std::unique_ptr<harness::Backend> made_backend(const harness::CheckedRequest& request, const harness::BatchSource& source, const harness::ScannedSource& scanned,
-                                               const harness::ProgressFunction& progress) {
-  return as_option_error([&] { return request.backend->replay(request, source, scanned, progress); });
 }
 
 }  // namespace cpkv::cli

@@ -43,11 +43,11 @@ harness::BenchReport benched_with_timeline(harness::CheckedBench checked, const 
     timeline.commit();
   };
   try {
-    harness::BenchReport report = benched(checked, harness::BatchSource::from_trace(trace.path()), print);
+    harness::BenchReport report = checked.checked.backend->bench(checked, harness::BatchSource::from_trace(trace.path()), print);
     commit();
     return report;
-  } catch (const OptionError&) {
-    throw;  // the bench's refusal before any run (no GPU, too few: benched's RequestError): no file is written
+  } catch (const harness::RequestError&) {
+    throw;  // the bench's refusal before any run (no GPU, too few): no file is written
   } catch (...) {
     try {
       commit();
@@ -64,7 +64,7 @@ void run_bench(BenchOptions& o) {
   o.request.replay.timeline = o.timeline_path;  // until the run: then the temporary file beside it
   // The request (an --exchange plugin loaded and checked), then the inputs, then the outputs, before
   // any work: nothing is opened for writing until the results exist.
-  const harness::CheckedBench checked = checked_bench(o.request);
+  const harness::CheckedBench checked = harness::check_bench_request(o.request, cpkv::backends::registry());
   const InputFile trace("trace", o.trace_path, /*spool=*/true);
   std::unique_ptr<OutputFile> json = o.json_path ? std::make_unique<OutputFile>("--json", *o.json_path) : nullptr;
   std::unique_ptr<OutputFile> markdown = o.markdown_path ? std::make_unique<OutputFile>("--markdown", *o.markdown_path) : nullptr;
@@ -76,7 +76,7 @@ void run_bench(BenchOptions& o) {
     std::fflush(stdout);
   };
   print.rejected = [](const std::vector<harness::RejectedBatch>& rejected) { print_rejected("cpkv bench", rejected); };
-  const harness::BenchReport report = timeline ? benched_with_timeline(checked, trace, *timeline, print) : benched(checked, harness::BatchSource::from_trace(trace.path()), print);
+  const harness::BenchReport report = timeline ? benched_with_timeline(checked, trace, *timeline, print) : checked.checked.backend->bench(checked, harness::BatchSource::from_trace(trace.path()), print);
   fmt::print("{}", report.markdown);
   if (json) json->write(report.json.dump(2) + "\n");
   if (markdown) markdown->write(report.markdown);
@@ -88,8 +88,8 @@ void run_bench(BenchOptions& o) {
 void register_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
   // The default backend: the first of the registry whose entry benches (none: the first, refused by the check).
-  o->request.replay.backend = backends().entries().front().name;
-  for (const harness::BackendEntry& e : backends().entries()) {
+  o->request.replay.backend = cpkv::backends::registry().entries().front().name;
+  for (const harness::BackendEntry& e : cpkv::backends::registry().entries()) {
     if (e.bench) {
       o->request.replay.backend = e.name;
       break;

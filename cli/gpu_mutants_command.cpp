@@ -69,7 +69,7 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
   harness::CheckedRequest knobs;
   knobs.request.exchange = asked;
   // The entry that holds the GPU's planted bugs, as `cpkv mutants` chose it (by its bits, never its name).
-  for (const harness::BackendEntry& entry : backends().entries()) {
+  for (const harness::BackendEntry& entry : cpkv::backends::registry().entries()) {
     if ((entry.mutants & harness::kGpuHolds) != 0 && knobs.backend == nullptr) knobs.backend = &entry;
   }
   CPKV_ASSERT(knobs.backend != nullptr);  // run_mutants calls this only where such an entry is registered

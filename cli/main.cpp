@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "files.hpp"
 #include "cpkv/harness/interrupt.hpp"
+#include "cpkv/harness/request.hpp"
 #include "cpkv/harness/shared_region.hpp"
 #include "cpkv/traces/text.hpp"
 #include "cpkv/traces/trace.hpp"
@@ -130,6 +131,11 @@ int run(CLI::App& app, int argc, char** argv) {
     return cpkv::cli::kExitBadInput;
   } catch (const cpkv::cli::OptionError& e) {
     print_error(e.what());
+    return cpkv::cli::kExitBadInput;
+  } catch (const cpkv::harness::RequestError& e) {
+    // The request's refusal (its check, or a verb's before any work: no GPU, too few), the option
+    // spelled as on the command line.
+    print_error(e.cli_message());
     return cpkv::cli::kExitBadInput;
   } catch (const std::bad_alloc&) {
     print_error("out of memory (an allocation failed; see ulimit -v and the machine's free memory)");

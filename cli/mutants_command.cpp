@@ -73,8 +73,8 @@ std::string mutants_json(const MutantsRun& run, const std::vector<std::size_t>& 
 // the GPU's runs them on the GPUs (cli/gpu_mutants_command.cpp), one holding the simulator's runs
 // the property suite.
 const harness::BackendEntry& mutants_backend(const MutantsOptions& o) {
-  const harness::BackendEntry* entry = backends().find(o.backend);
-  if (entry == nullptr) throw OptionError(fmt::format("--backend: '{}' is not one of {}", o.backend, backends().names()));
+  const harness::BackendEntry* entry = cpkv::backends::registry().find(o.backend);
+  if (entry == nullptr) throw OptionError(fmt::format("--backend: '{}' is not one of {}", o.backend, cpkv::backends::registry().names()));
   if (entry->mutants == 0) throw OptionError(fmt::format("--backend {} moves no content: planted bugs live in the backends that do", o.backend));
   if (o.exchange && (entry->options & harness::kTakesExchange) == 0) {
     throw OptionError(fmt::format("--exchange: --backend {} does not take it (a plugin runs on a backend that takes --exchange)", o.backend));

@@ -111,7 +111,7 @@ void check_replay(ReplayOptions& o, CheckedReplay& c) {
   if (o.request.schedule && !sim::named_schedule(*o.request.schedule, o.request.seed)) {
     c.schedule_file = std::make_unique<InputFile>("--schedule", *o.request.schedule);
   }
-  c.request = checked_request(o.request, [&](const harness::CheckedRequest& request) { return check_files(o, request, c); });
+  c.request = harness::check_run(o.request, cpkv::backends::registry(), [&](const harness::CheckedRequest& request) { return check_files(o, request, c); });
   if (c.request.backend->handoff) refuse_model_options(o, *c.request.backend);
 }
 
@@ -210,7 +210,7 @@ void run_backend(CheckedReplay& c) {
   harness::ProgressFunction progress;
   if (bar.tty) progress = [&bar](std::int64_t done) { bar.show(done); };
   // The one backend interface, built by the backend's registry entry.
-  const std::unique_ptr<harness::Backend> backend = made_backend(c.request, source, scanned, progress);
+  const std::unique_ptr<harness::Backend> backend = c.request.backend->replay(c.request, source, scanned, progress);
   const std::string mode = backend->name();
   for (const std::string& line : harness::run_header_lines("cpkv replay", c.request, source, scanned, mode)) fmt::print("{}\n", line);
   std::fflush(stdout);
