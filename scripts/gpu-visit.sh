@@ -34,7 +34,7 @@ SUITES=(
   "probe       the gather probe (bench/gather_probe.cu, 2 GPUs), no project build       -"
   "vmm         the sparse pool: the production pool at cp 2 and 4 on one GPU, its tests  cpkv cpkv.tests.gpu_vmm cpkv.tests.gpu_pool_backing"
   "guards      the plugin host's guards: misbehaving plugins, counters, device faults    cpkv cpkv.tests.gpu_guard cpkv.tests.gpu_counters cpkv_misbehaving_none cpkv_misbehaving_past_dense cpkv_misbehaving_pool cpkv_misbehaving_counters cpkv_misbehaving_fault"
-  "imports     cpkv's module and torch imported in both orders on CUDA ranks (issue 34 item 22)   cpkv cpkv_python"
+  "imports     cpkv's module and torch imported in both orders on CUDA ranks, each order its own process   cpkv cpkv_python"
   "allgather   section 12's all-gathers: their tests, every bundled trace at cp 2, 4, 8, a planted bug   cpkv cpkv_exchange_fused cpkv.tests.gpu_allgather cpkv.tests.gpu_plan cpkv.tests.fused_plugin"
 )
 
