@@ -58,6 +58,8 @@ struct RankMemory {
 };
 
 struct Rank {
+  explicit Rank(const RankContext& context) : ctx(context) {}  // every other member starts at its default
+
   const RankContext& ctx;
   RankMemory mem;
   cudaStream_t stream = nullptr;
