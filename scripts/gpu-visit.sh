@@ -17,6 +17,7 @@
 #   GPU_TESTS_JOBS=1   gpu tests run side by side on the GPUs (correctness runs, never timed)
 #   BENCH_CP           the bench's cp (default: 1 on one GPU, so its timings are of record; 2 on two)
 #   BENCH_RUNS, BENCH_REPS, BENCH_VARIANT  runs per trace and side (default 2), timed replays (60), variant (all)
+#   BENCH_TRACES       the bundled traces benched (default: seeds_batch mooncake_slice)
 #   BENCH_BASELINE=DIR another tree (e.g. `git archive COMMIT | tar -x -C ab-old`), built the same way
 #                      and benched interleaved with this one; bench/bench_ab.py gives the ratio per layer
 #   PROBE_ARGS         the gather probe's arguments (default --quick; empty for the full sweep)
@@ -156,7 +157,7 @@ suite_bench() {
     (( ${BUILD_S:-360} > 0 )) && step bench baseline-build "${BUILD_S:-360}" configure_build "$base" "$root/build-baseline" --target cpkv
     [[ -x "$root/build-baseline/cli/cpkv" ]] && sides=(baseline tree)
   fi
-  for name in seeds_batch mooncake_slice; do
+  for name in ${BENCH_TRACES:-seeds_batch mooncake_slice}; do
     for i in $(seq 1 "${BENCH_RUNS:-2}"); do
       for side in "${sides[@]}"; do
         bin="$cpkv"; [[ $side == baseline ]] && bin="$root/build-baseline/cli/cpkv"
