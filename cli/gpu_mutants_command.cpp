@@ -25,19 +25,15 @@ namespace {
 // The plugin and the planted bugs that reach it: the ones it holds itself, then the harness's that
 // corrupt an input it reads (the request's own check says which).
 std::shared_ptr<const harness::ExchangePlugin> load_plugin(const std::string& path, std::chrono::milliseconds limit, std::vector<harness::Mutant>& mutants) {
-  try {
-    auto plugin = harness::find_exchange(path, limit);
-    for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
-    for (harness::Mutant m : harness::kHarnessMutants) {
-      if ((plugin->uses & harness::input_corrupted_by(m)) != 0) mutants.push_back(m);
-    }
-    if (!plugin->implements(model::Variant::staging_direct)) {
-      throw harness::RequestError("exchange", fmt::format("{}: exchange plugin '{}' does not implement staging_direct, the planted-bug workload's variant", path, plugin->name));
-    }
-    return plugin;
-  } catch (const harness::RequestError& e) {
-    throw OptionError(e.cli_message());
+  auto plugin = harness::find_exchange(path, limit);  // a refusal is a RequestError: cli/main.cpp says it in one line, exit 2
+  for (const std::string& name : plugin->mutants) mutants.push_back(*harness::parse_mutant(name));
+  for (harness::Mutant m : harness::kHarnessMutants) {
+    if ((plugin->uses & harness::input_corrupted_by(m)) != 0) mutants.push_back(m);
   }
+  if (!plugin->implements(model::Variant::staging_direct)) {
+    throw harness::RequestError("exchange", fmt::format("{}: exchange plugin '{}' does not implement staging_direct, the planted-bug workload's variant", path, plugin->name));
+  }
+  return plugin;
 }
 
 struct Row {
@@ -74,11 +70,7 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
   }
   CPKV_ASSERT(knobs.backend != nullptr);  // run_mutants calls this only where such an entry is registered
   knobs.request.backend = knobs.backend->name;
-  try {
-    knobs.knobs = harness::resolve_knobs(knobs.request, *knobs.backend);
-  } catch (const harness::RequestError& e) {
-    throw OptionError(e.cli_message());
-  }
+  knobs.knobs = harness::resolve_knobs(knobs.request, *knobs.backend);
   const std::string named = knobs.request.exchange.value_or(knobs.backend->default_exchange);
   if (named == harness::kInProcessExchange) {
     throw OptionError(fmt::format("--exchange: {} ({})", harness::kInProcessGone, asked ? "--exchange inprocess" : "CPKV_EXCHANGE=inprocess"));
