@@ -253,7 +253,7 @@ void check_knob_values(const ReplayRequest& r) {
     throw RequestError("compose_blocks_per_sm",
                        fmt::format("{} is not in 1..{}", *r.compose_blocks_per_sm, request_limits::compose_blocks_per_sm_max));
   }
-  if (r.exchange && r.exchange->empty()) throw RequestError("exchange", "is empty (give a plugin's path, builtin or inprocess)");
+  if (r.exchange && r.exchange->empty()) throw RequestError("exchange", "is empty (give a plugin's path or builtin)");
   // NaN fails both comparisons, so the range is written to let only (0, max] through.
   if (r.import_s_max && !(*r.import_s_max > 0 && *r.import_s_max <= request_limits::import_s_max)) {
     throw RequestError("import_s_max", fmt::format("{:g} is not a number of seconds in (0, {:g}]", *r.import_s_max, request_limits::import_s_max));

@@ -87,7 +87,7 @@ struct ReplayRequest {
   // around the runs, and renames them): the event log (docs/event-log.md) and the timeline.
   std::optional<std::string> event_log;
   std::optional<std::string> timeline;
-  std::optional<std::string> exchange;        // an exchange plugin's path, "builtin" or "inprocess" (default: the backend's, BackendEntry::default_exchange)
+  std::optional<std::string> exchange;        // an exchange plugin's path or "builtin" ("inprocess": refused, gone; default: the backend's, BackendEntry::default_exchange)
   // Knobs the environment may also set (kKnobTable): check_request reads the variable where the
   // option is not given and the backend takes it, and writes the value here, so the replay line
   // carries it. Unset: the default.
