@@ -184,7 +184,7 @@ suite_conformance() {
     local expect=(); [[ "$args" == =* ]] && { expect=("${args%% *}"); args="${args#* }"; }
     local name="${args#--impl $impl:}"
     PYTHONPATH="$build/python" step conformance "${name// /_}" 180 "${expect[@]}" \
-      python3 -m cpkv.conformance "$samples/tiny.jsonl" $args --ranks 2 --device cuda --window 10
+      python3 -m cpkv.conformance "$samples/tiny.jsonl" $args --ranks 2 --device cuda --wait-ms-max 10000
   done
 }
 
