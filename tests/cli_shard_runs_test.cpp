@@ -104,13 +104,24 @@ TEST(CliShardRuns, ExploreUnionOfShardsIsTheUnshardedRun) {
   expect_bad_input(run_cpkv(fmt::format("explore --cp-max 1 --layers-max 1 --no-shapes --shard 1/{}", all.at("rows").size())), "N is outside");
 }
 
+// The smallest grid still shows every planted bug found: single_half needs a second layer to reuse a
+// half, so its row runs at 2 layers under --layers-max 1 (it ran at 1, was proved, and the run exited 1).
+TEST(CliShardRuns, ExploreFindsEveryPlantedBugUnderTheSmallestGrid) {
+  const CliRun run = run_cpkv("explore --cp-max 1 --layers-max 1 --no-shapes");
+  EXPECT_EQ(run.status, 0) << run.out << run.err;
+  for (const char* bug : {"single_half", "no_barrier", "arrive_before_fill"}) {
+    EXPECT_NE(run.out.find(fmt::format("  2       2 {}", bug)), std::string::npos) << bug << " at cp 2, 2 layers:\n" << run.out;
+  }
+  EXPECT_EQ(run.out.find("proved: no violation in any interleaving\n", run.out.find("single_half")), std::string::npos) << run.out;
+}
+
 // Merge takes one run's shards only: the same command, options and N, every shard once.
 TEST(CliShardRuns, MergeRefusesMixedMissingAndForeignShards) {
   const Runs runs("cpkv_cli_shard_refusals");
   const std::string explore = "explore --cp-max 1 --layers-max 2 --no-shapes";
   for (int k = 1; k <= 2; ++k) ASSERT_LE(run_cpkv(fmt::format("{} --shard {}/2 --json '{}'", explore, k, runs.file(fmt::format("e{}.json", k)))).status, 1);
   ASSERT_EQ(run_cpkv(fmt::format("soak --seed 3 --seeds 2 --cases 1 --shard 2/2 --json '{}'", runs.file("s2.json"))).status, 0);
-  ASSERT_LE(run_cpkv(fmt::format("explore --cp-max 1 --layers-max 1 --no-shapes --shard 2/2 --json '{}'", runs.file("o2.json"))).status, 1);
+  ASSERT_EQ(run_cpkv(fmt::format("explore --cp-max 1 --layers-max 1 --no-shapes --shard 2/2 --json '{}'", runs.file("o2.json"))).status, 0);
   const std::string e1 = runs.file("e1.json"), e2 = runs.file("e2.json");
   expect_bad_input(run_cpkv(fmt::format("merge '{}'", e1)), "shard 2 of 2 missing");
   expect_bad_input(run_cpkv(fmt::format("merge '{}' '{}'", e1, e1)), "is also");

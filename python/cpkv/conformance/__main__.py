@@ -72,7 +72,8 @@ def parse(argv: List[str], in_process: bool = False) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu (gloo; the default) or cuda (NCCL, CUDA IPC)")
     p.add_argument("--seed", default="1", help="content and delay seed (printed; every random choice comes from it)")
     p.add_argument("--swarm", action="store_true", help="draw every delay knob from --seed, as `cpkv replay --swarm` does")
-    p.add_argument("--layers", help="layers to run: a number (at most the trace's) or 'all' (the default)")
+    p.add_argument("--layers", default="4", help="layers to run: a number (at most the trace's) or 'all'; default 4, at most the trace's, "
+                   "as every backend's (cpkv replay's)")
     p.add_argument("--batch", help="run only this batch of the trace")
     p.add_argument("--mutant", choices=sorted({**MUTANTS, **ALLGATHER_MUTANTS}), help="plant a bug in a reference implementation (cpkv.conformance.reference)")
     p.add_argument("--no-delays", action="store_true", help="no injected delays")
