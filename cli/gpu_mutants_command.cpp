@@ -79,8 +79,7 @@ void run_gpu_mutants(const std::optional<std::string>& asked) {
   cuda::CudaOptions cuda_options;
   cuda::apply_knobs(knobs.request, cuda_options);
   cuda_options.exchange = load_plugin(named, std::chrono::milliseconds(knobs.request.exchange_load_ms_max.value_or(harness::kLoadMsMax)), mutants);
-  const int gpus = cuda::gpu_count();
-  if (gpus == 0) throw OptionError("--backend cuda: no CUDA device is visible on this machine");
+  const int gpus = cuda::gpus_or_refuse();
   fmt::print("cpkv mutants --backend cuda: {} GPUs | staging_direct, {} layers, page 16, kv_fp8 + indexer_k{}\n", gpus, cuda::kGpuMutantLayers,
              fmt::format(" | exchange plugin '{}' ({}): two batches, so a first batch's plan or inverse is stale in the second",
                          cuda_options.exchange->name, named));

@@ -201,7 +201,7 @@ void register_backend(harness::Registry& registry) {
     // A trace this backend cannot check is refused before the machine is looked at: it would fail on
     // any (plugin_host.cpp: check_attention keeps the mid-run check as a backstop).
     harness::refuse_attention_over_limit(c, source);
-    if (gpu_count() == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
+    gpus_or_refuse();
     CudaOptions options;
     if (c.request.stuck_ms_max) options.stuck_ms_max = *c.request.stuck_ms_max;
     if (c.request.wait_ms_max) options.wait_ms_max = *c.request.wait_ms_max;

@@ -70,8 +70,7 @@ BenchSetup bench_setup(const harness::CheckedBench& c, const harness::BatchSourc
   BenchSetup s{source};
   if (c.cp) s.source.setting.cp = *c.cp;
   harness::refuse_attention_over_limit(c.checked, s.source);  // as the replay does, after the --cp override
-  s.gpus = gpu_count();
-  if (s.gpus == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
+  s.gpus = gpus_or_refuse();
   if (s.gpus < s.source.setting.cp && !c.time_sliced) {
     throw harness::RequestError("cp", fmt::format("{} ranks on {} GPUs would time-slice; benchmarks need one GPU per rank "
                                                   "(--time-sliced runs them anyway, for the path's byte check: its timings measure nothing)",

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "cpkv/harness/probe.hpp"
+#include "cpkv/harness/request.hpp"
 
 namespace cpkv::cuda {
 
@@ -101,6 +102,12 @@ int gpu_count() {
     if (cudaGetDeviceCount(&out) != cudaSuccess) out = 0;
   }, count, std::chrono::seconds(60));
   return probe.answered ? std::clamp(count, 0, 100) : 0;
+}
+
+int gpus_or_refuse() {
+  const int gpus = gpu_count();
+  if (gpus == 0) throw harness::RequestError("backend", "cuda: no CUDA device is visible on this machine");
+  return gpus;
 }
 
 }  // namespace cpkv::cuda

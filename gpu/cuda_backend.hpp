@@ -94,6 +94,9 @@ harness::BenchReport bench_report(const harness::CheckedBench& c, const harness:
 // GPUs visible, probed in a forked child so this process never touches CUDA (fork-safety).
 // 0 where there is no driver or no device.
 int gpu_count();
+// gpu_count, refused where it is 0: the request's one line naming --backend (every GPU front end's:
+// the replay, the bench, the GPU planted bugs).
+int gpus_or_refuse();
 
 std::unique_ptr<harness::Backend> make_cuda_backend(CudaOptions options);
 

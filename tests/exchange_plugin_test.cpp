@@ -347,6 +347,20 @@ TEST(ExchangePluginCli, BenchRefusesABadPluginOrBackendInOneLineBeforeAnyRankSta
   test::expect_bad_input(good, "--backend: cuda: no CUDA device is visible on this machine");
 }
 
+// The three GPU front ends (a replay, a bench, the GPU planted bugs) refuse a machine with no GPU in
+// the same one line, exit 2 (cuda::gpus_or_refuse; the planted bugs spelled it "--backend cuda:").
+TEST(ExchangePluginCli, EveryGpuFrontEndRefusesAMachineWithoutAGpuInOneLine) {
+  const test::CliRun mutants = test::run_cpkv("mutants --backend cuda");
+  if (mutants.err.find("this build has no cuda backend") != std::string::npos || mutants.err.find("is not one of") != std::string::npos) {
+    GTEST_SKIP() << "this build has no cuda backend: " << mutants.err;
+  }
+  if (mutants.err.find("no CUDA device is visible") == std::string::npos) GTEST_SKIP() << "a GPU is visible: the gpu tests run these";
+  const std::string refusal = "--backend: cuda: no CUDA device is visible on this machine";
+  test::expect_bad_input(mutants, refusal);
+  test::expect_bad_input(test::run_cpkv("replay traces/samples/tiny.jsonl --backend cuda"), refusal);
+  test::expect_bad_input(test::run_cpkv("bench traces/samples/tiny.jsonl --backend cuda"), refusal);
+}
+
 // The real binary: a plugin whose loading crashes, exits 0 or hangs is one line and exit 2 before
 // any rank starts, and cpkv itself is never the process that dies (CPKV_EXCHANGE_LOAD_MS bounds the
 // hang; the stub never returns, so the bound cannot fail a correct plugin).
