@@ -5,6 +5,7 @@
 // model's prediction, as the JSON rows and the markdown tables.
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -58,6 +59,8 @@ ModelBytes mean_bytes(const model::Setting& setting, const model::Batch& batch, 
 // traces are small, a handful of batches) with the ones the overflow verdict rejects (nothing of
 // them is timed).
 struct BenchSetup {
+  explicit BenchSetup(harness::BatchSource from) : source(std::move(from)) {}  // the rest starts at its default
+
   harness::BatchSource source;
   std::int32_t gpus = 0;
   std::int32_t layers = 0;
