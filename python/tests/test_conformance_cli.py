@@ -41,6 +41,24 @@ def conformance_cli(*args: str):
                           env=dict(os.environ))
 
 
+def test_typed_alone_the_layers_default_is_every_backends_four():
+    """The command is a spelling of `cpkv replay --backend torch`'s request, whose --layers default
+    is 4 (at most the trace's), as every backend's (README, docs/conformance.md); it ran every layer."""
+    from cpkv.conformance import _impl_spec
+    from cpkv.conformance.__main__ import parse, request_options
+    seeds = os.path.join(SOURCE, "traces", "samples", "seeds_batch.jsonl")  # 61 layers
+    impl = ["--impl", "cpkv.conformance.reference:StagingDirect", "--ranks", "2"]
+
+    def layers(*more: str):
+        a = parse([seeds, *impl, *more])
+        a.impl, a.impl_kwargs = _impl_spec.resolve(a.impl, a.impl_arg)  # as prepare does
+        return request_options(a, 2)["layers"]
+
+    assert layers() == 4
+    assert layers("--layers", "all") is None  # every layer
+    assert layers("--layers", "7") == 7
+
+
 def test_an_impl_that_does_not_import_is_one_line_and_exit_2():
     done = conformance_cli(TINY, "--impl", "no_such_engine.exchange:Exchange", "--ranks", "2")
     assert done.returncode == 2, done
